@@ -1,0 +1,22 @@
+# `make demo` and `make test` each create .venv from pyproject.toml on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+$(BIN)/jaxsal: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $(BIN)/jaxsal
+
+.PHONY: venv demo test test-slow
+venv: $(BIN)/jaxsal
+
+demo: venv
+	$(BIN)/jaxsal demo
+
+test: venv
+	$(BIN)/python -m pytest -q -n 2
+
+test-slow: venv
+	$(BIN)/python -m pytest -q -m slow

@@ -1,0 +1,89 @@
+"""Agent zoo: build networks by game/architecture and load the shipped trained agents.
+
+    agent = agents.load("breakout")
+    q = agent.apply_fn(agent.params, obs)      # obs (N, 84, 84, 4) uint8 -> Q (N, A)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from agents import networks
+from agents.checkpoint import load_params
+from agents.envs import MINATAR_GAMES, check_game
+from agents.errors import AgentLoadError
+
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+MINATAR_SHAPES = {"minatar-breakout": (4, 3), "minatar-spaceinvaders": (6, 4),
+                  "minatar-asterix": (4, 5), "minatar-freeway": (7, 3)}  # (channels, actions)
+
+
+def build_model(game: str, arch: str, num_actions: int, layer_norm: bool = True):
+    """The flax module for a game ("breakout", "minatar-asterix") and arch ("dqn", "dueling", ...)."""
+    game = check_game(game)
+    if game in MINATAR_GAMES:
+        if arch != "dqn":
+            raise AgentLoadError(f"MinAtar agents use arch 'dqn', got {arch!r}")
+        return networks.MinAtarDQN(num_actions, MINATAR_SHAPES[game][0], layer_norm=layer_norm)
+    archs = {"dqn": lambda: networks.NatureDQN(num_actions, layer_norm=layer_norm),
+             "dueling": lambda: networks.DuelingDQN(num_actions, layer_norm=layer_norm),
+             "actor_critic": lambda: networks.ActorCritic(num_actions),
+             "split_attention": lambda: networks.SplitAttentionDQN(num_actions)}
+    if arch not in archs:
+        raise AgentLoadError(f"unknown architecture {arch!r}; choose one of {sorted(archs)}")
+    return archs[arch]()
+
+
+@dataclasses.dataclass(frozen=True)
+class Agent:
+    """A loaded agent: `apply_fn(params, obs)` is `model.apply`; `card` is its JSON card."""
+    name: str
+    model: Any
+    params: Any
+    card: dict
+
+    @property
+    def apply_fn(self) -> Callable:
+        return self.model.apply
+
+    @property
+    def num_actions(self) -> int:
+        return int(self.card["num_actions"])
+
+    @property
+    def game(self) -> str:
+        return self.card["game"]
+
+
+def available() -> list[str]:
+    """Names of the shipped agents."""
+    return sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
+
+
+def model_from_card(card: dict):
+    return build_model(card["game"], card["arch"], card["num_actions"], card.get("layer_norm", True))
+
+
+def load(name: str, params_path: str | None = None) -> Agent:
+    """Load a shipped agent by name ("breakout", "pong", "minatar-breakout", "breakout-dddqn").
+
+    `name` may also be a path to a `.json` card beside its `.msgpack` parameter file.
+    """
+    card_path = Path(name) if str(name).endswith(".json") else SHIPPED_DIR / f"{name}.json"
+    if not card_path.exists():
+        raise AgentLoadError(f"unknown agent {name!r}; shipped agents: {', '.join(available()) or 'none'}")
+    try:
+        card = json.loads(card_path.read_text())
+    except json.JSONDecodeError as e:
+        raise AgentLoadError(f"agent card {card_path} is not valid JSON ({e})") from None
+    model = model_from_card(card)
+    obs_shape = tuple(card["obs_shape"])
+    template = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
+    template = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template)
+    params = load_params(params_path or card_path.with_suffix(".msgpack"), template)
+    return Agent(name=card_path.stem, model=model, params=params, card=card)

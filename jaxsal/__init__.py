@@ -1,0 +1,22 @@
+"""jaxsal: fast, batched saliency maps for deep RL agents, as pure JAX functions.
+
+    import jaxsal
+    maps = jaxsal.explain(apply_fn, params, obs, method="gradcam", layer="conv3")
+
+Every method takes `apply_fn(params, obs)` (any pure JAX function, any output pytree).
+Gradient and CAM methods live in `jaxsal.gradient`, perturbation methods in
+`jaxsal.perturbation`; all register with the one front door `jaxsal.explain`.
+"""
+from jaxsal import targets
+from jaxsal.errors import SaliencyInputError
+from jaxsal.explain import explain
+from jaxsal.gradient import *  # noqa: F401,F403  (registers the gradient/CAM methods)
+from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
+from jaxsal.registry import METHODS
+
+__version__ = "0.1.0"
+
+
+def methods() -> list[str]:
+    """Names of all methods accepted by `jaxsal.explain`."""
+    return sorted(METHODS)

@@ -1,0 +1,2 @@
+"""Perturbation saliency methods (registered with jaxsal.explain)."""
+__all__: list[str] = []

@@ -1,0 +1,55 @@
+"""Method registry: every saliency method registers under its name for `jaxsal.explain`."""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+from jaxsal.errors import SaliencyInputError
+
+METHODS: dict[str, Callable] = {}
+STOCHASTIC: set[str] = set()
+
+
+def register(name: str, stochastic: bool = False):
+    """Decorator: make `fn(apply_fn, params, obs, **kwargs)` available as `explain(method=name)`."""
+    def wrap(fn):
+        METHODS[name] = fn
+        if stochastic:
+            STOCHASTIC.add(name)
+        return fn
+    return wrap
+
+
+def get_method(name: str) -> Callable:
+    if not isinstance(name, str) or name not in METHODS:
+        raise SaliencyInputError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def accepted_options(fn: Callable) -> list[str]:
+    """Keyword options a method accepts (beyond apply_fn, params, obs)."""
+    params = list(inspect.signature(fn).parameters.values())[3:]
+    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
+    """Call a registered method with the common arguments it takes and the user's options.
+
+    A common argument a method does not take is dropped when left at its default (None/False);
+    set explicitly, or an unknown option, it is an error naming what the method accepts.
+    """
+    fn = get_method(name)
+    accepted = accepted_options(fn)
+    unknown = [k for k in options if k not in accepted]
+    if unknown:
+        raise SaliencyInputError(
+            f"method {name!r} has no option {', '.join(map(repr, unknown))}; it accepts: "
+            f"{', '.join(accepted)}")
+    kwargs = dict(options)
+    for k, v in common.items():
+        if k in accepted:
+            kwargs[k] = v
+        elif v not in (None, False, "NHWC", "q_chosen"):
+            raise SaliencyInputError(f"method {name!r} does not take {k}={v!r}; it accepts: "
+                                     f"{', '.join(accepted)}")
+    return fn(apply_fn, params, obs, **kwargs)

@@ -1,0 +1,137 @@
+"""Targets: turn an agent's output pytree into one scalar per sample (what is explained).
+
+The action a target refers to is fixed once from the clean (unperturbed) input, so that
+noisy, interpolated or perturbed copies explain the same action as the original state.
+Output conventions: an array is the Q-vector (or policy logits); a dict may hold `q`,
+`logits` (or `policy_logits`/`pi`), `value`, `advantage`; a 2-tuple is (logits or Q, value).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxsal.errors import SaliencyInputError
+
+TARGET_NAMES = ("q_chosen", "q_action", "advantage", "value", "policy_logit", "log_prob",
+                "softmax_chosen")
+_LOGIT_KEYS = ("logits", "policy_logits", "pi", "policy")
+_Q_KEYS = ("q", "q_values")
+
+
+def _pick(out, keys, what):
+    if isinstance(out, dict):
+        for k in keys:
+            if k in out:
+                return out[k]
+        raise SaliencyInputError(
+            f"target needs {what}, but the model output dict has keys {sorted(out)}; "
+            f"expected one of {list(keys)}, or pass target=callable(output) -> (N,)")
+    if isinstance(out, (tuple, list)):
+        if len(out) == 2:
+            return out[0]
+        raise SaliencyInputError(
+            f"cannot find {what} in a model output tuple of length {len(out)}; "
+            "pass target=callable(output) -> (N,)")
+    return out
+
+
+def q_of(out):
+    """The Q-vector (N, A) of an output pytree."""
+    return _pick(out, _Q_KEYS + _LOGIT_KEYS, "a Q-vector")
+
+
+def logits_of(out):
+    """The policy logits (N, A) of an output pytree."""
+    return _pick(out, _LOGIT_KEYS + _Q_KEYS, "policy logits")
+
+
+def value_of(out):
+    """The state value (N,) of an output pytree."""
+    if isinstance(out, dict) and "value" in out:
+        v = out["value"]
+    elif isinstance(out, (tuple, list)) and len(out) == 2:
+        v = out[1]
+    else:
+        raise SaliencyInputError(
+            "target='value' needs a value output (dict key 'value' or a (logits, value) tuple); "
+            "this model outputs " + (f"dict keys {sorted(out)}" if isinstance(out, dict) else
+                                      f"{type(out).__name__}"))
+    return v.reshape(v.shape[0], -1)[:, 0] if v.ndim > 1 else v
+
+
+def _take(x, actions):
+    return jnp.take_along_axis(x, actions[:, None].astype(jnp.int32), axis=-1)[:, 0]
+
+
+class Target(NamedTuple):
+    """`score(out, actions) -> (N,)`; `choose(out) -> (N,)` actions from the clean output."""
+    name: str
+    score: Callable
+    choose: Callable
+
+
+def _no_action(out):
+    return jnp.zeros(jax.tree.leaves(out)[0].shape[0], jnp.int32)
+
+
+def _argmax_q(out):
+    return jnp.argmax(q_of(out), axis=-1)
+
+
+def _argmax_logits(out):
+    return jnp.argmax(logits_of(out), axis=-1)
+
+
+_TARGETS = {
+    "q_chosen": Target("q_chosen", lambda o, a: _take(q_of(o), a), _argmax_q),
+    "q_action": Target("q_action", lambda o, a: _take(q_of(o), a), _argmax_q),
+    "advantage": Target("advantage",
+                        lambda o, a: _take(q_of(o), a) - q_of(o).mean(-1), _argmax_q),
+    "value": Target("value", lambda o, a: value_of(o), lambda o: _no_action(o)),
+    "policy_logit": Target("policy_logit", lambda o, a: _take(logits_of(o), a), _argmax_logits),
+    "log_prob": Target("log_prob", lambda o, a: _take(jax.nn.log_softmax(logits_of(o)), a),
+                       _argmax_logits),
+    "softmax_chosen": Target("softmax_chosen",
+                             lambda o, a: _take(jax.nn.softmax(q_of(o)), a), _argmax_q),
+}
+
+
+def get_target(target) -> Target:
+    """A Target from a name or a callable `output -> (N,)` (the action is ignored then)."""
+    if callable(target) and not isinstance(target, str):
+        fn = target
+        return Target(getattr(fn, "__name__", "callable"), lambda o, a: fn(o), _no_action)
+    if target not in _TARGETS:
+        raise SaliencyInputError(
+            f"unknown target {target!r}; choose one of {list(TARGET_NAMES)} or pass a callable "
+            "output -> (N,)")
+    return _TARGETS[target]
+
+
+def resolve_actions(target: Target, out, actions=None):
+    """Per-sample actions: the caller's (validated) or the target's choice on the clean output."""
+    if actions is None:
+        if target.name == "q_action":
+            raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
+        return jax.lax.stop_gradient(target.choose(out)).astype(jnp.int32)
+    return jnp.asarray(actions, jnp.int32)
+
+
+def check_actions(actions, n: int, num_actions: int | None):
+    """Host-side check of user actions: shape (N,), integers in [0, num_actions)."""
+    import numpy as np
+
+    a = np.asarray(actions)
+    if a.ndim == 0:
+        a = np.full((n,), int(a))
+    if a.shape != (n,):
+        raise SaliencyInputError(f"actions must have shape (N,) = ({n},), got {a.shape}")
+    if not np.issubdtype(a.dtype, np.integer):
+        raise SaliencyInputError(f"actions must be integers, got dtype {a.dtype}")
+    if num_actions is not None and ((a < 0).any() or (a >= num_actions).any()):
+        raise SaliencyInputError(
+            f"action index out of range: the model has {num_actions} actions (0..{num_actions - 1}), "
+            f"got values in [{a.min()}, {a.max()}]")
+    return a.astype(np.int32)
