@@ -1,0 +1,11 @@
+"""Is this map trustworthy? Sanity checks (parameter randomisation) and insertion/deletion fidelity.
+
+    res = jaxsal.metrics.sanity_check(model, params, obs, method="rise", key=key)
+    ins = jaxsal.metrics.insertion(model.apply, params, obs, maps, substrate="black")
+"""
+from jaxsal.metrics.fidelity import deletion, gaussian_blur, insertion
+from jaxsal.metrics.sanity import cascade, randomize_layers, sanity_check
+from jaxsal.metrics.similarity import hog_features, hog_pearson, similarity, spearman, ssim
+
+__all__ = ["sanity_check", "insertion", "deletion", "similarity", "spearman", "ssim", "hog_pearson",
+           "hog_features", "gaussian_blur", "cascade", "randomize_layers"]

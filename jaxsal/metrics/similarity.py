@@ -1,0 +1,186 @@
+"""Map similarity of Paper B's sanity check: Spearman, SSIM and HOG-Pearson, batched in JAX.
+
+Each is a jitted, vmapped re-implementation of the scipy / scikit-image definition
+(`scipy.stats.spearmanr`, `skimage.metrics.structural_similarity` with its defaults,
+`skimage.feature.hog` with pixels_per_cell 3x3 + Pearson), so thousands of map pairs are
+compared on device in one call; the tests check each against the library it copies.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsal.batching import cached_jit, map_batched
+from jaxsal.errors import SaliencyInputError
+
+METRICS = ("spearman", "ssim", "hog")
+
+
+def check_maps(maps, name: str = "maps", shape: tuple | None = None):
+    """Validate a batch of 2-D saliency maps (N, H, W): finite numbers; returns float32 array."""
+    if isinstance(maps, dict):
+        raise SaliencyInputError(
+            f"{name} is a dict (keys {sorted(maps)}): pass one method's maps, e.g. {name}['gradient']")
+    a = np.shape(maps)
+    if len(a) == 4:
+        raise SaliencyInputError(
+            f"{name} has shape {a}: per-frame maps (N, H, W, C) are not accepted here; "
+            "sum over frames first (maps.sum(-1)) or explain with per_frame=False")
+    if len(a) != 3:
+        hint = " Add a batch axis with maps[None] for a single map." if len(a) == 2 else ""
+        raise SaliencyInputError(f"{name} must be a batch of 2-D maps (N, H, W), got shape {a}.{hint}")
+    if shape is not None and tuple(a) != tuple(shape):
+        raise SaliencyInputError(f"{name} has shape {tuple(a)}, expected {tuple(shape)} "
+                                 "(one (H, W) map per observation)")
+    if a[0] == 0:
+        raise SaliencyInputError(f"{name} is empty (N = 0)")
+    dtype = np.dtype(getattr(maps, "dtype", np.asarray(maps).dtype))
+    if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer) or dtype == np.bool_):
+        raise SaliencyInputError(f"{name} must hold numbers, got dtype {dtype}")
+    x = jnp.asarray(maps, jnp.float32)
+    if not bool(jnp.isfinite(x).all()):
+        bad = int((~jnp.isfinite(x)).reshape(a[0], -1).any(-1).sum())
+        raise SaliencyInputError(f"{name} contains NaN or inf values ({bad} of {a[0]} maps); "
+                                 "fix the method or drop those states first")
+    return x
+
+
+# ---------------------------------------------------------------- single-pair kernels (H, W)
+
+def minmax(m):
+    """Min-max normalise a map to [0, 1]; a constant map becomes all zeros."""
+    lo, hi = m.min(), m.max()
+    span = hi - lo
+    return jnp.where(span > 0, (m - lo) / jnp.where(span > 0, span, 1.0), 0.0)
+
+
+def _pearson(x, y):
+    """Pearson correlation of two vectors; 0 when either is constant (undefined)."""
+    x = x - x.mean()
+    y = y - y.mean()
+    sxx, syy = (x * x).sum(), (y * y).sum()
+    ok = (sxx > 0) & (syy > 0)
+    return jnp.where(ok, (x * y).sum() / jnp.sqrt(jnp.where(ok, sxx * syy, 1.0)), 0.0)
+
+
+def _rank(x):
+    """1-based ranks with ties averaged (scipy.stats.rankdata 'average')."""
+    s = jnp.sort(x)
+    left = jnp.searchsorted(s, x, side="left")
+    right = jnp.searchsorted(s, x, side="right")
+    return (left + right + 1).astype(jnp.float32) / 2.0
+
+
+def spearman_pair(a, b):
+    """Spearman rank correlation of two maps (0 when one is constant: undefined)."""
+    return _pearson(_rank(a.ravel()), _rank(b.ravel()))
+
+
+def _box_mean(x, win):
+    s = jax.lax.reduce_window(x, 0.0, jax.lax.add, (win, win), (1, 1), "VALID")
+    return s / (win * win)
+
+
+def ssim_pair(a, b, data_range: float = 1.0, win_size: int = 7):
+    """Mean SSIM as skimage.metrics.structural_similarity (uniform 7x7 window, sample covariance,
+    K1=0.01, K2=0.03). skimage crops the window half-width at the border, so the mean is over
+    exactly the fully-inside windows: a VALID box filter."""
+    np_ = win_size * win_size
+    cov_norm = np_ / (np_ - 1.0)
+    ux, uy = _box_mean(a, win_size), _box_mean(b, win_size)
+    uxx, uyy, uxy = _box_mean(a * a, win_size), _box_mean(b * b, win_size), _box_mean(a * b, win_size)
+    vx, vy, vxy = cov_norm * (uxx - ux * ux), cov_norm * (uyy - uy * uy), cov_norm * (uxy - ux * uy)
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
+    return s.mean()
+
+
+def hog_features(img, orientations: int = 9, cell: int = 3, block: int = 3):
+    """skimage.feature.hog(img, orientations, (cell, cell), (block, block), 'L2-Hys') as a vector."""
+    h, w = img.shape
+    g_row = jnp.zeros_like(img).at[1:-1, :].set(img[2:, :] - img[:-2, :])
+    g_col = jnp.zeros_like(img).at[:, 1:-1].set(img[:, 2:] - img[:, :-2])
+    mag = jnp.hypot(g_col, g_row)
+    ori = jnp.mod(jnp.rad2deg(jnp.arctan2(g_row, g_col)), 180.0)
+    width = 180.0 / orientations
+    lo = width * jnp.arange(orientations)
+    onehot = (ori[..., None] >= lo) & (ori[..., None] < lo + width)        # (H, W, O)
+    nr, nc = h // cell, w // cell
+    weighted = (onehot * mag[..., None])[:nr * cell, :nc * cell]
+    hist = weighted.reshape(nr, cell, nc, cell, orientations).sum((1, 3)) / (cell * cell)
+    br, bc = nr - block + 1, nc - block + 1
+    blocks = jnp.stack([jnp.stack([hist[r:r + br, c:c + bc] for c in range(block)], axis=2)
+                        for r in range(block)], axis=2)                    # (br, bc, block, block, O)
+    eps = 1e-5
+    norm = jnp.sqrt((blocks ** 2).sum((2, 3, 4), keepdims=True) + eps ** 2)
+    out = jnp.minimum(blocks / norm, 0.2)
+    out = out / jnp.sqrt((out ** 2).sum((2, 3, 4), keepdims=True) + eps ** 2)
+    return out.ravel()
+
+
+def hog_pair(a, b, cell: int = 3):
+    """Pearson correlation of the HOG feature vectors of two maps (pixels_per_cell cell x cell)."""
+    return _pearson(hog_features(a, cell=cell), hog_features(b, cell=cell))
+
+
+_PAIR = {"spearman": spearman_pair, "ssim": ssim_pair, "hog": hog_pair}
+
+
+def _inverted_max(fn, m, r):
+    """Paper B: max(sim(m, r), sim(m, 1 - r)) on min-max normalised maps (ignores sign flips)."""
+    m, r = minmax(m), minmax(r)
+    return jnp.maximum(fn(m, r), fn(m, 1.0 - r))
+
+
+def _build(metrics: tuple, invert: bool, normalize: bool):
+    def one(m, r):
+        out = {}
+        for name in metrics:
+            if invert:
+                out[name] = _inverted_max(_PAIR[name], m, r)
+            else:
+                a, b = (minmax(m), minmax(r)) if normalize else (m, r)
+                out[name] = _PAIR[name](a, b)
+        return out
+
+    def batch(_, maps, others):
+        return jax.vmap(one)(maps, others)
+    return batch
+
+
+def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bool = True,
+               batch_size: int | None = 256):
+    """Per-pair similarity of two batches of maps (N, H, W): {metric: (N,)} on device.
+
+    Both maps are min-max normalised to [0, 1] first; with `invert` (Paper B) each similarity
+    is max(sim(m, r), sim(m, 1 - r)). `invert=False, normalize=False` gives the raw metric.
+    `batch_size` bounds the pairs compared at once (memory knob).
+    """
+    metrics = tuple([metrics] if isinstance(metrics, str) else metrics)
+    bad = [m for m in metrics if m not in _PAIR]
+    if bad or not metrics:
+        raise SaliencyInputError(f"unknown similarity metric(s) {bad}; choose from {list(METRICS)}")
+    a = check_maps(maps, "maps")
+    b = check_maps(others, "others", shape=a.shape)
+    if a.shape[1] < 7 or a.shape[2] < 7:
+        raise SaliencyInputError(f"maps must be at least 7x7 for SSIM's 7x7 window, got {a.shape[1:]}")
+    fn = cached_jit(("similarity", metrics, invert, normalize), lambda: _build(metrics, invert, normalize))
+    return map_batched(fn, None, a, b, batch_size=batch_size)
+
+
+def spearman(maps, others, **kw):
+    """Spearman rank correlation per pair (see `similarity` for normalisation and inversion)."""
+    return similarity(maps, others, ("spearman",), **kw)["spearman"]
+
+
+def ssim(maps, others, **kw):
+    """SSIM (data_range 1) per pair (see `similarity`)."""
+    return similarity(maps, others, ("ssim",), **kw)["ssim"]
+
+
+def hog_pearson(maps, others, **kw):
+    """Pearson correlation of HOG features (3x3 pixels per cell) per pair (see `similarity`)."""
+    return similarity(maps, others, ("hog",), **kw)["hog"]

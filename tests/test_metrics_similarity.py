@@ -1,0 +1,111 @@
+"""Similarity metrics of the sanity check against scipy / scikit-image, plus bad input."""
+import numpy as np
+import pytest
+import scipy.stats
+from skimage.feature import hog
+from skimage.metrics import structural_similarity
+
+from jaxsal import SaliencyInputError
+from jaxsal.metrics import hog_features, similarity
+
+
+def _pairs(n=3, shape=(84, 84), seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.random((n,) + shape)
+    # smooth structure + noise, so the metrics sit well inside (-1, 1)
+    yy, xx = np.mgrid[:shape[0], :shape[1]]
+    blob = np.exp(-((yy - 40) ** 2 + (xx - 30) ** 2) / 200.0)
+    a = 0.5 * a + blob
+    b = a + rng.normal(0, 0.4, a.shape)
+    return a.astype(np.float32), b.astype(np.float32)
+
+
+def _mm(x):
+    return (x - x.min()) / (x.max() - x.min())
+
+
+def test_raw_metrics_match_scipy_skimage():
+    a, b = _pairs()
+    a = np.stack([_mm(m) for m in a]).astype(np.float32)
+    b = np.stack([_mm(m) for m in b]).astype(np.float32)
+    r = similarity(a, b, invert=False, normalize=False)
+    for i in range(len(a)):
+        a64, b64 = a[i].astype(np.float64), b[i].astype(np.float64)
+        assert float(r["spearman"][i]) == pytest.approx(scipy.stats.spearmanr(a64.ravel(), b64.ravel())[0], abs=1e-5)
+        assert float(r["ssim"][i]) == pytest.approx(structural_similarity(a64, b64, data_range=1.0), abs=1e-5)
+        ha, hb = hog(a64, pixels_per_cell=(3, 3)), hog(b64, pixels_per_cell=(3, 3))
+        assert float(r["hog"][i]) == pytest.approx(scipy.stats.pearsonr(ha, hb)[0], abs=1e-4)
+
+
+def test_hog_features_match_skimage_on_odd_size():
+    rng = np.random.default_rng(1)
+    img = rng.random((20, 23)).astype(np.float32)
+    ours = np.asarray(hog_features(img))
+    ref = hog(img.astype(np.float64), pixels_per_cell=(3, 3))
+    assert ours.shape == ref.shape
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+
+
+def test_spearman_ties_match_scipy():
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, 4, (2, 16, 16)).astype(np.float32)   # many ties
+    b = (a + rng.integers(0, 3, a.shape)).astype(np.float32)
+    r = similarity(a, b, "spearman", invert=False, normalize=False)["spearman"]
+    for i in range(2):
+        assert float(r[i]) == pytest.approx(scipy.stats.spearmanr(a[i].ravel(), b[i].ravel())[0], abs=1e-5)
+
+
+def test_paper_b_normalisation_and_inversion():
+    a, b = _pairs(seed=3)
+    inv = similarity(a, -3.0 * b + 7.0)     # a sign flip + affine change is ignored
+    same = similarity(a, b)
+    for m in ("spearman", "ssim", "hog"):
+        np.testing.assert_allclose(inv[m], same[m], atol=1e-4)
+    # reference straight from the definition on min-max normalised maps
+    for i in range(len(a)):
+        m, r = _mm(a[i].astype(np.float64)), _mm(b[i].astype(np.float64))
+        ref = max(structural_similarity(m, r, data_range=1.0), structural_similarity(m, 1 - r, data_range=1.0))
+        assert float(same["ssim"][i]) == pytest.approx(ref, abs=1e-5)
+        ref = max(scipy.stats.spearmanr(m.ravel(), r.ravel())[0], scipy.stats.spearmanr(m.ravel(), 1 - r.ravel())[0])
+        assert float(same["spearman"][i]) == pytest.approx(ref, abs=1e-5)
+    ident = similarity(a, a)
+    np.testing.assert_allclose(ident["spearman"], 1.0, atol=1e-5)
+    np.testing.assert_allclose(ident["ssim"], 1.0, atol=1e-5)
+    np.testing.assert_allclose(ident["hog"], 1.0, atol=1e-5)
+
+
+def test_batched_equals_per_pair_and_chunking():
+    a, b = _pairs(n=5, seed=4)
+    full = similarity(a, b, batch_size=None)
+    chunked = similarity(a, b, batch_size=2)
+    for m in full:
+        np.testing.assert_allclose(full[m], chunked[m], atol=1e-6)
+        for i in range(5):
+            one = similarity(a[i:i + 1], b[i:i + 1])[m][0]
+            assert float(one) == pytest.approx(float(full[m][i]), abs=1e-6)
+
+
+def test_constant_map_is_finite():
+    a, _ = _pairs(n=2)
+    r = similarity(a, np.zeros_like(a))
+    for m in r:
+        assert np.isfinite(np.asarray(r[m])).all()
+    assert np.allclose(r["spearman"], 0.0)
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (np.zeros((3, 84, 83), np.float32), "expected"),
+    (np.zeros((84, 84), np.float32), "maps\\[None\\]"),
+    (np.zeros((3, 84, 84, 4), np.float32), "per-frame"),
+    (np.full((3, 84, 84), np.nan, np.float32), "NaN"),
+])
+def test_bad_maps(bad, msg):
+    a, _ = _pairs()
+    with pytest.raises(SaliencyInputError, match=msg):
+        similarity(a, bad)
+
+
+def test_unknown_metric():
+    a, b = _pairs(n=1)
+    with pytest.raises(SaliencyInputError, match="unknown similarity"):
+        similarity(a, b, ("pearson",))
