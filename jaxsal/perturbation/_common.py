@@ -1,0 +1,242 @@
+"""Shared engine of the perturbation methods: checks, clean forward, states x perturbations in chunks.
+
+Every method describes one perturbation by an integer index (a grid position, a mask, a LIME
+sample) and a pure `perturb(consts, state, idx) -> x'`; the engine builds the perturbed inputs
+on device for a chunk of states x a chunk of indices, runs them through the model as one batch
+of at most `batch_size` rows and scores them. The Python loop runs over chunks only, never over
+single masks or positions; each chunk shape compiles once (last chunks are padded).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsal import targets as T
+from jaxsal.batching import _pad, batch_sharding, cached_jit, chunk_size, map_batched
+from jaxsal.errors import SaliencyInputError
+from jaxsal.validate import check_obs, check_positive_int, to_nhwc
+
+DEFAULT_ROWS = 2048
+"""Model rows (states x perturbations) per forward pass when `batch_size` is None."""
+
+SCORES = ("one_minus", "drop", "output_l2", "chosen_action", "softmax_drop", "target")
+
+
+class Prepared(NamedTuple):
+    """A checked batch: NHWC float32 `x`, value range, target, clean output and fixed actions."""
+    x: jax.Array
+    obs_max: float
+    target: T.Target
+    target_key: object
+    out0: object
+    actions: jax.Array
+    layout: str
+    rows: int
+
+    @property
+    def shape(self):
+        return self.x.shape
+
+
+def resolve_obs_max(obs, obs_max=None) -> float:
+    """Top of the observation's value range: 255 for uint8/integer obs; for float obs 1.0 if
+    every value is <= 1 else 255; bool -> 1. `fill` fractions are taken of this value."""
+    if obs_max is not None:
+        if isinstance(obs_max, bool) or not isinstance(obs_max, (int, float, np.number)) \
+                or not math.isfinite(float(obs_max)) or float(obs_max) <= 0:
+            raise SaliencyInputError(f"obs_max must be a positive finite number, got {obs_max!r}")
+        return float(obs_max)
+    dtype = np.dtype(getattr(obs, "dtype", np.asarray(obs).dtype))
+    if dtype == np.bool_:
+        return 1.0
+    if np.issubdtype(dtype, np.integer):
+        return 255.0
+    return 1.0 if float(jnp.max(jnp.asarray(obs))) <= 1.0 else 255.0
+
+
+def resolve_fill(fill, x, obs_max: float):
+    """Per-state fill value (N, 1, 1, C) on the obs scale.
+
+    `fill` is a fraction of the value range (0 = black, 0.5 = grey: 127.5 for 0-255 frames),
+    "black", "grey"/"gray", or "mean" (each state's mean value per stacked frame).
+    """
+    n, _, _, c = x.shape
+    if isinstance(fill, str):
+        name = fill.lower()
+        if name == "mean":
+            return jnp.mean(x, axis=(1, 2), keepdims=True)
+        presets = {"black": 0.0, "grey": 0.5, "gray": 0.5, "white": 1.0}
+        if name not in presets:
+            raise SaliencyInputError(
+                f"fill must be a number (fraction of the value range: 0 black, 0.5 grey), or one of "
+                f"{sorted(presets) + ['mean']}; got {fill!r}")
+        fill = presets[name]
+    if isinstance(fill, bool) or not isinstance(fill, (int, float, np.number)) \
+            or not math.isfinite(float(fill)):
+        raise SaliencyInputError(
+            f"fill must be a finite number (fraction of the value range: 0 black, 0.5 grey) or "
+            f"'black'/'grey'/'mean', got {fill!r}")
+    return jnp.full((n, 1, 1, c), float(fill) * obs_max, jnp.float32)
+
+
+def rows_of(batch_size) -> int:
+    """Model rows per forward pass: batch_size, or DEFAULT_ROWS when None."""
+    if batch_size is None:
+        return DEFAULT_ROWS
+    return check_positive_int("batch_size", batch_size)
+
+
+def _apply_layout(apply_fn, layout):
+    if layout == "NHWC":
+        return apply_fn
+    return lambda p, x: apply_fn(p, jnp.transpose(x, (0, 3, 1, 2)))
+
+
+def _clean_forward(apply_fn, params, x, layout, rows):
+    fn = cached_jit(("pert-clean", apply_fn, layout), lambda: _apply_layout(apply_fn, layout))
+    try:
+        return map_batched(fn, params, x, batch_size=rows)
+    except SaliencyInputError:
+        raise
+    except Exception as e:  # surface model/shape errors clearly, not as a deep traceback
+        raise SaliencyInputError(
+            f"apply_fn(params, obs) failed on the observations (shape {tuple(x.shape)} NHWC, "
+            f"layout={layout!r}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+            "Check that obs has the shape and layout the model expects.") from None
+
+
+def prepare(apply_fn, params, obs, *, layout="NHWC", target="q_chosen", actions=None,
+            batch_size=None, obs_max=None) -> Prepared:
+    """Validate the inputs, run the clean forward and fix each state's action once."""
+    if not callable(apply_fn):
+        raise SaliencyInputError(f"apply_fn must be callable apply_fn(params, obs), got {apply_fn!r}")
+    x = to_nhwc(check_obs(obs, layout), layout)
+    vmax = resolve_obs_max(obs, obs_max)
+    tgt = T.get_target(target)
+    rows = rows_of(batch_size)
+    out0 = _clean_forward(apply_fn, params, x, layout, rows)
+    if actions is not None:
+        try:
+            num_actions = int(T.q_of(out0).shape[-1])
+        except Exception:
+            num_actions = None
+        actions = T.check_actions(actions, x.shape[0], num_actions)
+    a = T.resolve_actions(tgt, out0, actions)
+    tkey = target if isinstance(target, str) else ("callable", target)
+    return Prepared(x, vmax, tgt, tkey, out0, a, layout, rows)
+
+
+def _row_sq_norm(tree):
+    leaves = jax.tree.leaves(tree)
+    return sum(jnp.sum(jnp.reshape(v, (v.shape[0], -1)).astype(jnp.float32) ** 2, axis=1)
+               for v in leaves)
+
+
+def make_score(name: str, target: T.Target) -> Callable:
+    """score(out0_rows, out1_rows, actions_rows) -> (rows,) comparing clean and perturbed outputs.
+
+    one_minus: 1 - t(x'); drop: t(x) - t(x'); target: t(x'); output_l2: 1/2 ||f(x) - f(x')||^2
+    over every output leaf (Greydanus); chosen_action: 1 - softmax(Q(x'))_a (Paper B's fix);
+    softmax_drop: softmax(Q(x))_a - softmax(Q(x'))_a.
+    """
+    if name == "one_minus":
+        return lambda o0, o1, a: 1.0 - target.score(o1, a)
+    if name == "drop":
+        return lambda o0, o1, a: target.score(o0, a) - target.score(o1, a)
+    if name == "target":
+        return lambda o0, o1, a: target.score(o1, a)
+    if name == "output_l2":
+        return lambda o0, o1, a: 0.5 * _row_sq_norm(jax.tree.map(lambda u, v: u - v, o0, o1))
+    sm = T.get_target("softmax_chosen")
+    if name == "chosen_action":
+        return lambda o0, o1, a: 1.0 - sm.score(o1, a)
+    if name == "softmax_drop":
+        return lambda o0, o1, a: sm.score(o0, a) - sm.score(o1, a)
+    raise SaliencyInputError(f"unknown score {name!r}; choose one of {list(SCORES)}")
+
+
+def check_score(name, allowed) -> str:
+    if name not in allowed:
+        raise SaliencyInputError(f"unknown score {name!r}; this method accepts {list(allowed)}")
+    return name
+
+
+def _build_runner(apply_fn, layout, perturb, score):
+    """Jitted (params, consts, states chunk (S,..), idx (K,)) -> scores (S, K)."""
+    model = _apply_layout(apply_fn, layout)
+
+    def run(params, consts, st, idx):
+        xp = jax.vmap(lambda s: jax.vmap(lambda i: perturb(consts, s, i))(idx))(st)
+        s_, k_ = xp.shape[:2]
+        out1 = model(params, xp.reshape((s_ * k_,) + xp.shape[2:]))
+        out0 = jax.tree.map(lambda o: jnp.repeat(o, k_, axis=0), st["out0"])
+        a = jnp.repeat(st["a"], k_, axis=0)
+        return score(out0, out1, a).reshape(s_, k_)
+
+    return run
+
+
+def perturbation_scores(prep: Prepared, apply_fn, params, *, name, perturb, score, n_pert: int,
+                        consts=None, states=None, cache_key=()):
+    """(N, n_pert) scores of every state under every perturbation index 0..n_pert-1.
+
+    perturb(consts, state, idx) -> x' (H, W, C) for ONE state (a dict of its rows: `x`, `a`,
+    `out0`, plus `states`) and one index. score(out0, out1, a) -> (rows,) on the repeated clean
+    output, the perturbed output and the actions. Runs
+    chunks of S states x K indices with S*K <= batch_size rows (K <= n_pert); results stay on device.
+    """
+    n = prep.x.shape[0]
+    st = {"x": prep.x, "a": prep.actions, "out0": prep.out0, **(states or {})}
+    consts = {} if consts is None else consts
+    k = min(n_pert, prep.rows)
+    k = int(math.ceil(n_pert / math.ceil(n_pert / k)))  # balance the index chunks
+    s = chunk_size(n, prep.rows, rows_per_state=k)
+    fn = cached_jit(("pert", name, apply_fn, prep.layout, cache_key),
+                    lambda: _build_runner(apply_fn, prep.layout, perturb, score))
+    sharding = batch_sharding()
+    idx_all = jnp.arange(n_pert, dtype=jnp.int32)
+    rows_out = []
+    for s0 in range(0, n, s):
+        chunk = jax.tree.map(lambda v: _pad(v[s0:s0 + s], s), st)
+        if sharding is not None:
+            chunk = jax.tree.map(lambda v: jax.device_put(v, sharding), chunk)
+        m = min(s, n - s0)
+        cols = []
+        for k0 in range(0, n_pert, k):
+            idx = _pad(idx_all[k0:k0 + k], k)
+            cols.append(fn(params, consts, chunk, idx)[:m, :min(k, n_pert - k0)])
+        rows_out.append(cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=1))
+    return rows_out[0] if len(rows_out) == 1 else jnp.concatenate(rows_out, axis=0)
+
+
+def upsample_grid(grid, hw, method: str = "bilinear"):
+    """(N, gy, gx) score grid -> (N, H, W) map (half-pixel-centred resize, as PIL/skimage do)."""
+    methods = {"bilinear": "linear", "nearest": "nearest"}
+    if method not in methods:
+        raise SaliencyInputError(f"upsample must be one of {sorted(methods)}, got {method!r}")
+    n = grid.shape[0]
+    if grid.shape[1:] == tuple(hw):
+        return grid
+    return jax.image.resize(grid, (n,) + tuple(hw), methods[method])
+
+
+def check_fits(name: str, value, hw, minimum: int = 1) -> int:
+    """A patch/stride size: integer >= minimum and <= the image side."""
+    value = check_positive_int(name, value, minimum)
+    if value > min(hw):
+        raise SaliencyInputError(
+            f"{name}={value} does not fit the {hw[0]}x{hw[1]} image: it must be <= {min(hw)}")
+    return value
+
+
+def check_positive_float(name: str, value, allow_zero: bool = False) -> float:
+    ok = isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \
+        and math.isfinite(float(value)) and (float(value) >= 0 if allow_zero else float(value) > 0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise SaliencyInputError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
