@@ -13,6 +13,7 @@ from jaxsal.explain import explain
 from jaxsal.gradient import *  # noqa: F401,F403  (registers the gradient/CAM methods)
 from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
 from jaxsal.registry import METHODS
+from jaxsal.io.store import load_maps  # chunked maps written by `jaxsal explain`
 
 __version__ = "0.1.0"
 

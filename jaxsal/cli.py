@@ -1,0 +1,455 @@
+"""The `jaxsal` command: explain replay buffers in batch, render galleries and videos, run the demo.
+
+    jaxsal explain --agent breakout --methods gradcam,rise --input buffer.npz --out maps/
+    jaxsal render maps/
+    jaxsal demo
+    jaxsal agents
+
+Every bad input ends in one line on stderr and a non-zero exit, never a traceback
+(set JAXSAL_DEBUG=1 to see one).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPT = 2, 1, 130
+DEMO_METHODS = ("gradcam", "guided_backprop", "gradient", "occlusion")
+DEMO_OPTIONS = {"gradcam": {"layer": "conv3"}, "occlusion": {"patch": 6, "stride": 6}}
+
+
+class CLIError(Exception):
+    """A user error found by the command line itself."""
+
+
+def _die(msg: str, code: int = EXIT_INPUT):
+    print(f"jaxsal: error: {msg}", file=sys.stderr)
+    return code
+
+
+def _say(msg: str, quiet: bool = False):
+    if not quiet:
+        print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------- parsing
+def parse_methods(text: str) -> list[tuple[str, str]]:
+    """'gradcam,critic=occlusion' -> [(alias, method), ...]."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        alias, _, method = item.partition("=")
+        out.append((alias.strip(), (method or alias).strip()))
+    if not out:
+        raise CLIError("--methods is empty; e.g. --methods gradcam,gradient")
+    return out
+
+
+def parse_value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def parse_options(items, aliases) -> dict[str, dict]:
+    """['rise.n_masks=500', ...] -> {'rise': {'n_masks': 500}}."""
+    opts = {a: {} for a in aliases}
+    for item in items or []:
+        name, eq, value = item.partition("=")
+        method, dot, key = name.partition(".")
+        if not eq or not dot or not key:
+            raise CLIError(f"--option {item!r}: use METHOD.NAME=VALUE, e.g. rise.n_masks=500")
+        if method not in opts:
+            raise CLIError(f"--option {item!r} is for {method!r}, which is not in --methods "
+                           f"({', '.join(aliases)})")
+        opts[method][key] = parse_value(value)
+    return opts
+
+
+# --------------------------------------------------------------------------- agents
+def load_agent(name: str, model: str | None = None):
+    """A shipped agent by name, or a card .json (params beside it or given by --model)."""
+    import agents
+
+    if model is not None and not Path(model).exists():
+        raise CLIError(f"--model {model} does not exist")
+    return agents.load(name, params_path=model)
+
+
+def random_agent(game: str = "breakout", seed: int = 0):
+    """An untrained, randomly initialised Nature-DQN agent (the demo's fallback)."""
+    import jax
+    import jax.numpy as jnp
+
+    from agents import Agent, build_model
+    from agents.envs import ATARI_GAMES
+
+    num_actions = {"breakout": 4, "pong": 6}.get(game, 18) if game in ATARI_GAMES else 4
+    model = build_model(game, "dqn", num_actions)
+    params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 84, 84, 4), jnp.float32))
+    card = {"game": game, "arch": "dqn", "num_actions": num_actions, "obs_shape": [84, 84, 4],
+            "layer_norm": True, "note": "random init (untrained)"}
+    return Agent(name=f"{game}-random-init", model=model, params=params, card=card)
+
+
+def _check_frames(agent, shape):
+    want = tuple(agent.card.get("obs_shape", ()))
+    if want and tuple(shape[1:]) != want:
+        raise CLIError(f"input frames have shape {tuple(shape[1:])} but agent {agent.name!r} expects "
+                       f"{want}; was the buffer recorded for another game or preprocessing?")
+
+
+def _check_actions(agent, source):
+    """Dopamine buffers store the actions taken: more actions than the agent has is a mismatch."""
+    from jaxsal.io.readers import DopamineSource, _load_gz_array
+
+    if not isinstance(source, DopamineSource):
+        return
+    for part in source.parts:
+        path = Path(part.path.replace("$store$_observation_ckpt", "$store$_action_ckpt"))
+        if path.exists():
+            actions = _load_gz_array(path)
+            if actions.size and int(actions.max()) >= agent.num_actions:
+                raise CLIError(f"{path.name} uses action {int(actions.max())} but agent {agent.name!r} "
+                               f"has only {agent.num_actions} actions: agent and buffer are for different games")
+
+
+def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, until_done: bool = False,
+         quiet: bool = False):
+    """Play `steps` steps with EnvPool and save the frames as out/input/obs.npy (reused on rerun)."""
+    from agents import collect
+    from agents.envs import check_game, make_env
+    from jaxsal.io import open_source
+    from jaxsal.io.store import MANIFEST
+
+    path = out / "input" / "obs.npy"
+    if (out / MANIFEST).exists() and path.exists():
+        _say(f"reusing the rollout saved in {path}", quiet)
+        return open_source(path)
+    if steps < 1:
+        raise CLIError(f"--play needs a positive number of steps, got {steps}")
+    game = check_game(game or agent.game)
+    env = make_env(game, 1, train=False, seed=seed)
+    if env.num_actions != agent.num_actions:
+        raise CLIError(f"agent {agent.name!r} has {agent.num_actions} actions but {game} has "
+                       f"{env.num_actions}: choose the agent trained on {game}")
+    _check_frames(agent, (1,) + tuple(env.obs_shape))
+    t = time.perf_counter()
+    batch = collect(agent, steps, env=env, seed=seed, until_done=until_done)
+    _say(f"played {len(batch)} steps of {game} in {time.perf_counter() - t:.1f}s "
+         f"(returns of finished games: {batch.episode_returns or 'none finished'})", quiet)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(".obs.npy.tmp")
+    np.save(tmp, np.asarray(batch.obs, np.uint8))
+    os.replace(tmp, path)
+    return open_source(path)
+
+
+# --------------------------------------------------------------------------- commands
+def _init_distributed(args):
+    if args.num_processes == 1:
+        return
+    if not args.coordinator:
+        raise CLIError("--num-processes > 1 needs --coordinator HOST:PORT (the address of process 0)")
+    if args.process_id is None or not 0 <= args.process_id < args.num_processes:
+        raise CLIError(f"--process-id must be in [0, {args.num_processes})")
+    import jax
+
+    try:
+        jax.distributed.initialize(args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id, initialization_timeout=120)
+    except Exception as e:  # connection problems come as many types
+        raise CLIError(f"cannot join the job at {args.coordinator} as process {args.process_id} of "
+                       f"{args.num_processes}: {str(e).splitlines()[0]}") from None
+
+
+def _summary_lines(summary: dict) -> list[str]:
+    rates = ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in summary["maps_per_s"].items())
+    lines = [f"frames: {summary['frames']} in the buffer, {summary['frames_computed']} computed now"
+             + (f", {summary['frames_resumed']} already done" if summary["frames_resumed"] else "")
+             + (f" (process {summary['process_id']} of {summary['num_processes']})"
+                if summary["num_processes"] > 1 else ""),
+             f"maps/s per method: {rates}",
+             f"wall time: {summary['wall_s']:.1f}s on {summary['devices']} device(s)",
+             f"output: {summary['out']}" + ("" if summary["complete"] else " (incomplete: other processes "
+                                                                              "still running, or rerun)")]
+    return lines
+
+
+def cmd_explain(args) -> int:
+    _init_distributed(args)
+    import jaxsal
+    from jaxsal.io import MethodSpec, open_source, run_job
+
+    pairs = parse_methods(args.methods)
+    opts = parse_options(args.option, [a for a, _ in pairs])
+    specs = [MethodSpec(a, m, opts[a]) for a, m in pairs]
+    from jaxsal.io.job import check_specs
+
+    check_specs(specs)
+    if (args.input is None) == (args.play is None):
+        raise CLIError("give exactly one of --input PATH or --play STEPS")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} exists and is not a directory")
+    agent = load_agent(args.agent, args.model)
+    if args.play is not None:
+        source = play(agent, args.play, out, game=args.game, seed=args.seed, quiet=args.quiet)
+        input_id = {"play": args.play, "game": args.game or agent.game, "seed": args.seed}
+    else:
+        source = open_source(args.input)
+        input_id = None
+    _check_frames(agent, source.shape)
+    _check_actions(agent, source)
+    if args.limit is not None:
+        source = _Limited(source, args.limit)
+    _say(f"explaining {len(source)} frames of {source.describe().get('path') or 'the rollout'} with "
+         f"{', '.join(a for a, _ in pairs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
+    summary = run_job(agent.apply_fn, agent.params, source, out, specs, target=args.target, chunk=args.chunk,
+                      batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
+                      agent={"name": agent.name, "card": agent.card}, input_id=input_id,
+                      process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet)
+    for line in _summary_lines(summary):
+        _say(line, args.quiet)
+    return 0
+
+
+class _Limited:
+    """The first `n` frames of a source (for quick tries on a big buffer)."""
+
+    def __init__(self, source, n: int):
+        if n < 1:
+            raise CLIError(f"--limit must be positive, got {n}")
+        self.source, self.n = source, min(n, len(source))
+
+    def __len__(self):
+        return self.n
+
+    @property
+    def shape(self):
+        return (self.n,) + tuple(self.source.shape[1:])
+
+    def read(self, a, b):
+        return self.source.read(a, min(b, self.n))
+
+    def fingerprint(self):
+        return f"{self.source.fingerprint()}[:{self.n}]"
+
+    def describe(self):
+        return dict(self.source.describe(), limit=self.n)
+
+
+def _frame_range(text: str | None):
+    if not text:
+        return 0, None
+    a, _, b = text.partition(":")
+    try:
+        return int(a or 0), (int(b) if b else None)
+    except ValueError:
+        raise CLIError(f"--frames {text!r}: use START:STOP, e.g. 0:400") from None
+
+
+def cmd_render(args) -> int:
+    from jaxsal.render import render_dir
+
+    start, stop = _frame_range(args.frames)
+    frames = None
+    if args.input:
+        from jaxsal.io import open_source
+
+        src = open_source(args.input)
+        frames = src.read(0, min(len(src), stop or len(src)))
+    videos = () if args.video == "none" else tuple(v.strip() for v in args.video.split(",") if v.strip())
+    for v in videos:
+        if v not in ("mp4", "gif"):
+            raise CLIError(f"--video {args.video!r}: use mp4, gif, mp4,gif or none")
+    grey = tuple(args.greydanus.split(",")) if args.greydanus else None
+    if grey is not None and len(grey) != 2:
+        raise CLIError("--greydanus takes two names: ACTOR,CRITIC")
+    t = time.perf_counter()
+    res = render_dir(args.dir, methods=args.methods.split(",") if args.methods else None, gallery=args.out,
+                     frames=frames, start=start, stop=stop, grid_frames=args.grid_frames, videos=videos,
+                     scheme=args.scheme, fps=args.fps, scale=args.scale, greydanus=grey)
+    _say(f"rendered {len(res['pngs'])} PNG(s) and {len(res['videos'])} video(s) in "
+         f"{time.perf_counter() - t:.1f}s; open {res['html']}", args.quiet)
+    return 0
+
+
+def cmd_agents(args) -> int:
+    import agents
+
+    names = agents.available()
+    if not names:
+        print("no shipped agents yet (agents/shipped/ is empty); use --agent CARD.json --model PARAMS.msgpack")
+        return 0
+    for name in names:
+        card = json.loads((Path(agents.zoo.SHIPPED_DIR) / f"{name}.json").read_text())
+        ret = card.get("mean_return", card.get("return", ""))
+        print(f"{name:24s} game={card.get('game')} arch={card.get('arch')} actions={card.get('num_actions')}"
+              + (f" return={ret}" if ret != "" else ""))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    import agents
+    from jaxsal.io import MethodSpec, run_job
+    from jaxsal.io.store import MANIFEST, read_manifest
+    from jaxsal.render import render_dir
+
+    import jaxsal
+
+    t0 = time.perf_counter()
+    if "breakout" in agents.available():
+        agent = agents.load("breakout")
+        _say(f"loaded the shipped Breakout agent ({agent.card.get('algorithm', agent.card.get('arch'))})",
+             args.quiet)
+    else:
+        agent = random_agent("breakout", args.seed)
+        _say("the shipped Breakout agent is not available yet (agents/shipped/breakout.json); using an "
+             "UNTRAINED random-init agent, so the maps show the pipeline, not a trained policy", args.quiet)
+    out = Path(args.out)
+    if (out / MANIFEST).exists():
+        old = read_manifest(out)
+        if old.get("demo"):
+            shutil.rmtree(out)  # a previous demo's output: start afresh
+        else:
+            raise CLIError(f"{out} holds a non-demo jaxsal job; choose another --out")
+    elif out.exists() and any(out.iterdir()):
+        raise CLIError(f"{out} exists and is not empty; choose another --out")
+    available = set(jaxsal.methods())
+    names = [m for m in (args.methods.split(",") if args.methods else DEMO_METHODS) if m in available
+             or args.methods]
+    if not names:
+        raise CLIError(f"none of the demo methods {DEMO_METHODS} is registered; available: "
+                       f"{', '.join(sorted(available)) or 'none'}")
+    source = play(agent, args.steps, out, seed=args.seed, until_done=True, quiet=args.quiet)
+    from jaxsal.registry import accepted_options, get_method
+
+    specs = [MethodSpec(m, m, {k: v for k, v in DEMO_OPTIONS.get(m, {}).items()
+                               if k in accepted_options(get_method(m))}) for m in names]
+    summary = run_job(agent.apply_fn, agent.params, source, out, specs, chunk=args.chunk,
+                      batch_size=args.batch_size, seed=args.seed, agent={"name": agent.name, "card": agent.card},
+                      input_id={"play": args.steps, "game": "breakout", "seed": args.seed, "until_done": True},
+                      quiet=args.quiet)
+    from jaxsal.io.store import update_manifest
+
+    update_manifest(out, demo=True)
+    res = render_dir(out, videos=("mp4", "gif") if not args.no_gif else ("mp4",), fps=args.fps)
+    for line in _summary_lines(summary):
+        _say(line, args.quiet)
+    _say(f"demo done in {time.perf_counter() - t0:.1f}s. Look at: {res['html'].absolute()}\n"
+         f"  video: {res['videos'][0].absolute()}\n  maps: jaxsal.load_maps('{out}', '{names[0]}')", args.quiet)
+    return 0
+
+
+# --------------------------------------------------------------------------- entry point
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jaxsal", description="Saliency maps for deep RL agents, in batch.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("explain", help="explain every frame of a replay buffer or a fresh rollout")
+    e.add_argument("--agent", required=True, help="shipped agent name, or an agent card .json")
+    e.add_argument("--model", help="parameter file (.msgpack) to use with the agent's card")
+    e.add_argument("--methods", required=True, help="comma list, e.g. gradcam,rise or alias=method")
+    e.add_argument("--input", help=".npy/.npz (key obs) file, shard directory or Dopamine replay directory")
+    e.add_argument("--play", type=int, help="play STEPS steps with EnvPool and explain them")
+    e.add_argument("--game", help="game for --play (default: the agent's game)")
+    e.add_argument("--out", required=True, help="output directory (resumes a stopped job)")
+    e.add_argument("--option", action="append", metavar="METHOD.NAME=VALUE",
+                   help="method option, e.g. rise.n_masks=500 or gradcam.layer=conv3 (repeatable)")
+    e.add_argument("--target", default="q_chosen", help="what is explained (default q_chosen)")
+    e.add_argument("--batch-size", type=int, default=256, help="model rows per device call (memory knob)")
+    e.add_argument("--chunk", type=int, default=512, help="frames per output chunk / read from disk")
+    e.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="stored map dtype")
+    e.add_argument("--seed", type=int, default=0, help="PRNG seed of stochastic methods and --play")
+    e.add_argument("--limit", type=int, help="only the first N frames of the input")
+    e.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    e.add_argument("--coordinator", help="HOST:PORT of process 0 for a multi-process job")
+    e.add_argument("--num-processes", type=int, default=1)
+    e.add_argument("--process-id", type=int)
+    e.set_defaults(fn=cmd_explain)
+
+    r = sub.add_parser("render", help="PNG grids, videos and an HTML gallery of an explain output")
+    r.add_argument("dir", help="output directory of `jaxsal explain`")
+    r.add_argument("--methods", help="comma list of methods to show (default all)")
+    r.add_argument("--out", help="gallery directory (default DIR/gallery)")
+    r.add_argument("--frames", help="START:STOP range of frames (videos are capped at 1000 frames)")
+    r.add_argument("--input", help="frames to draw on, if the job's input moved")
+    r.add_argument("--video", default="mp4,gif", help="mp4, gif, mp4,gif or none")
+    r.add_argument("--scheme", default="auto", choices=["auto", "signed", "heat"], help="colour scale")
+    r.add_argument("--greydanus", help="ACTOR,CRITIC: Greydanus colouring (actor blue, critic red) in videos")
+    r.add_argument("--grid-frames", type=int, default=6)
+    r.add_argument("--fps", type=int, default=15)
+    r.add_argument("--scale", type=int, default=3, help="pixel upscaling of the pictures")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(fn=cmd_render)
+
+    d = sub.add_parser("demo", help="play Breakout, explain every frame, write a gallery and a video")
+    d.add_argument("--steps", type=int, default=400, help="episode length cap (default 400)")
+    d.add_argument("--out", default="jaxsal-demo")
+    d.add_argument("--methods", help=f"comma list (default: {','.join(DEMO_METHODS)} where available)")
+    d.add_argument("--batch-size", type=int, default=256)
+    d.add_argument("--chunk", type=int, default=128)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--fps", type=int, default=15)
+    d.add_argument("--no-gif", action="store_true", help="write only the MP4")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(fn=cmd_demo)
+
+    a = sub.add_parser("agents", help="list the shipped agents")
+    a.set_defaults(fn=cmd_agents)
+    return p
+
+
+def main(argv=None) -> int:
+    """Console entry point; returns the exit status (also used by `sys.exit`)."""
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.fn(args)
+    except KeyboardInterrupt:
+        code = _die("interrupted; finished chunks are kept, rerun the same command to resume", EXIT_INTERRUPT)
+    except Exception as e:  # one line for the user, never a traceback
+        if os.environ.get("JAXSAL_DEBUG"):
+            raise
+        code = _die(_message(e), EXIT_INPUT if _is_user_error(e) else EXIT_INTERNAL)
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+def _is_user_error(e: Exception) -> bool:
+    from agents.errors import AgentInputError, AgentLoadError
+    from jaxsal.errors import SaliencyInputError
+
+    return isinstance(e, (CLIError, SaliencyInputError, AgentLoadError, AgentInputError, OSError))
+
+
+def _message(e: Exception) -> str:
+    import errno
+
+    if isinstance(e, OSError):
+        what = e.strerror or str(e)
+        where = f" ({e.filename})" if e.filename else ""
+        hint = {errno.ENOSPC: "free some space or choose another --out",
+                errno.EACCES: "choose a writable --out", errno.EROFS: "choose a writable --out"}.get(
+            e.errno, "check the path")
+        return f"{what}{where}: {hint}; finished chunks are kept, rerun the same command to resume"
+    if _is_user_error(e):
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"internal error {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} " \
+           "(set JAXSAL_DEBUG=1 for the traceback)"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Streaming, resumable batch jobs: explain every frame of a buffer into a chunked map store.
+
+A reader thread loads the next chunk from disk and puts it on the device while the current
+chunk is explained (host-to-device overlap); a writer thread saves finished chunks while
+the next one computes. Memory is bounded by a few chunks, never by the buffer size. Chunk
+boundaries are fixed by the job's configuration, so a rerun after a kill computes exactly
+the missing chunks and ends with the same files as an uninterrupted run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxsal.errors import SaliencyInputError
+from jaxsal.io import store
+from jaxsal.registry import STOCHASTIC, accepted_options, get_method
+
+COMMON = ("target", "layer", "per_frame", "layout", "actions")
+DTYPES = ("float32", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """One output of a job: `alias` names its directory, `method` the registered method."""
+    alias: str
+    method: str
+    options: dict
+
+    def split(self) -> tuple[dict, dict]:
+        """(common kwargs of jaxsal.explain, the method's own options)."""
+        common = {k: v for k, v in self.options.items() if k in COMMON}
+        own = {k: v for k, v in self.options.items() if k not in COMMON}
+        return common, own
+
+
+def check_specs(specs: list[MethodSpec]):
+    """Unknown methods or options fail here, before any work starts."""
+    if not specs:
+        raise SaliencyInputError("no methods given; e.g. --methods gradcam,gradient")
+    seen = set()
+    for s in specs:
+        if s.alias in seen:
+            raise SaliencyInputError(f"method {s.alias!r} given twice; name a variant alias=method")
+        seen.add(s.alias)
+        if not s.alias.replace("_", "").replace("-", "").isalnum():
+            raise SaliencyInputError(f"bad method name {s.alias!r}: use letters, digits, _ and -")
+        fn = get_method(s.method)
+        accepted = accepted_options(fn)
+        bad = [k for k in s.options if k not in accepted]
+        if bad:
+            raise SaliencyInputError(f"method {s.method!r} has no option {', '.join(map(repr, bad))}; "
+                                     f"it accepts: {', '.join(a for a in accepted if a not in ('key', 'batch_size'))}")
+
+
+def _jsonable(x):
+    return json.loads(json.dumps(x, default=lambda o: repr(o)))
+
+
+def _pad_rows(x: np.ndarray, size: int) -> np.ndarray:
+    if len(x) == size:
+        return x
+    return np.concatenate([x, np.repeat(x[-1:], size - len(x), axis=0)])
+
+
+class _Worker(threading.Thread):
+    """A daemon thread running `fn(item)` over a bounded queue; its first error is kept."""
+
+    def __init__(self, fn, maxsize: int = 2):
+        super().__init__(daemon=True)
+        self.fn, self.q, self.error = fn, queue.Queue(maxsize), None
+
+    def run(self):
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            if self.error is None:
+                try:
+                    self.fn(item)
+                except BaseException as e:  # reported by the main thread
+                    self.error = e
+
+    def put(self, item):
+        while True:
+            if self.error is not None:
+                raise self.error
+            try:
+                self.q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+
+def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: str = "q_chosen",
+            chunk: int = 512, batch_size: int | None = 256, dtype: str = "float32", seed: int = 0,
+            agent: dict | None = None, params_checksum: str | None = None,
+            input_id: dict | None = None, process_id: int = 0, num_processes: int = 1,
+            quiet: bool = False) -> dict:
+    """Explain every frame of `source` with every method into `out`; resumes a stopped job.
+
+    `source` is a reader from `jaxsal.io.open_source` (or anything with len/read/fingerprint/
+    describe). Process `process_id` of `num_processes` computes chunks i with
+    i % num_processes == process_id. Returns a summary dict (frames, maps/s per method,
+    wall time, output path).
+    """
+    from agents.checkpoint import params_checksum as checksum_of
+
+    import jaxsal
+    from jaxsal.explain import explain
+
+    t0 = time.perf_counter()
+    check_specs(specs)
+    if dtype not in DTYPES:
+        raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
+    for name, v in (("chunk", chunk), ("batch_size", batch_size or 1), ("num_processes", num_processes)):
+        if not isinstance(v, int) or v < 1:
+            raise SaliencyInputError(f"{name} must be a positive integer, got {v!r}")
+    if not 0 <= process_id < num_processes:
+        raise SaliencyInputError(f"process_id must be in [0, {num_processes}), got {process_id}")
+    n = len(source)
+    h, w = source.shape[1:3]
+    config = {
+        "methods": {s.alias: {"method": s.method, "options": _jsonable(s.options)} for s in specs},
+        "target": target, "dtype": dtype, "chunk": chunk, "n": n, "seed": seed,
+        "frame_shape": list(source.shape[1:]),
+        "input": input_id or {"checksum": source.fingerprint()},
+        "params_checksum": params_checksum or checksum_of(params),
+        "agent": (agent or {}).get("name"),
+    }
+    meta = {"version": jaxsal.__version__, "created": store.stamp(), "input_source": source.describe(),
+            "agent_card": (agent or {}).get("card")}
+    out = Path(out)
+    store.open_job(out, config, meta)
+
+    n_chunks = -(-n // chunk)
+    mine = [i for i in range(n_chunks) if i % num_processes == process_id]
+    rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
+    todo = [i for i in mine if any(not store.chunk_path(out, s.alias, i).exists() for s in specs)]
+    total = sum(rows(i) for i in mine)
+    done_before = total - sum(rows(i) for i in todo)
+
+    key = jax.random.PRNGKey(seed)
+    calls = []
+    for s in specs:
+        common, own = s.split()
+        fn = get_method(s.method)
+        kw = dict(common, **own)
+        kw.setdefault("target", target)
+        if "key" in accepted_options(fn) or s.method in STOCHASTIC:
+            kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
+        calls.append((s, kw))
+
+    def load(i):
+        x = source.read(i * chunk, i * chunk + rows(i))
+        return i, rows(i), jax.device_put(_pad_rows(np.asarray(x), chunk))
+
+    def save(item):
+        i, results = item
+        for alias, maps in results:
+            path = store.chunk_path(out, alias, i)
+            if not path.exists():
+                store.write_chunk(out, alias, i, maps)
+
+    seconds = {s.alias: 0.0 for s in specs}
+    reader_q: queue.Queue = queue.Queue(maxsize=2)
+    reader_err: list = []
+
+    def reader():
+        try:
+            for i in todo:
+                reader_q.put(load(i))
+        except BaseException as e:
+            reader_err.append(e)
+        reader_q.put(None)
+
+    writer = _Worker(save)
+    writer.start()
+    threading.Thread(target=reader, daemon=True).start()
+    bar = _progress(total, done_before, quiet)
+    computed = 0
+    try:
+        while True:
+            item = reader_q.get()
+            if item is None:
+                break
+            i, m, x = item
+            results = []
+            for s, kw in calls:
+                if store.chunk_path(out, s.alias, i).exists():
+                    continue
+                ts = time.perf_counter()
+                maps = explain(apply_fn, params, x, method=s.method, batch_size=batch_size, **kw)
+                maps = np.asarray(maps[:m]).astype(dtype)
+                seconds[s.alias] += time.perf_counter() - ts
+                results.append((s.alias, maps))
+            writer.put((i, results))
+            computed += m
+            if bar is not None:
+                bar.update(m)
+        if reader_err:
+            raise reader_err[0]
+        writer.put(None)
+        writer.join()
+        if writer.error is not None:
+            raise writer.error
+    finally:
+        if bar is not None:
+            bar.close()
+    wall = time.perf_counter() - t0
+    complete = all(not store.missing_chunks(out, s.alias, n_chunks) for s in specs)
+    summary = {
+        "frames": n, "frames_this_process": total, "frames_computed": computed,
+        "frames_resumed": done_before, "wall_s": round(wall, 3),
+        "maps_per_s": {a: (round(computed / t, 2) if t > 0 and computed else None) for a, t in seconds.items()},
+        "out": str(out.absolute()), "complete": complete, "process_id": process_id,
+        "num_processes": num_processes, "devices": jax.local_device_count(),
+    }
+    store._atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
+    return summary
+
+
+def _progress(total: int, initial: int, quiet: bool):
+    if quiet:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="frame", unit_scale=True, dynamic_ncols=True,
+                desc="explain", smoothing=0.1)

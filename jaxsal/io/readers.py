@@ -1,0 +1,355 @@
+"""Frame-stack sources read in chunks: .npy/.npz stacks, shard directories, Dopamine replay files.
+
+Every source has `len(source)`, `shape` (N, H, W, C), `read(start, stop) -> uint8 array`, a
+`fingerprint()` (checksum of the input, for the output's provenance) and `describe()`. Reads
+touch only the requested rows (memory-mapped or streamed), so peak memory follows the chunk,
+never the size of the buffer.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from jaxsal.errors import SaliencyInputError
+
+STACK = 4
+_DOPAMINE_OBS = re.compile(r"^\$store\$_observation_ckpt\.(\d+)\.gz$")
+
+
+def _fingerprint_files(paths, extra: str = "") -> str:
+    """sha256 over names, sizes and sampled 64 KiB blocks (first, last, 14 between) of each file.
+
+    Sampling keeps the check of a multi-GB buffer under a second while still catching a
+    different, truncated or rewritten file.
+    """
+    h = hashlib.sha256(extra.encode())
+    for p in paths:
+        p = Path(p)
+        size = p.stat().st_size
+        h.update(f"{p.name}:{size};".encode())
+        block = 1 << 16
+        offsets = sorted({int(o) for o in np.linspace(0, max(0, size - block), 16)})
+        with open(p, "rb") as f:
+            for o in offsets:
+                f.seek(o)
+                h.update(f.read(block))
+    return h.hexdigest()
+
+
+def _check_stack_shape(shape, dtype, what: str):
+    if len(shape) != 4 or shape[0] == 0:
+        raise SaliencyInputError(
+            f"{what}: expected frame stacks with shape (N, 84, 84, 4), got shape {tuple(shape)}")
+    if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+        raise SaliencyInputError(f"{what}: expected uint8 frames, got dtype {dtype}")
+
+
+class ArraySource:
+    """Frames already in memory (an EnvPool rollout) or a memory-mapped .npy file."""
+
+    def __init__(self, array, name: str = "array", path: str | None = None):
+        _check_stack_shape(array.shape, array.dtype, name)
+        self._a = array
+        self.name = name
+        self.path = path
+
+    def __len__(self):
+        return self._a.shape[0]
+
+    @property
+    def shape(self):
+        return tuple(self._a.shape)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return np.ascontiguousarray(self._a[start:stop])
+
+    def fingerprint(self) -> str:
+        if self.path is not None:
+            return _fingerprint_files([self.path])
+        return hashlib.sha256(np.ascontiguousarray(self._a).tobytes()).hexdigest()
+
+    def describe(self) -> dict:
+        return {"kind": "array" if self.path is None else "npy", "path": self.path, "name": self.name}
+
+
+def _open_npy(path: Path) -> ArraySource:
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as e:
+        raise SaliencyInputError(f"cannot read {path}: not a valid .npy file ({e})") from None
+    return ArraySource(arr, name=str(path), path=str(path))
+
+
+class NpzSource:
+    """Key `obs` of an .npz archive, streamed from the zip member (stored or deflated)."""
+
+    def __init__(self, path: Path, key: str = "obs"):
+        self.path = str(path)
+        self.key = key
+        try:
+            self._zip = zipfile.ZipFile(path)
+            members = self._zip.namelist()
+        except (zipfile.BadZipFile, OSError) as e:
+            raise SaliencyInputError(f"cannot read {path}: not a valid .npz file ({e})") from None
+        if f"{key}.npy" not in members:
+            keys = [m[:-4] for m in members if m.endswith(".npy")]
+            raise SaliencyInputError(f"{path} has no array {key!r} (it holds {keys}); save the frame "
+                                     f"stacks as np.savez(path, {key}=frames)")
+        self._member = f"{key}.npy"
+        self._fh = None
+        self._pos = None
+        shape, dtype, self._offset = self._header()
+        _check_stack_shape(shape, dtype, f"{path}[{key!r}]")
+        self._shape, self._dtype = tuple(shape), dtype
+        self._row = int(np.prod(shape[1:])) * dtype.itemsize
+
+    def _header(self):
+        try:
+            with self._zip.open(self._member) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                offset = f.tell()
+        except Exception as e:
+            raise SaliencyInputError(f"cannot read {self.path}: corrupt .npz member ({e})") from None
+        if fortran or dtype.hasobject:
+            raise SaliencyInputError(f"{self.path}: array {self.key!r} must be C-ordered numbers")
+        return shape, dtype, offset
+
+    def __len__(self):
+        return self._shape[0]
+
+    @property
+    def shape(self):
+        return self._shape
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        # A deflated member only seeks forward cheaply: keep one handle and read sequentially.
+        target = self._offset + start * self._row
+        if self._fh is None or self._pos is None or target < self._pos:
+            if self._fh is not None:
+                self._fh.close()
+            self._fh = self._zip.open(self._member)
+            self._pos = 0
+        try:
+            if target != self._pos:
+                self._fh.seek(target)
+            n = (stop - start) * self._row
+            data = self._fh.read(n)
+        except Exception as e:
+            raise SaliencyInputError(f"cannot read {self.path}: corrupt .npz data ({e})") from None
+        if len(data) != n:
+            raise SaliencyInputError(f"{self.path}: file is truncated (rows {start}:{stop} missing)")
+        self._pos = target + n
+        return np.frombuffer(data, self._dtype).reshape((stop - start,) + self._shape[1:])
+
+    def fingerprint(self) -> str:
+        return _fingerprint_files([self.path], extra=self.key)
+
+    def describe(self) -> dict:
+        return {"kind": "npz", "path": self.path, "key": self.key}
+
+
+class ConcatSource:
+    """A directory of .npy/.npz shards, read as one buffer in sorted file-name order."""
+
+    def __init__(self, path: Path, parts: list):
+        self.path = str(path)
+        self.parts = parts
+        shapes = {p.shape[1:] for p in parts}
+        if len(shapes) != 1:
+            raise SaliencyInputError(f"shards in {path} have different frame shapes {sorted(shapes)}")
+        self._starts = np.cumsum([0] + [len(p) for p in parts])
+
+    def __len__(self):
+        return int(self._starts[-1])
+
+    @property
+    def shape(self):
+        return (len(self),) + self.parts[0].shape[1:]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        out = []
+        i = int(np.searchsorted(self._starts, start, side="right")) - 1
+        while start < stop:
+            lo = start - self._starts[i]
+            hi = min(stop, self._starts[i + 1]) - self._starts[i]
+            out.append(self.parts[i].read(int(lo), int(hi)))
+            start = int(self._starts[i] + hi)
+            i += 1
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        for p in self.parts:
+            h.update(p.fingerprint().encode())
+        return h.hexdigest()
+
+    def describe(self) -> dict:
+        return {"kind": "shards", "path": self.path, "files": len(self.parts)}
+
+
+class DopamineCheckpoint:
+    """One `$store$_observation_ckpt.K.gz` (single 84x84 frames) + its terminal file.
+
+    State i stacks frames i-3..i; frames at or before a terminal inside that window belong
+    to the previous episode and are zeros (Dopamine's convention for the first states of an
+    episode), as are frames before the start of the file.
+    """
+
+    def __init__(self, obs_path: Path, terminal_path: Path):
+        self.path = str(obs_path)
+        self.terminal_path = str(terminal_path)
+        self.terminal = _load_gz_array(terminal_path).astype(bool).reshape(-1)
+        self._fh = None
+        self._pos = 0  # next frame index of the open stream
+        with _gz_open(obs_path) as f:
+            shape, dtype, self._offset = _npy_header(f, obs_path)
+        if len(shape) != 3 or shape[0] == 0:
+            raise SaliencyInputError(f"{obs_path}: expected single frames with shape (N, 84, 84), "
+                                     f"got {tuple(shape)}")
+        if dtype != np.uint8:
+            raise SaliencyInputError(f"{obs_path}: expected uint8 frames, got dtype {dtype}")
+        if self.terminal.shape[0] != shape[0]:
+            raise SaliencyInputError(f"{terminal_path} has {self.terminal.shape[0]} entries but "
+                                     f"{obs_path} has {shape[0]} frames")
+        self._shape = tuple(shape)
+        self._row = int(np.prod(shape[1:]))
+        self._tail = np.zeros((0,) + self._shape[1:], np.uint8)  # frames just before _pos
+
+    def __len__(self):
+        return self._shape[0]
+
+    @property
+    def shape(self):
+        return (self._shape[0],) + self._shape[1:] + (STACK,)
+
+    def _frames(self, start: int, stop: int) -> np.ndarray:
+        """Single frames [start, stop) (start may be < 0: zeros), streamed from the gzip file.
+
+        Sequential chunk reads overlap by 3 frames; those come from a small cache, so the
+        gzip stream is never rewound.
+        """
+        lead = max(0, -start)
+        start = max(0, start)
+        k = len(self._tail)
+        if self._fh is not None and self._pos - k <= start <= self._pos <= stop:
+            have = self._tail[k - (self._pos - start):]
+        else:
+            if self._fh is None or start < self._pos:
+                if self._fh is not None:
+                    self._fh.close()
+                self._fh = _gz_open(Path(self.path))
+                self._pos = 0
+            try:
+                self._fh.seek(self._offset + start * self._row)
+            except (OSError, EOFError) as e:
+                raise SaliencyInputError(f"cannot read {self.path}: corrupt gzip data ({e})") from None
+            self._pos = start
+            have = self._tail[:0]
+        n = stop - self._pos
+        try:
+            data = self._fh.read(n * self._row)
+        except (OSError, EOFError) as e:
+            raise SaliencyInputError(f"cannot read {self.path}: corrupt gzip data ({e})") from None
+        if len(data) != n * self._row:
+            raise SaliencyInputError(f"{self.path}: file is truncated (frames {self._pos}:{stop})")
+        new = np.frombuffer(data, np.uint8).reshape((n,) + self._shape[1:])
+        frames = np.concatenate([have, new]) if len(have) else new
+        self._pos = stop
+        self._tail = frames[-(STACK - 1):].copy()
+        if lead:
+            frames = np.concatenate([np.zeros((lead,) + self._shape[1:], np.uint8), frames])
+        return frames
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        frames = self._frames(start - (STACK - 1), stop)  # (stop - start + 3, H, W)
+        idx = np.arange(start, stop)[:, None] + np.arange(-(STACK - 1), 1)[None, :]  # (n, 4)
+        # a frame j < i is from an earlier episode if a terminal lies in [j, i-1]
+        term = np.concatenate([np.zeros(STACK - 1, bool), self.terminal])
+        tpos = idx[:, :-1] + (STACK - 1)  # positions in the padded terminal array
+        tw = term[tpos]  # (n, 3): terminal flag of frames i-3, i-2, i-1
+        # cumulative "any terminal at or after j (before i)" from the right
+        stale = np.flip(np.cumsum(np.flip(tw, 1), 1), 1) > 0
+        keep = np.concatenate([~stale, np.ones((len(idx), 1), bool)], 1) & (idx >= 0)
+        local = idx - (start - (STACK - 1))
+        out = frames[local] * keep[:, :, None, None]
+        return np.ascontiguousarray(np.moveaxis(out, 1, -1)).astype(np.uint8)
+
+    def fingerprint(self) -> str:
+        return _fingerprint_files([self.path, self.terminal_path])
+
+
+def _gz_open(path: Path):
+    try:
+        return gzip.open(path, "rb")
+    except OSError as e:
+        raise SaliencyInputError(f"cannot open {path}: {e}") from None
+
+
+def _npy_header(f, path):
+    try:
+        version = np.lib.format.read_magic(f)
+        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = reader(f)
+        return shape, dtype, f.tell()
+    except Exception as e:
+        raise SaliencyInputError(f"cannot read {path}: not a gzip'd .npy array ({e})") from None
+
+
+def _load_gz_array(path: Path) -> np.ndarray:
+    if not Path(path).exists():
+        raise SaliencyInputError(f"missing Dopamine file {path}")
+    try:
+        with gzip.open(path, "rb") as f:
+            return np.load(f, allow_pickle=False)
+    except Exception as e:
+        raise SaliencyInputError(f"cannot read {path}: not a gzip'd .npy array ({e})") from None
+
+
+class DopamineSource(ConcatSource):
+    """A DQN Replay Dataset / Dopamine replay directory: every observation checkpoint, K ascending."""
+
+    def __init__(self, path: Path, files: list[Path]):
+        parts = []
+        for f in files:
+            k = _DOPAMINE_OBS.match(f.name).group(1)
+            parts.append(DopamineCheckpoint(f, f.parent / f"$store$_terminal_ckpt.{k}.gz"))
+        super().__init__(path, parts)
+
+    def describe(self) -> dict:
+        return {"kind": "dopamine", "path": self.path, "checkpoints": len(self.parts)}
+
+
+def open_source(path) -> "ArraySource | NpzSource | ConcatSource":
+    """Open an input buffer by path: .npy, .npz (key `obs`), a shard directory, or a Dopamine dir."""
+    p = Path(path)
+    if not p.exists():
+        raise SaliencyInputError(f"input {path} does not exist")
+    if p.is_dir():
+        names = sorted(os.listdir(p))
+        dop = sorted((n for n in names if _DOPAMINE_OBS.match(n)),
+                     key=lambda n: int(_DOPAMINE_OBS.match(n).group(1)))
+        if dop:
+            return DopamineSource(p, [p / n for n in dop])
+        shards = [n for n in names if n.endswith((".npy", ".npz"))]
+        if not shards:
+            raise SaliencyInputError(
+                f"input directory {path} holds no .npy/.npz shards and no Dopamine "
+                "'$store$_observation_ckpt.K.gz' files")
+        return ConcatSource(p, [open_source(p / n) for n in shards])
+    if p.suffix == ".npy":
+        return _open_npy(p)
+    if p.suffix == ".npz":
+        return NpzSource(p)
+    raise SaliencyInputError(f"input {path}: unsupported file type; use .npy, .npz (key 'obs'), "
+                             "a directory of shards, or a Dopamine replay directory")

@@ -1,0 +1,199 @@
+"""On-disk chunked map store: one directory per method, one .npy per chunk, a JSON manifest.
+
+Each chunk is written to a temporary name, flushed and renamed, so a chunk file either
+exists complete or not at all; a job killed at any moment resumes by computing only the
+missing chunks. The manifest records what produced the maps (method, options, agent,
+params checksum, input checksum, version, time); a rerun with a different configuration
+into the same directory is refused instead of mixing results.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jaxsal.errors import SaliencyInputError
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+class JobConfigError(SaliencyInputError):
+    """The output directory holds results of a different job."""
+
+
+def _atomic_write(path: Path, data: bytes):
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def chunk_path(out: Path, method: str, index: int) -> Path:
+    return Path(out) / method / f"chunk_{index:07d}.npy"
+
+
+def write_chunk(out: Path, method: str, index: int, maps: np.ndarray):
+    """Write one chunk of maps atomically (temp file, fsync, rename)."""
+    path = chunk_path(out, method, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, np.ascontiguousarray(maps), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def open_job(out, config: dict, meta: dict) -> dict:
+    """Create the output directory and manifest, or check an existing one matches `config`.
+
+    `config` is everything that determines the maps (compared on rerun); `meta` is
+    provenance only (time, version). Returns the manifest. Safe for several processes
+    starting at once: the first to link its manifest wins, the others compare against it.
+    """
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise SaliencyInputError(f"output {out} exists and is not a directory") from None
+    path = out / MANIFEST
+    if not path.exists():
+        if any(p.name != "input" for p in out.iterdir()):  # input/: a saved --play rollout
+            raise JobConfigError(f"output directory {out} is not empty and has no {MANIFEST}; "
+                                 "choose a new --out directory")
+        manifest = {"format": FORMAT, "config": config, **meta}
+        tmp = out / f".{MANIFEST}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        try:
+            os.link(tmp, path)  # atomic and exclusive: fails if another process got there first
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    manifest = read_manifest(out)
+    old = manifest["config"]
+    if old != json.loads(json.dumps(config)):
+        diff = sorted(k for k in set(old) | set(config) if old.get(k) != json.loads(json.dumps(config.get(k))))
+        details = "; ".join(f"{k}: was {old.get(k)!r}, now {config.get(k)!r}" for k in diff[:4])
+        raise JobConfigError(
+            f"output directory {out} holds results of a different job ({details}); rerun with "
+            "the same command to resume, or choose a new --out directory")
+    return manifest
+
+
+def read_manifest(out) -> dict:
+    path = Path(out) / MANIFEST
+    if not path.exists():
+        raise SaliencyInputError(f"{out} is not a jaxsal output directory (no {MANIFEST})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SaliencyInputError(f"{path} is corrupt ({e}); choose a new --out directory") from None
+
+
+def update_manifest(out, **fields):
+    """Merge provenance fields (e.g. a summary) into the manifest, atomically."""
+    manifest = read_manifest(out)
+    manifest.update(fields)
+    _atomic_write(Path(out) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
+
+
+def missing_chunks(out, method: str, n_chunks: int) -> list[int]:
+    return [i for i in range(n_chunks) if not chunk_path(out, method, i).exists()]
+
+
+class MapArray:
+    """Read-only array-like view `(N, H, W)` (or `(N, H, W, C)`) over a method's chunk files.
+
+    Chunks are memory-mapped on first touch; indexing with an int, slice or index array
+    reads only the chunks it needs. `np.asarray(maps)` loads everything.
+    """
+
+    def __init__(self, out, method: str):
+        manifest = read_manifest(out)
+        cfg = manifest["config"]
+        if method not in cfg["methods"]:
+            raise SaliencyInputError(f"{out} has no maps for method {method!r}; it holds "
+                                     f"{', '.join(cfg['methods'])}")
+        self.out, self.method = Path(out), method
+        self.chunk = int(cfg["chunk"])
+        n = int(cfg["n"])
+        self.n_chunks = -(-n // self.chunk)
+        missing = missing_chunks(out, method, self.n_chunks)
+        if missing:
+            raise SaliencyInputError(
+                f"{out}: job is incomplete ({len(missing)} of {self.n_chunks} chunks of {method!r} "
+                "missing); rerun the same `jaxsal explain` command to finish it")
+        first = np.load(chunk_path(out, method, 0), mmap_mode="r")
+        self.shape = (n,) + first.shape[1:]
+        self.dtype = first.dtype
+        self.ndim = len(self.shape)
+        self.meta = manifest
+        self._cache: dict[int, np.ndarray] = {0: first}
+
+    def __len__(self):
+        return self.shape[0]
+
+    def _chunk(self, i: int) -> np.ndarray:
+        if i not in self._cache:
+            self._cache[i] = np.load(chunk_path(self.out, self.method, i), mmap_mode="r")
+        return self._cache[i]
+
+    def _rows(self, idx: np.ndarray) -> np.ndarray:
+        out = np.empty((len(idx),) + self.shape[1:], self.dtype)
+        chunks = idx // self.chunk
+        for c in np.unique(chunks):
+            sel = chunks == c
+            out[sel] = self._chunk(int(c))[idx[sel] - c * self.chunk]
+        return out
+
+    def __getitem__(self, key):
+        rest = ()
+        if isinstance(key, tuple):
+            key, rest = key[0], key[1:]
+        if isinstance(key, (int, np.integer)):
+            k = int(key) + (len(self) if key < 0 else 0)
+            if not 0 <= k < len(self):
+                raise IndexError(f"index {key} out of range for {len(self)} maps")
+            res = self._chunk(k // self.chunk)[k % self.chunk]
+            return np.asarray(res[rest]) if rest else np.asarray(res)
+        if isinstance(key, slice):
+            idx = np.arange(len(self))[key]
+        else:
+            idx = np.arange(len(self))[np.asarray(key)]
+        res = self._rows(idx)
+        return res[(slice(None),) + rest] if rest else res
+
+    def __array__(self, dtype=None, copy=None):
+        a = self[:]
+        return a if dtype is None else a.astype(dtype)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __repr__(self):
+        return f"MapArray(method={self.method!r}, shape={self.shape}, dtype={self.dtype}, dir='{self.out}')"
+
+
+def load_maps(out, method: str) -> MapArray:
+    """The maps of `method` in a `jaxsal explain` output directory, as an array-like (N, H, W)."""
+    return MapArray(out, method)
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

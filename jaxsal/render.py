@@ -1,0 +1,296 @@
+"""Pictures of saliency maps: overlays, PNG grids, per-stacked-frame views, MP4/GIF videos, HTML.
+
+Colour scales are fixed over everything rendered together (a whole video, a whole grid):
+- "signed" (Paper A): maps standardised over the rollout, (m - mean) / std * gain
+  (gain 0.1), clipped to [-1, 1]; positive green, negative red, alpha 0.5.
+- "heat": non-negative maps divided by their 99.5th percentile over the rollout, clipped
+  to [0, 1], shown with a colour map (for Grad-CAM, occlusion, RISE, ...).
+- "auto": signed when the maps have negative values, heat otherwise.
+- Greydanus 2018: actor saliency added to the blue channel, critic saliency to the red one.
+"""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from jaxsal.errors import SaliencyInputError
+
+SCHEMES = ("auto", "signed", "heat")
+
+
+# --------------------------------------------------------------------------- colour scales
+class Scale:
+    """A colour scale fixed once over a set of maps, then applied to any frame of it."""
+
+    def __init__(self, maps, scheme: str = "auto", gain: float = 0.1, percentile: float = 99.5,
+                 alpha: float = 0.5, cmap: str = "inferno"):
+        if scheme not in SCHEMES:
+            raise SaliencyInputError(f"colour scheme must be one of {SCHEMES}, got {scheme!r}")
+        m = np.asarray(maps, np.float64)
+        if not np.isfinite(m).all():
+            raise SaliencyInputError("maps contain NaN or inf; cannot choose a colour scale")
+        if scheme == "auto":
+            scheme = "signed" if (m < 0).any() else "heat"
+        self.scheme, self.alpha, self.gain = scheme, alpha, gain
+        if scheme == "signed":
+            self.mean, self.std = float(m.mean()), float(m.std()) or 1.0
+        else:
+            self.top = float(np.percentile(np.abs(m), percentile)) or float(np.abs(m).max()) or 1.0
+        import matplotlib
+
+        self._cmap = matplotlib.colormaps[cmap]
+
+    def values(self, m) -> np.ndarray:
+        """Map values on this scale: [-1, 1] (signed) or [0, 1] (heat)."""
+        m = np.asarray(m, np.float64)
+        if self.scheme == "signed":
+            return np.clip((m - self.mean) / self.std * self.gain, -1.0, 1.0)
+        return np.clip(m / self.top, 0.0, 1.0)
+
+    def overlay(self, frame, m) -> np.ndarray:
+        """RGB uint8 (H, W, 3): the grey frame (H, W) in [0, 1] with map m on top."""
+        v = self.values(m)
+        grey = np.repeat(np.asarray(frame, np.float64)[..., None], 3, -1)
+        if self.scheme == "signed":
+            colour = np.where(v[..., None] >= 0, [0.0, 1.0, 0.0], [1.0, 0.0, 0.0])
+            a = self.alpha * np.abs(v)[..., None]
+        else:
+            colour = self._cmap(v)[..., :3]
+            a = self.alpha * v[..., None]
+        return _u8((1 - a) * grey + a * colour)
+
+    def describe(self) -> str:
+        if self.scheme == "signed":
+            return (f"signed: (m - {self.mean:.3g}) / {self.std:.3g} x {self.gain}, clipped to [-1, 1]; "
+                    "green positive, red negative")
+        return f"heat: m / {self.top:.3g} (99.5th percentile), clipped to [0, 1]"
+
+
+def greydanus_overlay(frame, actor, critic, actor_scale: Scale, critic_scale: Scale) -> np.ndarray:
+    """Greydanus 2018 colouring: actor saliency in the blue channel, critic in the red."""
+    rgb = np.repeat(np.asarray(frame, np.float64)[..., None], 3, -1)
+    rgb[..., 2] += np.abs(actor_scale.values(actor))
+    rgb[..., 0] += np.abs(critic_scale.values(critic))
+    return _u8(rgb)
+
+
+def _u8(x) -> np.ndarray:
+    return (np.clip(x, 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+# --------------------------------------------------------------------------- helpers
+def last_frame(stack) -> np.ndarray:
+    """The newest frame of a stacked observation (H, W, C) as grey values in [0, 1]."""
+    return np.asarray(stack, np.float64)[..., -1] / 255.0
+
+
+def flat_map(m) -> np.ndarray:
+    """(H, W) map; per-frame maps (H, W, C) are summed over the stack."""
+    m = np.asarray(m, np.float64)
+    return m.sum(-1) if m.ndim == 3 else m
+
+
+def _resize(m, shape) -> np.ndarray:
+    if m.shape[:2] == tuple(shape):
+        return m
+    from skimage.transform import resize
+
+    return resize(m, tuple(shape) + m.shape[2:], order=1, mode="edge", anti_aliasing=False)
+
+
+def _up(img: np.ndarray, scale: int) -> np.ndarray:
+    return np.repeat(np.repeat(img, scale, 0), scale, 1)
+
+
+def _label(img: np.ndarray, text: str, height: int = 14) -> np.ndarray:
+    """The image with a black strip above it holding `text`."""
+    strip = Image.new("RGB", (img.shape[1], height), (0, 0, 0))
+    ImageDraw.Draw(strip).text((2, 1), text[: max(1, img.shape[1] // 6)], fill=(255, 255, 255))
+    return np.concatenate([np.asarray(strip), img], 0)
+
+
+def _grey_rgb(frame) -> np.ndarray:
+    return _u8(np.repeat(np.asarray(frame)[..., None], 3, -1))
+
+
+def _check_maps(maps: dict, n: int):
+    if not maps:
+        raise SaliencyInputError("nothing to render: no maps given")
+    for k, m in maps.items():
+        if len(m) != n:
+            raise SaliencyInputError(f"maps {k!r} have {len(m)} entries but there are {n} frames")
+
+
+# --------------------------------------------------------------------------- pictures
+def composite(frames, maps: dict, scales: dict, i: int, scale: int = 3, labels: bool = True,
+              greydanus: tuple | None = None) -> np.ndarray:
+    """One row: frame | overlay per method (| Greydanus actor/critic view), RGB uint8."""
+    f = last_frame(frames[i])
+    tiles = [("frame", _grey_rgb(f))]
+    for k, m in maps.items():
+        tiles.append((k, scales[k].overlay(f, _resize(flat_map(m[i]), f.shape))))
+    if greydanus is not None:
+        a, c = greydanus
+        tiles.append((f"{a}(blue)/{c}(red)", greydanus_overlay(
+            f, _resize(flat_map(maps[a][i]), f.shape), _resize(flat_map(maps[c][i]), f.shape),
+            scales[a], scales[c])))
+    out = [_label(_up(t, scale), name) if labels else _up(t, scale) for name, t in tiles]
+    return np.concatenate(out, 1)
+
+
+def grid_png(path, frames, maps: dict, indices, scheme: str = "auto", scale: int = 3,
+             scales: dict | None = None) -> Path:
+    """PNG grid: one row per chosen frame, columns frame | overlay per method."""
+    scales = scales or {k: Scale(np.stack([flat_map(m[i]) for i in indices]), scheme) for k, m in maps.items()}
+    rows = []
+    for i in indices:
+        row = composite(frames, maps, scales, int(i), scale=scale)
+        rows.append(_label(row, f"frame {int(i)}"))
+    return _save_png(path, np.concatenate(rows, 0))
+
+
+def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int = 3,
+              scales: dict | None = None) -> Path:
+    """Per-stacked-frame view of state i: columns = the stacked frames (oldest to newest),
+    rows = the raw frames, then each method's map over every frame (its per-frame map when
+    it has one, else the state's map)."""
+    stack = np.asarray(frames[i], np.float64) / 255.0
+    c = stack.shape[-1]
+    rows = [np.concatenate([_label(_up(_grey_rgb(stack[..., j]), scale), f"t-{c - 1 - j}")
+                            for j in range(c)], 1)]
+    for k, m in maps.items():
+        mi = np.asarray(m[i], np.float64)
+        sc = (scales or {}).get(k) or Scale(mi, scheme)
+        tiles = []
+        for j in range(c):
+            mj = mi[..., j] if mi.ndim == 3 else mi
+            tiles.append(_up(sc.overlay(stack[..., j], _resize(mj, stack.shape[:2])), scale))
+        rows.append(_label(np.concatenate(tiles, 1), k + (" (per frame)" if mi.ndim == 3 else "")))
+    return _save_png(path, np.concatenate(rows, 0))
+
+
+def _save_png(path, img) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(img).save(path, format="PNG")
+    return path
+
+
+def video(path, frames, maps: dict, scheme: str = "auto", fps: int = 15, scale: int = 3,
+          greydanus: tuple | None = None, scales: dict | None = None) -> Path:
+    """MP4 or GIF (by suffix) of frame | overlays for every frame, colour scale fixed over the video."""
+    path = Path(path)
+    n = len(frames)
+    _check_maps(maps, n)
+    scales = scales or {k: Scale(np.stack([flat_map(x) for x in m]), scheme) for k, m in maps.items()}
+    imgs = (composite(frames, maps, scales, i, scale=scale, greydanus=greydanus) for i in range(n))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".gif":
+        import imageio.v3 as iio
+
+        iio.imwrite(path, np.stack(list(imgs)), extension=".gif", duration=1000 / fps, loop=0)
+    elif path.suffix.lower() == ".mp4":
+        import imageio.v2 as iio2
+
+        with iio2.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264",
+                             pixelformat="yuv420p", macro_block_size=1, quality=7) as w:
+            for img in imgs:
+                h, wd = img.shape[:2]
+                w.append_data(np.ascontiguousarray(img[: h - h % 2, : wd - wd % 2]))
+    else:
+        raise SaliencyInputError(f"video {path}: use a .mp4 or .gif file name")
+    return path
+
+
+# --------------------------------------------------------------------------- gallery
+def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, stop: int | None = None,
+               grid_frames: int = 6, videos=("mp4", "gif"), scheme: str = "auto", fps: int = 15,
+               scale: int = 3, greydanus: tuple | None = None, max_video_frames: int = 1000) -> dict:
+    """Render a `jaxsal explain` output directory: PNG grid, per-frame views, videos, index.html.
+
+    `frames` (N, H, W, C) defaults to the job's input, reopened from the manifest. Only
+    frames [start, stop) are read. Returns {"html": path, "pngs": [...], "videos": [...]}.
+    """
+    from jaxsal.io import open_source
+    from jaxsal.io.store import load_maps, read_manifest
+
+    out = Path(out)
+    manifest = read_manifest(out)
+    cfg = manifest["config"]
+    names = list(cfg["methods"]) if methods is None else list(methods)
+    for k in names:
+        if k not in cfg["methods"]:
+            raise SaliencyInputError(f"{out} has no maps for {k!r}; it holds {', '.join(cfg['methods'])}")
+    if greydanus is not None:
+        for k in greydanus:
+            if k not in names:
+                raise SaliencyInputError(f"--greydanus names {k!r}, which is not among the rendered "
+                                         f"methods {names}")
+    n = int(cfg["n"])
+    stop = n if stop is None else min(stop, n)
+    if not 0 <= start < stop:
+        raise SaliencyInputError(f"frame range {start}:{stop} is empty (the job has {n} frames)")
+    if stop - start > max_video_frames:
+        stop = start + max_video_frames
+    if frames is None:
+        src = manifest.get("input_source", {})
+        if not src.get("path") or not Path(src["path"]).exists():
+            raise SaliencyInputError(f"the input of {out} ({src.get('path')}) is not available; "
+                                     "pass the frames (render --input PATH)")
+        frames = open_source(src["path"]).read(start, stop)
+    else:
+        frames = np.asarray(frames)[start:stop]
+    maps = {k: load_maps(out, k)[start:stop] for k in names}
+    _check_maps(maps, len(frames))
+    if scheme not in SCHEMES:
+        raise SaliencyInputError(f"--scheme must be one of {SCHEMES}, got {scheme!r}")
+    scales = {k: Scale(np.stack([flat_map(x) for x in m]), scheme) for k, m in maps.items()}
+    gallery = Path(gallery) if gallery is not None else out / "gallery"
+    gallery.mkdir(parents=True, exist_ok=True)
+    idx = np.unique(np.linspace(0, len(frames) - 1, min(grid_frames, len(frames))).round().astype(int))
+    pngs = [grid_png(gallery / "grid.png", frames, maps, idx, scale=scale, scales=scales)]
+    for i in idx[:3]:
+        pngs.append(stack_png(gallery / f"stack_{start + i:06d}.png", frames, maps, int(i), scale=scale,
+                              scales=scales))
+    vids = []
+    for ext in videos:
+        vids.append(video(gallery / f"episode.{ext}", frames, maps, fps=fps, scale=2 if ext == "gif" else scale,
+                          greydanus=greydanus, scales=scales))
+    page = gallery / "index.html"
+    page.write_text(_html(manifest, names, scales, pngs, vids, start, stop))
+    return {"html": page, "pngs": pngs, "videos": vids}
+
+
+def _html(manifest, names, scales, pngs, vids, start, stop) -> str:
+    cfg = manifest["config"]
+    esc = html.escape
+    rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(cfg['methods'][k]['method'])}</td>"
+                   f"<td><code>{esc(json.dumps(cfg['methods'][k]['options']))}</code></td>"
+                   f"<td>{esc(scales[k].describe())}</td></tr>" for k in names)
+    media = []
+    for v in vids:
+        if v.suffix == ".mp4":
+            media.append(f'<h2>Episode video</h2><video controls loop width="100%" src="{v.name}"></video>')
+        else:
+            media.append(f'<h2>Episode GIF</h2><img src="{v.name}" alt="episode gif">')
+    imgs = "".join(f'<h2>{esc(p.stem.replace("_", " "))}</h2><img src="{p.name}" alt="{esc(p.stem)}">'
+                   for p in pngs)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>jaxsal gallery</title>
+<style>body{{font-family:sans-serif;margin:2em;background:#111;color:#eee}}img,video{{max-width:100%;
+image-rendering:pixelated}}td,th{{border:1px solid #555;padding:4px}}table{{border-collapse:collapse}}
+code{{color:#9cf}}</style></head><body>
+<h1>jaxsal saliency gallery</h1>
+<p>Agent <b>{esc(str(cfg.get('agent')))}</b>, target <b>{esc(str(cfg.get('target')))}</b>,
+frames {start}&ndash;{stop - 1} of {cfg['n']}; jaxsal {esc(str(manifest.get('version')))},
+created {esc(str(manifest.get('created')))}.</p>
+<table><tr><th>name</th><th>method</th><th>options</th><th>colour scale (fixed over the video)</th></tr>
+{rows}</table>
+{''.join(media)}
+{imgs}
+</body></html>
+"""

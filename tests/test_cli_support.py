@@ -1,0 +1,119 @@
+"""Test support for the CLI/IO tests: tiny stand-in methods, a random agent on disk, a CLI runner.
+
+The stand-ins are registered only inside the tests (never shipped), so the pipeline is
+tested independently of the real methods. Run as a script it registers them and calls
+`jaxsal.cli.main`, which lets subprocess tests (SIGKILL, two processes) use them too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from jaxsal.registry import METHODS, STOCHASTIC, register  # noqa: E402
+from jaxsal.targets import get_target, resolve_actions  # noqa: E402
+from jaxsal.validate import check_obs  # noqa: E402
+from jaxsal.batching import cached_jit, map_batched  # noqa: E402
+
+
+def _score_fn(apply_fn, target, actions):
+    t = get_target(target)
+
+    def score(params, x, a):
+        return t.score(apply_fn(params, x), a).sum()
+    return t, score
+
+
+def standin_grad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+                 batch_size=None, per_frame=False, scale=1.0):
+    """Test stand-in: signed input gradient summed over the stack (or per frame), times `scale`."""
+    x = check_obs(obs, layout)
+    t, score = _score_fn(apply_fn, target, actions)
+    a = resolve_actions(t, apply_fn(params, x), actions)
+
+    def build():
+        def f(p, xs, acts):
+            g = jax.grad(score, argnums=1)(p, xs, acts) * scale
+            return g if per_frame else g.sum(-1)
+        return f
+    fn = cached_jit(("standin_grad", apply_fn, target, per_frame, scale), build)
+    return map_batched(fn, params, x, a, batch_size=batch_size)
+
+
+def standin_noise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+                  batch_size=None, n_masks=8):
+    """Test stand-in (stochastic): RISE-like average of n random 84x84 binary masks by score."""
+    if key is None:
+        from jaxsal.errors import SaliencyInputError
+        raise SaliencyInputError("standin_noise is stochastic: pass key")
+    x = check_obs(obs, layout)
+    t, _ = _score_fn(apply_fn, target, actions)
+    a = resolve_actions(t, apply_fn(params, x), actions)
+    masks = jax.random.bernoulli(key, 0.5, (n_masks,) + x.shape[1:3]).astype(jnp.float32)
+
+    def build():
+        def f(p, xs, acts):
+            def one(m):
+                return t.score(apply_fn(p, xs * m[None, :, :, None]), acts)
+            s = jax.lax.map(one, masks)  # (n, N)
+            return jnp.einsum("kn,khw->nhw", s, masks) / n_masks
+        return f
+    fn = cached_jit(("standin_noise", apply_fn, target, n_masks), build)
+    return map_batched(fn, params, x, a, batch_size=batch_size, rows_per_state=n_masks)
+
+
+def register_standins():
+    if "standin_grad" not in METHODS:
+        register("standin_grad")(standin_grad)
+        register("standin_noise", stochastic=True)(standin_noise)
+
+
+register_standins()
+
+
+def make_agent_files(directory, seed: int = 0, num_actions: int = 4) -> Path:
+    """A random-init Nature-DQN Breakout agent as card .json + .msgpack; returns the card path."""
+    from agents import build_model
+    from agents.checkpoint import export_params
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model = build_model("breakout", "dqn", num_actions)
+    params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 84, 84, 4)))
+    card = {"game": "breakout", "arch": "dqn", "num_actions": num_actions, "obs_shape": [84, 84, 4],
+            "layer_norm": True}
+    path = directory / f"tiny{seed}.json"
+    path.write_text(json.dumps(card))
+    export_params(path.with_suffix(".msgpack"), params)
+    return path
+
+
+def frames(n: int, seed: int = 0) -> np.ndarray:
+    """Breakout-like uint8 frame stacks (N, 84, 84, 4): dark background, bright blocks."""
+    rng = np.random.default_rng(seed)
+    x = (rng.random((n, 84, 84, 4)) < 0.05).astype(np.uint8) * 200
+    x[:, 20:26, 8:76] = 140
+    return x
+
+
+def run_cli(*args, env=None, timeout=300, **kw) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess with the stand-ins registered."""
+    e = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **(env or {}))
+    e.pop("JAXSAL_DEBUG", None)
+    return subprocess.run([sys.executable, __file__, *map(str, args)], capture_output=True, text=True,
+                          env=e, timeout=timeout, **kw)
+
+
+if __name__ == "__main__":
+    from jaxsal.cli import main
+
+    main()
