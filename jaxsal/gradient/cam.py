@@ -1,0 +1,101 @@
+"""CAM family: Grad-CAM, Grad-CAM++, G1/G2 Grad-CAM (Paper A), Guided Grad-CAM.
+
+All share one base: the named layer's activations A (N, h, w, K) and the gradient g of the
+per-sample target w.r.t. A (plain, or through guided ReLUs for G1/G2); only the channel
+weights w_k differ. Maps are ReLU(sum_k w_k A^k), upsampled bilinearly to the input size.
+The gradient is averaged over (h, w), never over (w, K) (Paper A's code defect).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxsal.registry import register
+
+
+def gradcam_weights(A, g):
+    """Grad-CAM (Selvaraju 2017): w_k = mean_ij g^k_ij. Shapes (N,h,w,K) -> (N,K)."""
+    del A
+    return g.mean(axis=(1, 2))
+
+
+def gradcam_pp_weights(A, g):
+    """Grad-CAM++ (Chattopadhyay 2018, exponential trick, as pytorch-grad-cam).
+
+    alpha_ij = g^2 / (2 g^2 + sum_ab A_ab g^3) (0 where g = 0); w_k = sum_ij alpha_ij ReLU(g_ij).
+    """
+    g2 = g * g
+    g3 = g2 * g
+    denom = 2.0 * g2 + A.sum(axis=(1, 2), keepdims=True) * g3
+    safe = jnp.where(denom != 0, denom, 1.0)
+    alpha = jnp.where((g != 0) & (denom != 0), g2 / safe, 0.0)
+    return (alpha * jax.nn.relu(g)).sum(axis=(1, 2))
+
+
+def cam_map(A, w):
+    """ReLU(sum_k w_k A^k): (N,h,w,K), (N,K) -> (N,h,w)."""
+    return jax.nn.relu(jnp.einsum("nhwk,nk->nhw", A, w))
+
+
+def upsample(cam, hw):
+    """Bilinear resize (N, h, w) -> (N, H, W), half-pixel centres (as cv2.resize)."""
+    if tuple(cam.shape[1:]) == tuple(hw):
+        return cam
+    return jax.image.resize(cam, (cam.shape[0], *hw), method="bilinear", antialias=False)
+
+
+def normalise_max(m):
+    """Divide each map by its max (0 maps stay 0)."""
+    mx = m.reshape(m.shape[0], -1).max(axis=1).reshape((-1,) + (1,) * (m.ndim - 1))
+    return jnp.where(mx > 0, m / jnp.where(mx > 0, mx, 1.0), 0.0)
+
+
+def _family(name, apply_fn, params, obs, **kw):
+    from jaxsal.gradient.family import compute
+    return compute((name,), apply_fn, params, obs, **kw)[name]
+
+
+@register("gradcam")
+def gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+            batch_size=None, layer=None, layer_activation=None):
+    """Grad-CAM maps (N, H, W) of the named layer (default: last conv-like layer)."""
+    return _family("gradcam", apply_fn, params, obs, target=target, actions=actions,
+                   layout=layout, batch_size=batch_size, layer=layer,
+                   layer_activation=layer_activation)
+
+
+@register("gradcam_pp")
+def gradcam_pp(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+               batch_size=None, layer=None, layer_activation=None):
+    """Grad-CAM++ maps (N, H, W) of the named layer."""
+    return _family("gradcam_pp", apply_fn, params, obs, target=target, actions=actions,
+                   layout=layout, batch_size=batch_size, layer=layer,
+                   layer_activation=layer_activation)
+
+
+@register("g1gradcam")
+def g1gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+              batch_size=None, layer=None, layer_activation=None):
+    """G1Grad-CAM (Paper A): Grad-CAM with guided-ReLU gradients, each map divided by its max."""
+    return _family("g1gradcam", apply_fn, params, obs, target=target, actions=actions,
+                   layout=layout, batch_size=batch_size, layer=layer,
+                   layer_activation=layer_activation)
+
+
+@register("g2gradcam")
+def g2gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+              batch_size=None, layer=None, per_frame=False, layer_activation=None):
+    """G2Grad-CAM (Paper A): max(G1, 0) * max(guided backprop, 0), per frame then summed."""
+    return _family("g2gradcam", apply_fn, params, obs, target=target, actions=actions,
+                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
+                   layer_activation=layer_activation)
+
+
+@register("guided_gradcam")
+def guided_gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+                   key=None, batch_size=None, layer=None, per_frame=False,
+                   layer_activation=None):
+    """Guided Grad-CAM: max(Grad-CAM, 0) * max(guided backprop, 0), per frame then summed."""
+    return _family("guided_gradcam", apply_fn, params, obs, target=target, actions=actions,
+                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
+                   layer_activation=layer_activation)

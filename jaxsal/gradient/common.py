@@ -1,0 +1,162 @@
+"""Shared plumbing of the gradient methods: input checks, target objective, chunked execution.
+
+Every method validates once on the host (obs, layout, target, actions, key), then runs a
+cached jitted function per chunk of states in a Python loop (not lax.map: XLA:CPU conv
+gradients in loops are ~10x slower), padding the last chunk and sharding each chunk's
+batch axis over the local devices. Results stay on device.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsal import batching
+from jaxsal.errors import SaliencyInputError
+from jaxsal.targets import check_actions, get_target, logits_of, q_of
+from jaxsal.validate import check_obs, check_positive_int, spatial_shape, to_nhwc
+
+DEFAULT_ROWS = 1024  # model rows (states x samples/steps) per compiled call when batch_size=None
+
+
+class Prepared(NamedTuple):
+    """Validated inputs of one method call."""
+    x: jax.Array            # float32 observations, in the caller's layout
+    target: object          # jaxsal.targets.Target
+    target_key: object      # hashable cache key of the caller's target (name or callable)
+    actions: jax.Array | None  # (N,) int32 user actions, or None: chosen per sample
+    hwc: tuple              # (H, W, C)
+    layout: str
+    rows: int               # model rows per compiled call
+
+
+def _probe(apply_fn, params, x1, layout):
+    try:
+        return jax.eval_shape(apply_fn, params, x1)
+    except SaliencyInputError:
+        raise
+    except Exception as e:  # noqa: BLE001 (turned into one clear error)
+        raise SaliencyInputError(
+            f"apply_fn(params, obs) failed on obs of shape {tuple(x1.shape[1:])} per state with "
+            f"layout={layout!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+            "Check the observation shape and layout (use layout='NCHW' for channel-first models) "
+            "and that params belong to this apply_fn.") from None
+
+
+def _num_actions(out):
+    for getter in (q_of, logits_of):
+        try:
+            a = getter(out)
+            if hasattr(a, "shape") and len(a.shape) == 2:
+                return int(a.shape[-1])
+        except SaliencyInputError:
+            pass
+    return None
+
+
+def prepare(apply_fn, params, obs, *, target, actions, layout, batch_size) -> Prepared:
+    """Validate a call; raise SaliencyInputError naming the problem and the fix."""
+    if not callable(apply_fn):
+        raise SaliencyInputError(f"apply_fn must be callable as apply_fn(params, obs), got "
+                                 f"{type(apply_fn).__name__}")
+    x = check_obs(obs, layout)
+    if batch_size is not None:
+        check_positive_int("batch_size", batch_size)
+    tgt = get_target(target)
+    out = _probe(apply_fn, params, x[:1], layout)
+    try:
+        score = jax.eval_shape(lambda o: tgt.score(o, tgt.choose(o)), out)
+    except SaliencyInputError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise SaliencyInputError(f"target {tgt.name!r} cannot be computed from this model's "
+                                 f"output ({jax.tree.map(lambda s: s.shape, out)}): {e}") from None
+    if getattr(score, "shape", None) != (1,):
+        raise SaliencyInputError(f"target {tgt.name!r} must give one scalar per sample, shape "
+                                 f"(N,); got {getattr(score, 'shape', type(score))} for N = 1")
+    n = x.shape[0]
+    if actions is not None:
+        actions = jnp.asarray(check_actions(actions, n, _num_actions(out)))
+    elif tgt.name == "q_action":
+        raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
+    key = target if isinstance(target, str) else ("callable", target)
+    rows = DEFAULT_ROWS if batch_size is None else int(batch_size)
+    return Prepared(x, tgt, key, actions, spatial_shape(x.shape, layout), layout, rows)
+
+
+def objective(tgt, out, actions):
+    """Per-sample target scores (N,); actions None -> the target's choice on this output."""
+    if actions is None:
+        actions = tgt.choose(jax.tree.map(jax.lax.stop_gradient, out))
+    return tgt.score(out, jax.lax.stop_gradient(actions).astype(jnp.int32))
+
+
+def choose_actions(apply_fn, params, prep: Prepared):
+    """Actions fixed once from the clean forward pass (for methods that perturb the input)."""
+    if prep.actions is not None:
+        return prep.actions
+    tgt = prep.target
+    fn = batching.cached_jit(("choose", apply_fn, prep.target_key),
+                             lambda: lambda p, x: tgt.choose(apply_fn(p, x)).astype(jnp.int32))
+    return batching.map_batched(fn, params, prep.x, batch_size=prep.rows)
+
+
+def finish(attr, layout, per_frame):
+    """Input-shaped attribution -> NHWC (N, H, W, C) if per_frame else summed over C (N, H, W)."""
+    a = to_nhwc(attr, layout)
+    return a if per_frame else a.sum(-1)
+
+
+def run_chunks(fn, statics, arrays, rows_per_state: int, rows: int):
+    """fn(statics, *chunk_arrays) over chunks of states (<= rows model rows); concat outputs."""
+    n = arrays[0].shape[0]
+    size = batching.chunk_size(n, max(1, rows // max(1, rows_per_state)) * 1, 1)
+    sharding = batching.batch_sharding()
+    outs = []
+    for start in range(0, n, size):
+        chunk = [batching._pad(a[start:start + size], size) for a in arrays]
+        if sharding is not None:
+            chunk = [jax.device_put(c, sharding) for c in chunk]
+        m = min(size, n - start)
+        outs.append(jax.tree.map(lambda o: o[:m], fn(statics, *chunk)))
+    if len(outs) == 1:
+        return outs[0]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+
+
+def sample_groups(total: int, rows: int):
+    """Split `total` samples/steps per state into groups of equal size s <= rows: (s, count)."""
+    s = max(1, min(total, rows))
+    return s, int(math.ceil(total / s))
+
+
+def state_index(n: int):
+    return jnp.arange(n, dtype=jnp.int32)
+
+
+def as_key(key, method):
+    """Check and normalise a PRNG key (typed or raw uint32[2])."""
+    from jaxsal.validate import check_key
+    key = check_key(key, method)
+    try:
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            return key
+        k = np.asarray(key)
+        if k.shape != (2,) or k.dtype != np.uint32:
+            raise TypeError
+        return jnp.asarray(k)
+    except (TypeError, AttributeError):
+        raise SaliencyInputError(
+            f"key must be a JAX PRNG key such as jax.random.PRNGKey(0) or jax.random.key(0), "
+            f"got {key!r}") from None
+
+
+def check_per_frame(method: str, per_frame):
+    if per_frame:
+        raise SaliencyInputError(
+            f"method {method!r} gives layer-resolution maps only; per_frame=True is for input-"
+            "resolution methods (gradient, grad_x_input, smoothgrad, integrated_gradients, "
+            "guided_backprop, deconvnet, guided_gradcam, g2gradcam)")

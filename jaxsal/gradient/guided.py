@@ -1,0 +1,29 @@
+"""Guided backpropagation (Springenberg 2015) and deconvnet: input gradients through rewritten ReLUs.
+
+Guided: R_in = 1[x > 0] 1[R_out > 0] R_out at every ReLU; deconvnet: R_in = 1[R_out > 0] R_out.
+The rules act on any apply_fn via `jaxsal.gradient.rules.with_rule`. Signed maps.
+"""
+from __future__ import annotations
+
+from jaxsal.registry import register
+
+
+def _family(name, apply_fn, params, obs, **kw):
+    from jaxsal.gradient.family import compute
+    return compute((name,), apply_fn, params, obs, **kw)[name]
+
+
+@register("guided_backprop")
+def guided_backprop(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+                    key=None, batch_size=None, per_frame=False):
+    """Guided-backprop input attributions: (N, H, W) summed over frames, or (N, H, W, C)."""
+    return _family("guided_backprop", apply_fn, params, obs, target=target, actions=actions,
+                   layout=layout, batch_size=batch_size, per_frame=per_frame)
+
+
+@register("deconvnet")
+def deconvnet(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+              batch_size=None, per_frame=False):
+    """Deconvnet input attributions: (N, H, W) summed over frames, or (N, H, W, C)."""
+    return _family("deconvnet", apply_fn, params, obs, target=target, actions=actions,
+                   layout=layout, batch_size=batch_size, per_frame=per_frame)

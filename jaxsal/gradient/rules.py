@@ -1,0 +1,178 @@
+"""Backward rules on any JAX function: rewrite its ReLUs into guided or deconvnet ReLUs.
+
+The function is traced to a jaxpr and re-evaluated with every ReLU (`jax.nn.relu` /
+flax `nn.relu`, seen as a `custom_jvp_call` whose inner jaxpr is `max(x, 0)`, or a bare
+`max(x, 0)`) replaced by a custom-VJP ReLU: same forward values, new backward. The result
+is an ordinary JAX function, so it composes with `jit`, `vmap` and `grad`.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+
+RULES = ("plain", "guided", "deconvnet")
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def rule_relu(rule: str, x):
+    """max(x, 0) whose backward follows `rule` (guided: 1[x>0] 1[R>0] R; deconvnet: 1[R>0] R)."""
+    return jnp.maximum(x, jnp.zeros((), x.dtype))
+
+
+def _rule_fwd(rule, x):
+    return rule_relu(rule, x), x
+
+
+def _rule_bwd(rule, x, r):
+    keep = r > 0
+    if rule == "guided":
+        keep = keep & (x > 0)
+    return (jnp.where(keep, r, jnp.zeros((), r.dtype)),)
+
+
+rule_relu.defvjp(_rule_fwd, _rule_bwd)
+
+_CALLS = ("pjit", "jit", "closed_call", "core_call")
+
+
+def _is_zero_literal(v) -> bool:
+    if not isinstance(v, jcore.Literal):
+        return False
+    try:
+        return bool(np.all(np.asarray(v.val) == 0))
+    except Exception:  # noqa: BLE001 (non-numeric literal)
+        return False
+
+
+def _zero_consts(jaxpr, consts) -> set:
+    """Invars of a jaxpr's constvars that are all-zero arrays (e.g. a hoisted 0.0)."""
+    zeros = set()
+    for var, c in zip(jaxpr.constvars, consts):
+        try:
+            if np.size(c) and np.all(np.asarray(c) == 0):
+                zeros.add(var)
+        except Exception:  # noqa: BLE001 (tracer constants: not a known zero)
+            pass
+    return zeros
+
+
+def _relu_operand(eqn, zeros: set):
+    """For `max(x, 0)` / `max(0, x)`, the index of x; else None."""
+    if eqn.primitive.name != "max":
+        return None
+    a, b = eqn.invars
+
+    def zero(v):
+        return _is_zero_literal(v) or (not isinstance(v, jcore.Literal) and v in zeros)
+
+    if zero(b) and not zero(a):
+        return 0
+    if zero(a) and not zero(b):
+        return 1
+    return None
+
+
+def _is_relu_jaxpr(closed) -> bool:
+    """True if a (closed) jaxpr is max(x, 0), possibly wrapped in nested jit calls."""
+    jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+    consts = getattr(closed, "consts", ())
+    if len(jaxpr.invars) != 1 or len(jaxpr.outvars) != 1 or len(jaxpr.eqns) != 1:
+        return False
+    eqn = jaxpr.eqns[0]
+    if eqn.primitive.name in _CALLS:
+        return _is_relu_jaxpr(eqn.params["jaxpr"])
+    if eqn.primitive.name == "max":
+        k = _relu_operand(eqn, _zero_consts(jaxpr, consts))
+        return k is not None and eqn.invars[k] is jaxpr.invars[0]
+    return False
+
+
+def _contains_relu(closed) -> bool:
+    """True if a jaxpr (or one nested in its calls) holds a ReLU that `_eval` would rewrite."""
+    jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "max" and _relu_operand(eqn, set()) is not None:
+            return True
+        for p in ("jaxpr", "call_jaxpr"):
+            sub = eqn.params.get(p)
+            if sub is not None and hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
+                if _contains_relu(sub):
+                    return True
+    return False
+
+
+def _eval(jaxpr, consts, args, rule: str, stats: dict):
+    """Evaluate a jaxpr, replacing ReLUs with `rule_relu(rule, .)`."""
+    env = {}
+    zeros = _zero_consts(jaxpr, consts)
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        invals = [read(v) for v in eqn.invars]
+        k = _relu_operand(eqn, zeros)
+        if k is not None and eqn.invars[k].aval.shape == eqn.outvars[0].aval.shape:
+            stats["relus"] += 1
+            outs = [rule_relu(rule, invals[k])]
+        elif name == "custom_jvp_call" and _is_relu_jaxpr(eqn.params["call_jaxpr"]):
+            stats["relus"] += 1
+            outs = [rule_relu(rule, invals[0])]
+        elif name in _CALLS:
+            sub = eqn.params["jaxpr"]
+            outs = _eval(sub.jaxpr, sub.consts, invals, rule, stats)
+        elif name == "custom_jvp_call" and _contains_relu(eqn.params["call_jaxpr"]):
+            sub = eqn.params["call_jaxpr"]
+            outs = _eval(sub.jaxpr, sub.consts, invals, rule, stats)
+        else:
+            bound = eqn.primitive.get_bind_params(eqn.params)
+            if isinstance(bound, tuple):  # older JAX: (subfuns, params)
+                subfuns, bound = bound
+                invals = [*subfuns, *invals]
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*invals, **bound)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+        if name == "broadcast_in_dim" and k is None and _is_zero_literal(eqn.invars[0]):
+            zeros.add(eqn.outvars[0])
+        for v, o in zip(eqn.outvars, outs):
+            env[v] = o
+    return [read(v) for v in jaxpr.outvars]
+
+
+def with_rule(fn, rule: str):
+    """fn with every ReLU's backward replaced by `rule` ("plain" returns fn unchanged).
+
+    Same forward values; the returned function takes and returns the same pytrees as fn.
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if rule == "plain":
+        return fn
+
+    def wrapped(*args):
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        stats = {"relus": 0}
+        flat = jax.tree.leaves(args)
+        outs = _eval(closed.jaxpr, closed.consts, flat, rule, stats)
+        return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+
+    return wrapped
+
+
+def count_relus(fn, *args) -> int:
+    """How many ReLUs `with_rule` would rewrite in fn at these arguments (for checks/tests)."""
+    closed = jax.make_jaxpr(fn)(*args)
+    stats = {"relus": 0}
+    jax.eval_shape(lambda *a: _eval(closed.jaxpr, closed.consts, jax.tree.leaves(a), "guided", stats),
+                   *args)
+    return stats["relus"]

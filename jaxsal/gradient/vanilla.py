@@ -1,0 +1,264 @@
+"""Input-gradient methods: gradient, gradient x input, SmoothGrad (+SG^2, VarGrad), Integrated Gradients.
+
+SmoothGrad and IG evaluate many copies per state; `batch_size` bounds the model rows per
+compiled call (states x samples), splitting samples/steps into equal groups when needed, so
+any number of states and samples fits in memory. The explained action is fixed once from
+the clean input.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsal import batching
+from jaxsal.errors import SaliencyInputError
+from jaxsal.gradient.common import (as_key, choose_actions, finish, objective, prepare,
+                                    sample_groups, state_index)
+from jaxsal.registry import register
+from jaxsal.validate import check_obs, check_positive_int
+
+SMOOTHGRAD_VARIANTS = ("mean", "sg2", "vargrad")
+IG_BASELINES = ("black", "blur", "uniform")
+IG_RULES = ("riemann_right", "riemann_middle", "riemann_left", "riemann_trapezoid",
+            "gausslegendre")
+
+
+def _family(name, apply_fn, params, obs, **kw):
+    from jaxsal.gradient.family import compute
+    return compute((name,), apply_fn, params, obs, **kw)[name]
+
+
+@register("gradient")
+def gradient(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+             batch_size=None, per_frame=False):
+    """Vanilla gradient dy/dx (Simonyan 2014), signed: (N, H, W) summed over frames or (N, H, W, C)."""
+    return _family("gradient", apply_fn, params, obs, target=target, actions=actions,
+                   layout=layout, batch_size=batch_size, per_frame=per_frame)
+
+
+@register("grad_x_input")
+def grad_x_input(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+                 key=None, batch_size=None, per_frame=False):
+    """Gradient x input, x * dy/dx on the observation's own value scale, signed."""
+    return _family("grad_x_input", apply_fn, params, obs, target=target, actions=actions,
+                   layout=layout, batch_size=batch_size, per_frame=per_frame)
+
+
+def _loop(fn, params, statics_per_group, arrays, size, finalize):
+    """States in chunks of `size` (outer), sample groups (inner, accumulated); then finalize."""
+    n = arrays[0].shape[0]
+    sharding = batching.batch_sharding()
+    outs = []
+    for start in range(0, n, size):
+        chunk = [batching._pad(a[start:start + size], size) for a in arrays]
+        if sharding is not None:
+            chunk = [jax.device_put(c, sharding) for c in chunk]
+        acc = None
+        for statics in statics_per_group:
+            part = fn(params, statics, *chunk)
+            acc = part if acc is None else jax.tree.map(jnp.add, acc, part)
+        m = min(size, n - start)
+        outs.append(jax.tree.map(lambda o: o[:m], finalize(acc)))
+    if len(outs) == 1:
+        return outs[0]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+
+
+def _states_per_chunk(n, rows, s):
+    return batching.chunk_size(n, max(1, rows // s), 1)
+
+
+@register("smoothgrad", stochastic=True)
+def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+               batch_size=None, per_frame=False, n_samples=50, sigma=0.15, variant="mean"):
+    """SmoothGrad (Smilkov 2017): gradients of n_samples noisy copies x + N(0, s^2).
+
+    s = sigma * (max(x) - min(x)) per state (the paper's noise level; 0.15 default).
+    variant "mean": mean gradient; "sg2": mean squared gradient (SmoothGrad^2); "vargrad":
+    variance of the gradients. Noise for state i, sample j comes from fold_in(fold_in(key, i), j),
+    so results do not depend on batch_size.
+    """
+    key = as_key(key, "smoothgrad")
+    n_samples = check_positive_int("n_samples", n_samples)
+    if not isinstance(sigma, (int, float)) or isinstance(sigma, bool) or not np.isfinite(sigma) \
+            or sigma < 0:
+        raise SaliencyInputError(f"sigma must be a finite number >= 0 (fraction of each state's "
+                                 f"value range), got {sigma!r}")
+    if variant not in SMOOTHGRAD_VARIANTS:
+        raise SaliencyInputError(f"variant must be one of {SMOOTHGRAD_VARIANTS}, got {variant!r}")
+    prep = prepare(apply_fn, params, obs, target=target, actions=actions, layout=layout,
+                   batch_size=batch_size)
+    acts = choose_actions(apply_fn, params, prep)
+    n = prep.x.shape[0]
+    s, groups = sample_groups(n_samples, prep.rows)
+    tgt = prep.target
+
+    def build():
+        def fn(params, statics, x, a, idx):
+            k, offset = statics
+            j = offset + jnp.arange(s, dtype=jnp.int32)
+            valid = (j < n_samples).astype(x.dtype)
+            rng = x.reshape(x.shape[0], -1)
+            scale = sigma * (rng.max(1) - rng.min(1))
+
+            def noise(i):
+                ki = jax.random.fold_in(k, i)
+                return jax.vmap(lambda jj: jax.random.normal(jax.random.fold_in(ki, jj),
+                                                             x.shape[1:], x.dtype))(j)
+            eps = jax.vmap(noise)(idx) * scale.reshape((-1, 1) + (1,) * (x.ndim - 1))
+            xn = (x[:, None] + eps).reshape((-1,) + x.shape[1:])
+            an = jnp.repeat(a, s)
+
+            def f(xx):
+                return objective(tgt, apply_fn(params, xx), an).sum()
+            g = jax.grad(f)(xn).reshape((x.shape[0], s) + x.shape[1:])
+            w = valid.reshape((1, s) + (1,) * (x.ndim - 1))
+            return (g * w).sum(1), (g * g * w).sum(1)
+        return fn
+
+    fn = batching.cached_jit(("smoothgrad", apply_fn, prep.target_key, s, n_samples, float(sigma)),
+                             build)
+
+    def finalize(acc):
+        s1, s2 = acc
+        mean = s1 / n_samples
+        if variant == "mean":
+            out = mean
+        elif variant == "sg2":
+            out = s2 / n_samples
+        else:
+            out = s2 / n_samples - mean * mean
+        return finish(out, layout, per_frame)
+
+    statics = [(key, jnp.int32(gi * s)) for gi in range(groups)]
+    size = _states_per_chunk(n, prep.rows, s)
+    return _loop(fn, params, statics, [prep.x, acts, state_index(n)], size, finalize)
+
+
+def ig_alphas(steps: int, rule: str = "riemann_right"):
+    """Interpolation points alpha in [0, 1] and weights (summing to 1) for `steps` IG steps."""
+    k = np.arange(steps, dtype=np.float64)
+    if rule == "riemann_right":
+        a, w = (k + 1) / steps, np.full(steps, 1.0 / steps)
+    elif rule == "riemann_left":
+        a, w = k / steps, np.full(steps, 1.0 / steps)
+    elif rule == "riemann_middle":
+        a, w = (k + 0.5) / steps, np.full(steps, 1.0 / steps)
+    elif rule == "riemann_trapezoid":
+        if steps < 2:
+            raise SaliencyInputError("method='riemann_trapezoid' needs steps >= 2")
+        a = k / (steps - 1)
+        w = np.full(steps, 1.0 / (steps - 1))
+        w[[0, -1]] /= 2
+    elif rule == "gausslegendre":
+        t, wt = np.polynomial.legendre.leggauss(steps)
+        a, w = (t + 1) / 2, wt / 2
+    else:
+        raise SaliencyInputError(f"IG rule must be one of {IG_RULES}, got {rule!r}")
+    return a.astype(np.float32), w.astype(np.float32)
+
+
+def _blur(x, sigma, layout):
+    """Gaussian blur over the spatial axes only (never across stacked frames)."""
+    r = max(1, int(np.ceil(3 * sigma)))
+    t = np.arange(-r, r + 1, dtype=np.float32)
+    k = np.exp(-t * t / (2 * sigma * sigma))
+    k = jnp.asarray(k / k.sum())
+    hax, wax = (1, 2) if layout == "NHWC" else (2, 3)
+
+    def conv1d(v, axis):
+        v = jnp.moveaxis(v, axis, -1)
+        pad = [(0, 0)] * (v.ndim - 1) + [(r, r)]
+        vp = jnp.pad(v, pad, mode="edge")
+        flat = vp.reshape(-1, vp.shape[-1])
+        out = jax.vmap(lambda row: jnp.convolve(row, k, mode="valid"))(flat)
+        return jnp.moveaxis(out.reshape(v.shape), -1, axis)
+
+    return conv1d(conv1d(x, hax), wax)
+
+
+@register("integrated_gradients")
+def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=None,
+                         layout="NHWC", key=None, batch_size=None, per_frame=False, steps=50,
+                         baseline="black", method="riemann_right", blur_sigma=5.0,
+                         return_error=False):
+    """Integrated Gradients (Sundararajan 2017): (x - x0) * sum_k w_k dy/dx(x0 + a_k (x - x0)).
+
+    baseline: "black" (zeros), "blur" (spatial Gaussian blur of x, blur_sigma px), "uniform"
+    (U(min x, max x) per state, needs key) or an array broadcastable to obs. method: the
+    quadrature (default right Riemann, alpha in (0, 1]). return_error=True also returns the
+    per-state completeness error sum(attributions) - (y(x) - y(x0)), shape (N,).
+    """
+    steps = check_positive_int("steps", steps)
+    alphas, weights = ig_alphas(steps, method)
+    prep = prepare(apply_fn, params, obs, target=target, actions=actions, layout=layout,
+                   batch_size=batch_size)
+    x = prep.x
+    n = x.shape[0]
+    if isinstance(baseline, str):
+        if baseline not in IG_BASELINES:
+            raise SaliencyInputError(f"baseline must be one of {IG_BASELINES} or an array, "
+                                     f"got {baseline!r}")
+        if baseline == "black":
+            x0 = jnp.zeros_like(x)
+        elif baseline == "blur":
+            if not isinstance(blur_sigma, (int, float)) or not blur_sigma > 0:
+                raise SaliencyInputError(f"blur_sigma must be > 0, got {blur_sigma!r}")
+            x0 = _blur(x, float(blur_sigma), layout)
+        else:
+            k = as_key(key, "integrated_gradients (baseline='uniform')")
+            flat = x.reshape(n, -1)
+            lo, hi = flat.min(1), flat.max(1)
+            u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(k, i), x.shape[1:]))(
+                state_index(n))
+            shp = (-1,) + (1,) * (x.ndim - 1)
+            x0 = lo.reshape(shp) + u * (hi - lo).reshape(shp)
+    else:
+        b = np.shape(baseline)
+        try:
+            np.broadcast_shapes(b, x.shape)
+            ok = len(b) <= x.ndim and np.broadcast_shapes(b, x.shape) == x.shape
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SaliencyInputError(f"baseline array of shape {b} does not broadcast to obs "
+                                     f"shape {x.shape} (same layout as obs)")
+        x0 = jnp.broadcast_to(check_obs(jnp.broadcast_to(jnp.asarray(baseline), x.shape),
+                                        layout), x.shape)
+    acts = choose_actions(apply_fn, params, prep)
+    s, groups = sample_groups(steps, prep.rows)
+    pad = s * groups - steps
+    alphas = np.concatenate([alphas, np.zeros(pad, np.float32)])
+    weights = np.concatenate([weights, np.zeros(pad, np.float32)])
+    tgt = prep.target
+
+    def build():
+        def fn(params, statics, x, x0, a):
+            al, wt = statics
+            d = x - x0
+            shp = (1, s) + (1,) * (x.ndim - 1)
+            xs = (x0[:, None] + al.reshape(shp) * d[:, None]).reshape((-1,) + x.shape[1:])
+            an = jnp.repeat(a, s)
+
+            def f(xx):
+                return objective(tgt, apply_fn(params, xx), an).sum()
+            g = jax.grad(f)(xs).reshape((x.shape[0], s) + x.shape[1:])
+            return (g * wt.reshape(shp)).sum(1)
+        return fn
+
+    fn = batching.cached_jit(("ig", apply_fn, prep.target_key, s), build)
+    statics = [(jnp.asarray(alphas[i * s:(i + 1) * s]), jnp.asarray(weights[i * s:(i + 1) * s]))
+               for i in range(groups)]
+    size = _states_per_chunk(n, prep.rows, s)
+    avg = _loop(fn, params, statics, [x, x0, acts], size, lambda acc: acc)
+    attr = (x - x0) * avg
+    maps = finish(attr, layout, per_frame)
+    if not return_error:
+        return maps
+    sfn = batching.cached_jit(("ig_score", apply_fn, prep.target_key),
+                              lambda: lambda p, xx, a: objective(tgt, apply_fn(p, xx), a))
+    y = batching.map_batched(sfn, params, x, acts, batch_size=prep.rows)
+    y0 = batching.map_batched(sfn, params, x0, acts, batch_size=prep.rows)
+    err = attr.reshape(n, -1).sum(1) - (y - y0)
+    return maps, err
