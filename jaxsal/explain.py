@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from jaxsal.registry import call_method
+from jaxsal.errors import SaliencyInputError
+from jaxsal.registry import accepted_options, call_method, get_method
 
 
 def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", target="q_chosen",
@@ -20,5 +21,34 @@ def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", targ
     common = dict(target=target, layer=layer, per_frame=per_frame, layout=layout, key=key,
                   batch_size=batch_size, actions=actions)
     if isinstance(method, (list, tuple)):
-        return {m: call_method(m, apply_fn, params, obs, common, options) for m in method}
+        return _explain_many(list(method), apply_fn, params, obs, common, options)
     return call_method(method, apply_fn, params, obs, common, options)
+
+
+def _explain_many(methods, apply_fn, params, obs, common, options):
+    """Several methods in one call: each gets the options it accepts; the single-backward
+    gradient/CAM methods (see jaxsal.gradient.family) share one forward/backward per chunk."""
+    if not methods:
+        raise SaliencyInputError("method list is empty; pass at least one method name")
+    accepted = {m: accepted_options(get_method(m)) for m in methods}
+    for name, value in {**common, **options}.items():
+        if name in options or value not in (None, False, "NHWC", "q_chosen"):
+            if not any(name in acc for acc in accepted.values()):
+                raise SaliencyInputError(f"none of the methods {methods} takes {name}={value!r}")
+    from jaxsal.gradient.family import FAMILY, LAYER_METHODS, compute
+    out = {}
+    shared = [m for m in dict.fromkeys(methods) if m in FAMILY]
+    if len(shared) > 1:
+        kw = {k: common[k] for k in ("target", "actions", "layout", "batch_size", "per_frame")}
+        if any(m in LAYER_METHODS for m in shared):
+            kw["layer"] = common["layer"]
+            kw["layer_activation"] = options.get("layer_activation")
+        out.update(compute(tuple(shared), apply_fn, params, obs, **kw))
+    for m in methods:
+        if m in out:
+            continue
+        acc = accepted[m]
+        own = {k: v for k, v in options.items() if k in acc}
+        com = {k: v for k, v in common.items() if k in acc}
+        out[m] = call_method(m, apply_fn, params, obs, com, own)
+    return out
