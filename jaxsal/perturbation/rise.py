@@ -65,22 +65,27 @@ def rise_masks(key, n_masks: int = 1000, shape=(84, 84), grid=8, p_keep: float =
     return fn(key, n_masks, jnp.float32(p_keep))
 
 
+def rise_bits(key, n_masks: int, grid, cell, p_keep):
+    """The random draws behind `rise_masks`: binary grids (n, gy, gx) and shifts (n,), (n,)."""
+    kg, ky, kx = jax.random.split(key, 3)
+    bits = jax.random.bernoulli(kg, p_keep, (n_masks,) + tuple(grid)).astype(jnp.float32)
+    sy = jax.random.randint(ky, (n_masks,), 0, cell[0])
+    sx = jax.random.randint(kx, (n_masks,), 0, cell[1])
+    return bits, sy, sx
+
+
 @functools.lru_cache(maxsize=32)
 def _mask_builder(g, cell, up, hw):
     uy = jnp.asarray(_upsample_matrix(g[0], up[0]))
     ux = jnp.asarray(_upsample_matrix(g[1], up[1]))
 
     def one(bits, sy, sx):
-        big = uy @ bits @ ux.T
+        big = jnp.matmul(jnp.matmul(uy, bits, precision="highest"), ux.T, precision="highest")
         return jax.lax.dynamic_slice(big, (sy, sx), hw)
 
     @functools.partial(jax.jit, static_argnums=1)
     def build(key, n, p):
-        kg, ky, kx = jax.random.split(key, 3)
-        bits = jax.random.bernoulli(kg, p, (n,) + g).astype(jnp.float32)
-        sy = jax.random.randint(ky, (n,), 0, cell[0])
-        sx = jax.random.randint(kx, (n,), 0, cell[1])
-        return jax.vmap(one)(bits, sy, sx)
+        return jax.vmap(one)(*rise_bits(key, n, g, cell, p))
 
     return build
 
