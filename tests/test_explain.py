@@ -1,0 +1,115 @@
+"""Front door for gradient/CAM methods: layouts, CleanRL models, targets, caching, bad input."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsal
+from jaxsal.errors import SaliencyInputError
+from _gradient_models import ConvHead, cleanrl_agent, init, obs
+
+ALL = ["gradient", "grad_x_input", "guided_backprop", "deconvnet", "gradcam", "gradcam_pp",
+       "g1gradcam", "g2gradcam", "guided_gradcam"]
+
+
+@pytest.fixture(scope="module")
+def head():
+    m = ConvHead(kernel=2, stride=2)
+    x = obs((3, 8, 8, 2), seed=1, lo=0, hi=255)
+    return m, init(m, x.shape, seed=3), x
+
+
+def test_list_shares_work_and_equals_single_calls(head):
+    m, p, x = head
+    many = jaxsal.explain(m.apply, p, x, method=ALL + ["smoothgrad"], layer="conv",
+                          key=jax.random.PRNGKey(0), n_samples=3)
+    assert set(many) == set(ALL + ["smoothgrad"])
+    for name in ALL:
+        kw = {"layer": "conv"} if "cam" in name else {}
+        one = jaxsal.explain(m.apply, p, x, method=name, **kw)
+        np.testing.assert_allclose(many[name], one, rtol=1e-5, atol=1e-9, err_msg=name)
+
+
+def test_second_call_does_not_retrace(head):
+    m, p, x = head
+    traces = []
+
+    def apply_fn(params, obs_):
+        traces.append(1)
+        return m.apply(params, obs_)
+
+    for method in ("gradcam", "guided_backprop", "integrated_gradients"):
+        jaxsal.explain(apply_fn, p, x, method=method, steps=4) if method == \
+            "integrated_gradients" else jaxsal.explain(apply_fn, p, x, method=method)
+        before = len(traces)
+        jaxsal.explain(apply_fn, p, x + 1.0, method=method, steps=4) if method == \
+            "integrated_gradients" else jaxsal.explain(apply_fn, p, x + 1.0, method=method)
+        assert len(traces) == before, f"{method} re-traced on a second call with the same shapes"
+
+
+def test_chunking_equals_unchunked(head):
+    m, p, x = head
+    x5 = np.concatenate([x, x[:2] * 0.5])
+    for method in ("gradcam", "gradient", "g2gradcam"):
+        a = jaxsal.explain(m.apply, p, x5, method=method)
+        b = jaxsal.explain(m.apply, p, x5, method=method, batch_size=2)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9)
+
+
+def test_cleanrl_channel_first_model():
+    apply_fn, params = cleanrl_agent(shape=(1, 2, 16, 16))
+    x = obs((3, 2, 16, 16), seed=4, lo=0, hi=255)            # NCHW
+    cam = jaxsal.explain(apply_fn, params, x, method="gradcam", layout="NCHW",
+                         target="policy_logit")
+    assert cam.shape == (3, 16, 16)
+    np.testing.assert_allclose(cam, jaxsal.gradcam(apply_fn, params, x, layout="NCHW",
+                                                   layer="Conv_2", target="policy_logit"))
+    g = jaxsal.guided_backprop(apply_fn, params, x, layout="NCHW", per_frame=True,
+                               target="value")
+    assert g.shape == (3, 16, 16, 2)                           # per-frame output is NHWC
+    # the same model fed NHWC (transposed outside) gives the transposed gradient
+    nhwc = lambda p, o: apply_fn(p, jnp.transpose(o, (0, 3, 1, 2)))  # noqa: E731
+    g2 = jaxsal.guided_backprop(nhwc, params, np.transpose(x, (0, 2, 3, 1)), per_frame=True,
+                                target="value")
+    np.testing.assert_allclose(g, g2, rtol=1e-5, atol=1e-9)
+    lp = jaxsal.explain(apply_fn, params, x, method="gradient", layout="NCHW", target="log_prob")
+    assert lp.shape == (3, 16, 16)
+
+
+def test_dueling_targets_and_callable():
+    from agents.networks import DuelingDQN
+    m = DuelingDQN(3)
+    x = obs((2, 84, 84, 4), lo=0, hi=255)
+    p = m.init(jax.random.PRNGKey(0), x)
+    out = {t: jaxsal.explain(m.apply, p, x, method="gradient", target=t)
+           for t in ("q_chosen", "advantage", "value", "softmax_chosen")}
+    assert not np.allclose(out["value"], out["q_chosen"])
+    call = jaxsal.explain(m.apply, p, x, method="gradient", target=lambda o: o["value"])
+    np.testing.assert_allclose(call, out["value"], rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("case, match", [
+    (dict(obs=np.zeros((8, 8, 2))), "shape"),
+    (dict(obs=np.full((1, 8, 8, 2), np.nan, np.float32)), "NaN"),
+    (dict(method="gradcamm"), "unknown method"),
+    (dict(method="gradcam", layer="nope"), "unknown layer"),
+    (dict(target="qq"), "unknown target"),
+    (dict(target="q_action", actions=[0, 5, 1]), "out of range"),
+    (dict(target="q_action"), "needs actions"),
+    (dict(method="smoothgrad"), "stochastic"),
+    (dict(obs=np.zeros((3, 2, 8, 8))), "layout"),               # channel-first into NHWC model
+    (dict(layout="NWHC"), "layout"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(method="integrated_gradients", steps=0), "steps"),
+    (dict(method="smoothgrad", key=jax.random.PRNGKey(0), variant="sg3"), "variant"),
+    (dict(method="gradient", n_samples=3), "no option"),
+    (dict(method="gradient", layer="conv"), "does not take"),
+    (dict(target=lambda o: o), r"\(N,\)"),
+])
+def test_bad_input_gives_one_clear_error(head, case, match):
+    m, p, x = head
+    kw = dict(obs=x, method="gradient")
+    kw.update(case)
+    obs_ = kw.pop("obs")
+    with pytest.raises(SaliencyInputError, match=match):
+        jaxsal.explain(m.apply, p, obs_, **kw)
