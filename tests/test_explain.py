@@ -77,9 +77,18 @@ def test_cleanrl_channel_first_model():
 
 
 def test_dueling_targets_and_callable():
-    from agents.networks import DuelingDQN
-    m = DuelingDQN(3)
-    x = obs((2, 84, 84, 4), lo=0, hi=255)
+    import flax.linen as nn
+
+    class TinyDueling(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.relu(nn.Conv(3, (3, 3), (2, 2), name="conv1")(x)).reshape((x.shape[0], -1))
+            a = nn.Dense(3, name="advantage")(h)
+            v = nn.Dense(1, name="value")(h)[:, 0]
+            return {"q": v[:, None] + a - a.mean(-1, keepdims=True), "value": v, "advantage": a}
+
+    m = TinyDueling()
+    x = obs((2, 8, 8, 2), lo=0, hi=255)
     p = m.init(jax.random.PRNGKey(0), x)
     out = {t: jaxsal.explain(m.apply, p, x, method="gradient", target=t)
            for t in ("q_chosen", "advantage", "value", "softmax_chosen")}
