@@ -38,7 +38,7 @@ def standin_grad(apply_fn, params, obs, *, target="q_chosen", actions=None, layo
     """Test stand-in: signed input gradient summed over the stack (or per frame), times `scale`."""
     x = check_obs(obs, layout)
     t, score = _score_fn(apply_fn, target, actions)
-    a = resolve_actions(t, apply_fn(params, x), actions)
+    a = resolve_actions(t, cached_jit(("standin_fwd", apply_fn), lambda: apply_fn)(params, x), actions)
 
     def build():
         def f(p, xs, acts):
@@ -57,8 +57,8 @@ def standin_noise(apply_fn, params, obs, *, target="q_chosen", actions=None, lay
         raise SaliencyInputError("standin_noise is stochastic: pass key")
     x = check_obs(obs, layout)
     t, _ = _score_fn(apply_fn, target, actions)
-    a = resolve_actions(t, apply_fn(params, x), actions)
-    masks = jax.random.bernoulli(key, 0.5, (n_masks,) + x.shape[1:3]).astype(jnp.float32)
+    a = resolve_actions(t, cached_jit(("standin_fwd", apply_fn), lambda: apply_fn)(params, x), actions)
+    masks = jax.random.bernoulli(key, 0.5, (n_masks,) + tuple(x.shape[1:3])).astype(jnp.float32)
 
     def build():
         def f(p, xs, acts):
@@ -80,16 +80,20 @@ def register_standins():
 register_standins()
 
 
-def make_agent_files(directory, seed: int = 0, num_actions: int = 4) -> Path:
-    """A random-init Nature-DQN Breakout agent as card .json + .msgpack; returns the card path."""
+def make_agent_files(directory, seed: int = 0, num_actions: int = 3, game: str = "minatar-breakout") -> Path:
+    """A random-init agent as card .json + .msgpack; returns the card path.
+
+    The default is a MinAtar Breakout net on (10, 10, 4) frames: small, so tests stay fast.
+    """
     from agents import build_model
     from agents.checkpoint import export_params
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model = build_model("breakout", "dqn", num_actions)
-    params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 84, 84, 4)))
-    card = {"game": "breakout", "arch": "dqn", "num_actions": num_actions, "obs_shape": [84, 84, 4],
+    size = 10 if game.startswith("minatar") else 84
+    model = build_model(game, "dqn", num_actions)
+    params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, size, size, 4)))
+    card = {"game": game, "arch": "dqn", "num_actions": num_actions, "obs_shape": [size, size, 4],
             "layer_norm": True}
     path = directory / f"tiny{seed}.json"
     path.write_text(json.dumps(card))
@@ -97,11 +101,11 @@ def make_agent_files(directory, seed: int = 0, num_actions: int = 4) -> Path:
     return path
 
 
-def frames(n: int, seed: int = 0) -> np.ndarray:
-    """Breakout-like uint8 frame stacks (N, 84, 84, 4): dark background, bright blocks."""
+def frames(n: int, seed: int = 0, size: int = 10) -> np.ndarray:
+    """Breakout-like uint8 frame stacks (N, size, size, 4): dark background, a brick row, dots."""
     rng = np.random.default_rng(seed)
-    x = (rng.random((n, 84, 84, 4)) < 0.05).astype(np.uint8) * 200
-    x[:, 20:26, 8:76] = 140
+    x = (rng.random((n, size, size, 4)) < 0.1).astype(np.uint8) * 200
+    x[:, size // 4, 1:-1] = 140
     return x
 
 

@@ -157,9 +157,11 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
         calls.append((s, kw))
 
+    pad_to = min(chunk, n)  # every chunk has this many rows: one compiled executable for all
+
     def load(i):
         x = source.read(i * chunk, i * chunk + rows(i))
-        return i, rows(i), jax.device_put(_pad_rows(np.asarray(x), chunk))
+        return i, rows(i), jax.device_put(_pad_rows(np.asarray(x), pad_to))
 
     def save(item):
         i, results = item
@@ -231,5 +233,5 @@ def _progress(total: int, initial: int, quiet: bool):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="frame", unit_scale=True, dynamic_ncols=True,
+    return tqdm(total=total, initial=initial, unit="frame", dynamic_ncols=True,
                 desc="explain", smoothing=0.1)

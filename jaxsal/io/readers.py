@@ -51,7 +51,7 @@ def _check_stack_shape(shape, dtype, what: str):
 
 
 class ArraySource:
-    """Frames already in memory (an EnvPool rollout) or a memory-mapped .npy file."""
+    """Frames already in memory (e.g. an EnvPool rollout)."""
 
     def __init__(self, array, name: str = "array", path: str | None = None):
         _check_stack_shape(array.shape, array.dtype, name)
@@ -78,12 +78,47 @@ class ArraySource:
         return {"kind": "array" if self.path is None else "npy", "path": self.path, "name": self.name}
 
 
-def _open_npy(path: Path) -> ArraySource:
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as e:
-        raise SaliencyInputError(f"cannot read {path}: not a valid .npy file ({e})") from None
-    return ArraySource(arr, name=str(path), path=str(path))
+class NpySource:
+    """A .npy frame-stack file read with plain seeks and reads (no memory map, so the pages
+    of frames already explained never count against the process's resident memory)."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+        try:
+            with open(path, "rb") as f:
+                shape, dtype, self._offset = _npy_header(f, path)
+        except OSError as e:
+            raise SaliencyInputError(f"cannot read {path}: {e.strerror}") from None
+        _check_stack_shape(shape, dtype, str(path))
+        self._shape, self._dtype = tuple(shape), dtype
+        self._row = int(np.prod(shape[1:])) * dtype.itemsize
+        if Path(path).stat().st_size < self._offset + self._shape[0] * self._row:
+            raise SaliencyInputError(f"{path}: file is truncated (header says {self._shape[0]} frames)")
+
+    def __len__(self):
+        return self._shape[0]
+
+    @property
+    def shape(self):
+        return self._shape
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start,) + self._shape[1:], self._dtype)
+        with open(self.path, "rb") as f:
+            f.seek(self._offset + start * self._row)
+            if f.readinto(memoryview(out).cast("B")) != out.nbytes:
+                raise SaliencyInputError(f"{self.path}: file is truncated (rows {start}:{stop})")
+        return out
+
+    def fingerprint(self) -> str:
+        return _fingerprint_files([self.path])
+
+    def describe(self) -> dict:
+        return {"kind": "npy", "path": self.path}
+
+
+def _open_npy(path: Path) -> NpySource:
+    return NpySource(path)
 
 
 class NpzSource:
@@ -112,17 +147,9 @@ class NpzSource:
     def _header(self):
         try:
             with self._zip.open(self._member) as f:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-                else:
-                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-                offset = f.tell()
-        except Exception as e:
+                return _npy_header(f, f"{self.path}[{self.key!r}]")
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
             raise SaliencyInputError(f"cannot read {self.path}: corrupt .npz member ({e})") from None
-        if fortran or dtype.hasobject:
-            raise SaliencyInputError(f"{self.path}: array {self.key!r} must be C-ordered numbers")
-        return shape, dtype, offset
 
     def __len__(self):
         return self._shape[0]
@@ -212,7 +239,7 @@ class DopamineCheckpoint:
         self._fh = None
         self._pos = 0  # next frame index of the open stream
         with _gz_open(obs_path) as f:
-            shape, dtype, self._offset = _npy_header(f, obs_path)
+            shape, dtype, self._offset = _npy_header(f, obs_path, "a gzip'd .npy array")
         if len(shape) != 3 or shape[0] == 0:
             raise SaliencyInputError(f"{obs_path}: expected single frames with shape (N, 84, 84), "
                                      f"got {tuple(shape)}")
@@ -295,15 +322,18 @@ def _gz_open(path: Path):
         raise SaliencyInputError(f"cannot open {path}: {e}") from None
 
 
-def _npy_header(f, path):
+def _npy_header(f, path, kind: str = "a valid .npy array"):
     try:
         version = np.lib.format.read_magic(f)
         reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                   else np.lib.format.read_array_header_2_0)
         shape, fortran, dtype = reader(f)
-        return shape, dtype, f.tell()
     except Exception as e:
-        raise SaliencyInputError(f"cannot read {path}: not a gzip'd .npy array ({e})") from None
+        raise SaliencyInputError(f"cannot read {path}: not {kind} ({e})") from None
+    if fortran or dtype.hasobject:
+        raise SaliencyInputError(f"{path}: the array must be C-ordered numbers (got dtype {dtype}"
+                                 f"{', Fortran order' if fortran else ''})")
+    return shape, dtype, f.tell()
 
 
 def _load_gz_array(path: Path) -> np.ndarray:

@@ -68,8 +68,10 @@ def open_job(out, config: dict, meta: dict) -> dict:
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
+    except FileExistsError:
         raise SaliencyInputError(f"output {out} exists and is not a directory") from None
+    except NotADirectoryError:
+        raise SaliencyInputError(f"cannot create output {out}: part of its path is a file") from None
     path = out / MANIFEST
     if not path.exists():
         if any(p.name != "input" for p in out.iterdir()):  # input/: a saved --play rollout
