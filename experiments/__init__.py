@@ -1,0 +1,1 @@
+"""Experiments and benchmarks of jaxsal (scripts: `python -m experiments.<name>`)."""
