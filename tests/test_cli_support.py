@@ -71,10 +71,18 @@ def standin_noise(apply_fn, params, obs, *, target="q_chosen", actions=None, lay
     return map_batched(fn, params, x, a, batch_size=batch_size, rows_per_state=n_masks)
 
 
+def standin_pool(apply_fn, params, obs, *, target="q_chosen", layout="NHWC", batch_size=None):
+    """Test stand-in that never runs the model: the frame stack's mean (cheap, for I/O tests)."""
+    x = check_obs(obs, layout)
+    fn = cached_jit("standin_pool", lambda: lambda p, xs: xs.mean(-1))
+    return map_batched(fn, None, x, batch_size=batch_size)
+
+
 def register_standins():
     if "standin_grad" not in METHODS:
         register("standin_grad")(standin_grad)
         register("standin_noise", stochastic=True)(standin_noise)
+        register("standin_pool")(standin_pool)
 
 
 register_standins()
@@ -120,4 +128,21 @@ def run_cli(*args, env=None, timeout=300, **kw) -> subprocess.CompletedProcess:
 if __name__ == "__main__":
     from jaxsal.cli import main
 
+    if os.environ.get("JAXSAL_TEST_SLOW_WRITE"):  # stretch the job so a test can kill it mid-way
+        import time
+
+        from jaxsal.io import store
+
+        _write = store.write_chunk
+
+        def slow_write(*a, **k):
+            time.sleep(float(os.environ["JAXSAL_TEST_SLOW_WRITE"]))
+            _write(*a, **k)
+        store.write_chunk = slow_write
+    if os.environ.get("JAXSAL_TEST_RSS"):  # report peak resident memory (KiB) at exit
+        import atexit
+        import resource
+
+        atexit.register(lambda: print(f"PEAK_RSS_KB={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}",
+                                      file=sys.stderr))
     main()
