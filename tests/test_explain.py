@@ -122,3 +122,23 @@ def test_bad_input_gives_one_clear_error(head, case, match):
     obs_ = kw.pop("obs")
     with pytest.raises(SaliencyInputError, match=match):
         jaxsal.explain(m.apply, p, obs_, **kw)
+
+
+def _convolutions(methods, m, p, x):
+    from jaxsal import batching
+    before = set(batching._JIT_CACHE)
+    jaxsal.explain(m.apply, p, x, method=methods, layer="conv" if any("cam" in k for k in
+                                                                     methods) else None)
+    new = [batching._JIT_CACHE[k] for k in batching._JIT_CACHE if k not in before]
+    assert len(new) == 1
+    return new[0].lower(p, jnp.asarray(x, jnp.float32)).compile().as_text().count(" convolution(")
+
+
+def test_cam_family_and_guided_share_one_forward_and_backward():
+    m = ConvHead(kernel=2, stride=2)
+    x = obs((2, 8, 8, 2), seed=6)
+    p = init(m, x.shape, seed=6)
+    alone = _convolutions(["guided_backprop"], m, p, x)        # 1 forward + 1 backward conv
+    family = _convolutions(["gradcam", "gradcam_pp", "g1gradcam", "g2gradcam", "guided_gradcam",
+                            "guided_backprop"], m, p, x)
+    assert alone == 2 and family == alone
