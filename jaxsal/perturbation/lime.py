@@ -5,6 +5,8 @@ weighted ridge regression of every state run in JAX, batched over states.
 """
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,9 +68,11 @@ def segment(obs_nhwc, segmentation: str = "slic", segment_on: str = "stack", obs
     elif segment_on == "mean":
         x = x.mean(-1, keepdims=True)
     out = np.empty(x.shape[:3], np.int32)
-    for i in range(x.shape[0]):
-        out[i] = np.unique(_segment_one(x[i], segmentation, opts), return_inverse=True)[1] \
-            .reshape(x.shape[1:3])
+    with warnings.catch_warnings():  # skimage warns that 4 channels may not be "intended"
+        warnings.filterwarnings("ignore", message=".*third dimension.*")
+        for i in range(x.shape[0]):
+            out[i] = np.unique(_segment_one(x[i], segmentation, opts), return_inverse=True)[1] \
+                .reshape(x.shape[1:3])
     return out
 
 
