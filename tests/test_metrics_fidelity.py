@@ -161,3 +161,12 @@ def test_bad_input(tiny, kwargs, msg):
     m = kw.pop("maps")
     with pytest.raises(SaliencyInputError, match=msg):
         insertion(model.apply, params, obs, m, **kw)
+
+
+def test_score_all_equals_single_scores(tiny):
+    model, params, obs, maps = tiny
+    both = deletion(model.apply, params, obs, maps, pixels_per_step=16, score="all")
+    for score in ("q_value", "advantage"):
+        one = deletion(model.apply, params, obs, maps, pixels_per_step=16, score=score)
+        np.testing.assert_allclose(both[score]["curves"], one["curves"], rtol=1e-6)
+        np.testing.assert_allclose(both[score]["auc"], one["auc"], rtol=1e-6)

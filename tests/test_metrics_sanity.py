@@ -121,3 +121,15 @@ def test_init_fn_needs_apply_fn(dqn):
     model, params, obs = dqn
     with pytest.raises(SaliencyInputError, match="apply_fn"):
         sanity_check(lambda k: params, params, obs[:1], method="_t_grad", key=jax.random.PRNGKey(0))
+
+
+def test_layer_groups_randomise_together():
+    model = NatureDQN(3, layer_norm=True)
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 84, 84, 4)))
+    fresh = jax.tree.map(lambda x: x + 1.0, params)
+    (label, p), = cascade(params, fresh, (("fc1", "fc1_norm"),))
+    assert label == "fc1"
+    np.testing.assert_array_equal(p["params"]["fc1_norm"]["LayerNorm_0"]["scale"],
+                                  fresh["params"]["fc1_norm"]["LayerNorm_0"]["scale"])
+    np.testing.assert_array_equal(p["params"]["conv1_norm"]["LayerNorm_0"]["scale"],
+                                  params["params"]["conv1_norm"]["LayerNorm_0"]["scale"])

@@ -55,34 +55,35 @@ def chosen_actions(apply_fn, params, obs, batch_size: int | None = 256):
     return map_batched(fn, params, obs, batch_size=batch_size)
 
 
-def _build(apply_fn, mode: str, substrate: str, score: str, steps: int, per_step: int,
-           layout: str, pixel_range: tuple, blur_sigma: float):
+def _build_substrate(substrate: str, layout: str, pixel_range: tuple, blur_sigma: float):
     lo, hi = pixel_range
 
-    def fn(params, obs, maps, actions, keys):
-        b = obs.shape[0]
+    def fn(_, obs, keys):
         x = obs if layout == "NHWC" else jnp.transpose(obs, (0, 2, 3, 1))     # NHWC
         if substrate == "black":
-            sub = jnp.zeros_like(x)
-        elif substrate == "random":
-            sub = jax.vmap(lambda k: jax.random.uniform(k, x.shape[1:], jnp.float32, lo, hi))(keys)
-        else:
-            sub = gaussian_blur(x, blur_sigma)
+            return jnp.zeros_like(x)
+        if substrate == "random":
+            return jax.vmap(lambda k: jax.random.uniform(k, x.shape[1:], jnp.float32, lo, hi))(keys)
+        return gaussian_blur(x, blur_sigma)
+    return fn
+
+
+def _build(apply_fn, steps: int, per_step: int, layout: str):
+    """One compiled function for every mode, substrate and score (they differ only in data):
+    x_t = where(top-t mask, first, second); returns both scores, (B, steps + 1) each."""
+
+    def fn(params, obs, first, second, maps, actions):
+        b = obs.shape[0]
         masks = jax.vmap(lambda m: _order_masks(m, steps, per_step))(maps)[..., None]  # (B,S+1,H,W,1)
-        if mode == "insertion":
-            xt = jnp.where(masks, x[:, None], sub[:, None])
-        else:
-            xt = jnp.where(masks, sub[:, None], x[:, None])
-        xt = xt.reshape((b * (steps + 1),) + x.shape[1:])
+        xt = jnp.where(masks, first[:, None], second[:, None])
+        xt = xt.reshape((b * (steps + 1),) + first.shape[1:])
         if layout == "NCHW":
             xt = jnp.transpose(xt, (0, 3, 1, 2))
         q = T.q_of(apply_fn(params, xt))
         q = q.reshape((b, steps + 1) + q.shape[1:])
         qa = jnp.take_along_axis(q, actions[:, None, None], axis=-1)[..., 0]  # (B, S+1)
-        if score == "q_value":
-            q0 = jnp.take_along_axis(T.q_of(apply_fn(params, obs)), actions[:, None], axis=-1)
-            return qa / q0
-        return qa - q.mean(-1)
+        q0 = jnp.take_along_axis(T.q_of(apply_fn(params, obs)), actions[:, None], axis=-1)
+        return {"q_value": qa / q0, "advantage": qa - q.mean(-1)}
     return fn
 
 
@@ -90,8 +91,8 @@ def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score
             batch_size, layout, pixel_range, blur_sigma):
     if substrate not in SUBSTRATES:
         raise SaliencyInputError(f"substrate must be one of {SUBSTRATES}, got {substrate!r}")
-    if score not in SCORES:
-        raise SaliencyInputError(f"score must be one of {SCORES}, got {score!r}")
+    if score not in SCORES + ("all",):
+        raise SaliencyInputError(f"score must be one of {SCORES} or 'all', got {score!r}")
     x = check_obs(obs, layout)
     h, w, _ = spatial_shape(x.shape, layout)
     n = x.shape[0]
@@ -114,13 +115,18 @@ def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score
         actions = jnp.asarray(T.check_actions(actions, n, q_shape[-1]))
     base = jax.random.PRNGKey(0) if key is None else key
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(n))
-    fn = cached_jit((mode, apply_fn, substrate, score, steps, per_step, layout, (lo, hi),
-                     float(blur_sigma)),
-                    lambda: _build(apply_fn, mode, substrate, score, steps, per_step, layout,
-                                   (lo, hi), float(blur_sigma)))
-    curves = map_batched(fn, params, x, m, actions, keys, batch_size=batch_size,
+    sub_fn = cached_jit(("substrate", substrate, layout, (lo, hi), float(blur_sigma)),
+                        lambda: _build_substrate(substrate, layout, (lo, hi), float(blur_sigma)))
+    sub = map_batched(sub_fn, None, x, keys, batch_size=batch_size)
+    xs = x if layout == "NHWC" else jnp.transpose(x, (0, 2, 3, 1))
+    first, second = (xs, sub) if mode == "insertion" else (sub, xs)
+    fn = cached_jit(("fidelity", apply_fn, steps, per_step, layout),
+                    lambda: _build(apply_fn, steps, per_step, layout))
+    curves = map_batched(fn, params, x, first, second, m, actions, batch_size=batch_size,
                          rows_per_state=steps + 1)
-    return {"auc": curves.mean(-1), "curves": curves}
+    if score == "all":
+        return {k: {"auc": c.mean(-1), "curves": c} for k, c in curves.items()}
+    return {"auc": curves[score].mean(-1), "curves": curves[score]}
 
 
 def insertion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_step: int = 84,
@@ -132,6 +138,7 @@ def insertion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_
     substrate: "black" (0), "random" (uniform in `pixel_range` per pixel and frame; needs `key`)
     or "blur" (spatial Gaussian blur, `blur_sigma` px). score: "q_value" = Q_a(x_t) / Q_a(x) or
     "advantage" = Q_a(x_t) - mean_b Q_b(x_t), a = argmax Q(x) unless `actions` is given.
+    score="all" returns {"q_value": {...}, "advantage": {...}} from the same forward passes.
     AUC is the mean of the curve (Paper B). `batch_size` bounds the model rows (states x
     (steps + 1)) per forward pass. Higher insertion AUC = more faithful map.
     """

@@ -34,21 +34,39 @@ def _has_layer(path, layer: str) -> bool:
     return any(str(getattr(k, "key", getattr(k, "name", None))) == layer for k in path)
 
 
+def _names(item) -> tuple:
+    return (item,) if isinstance(item, str) else tuple(item)
+
+
+def _label(item) -> str:
+    return _names(item)[0]
+
+
 def randomize_layers(params, fresh, layers) -> object:
-    """params with every leaf under a key named in `layers` replaced by the leaf of `fresh`."""
-    layers = tuple(layers)
+    """params with every leaf under a key named in `layers` replaced by the leaf of `fresh`.
+
+    An entry of `layers` is a name or a tuple of names randomised together (e.g. a layer and
+    its norm: ("conv1", "conv1_norm"))."""
+    layers = tuple(n for item in layers for n in _names(item))
     return jax.tree_util.tree_map_with_path(
         lambda path, p, f: f if any(_has_layer(path, l) for l in layers) else p, params, fresh)
 
 
 def cascade(params, fresh, layers):
-    """[(layer, params with this and all earlier layers of `layers` randomised), ...]."""
-    return [(layer, randomize_layers(params, fresh, layers[:i + 1])) for i, layer in enumerate(layers)]
+    """[(label, params with this and all earlier entries of `layers` randomised), ...]; the label of
+    a tuple entry is its first name."""
+    return [(_label(item), randomize_layers(params, fresh, layers[:i + 1]))
+            for i, item in enumerate(layers)]
 
 
 def _resolve_model(model, apply_fn, obs):
     if hasattr(model, "init") and hasattr(model, "apply"):
-        return (apply_fn or model.apply), (lambda k: model.init(k, obs[:1]))
+        try:   # compiled once per module: eager flax init of a Nature CNN takes seconds
+            init = cached_jit(("sanity_init", model), lambda: model.init)
+        except TypeError:
+            init = jax.jit(model.init)
+        dummy = jnp.zeros_like(obs[:1])
+        return (apply_fn or model.apply), (lambda k: init(k, dummy))
     if callable(model):
         if apply_fn is None:
             raise SaliencyInputError(
@@ -68,7 +86,8 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
 
     model: a flax module (its `init` gives the fresh weights, `apply` the agent) or an
     `init_fn(key) -> params` together with `apply_fn=`. Layers are randomised top-down and
-    cumulatively in the order given. Returns `{layer: {"spearman": (N,), "ssim": (N,), "hog": (N,)},
+    cumulatively in the order given (an entry may be a tuple of names randomised together, labelled
+    by its first name, e.g. ("conv1", "conv1_norm")). Returns `{layer: {"spearman": (N,), "ssim": (N,), "hog": (N,)},
     "random_uniform": {...}, "random_gaussian": {...}}` (Paper B's inverted-max similarities to the
     original map; baselines compare the original with U(0,1) and N(0,1) maps), plus `"maps"`
     ({"original": ..., layer: ...}) with `return_maps=True`. `key` seeds the re-initialisation,
@@ -82,7 +101,9 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
     layers = tuple(layers)
     if not layers:
         raise SaliencyInputError("layers is empty; name at least one layer, e.g. ('q', 'fc1')")
-    clash = [l for l in layers if l in BASELINES + ("maps",)]
+    if not all(isinstance(n, str) for item in layers for n in _names(item)):
+        raise SaliencyInputError(f"layers must be names or tuples of names, got {layers!r}")
+    clash = [_label(l) for l in layers if _label(l) in BASELINES + ("maps",)]
     if clash:
         raise SaliencyInputError(f"layer names {clash} clash with result keys {BASELINES + ('maps',)}")
     if method_options.get("per_frame"):
@@ -91,7 +112,7 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
     x = check_obs(obs, layout)
     apply_fn, init_fn = _resolve_model(model, apply_fn, x)
     known = _layer_names(params)
-    missing = [l for l in layers if l not in known]
+    missing = [n for item in layers for n in _names(item) if n not in known]
     if missing:
         raise SaliencyInputError(f"layers {missing} are not in the params tree; it has "
                                  f"{sorted(n for n in known if not n.startswith('params'))}")
