@@ -131,6 +131,20 @@ class MinAtarDQN(nn.Module):
         return nn.Dense(self.num_actions, name="q")(x)
 
 
+class MinAtarActorCritic(nn.Module):
+    """MinAtar actor-critic: `conv1` 16@3x3, `fc1` 128, `policy` logits (N, A), `critic` value (N,)."""
+    num_actions: int
+    channels: int
+
+    @nn.compact
+    def __call__(self, obs):
+        check_frames(obs, 10, 10, self.channels)
+        x = nn.relu(nn.Conv(16, (3, 3), padding="SAME", name="conv1")(jnp.asarray(obs, jnp.float32)))
+        x = nn.relu(nn.Dense(128, name="fc1")(x.reshape((x.shape[0], -1))))
+        return {"logits": nn.Dense(self.num_actions, name="policy")(x),
+                "value": nn.Dense(1, name="critic")(x)[:, 0]}
+
+
 class _TemporalAttention(nn.Module):
     """Soft attention over time: e_t = tanh(Dense1(x_t)), alpha = softmax_t(e)."""
 

@@ -63,6 +63,17 @@ def q_values(out):
     return out["q"] if isinstance(out, dict) else out
 
 
+def num_updates(cfg: PQNConfig) -> int:
+    return cfg.steps // (cfg.num_envs * cfg.rollout)
+
+
+def make_optimizer(cfg: PQNConfig):
+    """RAdam with a linearly decaying learning rate and global-norm clipping (PQN defaults)."""
+    grad_steps = num_updates(cfg) * cfg.epochs * cfg.minibatches
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                       optax.radam(optax.linear_schedule(cfg.lr, 1e-20, max(1, grad_steps))))
+
+
 def make_act(model):
     @jax.jit
     def act(params, obs, key, eps):
@@ -124,10 +135,8 @@ def train(cfg: PQNConfig, log=print) -> dict:
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     env = make_env(cfg.game, cfg.num_envs, train=True, seed=cfg.seed)
     model = build_model(cfg.game, cfg.arch, env.num_actions, layer_norm=cfg.layer_norm)
-    n_updates = cfg.steps // (cfg.num_envs * cfg.rollout)
-    tx = optax.chain(
-        optax.clip_by_global_norm(cfg.max_grad_norm),
-        optax.radam(optax.linear_schedule(cfg.lr, 1e-20, n_updates * cfg.epochs * cfg.minibatches)))
+    n_updates = num_updates(cfg)
+    tx = make_optimizer(cfg)
 
     key = jax.random.PRNGKey(cfg.seed)
     key, init_key = jax.random.split(key)
@@ -178,7 +187,7 @@ def train(cfg: PQNConfig, log=print) -> dict:
             if out_of_time:
                 break
     csv_file.close()
-    return {"params": params, "model": model, "step": step}
+    return {"params": params, "model": model, "step": step, "returns": recent}
 
 
 def main(argv=None):

@@ -27,9 +27,12 @@ def build_model(game: str, arch: str, num_actions: int, layer_norm: bool = True)
     """The flax module for a game ("breakout", "minatar-asterix") and arch ("dqn", "dueling", ...)."""
     game = check_game(game)
     if game in MINATAR_GAMES:
+        channels = MINATAR_SHAPES[game][0]
+        if arch == "actor_critic":
+            return networks.MinAtarActorCritic(num_actions, channels)
         if arch != "dqn":
-            raise AgentLoadError(f"MinAtar agents use arch 'dqn', got {arch!r}")
-        return networks.MinAtarDQN(num_actions, MINATAR_SHAPES[game][0], layer_norm=layer_norm)
+            raise AgentLoadError(f"MinAtar agents use arch 'dqn' or 'actor_critic', got {arch!r}")
+        return networks.MinAtarDQN(num_actions, channels, layer_norm=layer_norm)
     archs = {"dqn": lambda: networks.NatureDQN(num_actions, layer_norm=layer_norm),
              "dueling": lambda: networks.DuelingDQN(num_actions, layer_norm=layer_norm),
              "actor_critic": lambda: networks.ActorCritic(num_actions),

@@ -1,0 +1,141 @@
+"""Turn a training run into a shipped agent: evaluate, export float16 msgpack, write the JSON card.
+
+    python -m agents.export --run-dir runs/breakout --name breakout --episodes 10
+
+The card records game, algorithm, frames trained, mean ± std return over full games, the
+evaluation protocol and the command that trained it; a training-curve PNG goes beside it in
+experiments/results/training/.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agents.checkpoint import export_params, restore_train_state
+from agents.envs import MINATAR_GAMES, make_env
+from agents.train import PQNConfig, make_optimizer
+from agents.zoo import SHIPPED_DIR, Agent, build_model
+
+CURVES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "results" / "training"
+
+
+def evaluate(agent: Agent, episodes: int = 10, epsilon: float = 0.0, seed: int = 123,
+             max_steps: int = 27000) -> list[float]:
+    """Full-game returns of `episodes` games played in parallel (no clipping, no episodic life)."""
+    game = agent.game
+    kwargs = {} if game in MINATAR_GAMES else {"max_episode_steps": max_steps}
+    env = make_env(game, episodes, train=False, seed=seed, **kwargs)
+    policy = jax.jit(agent.apply_fn)
+    rng = np.random.default_rng(seed)
+    obs, returns, done = env.reset(), [None] * episodes, np.zeros(episodes, bool)
+    running = np.zeros(episodes)
+    for _ in range(max_steps):
+        out = policy(agent.params, jnp.asarray(obs))
+        q = out["q"] if isinstance(out, dict) else out
+        actions = np.asarray(jnp.argmax(q, -1))
+        explore = rng.random(episodes) < epsilon
+        actions = np.where(explore, rng.integers(0, env.num_actions, episodes), actions)
+        obs, reward, step_done, _ = env.step(actions)
+        running += reward
+        for i in np.flatnonzero(step_done.astype(bool) & ~done):
+            returns[i] = float(running[i])
+        done |= step_done.astype(bool)
+        if done.all():
+            break
+    # Games cut by max_steps count with the return reached so far.
+    return [r if r is not None else float(running[i]) for i, r in enumerate(returns)]
+
+
+def plot_curve(csv_path: Path, png_path: Path, title: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(csv.DictReader(open(csv_path)))
+    if not rows:
+        return
+    step = np.array([float(r["step"]) for r in rows])
+    ret = np.array([float(r["return"]) for r in rows])
+    k = max(1, len(ret) // 50)
+    smooth = np.convolve(ret, np.ones(k) / k, mode="valid")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(step, ret, ".", alpha=0.25, ms=3, label="episode return")
+    ax.plot(step[k - 1:], smooth, lw=2, label=f"moving mean ({k})")
+    ax.set_xlabel("env steps (all envs)")
+    ax.set_ylabel("full-game return")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+
+def export_run(run_dir, name: str, episodes: int = 10, epsilon: float = 0.0, out_dir=SHIPPED_DIR) -> dict:
+    run_dir = Path(run_dir)
+    cfg = json.loads((run_dir / "config.json").read_text())
+    probe_env = make_env(cfg["game"], 1, train=False)
+    model = build_model(cfg["game"], cfg["arch"], probe_env.num_actions, layer_norm=cfg["layer_norm"])
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + probe_env.obs_shape, jnp.float32))
+    tx = make_optimizer(PQNConfig(**cfg))
+    template = {"params": params, "opt_state": tx.init(params), "key": jax.random.PRNGKey(0),
+                "step": 0, "update": 0}
+    state = restore_train_state(run_dir / "ckpt", template)
+    if not state["update"]:
+        raise SystemExit(f"no checkpoint in {run_dir / 'ckpt'}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sha = export_params(out_dir / f"{name}.msgpack", state["params"])
+    # Evaluate the exported (float16-rounded) weights: what users get is what is measured.
+    card = {"name": name, "game": cfg["game"], "arch": cfg["arch"], "layer_norm": cfg["layer_norm"],
+            "num_actions": probe_env.num_actions, "obs_shape": list(probe_env.obs_shape)}
+    (out_dir / f"{name}.json").write_text(json.dumps(card))
+    from agents.zoo import load
+    agent = load(name) if out_dir == SHIPPED_DIR else load(str(out_dir / f"{name}.json"))
+    t0 = time.time()
+    rets = evaluate(agent, episodes=episodes, epsilon=epsilon)
+    frames_per_step = 1 if cfg["game"] in MINATAR_GAMES else 4
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in cfg.items() if k not in ("time_limit",))
+    card.update({
+        "algorithm": "PQN (parallel Q-learning, Q(lambda), LayerNorm)" + (" dueling" if cfg["arch"] == "dueling" else ""),
+        "env_steps_trained": int(state["step"]),
+        "frames_trained": int(state["step"]) * frames_per_step,
+        "planned_env_steps": cfg["steps"],
+        "eval": {"episodes": episodes, "epsilon": epsilon, "mean_return": float(np.mean(rets)),
+                 "std_return": float(np.std(rets)), "returns": rets,
+                 "protocol": "full games, no reward clipping, no episodic life, up to 30 no-op starts, "
+                             "max 27000 agent steps" if cfg["game"] not in MINATAR_GAMES else "gymnax defaults",
+                 "seconds": round(time.time() - t0, 1)},
+        "trained_with": f"python -m agents.train {flags}",
+        "params_sha256": sha, "dtype": "float16",
+        "training_curve": f"experiments/results/training/{name}.png",
+    })
+    (out_dir / f"{name}.json").write_text(json.dumps(card, indent=1))
+    if (run_dir / "returns.csv").exists():
+        plot_curve(run_dir / "returns.csv", CURVES_DIR / f"{name}.png", f"{name}: training returns")
+        (CURVES_DIR / f"{name}.csv").write_bytes((run_dir / "returns.csv").read_bytes())
+    return card
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--epsilon", type=float, default=0.0)
+    a = p.parse_args(argv)
+    card = export_run(a.run_dir, a.name, a.episodes, a.epsilon)
+    print(f"{card['name']}: {card['eval']['mean_return']:.1f} ± {card['eval']['std_return']:.1f} "
+          f"over {card['eval']['episodes']} games after {card['frames_trained']} frames")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

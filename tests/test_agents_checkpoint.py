@@ -1,0 +1,86 @@
+"""Checkpoints: parameter export round-trip, corrupt and mismatched files, shipped agents."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import agents
+from agents.checkpoint import export_params, load_params, restore_train_state, save_train_state
+from agents.zoo import build_model
+
+
+def _params(num_actions=4):
+    model = build_model("breakout", "dqn", num_actions)
+    return model, model.init(jax.random.PRNGKey(0), np.zeros((1, 84, 84, 4), np.uint8))
+
+
+def test_export_round_trip_float16(tmp_path):
+    model, params = _params()
+    export_params(tmp_path / "p.msgpack", params)
+    loaded = load_params(tmp_path / "p.msgpack", params)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
+        assert b.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_corrupt_file_is_clear_error(tmp_path):
+    _, params = _params()
+    bad = tmp_path / "bad.msgpack"
+    bad.write_bytes(b"\x00not msgpack at all" * 10)
+    with pytest.raises(agents.AgentLoadError, match="corrupt"):
+        load_params(bad, params)
+    with pytest.raises(agents.AgentLoadError, match="does not exist"):
+        load_params(tmp_path / "missing.msgpack", params)
+
+
+def test_mismatched_checkpoint_is_clear_error(tmp_path):
+    _, params6 = _params(6)
+    _, params4 = _params(4)
+    export_params(tmp_path / "p6.msgpack", params6)
+    with pytest.raises(agents.AgentLoadError, match="does not match the model.*wrong shape"):
+        load_params(tmp_path / "p6.msgpack", params4)
+
+
+def test_train_state_round_trip(tmp_path):
+    _, params = _params()
+    state = {"params": params, "opt_state": {"m": np.ones(3)}, "key": jax.random.PRNGKey(7),
+             "step": 1234, "update": 5}
+    save_train_state(tmp_path / "ckpt", state)
+    fresh = {"params": jax.tree.map(np.zeros_like, params), "opt_state": {"m": np.zeros(3)},
+             "key": jax.random.PRNGKey(0), "step": 0, "update": 0}
+    got = restore_train_state(tmp_path / "ckpt", fresh)
+    assert got["step"] == 1234 and got["update"] == 5
+    np.testing.assert_array_equal(got["key"], jax.random.PRNGKey(7))
+    np.testing.assert_array_equal(got["params"]["params"]["q"]["bias"], params["params"]["q"]["bias"])
+
+
+def test_unknown_agent_name_lists_shipped():
+    with pytest.raises(agents.AgentLoadError, match="unknown agent 'nope'"):
+        agents.load("nope")
+
+
+@pytest.mark.parametrize("name", agents.available())
+def test_every_shipped_agent_loads_and_acts(name):
+    agent = agents.load(name)
+    card = agent.card
+    for key in ("game", "arch", "num_actions", "obs_shape", "frames_trained", "eval", "trained_with"):
+        assert key in card, key
+    assert card["eval"]["episodes"] >= 10
+    obs = np.zeros((2,) + tuple(card["obs_shape"]), np.uint8)
+    out = agent.apply_fn(agent.params, obs)
+    q = out["q"] if isinstance(out, dict) else out
+    assert q.shape == (2, card["num_actions"])
+    # model.init gives params of the same structure
+    init = agent.model.init(jax.random.PRNGKey(0), obs)
+    assert jax.tree.structure(init) == jax.tree.structure(agent.params)
+    if card["arch"] == "dqn" and not card["game"].startswith("minatar"):
+        assert list(agent.params["params"])[:1] == ["conv1"]
+        assert {"conv1", "conv2", "conv3", "fc1", "q"} <= set(agent.params["params"])
+
+
+def test_required_agents_are_shipped():
+    names = set(agents.available())
+    required = {"breakout", "pong", "breakout-dddqn", "minatar-breakout", "minatar-spaceinvaders",
+                "minatar-asterix", "minatar-freeway"}
+    assert required <= names, required - names
