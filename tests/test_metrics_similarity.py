@@ -109,3 +109,10 @@ def test_unknown_metric():
     a, b = _pairs(n=1)
     with pytest.raises(SaliencyInputError, match="unknown similarity"):
         similarity(a, b, ("pearson",))
+
+
+def test_too_small_maps():
+    a = np.random.default_rng(0).random((2, 8, 8)).astype(np.float32)
+    with pytest.raises(SaliencyInputError, match="at least 9x9"):
+        similarity(a, a)
+    assert similarity(a, a, ("spearman", "ssim"))["ssim"].shape == (2,)

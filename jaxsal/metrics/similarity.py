@@ -165,8 +165,10 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
         raise SaliencyInputError(f"unknown similarity metric(s) {bad}; choose from {list(METRICS)}")
     a = check_maps(maps, "maps")
     b = check_maps(others, "others", shape=a.shape)
-    if a.shape[1] < 7 or a.shape[2] < 7:
-        raise SaliencyInputError(f"maps must be at least 7x7 for SSIM's 7x7 window, got {a.shape[1:]}")
+    need = 9 if "hog" in metrics else 7 if "ssim" in metrics else 1
+    if min(a.shape[1:]) < need:
+        raise SaliencyInputError(f"maps must be at least {need}x{need} for {', '.join(metrics)} "
+                                 f"(SSIM 7x7 window, HOG 3x3 blocks of 3x3 cells), got {a.shape[1:]}")
     fn = cached_jit(("similarity", metrics, invert, normalize), lambda: _build(metrics, invert, normalize))
     return map_batched(fn, None, a, b, batch_size=batch_size)
 
