@@ -107,31 +107,34 @@ def write_csv(path, rows):
         w.writerows(rows)
 
 
-def sanity_chart(path, sanity, title):
+def sanity_chart(path, rows, title):
+    """Grouped bars (one per method) of the mean similarity per randomised layer and baseline,
+    one panel per metric, from sanity.csv rows (so `--replot` can redraw it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = list(sanity)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
     groups = list(LAYERS) + ["random_uniform", "random_gaussian"]
-    fig, axes = plt.subplots(len(METRICS), 1, figsize=(max(12, 1.6 * len(groups) * len(methods) / 6), 9),
+    stat = {(r["method"], r["randomised"], r["metric"]): (float(r["mean"]), float(r["std"])) for r in rows}
+    fig, axes = plt.subplots(len(METRICS), 1, figsize=(max(12, 0.2 * len(groups) * len(methods)), 10),
                              sharex=True)
     width = 0.8 / len(methods)
     cmap = plt.get_cmap("tab20")
     for ax, metric in zip(axes, METRICS):
         for j, m in enumerate(methods):
-            means = [np.mean(sanity[m][g][metric]) if g in sanity[m] else np.nan for g in groups]
-            stds = [np.std(sanity[m][g][metric]) if g in sanity[m] else np.nan for g in groups]
-            ax.bar(np.arange(len(groups)) + (j - len(methods) / 2 + 0.5) * width, means, width,
-                   yerr=stds, label=m, color=cmap(j % 20), error_kw={"lw": 0.5})
+            ms = [stat.get((m, g, metric), (np.nan, np.nan)) for g in groups]
+            ax.bar(np.arange(len(groups)) + (j - len(methods) / 2 + 0.5) * width, [v[0] for v in ms],
+                   width, yerr=[v[1] for v in ms], label=m, color=cmap(j % 20), error_kw={"lw": 0.5})
         ax.set_ylabel(metric)
         ax.set_ylim(-0.1, 1.05)
         ax.axhline(0, color="k", lw=0.5)
     axes[-1].set_xticks(np.arange(len(groups)))
     axes[-1].set_xticklabels([f"randomised\nup to {g}" if g in LAYERS else g for g in groups])
     axes[0].set_title(title)
-    axes[0].legend(ncol=6, fontsize=7, loc="lower left")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, ncol=min(len(methods), 6), fontsize=8, loc="lower center")
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * int(np.ceil(len(methods) / 6)), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -238,7 +241,7 @@ def run_game(game, args):
                     rows.append({"method": m, "randomised": g, "metric": metric, "mean": round(mu, 4),
                                  "std": round(sd, 4), "states": len(v)})
         write_csv(out / "sanity.csv", rows)
-        sanity_chart(out / "sanity.png", sanity,
+        sanity_chart(out / "sanity.png", rows,
                      f"Sanity check (cascading randomisation), {game}, {n_sanity} states{tag}")
         summary += ["", f"## Sanity check ({n_sanity} states): mean Spearman / SSIM / HOG to the original map",
                     "", "| method | " + " | ".join(list(LAYERS) + ["U(0,1)", "N(0,1)"]) + " |",
@@ -279,6 +282,8 @@ def main(argv=None):
     p.add_argument("--skip-sanity", action="store_true")
     p.add_argument("--batch-size", type=int, default=1020,
                    help="model rows per insertion forward pass (memory knob)")
+    p.add_argument("--replot", action="store_true",
+                   help="only redraw sanity.png from an existing sanity.csv")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
@@ -289,6 +294,15 @@ def main(argv=None):
         if unknown:
             p.error(f"unknown method labels {sorted(unknown)}; choose from {[m[0] for m in METHODS]}")
     for game in args.game:
+        if args.replot:
+            out = Path(args.out) / game
+            with open(out / "sanity.csv") as f:
+                rows = list(csv.DictReader(f))
+            meta = json.loads((out / "meta.json").read_text())
+            tag = "" if meta["trained"] else " [UNTRAINED random-init agent: pipeline check only]"
+            sanity_chart(out / "sanity.png", rows, f"Sanity check (cascading randomisation), {game}, "
+                         f"{meta['sanity_states']} states{tag}")
+            continue
         run_game(game, args)
 
 
