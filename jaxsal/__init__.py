@@ -14,6 +14,7 @@ from jaxsal.gradient import *  # noqa: F401,F403  (registers the gradient/CAM me
 from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
 from jaxsal.registry import METHODS
 from jaxsal.io.store import load_maps  # chunked maps written by `jaxsal explain`
+from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
 
 __version__ = "0.1.0"
 
