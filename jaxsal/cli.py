@@ -151,7 +151,8 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
          f"(returns of finished games: {batch.episode_returns or 'none finished'})", quiet)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(".obs.npy.tmp")
-    np.save(tmp, np.asarray(batch.obs, np.uint8))
+    with open(tmp, "wb") as f:  # a file handle: np.save(path) would append ".npy" to the name
+        np.save(f, np.asarray(batch.obs, np.uint8))
     os.replace(tmp, path)
     return open_source(path)
 
@@ -318,33 +319,32 @@ def cmd_demo(args) -> int:
         agent = random_agent("breakout", args.seed)
         _say("the shipped Breakout agent is not available yet (agents/shipped/breakout.json); using an "
              "UNTRAINED random-init agent, so the maps show the pipeline, not a trained policy", args.quiet)
+    if args.methods:
+        names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    else:
+        names = [m for m in DEMO_METHODS if m in set(jaxsal.methods())]
+    if not names:
+        raise CLIError(f"none of the demo methods {DEMO_METHODS} is registered; available: "
+                       f"{', '.join(jaxsal.methods()) or 'none'}")
+    from jaxsal.io.job import check_specs
+    from jaxsal.registry import accepted_options, get_method
+
+    specs = [MethodSpec(m, m, {k: v for k, v in DEMO_OPTIONS.get(m, {}).items()
+                               if k in accepted_options(get_method(m))}) for m in names]
+    check_specs(specs)
     out = Path(args.out)
     if (out / MANIFEST).exists():
-        old = read_manifest(out)
-        if old.get("demo"):
+        if read_manifest(out).get("demo"):
             shutil.rmtree(out)  # a previous demo's output: start afresh
         else:
             raise CLIError(f"{out} holds a non-demo jaxsal job; choose another --out")
     elif out.exists() and any(out.iterdir()):
         raise CLIError(f"{out} exists and is not empty; choose another --out")
-    available = set(jaxsal.methods())
-    names = [m for m in (args.methods.split(",") if args.methods else DEMO_METHODS) if m in available
-             or args.methods]
-    if not names:
-        raise CLIError(f"none of the demo methods {DEMO_METHODS} is registered; available: "
-                       f"{', '.join(sorted(available)) or 'none'}")
     source = play(agent, args.steps, out, seed=args.seed, until_done=True, quiet=args.quiet)
-    from jaxsal.registry import accepted_options, get_method
-
-    specs = [MethodSpec(m, m, {k: v for k, v in DEMO_OPTIONS.get(m, {}).items()
-                               if k in accepted_options(get_method(m))}) for m in names]
     summary = run_job(agent.apply_fn, agent.params, source, out, specs, chunk=args.chunk,
                       batch_size=args.batch_size, seed=args.seed, agent={"name": agent.name, "card": agent.card},
                       input_id={"play": args.steps, "game": "breakout", "seed": args.seed, "until_done": True},
-                      quiet=args.quiet)
-    from jaxsal.io.store import update_manifest
-
-    update_manifest(out, demo=True)
+                      quiet=args.quiet, extra_meta={"demo": True})
     res = render_dir(out, videos=("mp4", "gif") if not args.no_gif else ("mp4",), fps=args.fps)
     for line in _summary_lines(summary):
         _say(line, args.quiet)

@@ -194,13 +194,17 @@ def video(path, frames, maps: dict, scheme: str = "auto", fps: int = 15, scale: 
 
         iio.imwrite(path, np.stack(list(imgs)), extension=".gif", duration=1000 / fps, loop=0)
     elif path.suffix.lower() == ".mp4":
+        import warnings
+
         import imageio.v2 as iio2
 
-        with iio2.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264",
-                             pixelformat="yuv420p", macro_block_size=1, quality=7) as w:
-            for img in imgs:
-                h, wd = img.shape[:2]
-                w.append_data(np.ascontiguousarray(img[: h - h % 2, : wd - wd % 2]))
+        with warnings.catch_warnings():  # ffmpeg is started with fork+exec, which is safe here
+            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+            with iio2.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264",
+                                 pixelformat="yuv420p", macro_block_size=1, quality=7) as w:
+                for img in imgs:
+                    h, wd = img.shape[:2]
+                    w.append_data(np.ascontiguousarray(img[: h - h % 2, : wd - wd % 2]))
     else:
         raise SaliencyInputError(f"video {path}: use a .mp4 or .gif file name")
     return path

@@ -19,7 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jaxsal.registry import METHODS, STOCHASTIC, register  # noqa: E402
+from jaxsal.registry import METHODS, register  # noqa: E402
 from jaxsal.targets import get_target, resolve_actions  # noqa: E402
 from jaxsal.validate import check_obs  # noqa: E402
 from jaxsal.batching import cached_jit, map_batched  # noqa: E402

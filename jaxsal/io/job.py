@@ -102,13 +102,13 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             chunk: int = 512, batch_size: int | None = 256, dtype: str = "float32", seed: int = 0,
             agent: dict | None = None, params_checksum: str | None = None,
             input_id: dict | None = None, process_id: int = 0, num_processes: int = 1,
-            quiet: bool = False) -> dict:
+            quiet: bool = False, extra_meta: dict | None = None) -> dict:
     """Explain every frame of `source` with every method into `out`; resumes a stopped job.
 
     `source` is a reader from `jaxsal.io.open_source` (or anything with len/read/fingerprint/
     describe). Process `process_id` of `num_processes` computes chunks i with
     i % num_processes == process_id. Returns a summary dict (frames, maps/s per method,
-    wall time, output path).
+    wall time, output path). `extra_meta` adds provenance fields to the manifest.
     """
     from agents.checkpoint import params_checksum as checksum_of
 
@@ -135,7 +135,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         "agent": (agent or {}).get("name"),
     }
     meta = {"version": jaxsal.__version__, "created": store.stamp(), "input_source": source.describe(),
-            "agent_card": (agent or {}).get("card")}
+            "agent_card": (agent or {}).get("card"), **(extra_meta or {})}
     out = Path(out)
     store.open_job(out, config, meta)
 
