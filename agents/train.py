@@ -129,12 +129,17 @@ def make_update(model, tx, cfg: PQNConfig):
     return update
 
 
-def train(cfg: PQNConfig, log=print) -> dict:
+def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> dict:
+    """Train (or resume) a PQN agent. Optional hooks, all None by default: `callback(step=,
+    update=, params=, apply_fn=, returns=)` after every update (e.g. saliency snapshots);
+    `env_fn(game, num_envs, train=, seed=)` replaces make_env; `model` replaces build_model."""
+    env_fn = env_fn or make_env
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
-    env = make_env(cfg.game, cfg.num_envs, train=True, seed=cfg.seed)
-    model = build_model(cfg.game, cfg.arch, env.num_actions, layer_norm=cfg.layer_norm)
+    env = env_fn(cfg.game, cfg.num_envs, train=True, seed=cfg.seed)
+    model = model if model is not None else build_model(cfg.game, cfg.arch, env.num_actions,
+                                                        layer_norm=cfg.layer_norm)
     n_updates = num_updates(cfg)
     tx = make_optimizer(cfg)
 
@@ -145,7 +150,7 @@ def train(cfg: PQNConfig, log=print) -> dict:
     state = restore_train_state(run_dir / "ckpt", state)
     if state["update"]:
         log(f"resumed {cfg.game} at update {state['update']} (step {state['step']})")
-        env = make_env(cfg.game, cfg.num_envs, train=True, seed=cfg.seed + 1000 * state["update"])
+        env = env_fn(cfg.game, cfg.num_envs, train=True, seed=cfg.seed + 1000 * state["update"])
 
     act, update = make_act(model), make_update(model, tx, cfg)
     params, opt_state, key = state["params"], state["opt_state"], state["key"]
@@ -175,6 +180,8 @@ def train(cfg: PQNConfig, log=print) -> dict:
         params, opt_state, loss = update(params, opt_state, sub,
                                          *(jnp.asarray(np.stack(buf[k])) for k in buf), obs)
         upd += 1
+        if callback is not None:
+            callback(step=step, update=upd, params=params, apply_fn=model.apply, returns=recent)
         out_of_time = cfg.time_limit > 0 and time.time() - t0 > cfg.time_limit
         if upd % cfg.ckpt_every == 0 or upd == n_updates or out_of_time:
             csv_file.flush()

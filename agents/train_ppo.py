@@ -106,7 +106,9 @@ def make_act(model):
     return act
 
 
-def train(cfg: PPOConfig, log=print) -> dict:
+def train(cfg: PPOConfig, log=print, callback=None) -> dict:
+    """Train (or resume) a PPO agent; `callback(step=, update=, params=, apply_fn=, returns=)`,
+    if given, runs after every update (e.g. saliency snapshots)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
@@ -150,6 +152,8 @@ def train(cfg: PPOConfig, log=print) -> dict:
         params, opt_state, loss = update(params, opt_state, sub,
                                          *(jnp.asarray(np.stack(buf[k])) for k in buf), obs)
         upd += 1
+        if callback is not None:
+            callback(step=step, update=upd, params=params, apply_fn=model.apply, returns=recent)
         out_of_time = cfg.time_limit > 0 and time.time() - t0 > cfg.time_limit
         if upd % cfg.ckpt_every == 0 or upd == n_updates or out_of_time:
             csv_file.flush()
