@@ -139,3 +139,18 @@ def test_guided_and_deconvnet_on_conv_relu_net():
     for v in r.values():
         assert v.shape == (3, 8, 8, 2)
     assert (np.asarray(r["guided_backprop"]) < 0).any()  # signed: the first conv has signs
+
+
+def test_uint8_obs_and_per_state_baseline():
+    m = ConvHead(kernel=2, stride=2)
+    x8 = np.random.default_rng(0).integers(0, 256, (3, 8, 8, 2), dtype=np.uint8)
+    p = init(m, x8.shape, seed=5, scale=0.05)
+    for method in ("gradient", "gradcam"):
+        np.testing.assert_allclose(jaxsal.explain(m.apply, p, x8, method=method),
+                                   jaxsal.explain(m.apply, p, x8.astype(np.float32),
+                                                  method=method), rtol=1e-6)
+    const = np.full((8, 8, 2), 20.0, np.float32)
+    a = jaxsal.integrated_gradients(m.apply, p, x8, steps=4, baseline=const)
+    b = jaxsal.integrated_gradients(m.apply, p, x8, steps=4,
+                                    baseline=np.broadcast_to(const, x8.shape))
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -4,6 +4,12 @@ All share one base: the named layer's activations A (N, h, w, K) and the gradien
 per-sample target w.r.t. A (plain, or through guided ReLUs for G1/G2); only the channel
 weights w_k differ. Maps are ReLU(sum_k w_k A^k), upsampled bilinearly to the input size.
 The gradient is averaged over (h, w), never over (w, K) (Paper A's code defect).
+
+A is the named module's output, as Captum and pytorch-grad-cam take it (pre-activation when
+the ReLU is applied outside the module, as in NatureDQN's conv3). `layer_activation="relu"`
+uses A' = ReLU(A) instead; its gradient is then dY/dA' where A > 0 and 0 elsewhere (the
+following ReLU masks it), which can differ from a peer tapping a separate ReLU module.
+Layer outputs must be channels-last (N, h, w, K), as flax convolutions give.
 """
 from __future__ import annotations
 

@@ -57,16 +57,33 @@ def _num_actions(out):
     return None
 
 
+def as_float(x):
+    """float32 view of a chunk of observations (integer frames are cast per chunk, on device)."""
+    return jnp.asarray(x).astype(jnp.float32)
+
+
+def _check_obs_lazy(obs, layout):
+    """Validate obs; float input -> float32 array, integer/bool input kept as is (cast per chunk,
+    so 100k uint8 frames never exist as one float32 copy)."""
+    if np.ndim(obs) != 4 or not isinstance(obs, (np.ndarray, jax.Array)):
+        return check_obs(obs, layout)
+    dtype = np.dtype(obs.dtype)
+    if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
+        check_obs(obs[:1], layout)
+        return obs
+    return check_obs(obs, layout)
+
+
 def prepare(apply_fn, params, obs, *, target, actions, layout, batch_size) -> Prepared:
     """Validate a call; raise SaliencyInputError naming the problem and the fix."""
     if not callable(apply_fn):
         raise SaliencyInputError(f"apply_fn must be callable as apply_fn(params, obs), got "
                                  f"{type(apply_fn).__name__}")
-    x = check_obs(obs, layout)
+    x = _check_obs_lazy(obs, layout)
     if batch_size is not None:
         check_positive_int("batch_size", batch_size)
     tgt = get_target(target)
-    out = _probe(apply_fn, params, x[:1], layout)
+    out = _probe(apply_fn, params, as_float(x[:1]), layout)
     try:
         score = jax.eval_shape(lambda o: tgt.score(o, tgt.choose(o)), out)
     except SaliencyInputError:
@@ -100,7 +117,8 @@ def choose_actions(apply_fn, params, prep: Prepared):
         return prep.actions
     tgt = prep.target
     fn = batching.cached_jit(("choose", apply_fn, prep.target_key),
-                             lambda: lambda p, x: tgt.choose(apply_fn(p, x)).astype(jnp.int32))
+                             lambda: lambda p, x: tgt.choose(apply_fn(p, as_float(x))).astype(
+                                 jnp.int32))
     return batching.map_batched(fn, params, prep.x, batch_size=prep.rows)
 
 
@@ -113,7 +131,7 @@ def finish(attr, layout, per_frame):
 def run_chunks(fn, statics, arrays, rows_per_state: int, rows: int):
     """fn(statics, *chunk_arrays) over chunks of states (<= rows model rows); concat outputs."""
     n = arrays[0].shape[0]
-    size = batching.chunk_size(n, max(1, rows // max(1, rows_per_state)) * 1, 1)
+    size = batching.chunk_size(n, max(1, rows // max(1, rows_per_state)), 1)
     sharding = batching.batch_sharding()
     outs = []
     for start in range(0, n, size):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
 from jaxsal.gradient import cam
-from jaxsal.gradient.common import finish, objective, prepare, run_chunks
+from jaxsal.gradient.common import as_float, finish, objective, prepare, run_chunks
 from jaxsal.gradient.layers import get_activation, resolve_layer, tap
 from jaxsal.gradient.rules import with_rule
 from jaxsal.validate import to_nhwc
@@ -40,6 +40,7 @@ def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw):
     tapped = tap(apply_fn, layer, activation) if layer is not None else None
 
     def fn(params, x, actions=None):
+        x = as_float(x)
         if actions is None:
             actions = tgt.choose(apply_fn(params, x)).astype(jnp.int32)
         res = {}

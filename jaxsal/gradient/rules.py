@@ -99,7 +99,7 @@ def _contains_relu(closed) -> bool:
             return True
         for p in ("jaxpr", "call_jaxpr"):
             sub = eqn.params.get(p)
-            if sub is not None and hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
+            if sub is not None and (hasattr(sub, "eqns") or hasattr(sub, "jaxpr")):
                 if _contains_relu(sub):
                     return True
     return False

@@ -13,8 +13,8 @@ import numpy as np
 
 from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
-from jaxsal.gradient.common import (as_key, choose_actions, finish, objective, prepare,
-                                    sample_groups, state_index)
+from jaxsal.gradient.common import (as_float, as_key, choose_actions, finish, objective,
+                                    prepare, sample_groups, state_index)
 from jaxsal.registry import register
 from jaxsal.validate import check_obs, check_positive_int
 
@@ -46,7 +46,8 @@ def grad_x_input(apply_fn, params, obs, *, target="q_chosen", actions=None, layo
 
 
 def _loop(fn, params, statics_per_group, arrays, size, finalize):
-    """States in chunks of `size` (outer), sample groups (inner, accumulated); then finalize."""
+    """States in chunks of `size` (outer), sample groups (inner, accumulated), then
+    finalize(chunk_arrays, accumulated) per chunk: memory is bounded by the chunk."""
     n = arrays[0].shape[0]
     sharding = batching.batch_sharding()
     outs = []
@@ -59,7 +60,7 @@ def _loop(fn, params, statics_per_group, arrays, size, finalize):
             part = fn(params, statics, *chunk)
             acc = part if acc is None else jax.tree.map(jnp.add, acc, part)
         m = min(size, n - start)
-        outs.append(jax.tree.map(lambda o: o[:m], finalize(acc)))
+        outs.append(jax.tree.map(lambda o: o[:m], finalize(chunk, acc)))
     if len(outs) == 1:
         return outs[0]
     return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
@@ -97,6 +98,7 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     def build():
         def fn(params, statics, x, a, idx):
             k, offset = statics
+            x = as_float(x)
             j = offset + jnp.arange(s, dtype=jnp.int32)
             valid = (j < n_samples).astype(x.dtype)
             rng = x.reshape(x.shape[0], -1)
@@ -120,7 +122,7 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     fn = batching.cached_jit(("smoothgrad", apply_fn, prep.target_key, s, n_samples, float(sigma)),
                              build)
 
-    def finalize(acc):
+    def finalize(chunk, acc):
         s1, s2 = acc
         mean = s1 / n_samples
         if variant == "mean":
@@ -196,46 +198,64 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
                    batch_size=batch_size)
     x = prep.x
     n = x.shape[0]
+    ukey = jnp.zeros((2,), jnp.uint32)
+    base_arr = None          # (N, ...) per-state baseline, chunked with the states
+    base_const = None        # one baseline broadcast to every state
     if isinstance(baseline, str):
         if baseline not in IG_BASELINES:
             raise SaliencyInputError(f"baseline must be one of {IG_BASELINES} or an array, "
                                      f"got {baseline!r}")
-        if baseline == "black":
-            x0 = jnp.zeros_like(x)
-        elif baseline == "blur":
-            if not isinstance(blur_sigma, (int, float)) or not blur_sigma > 0:
-                raise SaliencyInputError(f"blur_sigma must be > 0, got {blur_sigma!r}")
-            x0 = _blur(x, float(blur_sigma), layout)
-        else:
-            k = as_key(key, "integrated_gradients (baseline='uniform')")
-            flat = x.reshape(n, -1)
-            lo, hi = flat.min(1), flat.max(1)
-            u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(k, i), x.shape[1:]))(
-                state_index(n))
-            shp = (-1,) + (1,) * (x.ndim - 1)
-            x0 = lo.reshape(shp) + u * (hi - lo).reshape(shp)
+        if baseline == "blur" and (not isinstance(blur_sigma, (int, float)) or not blur_sigma > 0):
+            raise SaliencyInputError(f"blur_sigma must be > 0, got {blur_sigma!r}")
+        if baseline == "uniform":
+            ukey = as_key(key, "integrated_gradients (baseline='uniform')")
+        kind = baseline
     else:
         b = np.shape(baseline)
         try:
-            np.broadcast_shapes(b, x.shape)
-            ok = len(b) <= x.ndim and np.broadcast_shapes(b, x.shape) == x.shape
+            ok = len(b) <= x.ndim and np.broadcast_shapes(b, x.shape) == tuple(x.shape)
         except ValueError:
             ok = False
         if not ok:
             raise SaliencyInputError(f"baseline array of shape {b} does not broadcast to obs "
-                                     f"shape {x.shape} (same layout as obs)")
-        x0 = jnp.broadcast_to(check_obs(jnp.broadcast_to(jnp.asarray(baseline), x.shape),
-                                        layout), x.shape)
+                                     f"shape {tuple(x.shape)} (same layout as obs)")
+        arr = jnp.asarray(baseline, jnp.float32)
+        if not bool(jnp.isfinite(arr).all()):
+            raise SaliencyInputError("baseline contains NaN or inf values")
+        if len(b) == x.ndim and b[0] == n and n > 1:
+            kind, base_arr = "per_state", jnp.broadcast_to(arr, x.shape)
+        else:
+            kind = "const"
+            base_const = jnp.broadcast_to(arr.reshape(b[1:] if len(b) == x.ndim else b),
+                                          x.shape[1:])
     acts = choose_actions(apply_fn, params, prep)
     s, groups = sample_groups(steps, prep.rows)
     pad = s * groups - steps
     alphas = np.concatenate([alphas, np.zeros(pad, np.float32)])
     weights = np.concatenate([weights, np.zeros(pad, np.float32)])
     tgt = prep.target
+    bsig = float(blur_sigma) if kind == "blur" else 0.0
+
+    def make_x0(x, idx, extra, k):
+        if kind == "black":
+            return jnp.zeros_like(x)
+        if kind == "blur":
+            return _blur(x, bsig, layout)
+        if kind == "uniform":
+            flat = x.reshape(x.shape[0], -1)
+            lo, hi = flat.min(1), flat.max(1)
+            u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(k, i), x.shape[1:]))(idx)
+            shp = (-1,) + (1,) * (x.ndim - 1)
+            return lo.reshape(shp) + u * (hi - lo).reshape(shp)
+        if kind == "per_state":
+            return extra
+        return jnp.broadcast_to(extra, x.shape)
 
     def build():
-        def fn(params, statics, x, x0, a):
-            al, wt = statics
+        def fn(params, statics, x, a, idx, extra):
+            al, wt, k = statics
+            x = as_float(x)
+            x0 = make_x0(x, idx, extra, k)
             d = x - x0
             shp = (1, s) + (1,) * (x.ndim - 1)
             xs = (x0[:, None] + al.reshape(shp) * d[:, None]).reshape((-1,) + x.shape[1:])
@@ -247,18 +267,42 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
             return (g * wt.reshape(shp)).sum(1)
         return fn
 
-    fn = batching.cached_jit(("ig", apply_fn, prep.target_key, s), build)
-    statics = [(jnp.asarray(alphas[i * s:(i + 1) * s]), jnp.asarray(weights[i * s:(i + 1) * s]))
-               for i in range(groups)]
+    def build_finish():
+        def fin(params, k, x, a, idx, extra, avg):
+            x = as_float(x)
+            x0 = make_x0(x, idx, extra, k)
+            attr = (x - x0) * avg
+            maps = finish(attr, layout, per_frame)
+            if not return_error:
+                return maps
+            y = objective(tgt, apply_fn(params, x), a)
+            y0 = objective(tgt, apply_fn(params, x0), a)
+            return maps, attr.reshape(x.shape[0], -1).sum(1) - (y - y0)
+        return fin
+
+    ck = (apply_fn, prep.target_key, kind, bsig, layout)
+    fn = batching.cached_jit(("ig", s) + ck, build)
+    fin = batching.cached_jit(("ig_finish", bool(per_frame), bool(return_error)) + ck,
+                              build_finish)
+    statics = [(jnp.asarray(alphas[i * s:(i + 1) * s]), jnp.asarray(weights[i * s:(i + 1) * s]),
+                ukey) for i in range(groups)]
     size = _states_per_chunk(n, prep.rows, s)
-    avg = _loop(fn, params, statics, [x, x0, acts], size, lambda acc: acc)
-    attr = (x - x0) * avg
-    maps = finish(attr, layout, per_frame)
-    if not return_error:
-        return maps
-    sfn = batching.cached_jit(("ig_score", apply_fn, prep.target_key),
-                              lambda: lambda p, xx, a: objective(tgt, apply_fn(p, xx), a))
-    y = batching.map_batched(sfn, params, x, acts, batch_size=prep.rows)
-    y0 = batching.map_batched(sfn, params, x0, acts, batch_size=prep.rows)
-    err = attr.reshape(n, -1).sum(1) - (y - y0)
-    return maps, err
+    idx = state_index(n)
+    if kind == "per_state":
+        arrays = [x, acts, idx, base_arr]
+    else:
+        extra = base_const if kind == "const" else jnp.zeros((), jnp.float32)
+        arrays = [x, acts, idx]
+        fn = _with_extra(fn, extra)
+        fin = _with_extra_fin(fin, extra)
+    return _loop(fn, params, statics, arrays, size,
+                 lambda chunk, acc: fin(params, ukey, *chunk, acc))
+
+
+def _with_extra(fn, extra):
+    """fn(params, statics, x, a, idx, extra) with a fixed non-chunked `extra`."""
+    return lambda params, statics, x, a, idx: fn(params, statics, x, a, idx, extra)
+
+
+def _with_extra_fin(fin, extra):
+    return lambda params, k, x, a, idx, avg: fin(params, k, x, a, idx, extra, avg)
