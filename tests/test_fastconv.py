@@ -1,0 +1,139 @@
+"""jaxsal.fastconv: the space-to-depth + matmul conv equals lax.conv, and fast_apply equals the
+plain apply_fn for outputs, input gradients and jaxsal methods (gradient, CAM, occlusion)."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxsal
+from jaxsal.fastconv import conv_eligible, conv_s2d, fast_apply
+
+
+def _ref_conv_numpy(x, k, s, pad):
+    """Straight loop over output positions: the definition of a cross-correlation."""
+    x = np.pad(x, ((0, 0), pad[0], pad[1], (0, 0)))
+    n, h, w, c = x.shape
+    kh, kw, _, o = k.shape
+    oh, ow = (h - kh) // s[0] + 1, (w - kw) // s[1] + 1
+    y = np.zeros((n, oh, ow, o))
+    for i in range(oh):
+        for j in range(ow):
+            patch = x[:, i * s[0]:i * s[0] + kh, j * s[1]:j * s[1] + kw, :]
+            y[:, i, j] = np.tensordot(patch, k, axes=([1, 2, 3], [0, 1, 2]))
+    return y
+
+
+@pytest.mark.parametrize("hw,c,o,k,s,pad", [
+    ((84, 84), 4, 8, (8, 8), (4, 4), "VALID"),      # Nature conv1
+    ((20, 20), 5, 6, (4, 4), (2, 2), "VALID"),      # Nature conv2
+    ((9, 9), 3, 4, (3, 3), (1, 1), "VALID"),        # Nature conv3
+    ((13, 11), 2, 3, (5, 3), (3, 2), "VALID"),      # kernel not a multiple of stride, ragged
+    ((10, 10), 2, 3, (3, 3), (2, 2), "SAME"),
+    ((7, 9), 2, 3, (2, 4), (2, 3), [(1, 2), (0, 1)]),
+])
+def test_conv_s2d_matches_reference_and_lax(hw, c, o, k, s, pad):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, *hw, c)).astype(np.float32)
+    ker = rng.normal(size=(*k, c, o)).astype(np.float32)
+    y = np.asarray(conv_s2d(jnp.asarray(x), jnp.asarray(ker), s, pad,
+                            precision=lax.Precision.HIGHEST))
+    pads = lax.padtype_to_pads(hw, k, s, pad) if isinstance(pad, str) else pad
+    np.testing.assert_allclose(y, _ref_conv_numpy(x, ker, s, pads), rtol=1e-4, atol=1e-4)
+    y_lax = lax.conv_general_dilated(x, ker, s, pad, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     precision=lax.Precision.HIGHEST)
+    np.testing.assert_allclose(y, np.asarray(y_lax), rtol=1e-4, atol=1e-4)
+    # input gradient (the transpose path) agrees as well
+    w = jnp.asarray(rng.normal(size=y.shape).astype(np.float32))
+    g1 = jax.grad(lambda v: (conv_s2d(v, ker, s, pad, lax.Precision.HIGHEST) * w).sum())(x)
+    g2 = jax.grad(lambda v: (lax.conv_general_dilated(
+        v, ker, s, pad, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        precision=lax.Precision.HIGHEST) * w).sum())(x)
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-4, atol=1e-4)
+
+
+class _Odd(nn.Module):
+    """Convs fast_apply must leave alone (dilated, grouped) next to ones it rewrites."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.astype(jnp.float32) / 255.0
+        x = nn.relu(nn.Conv(8, (8, 8), (4, 4), padding="VALID", name="c1")(x))
+        x = nn.relu(nn.Conv(8, (3, 3), (1, 1), kernel_dilation=2, name="dil")(x))
+        x = nn.relu(nn.Conv(8, (3, 3), (2, 2), feature_group_count=2, name="grp")(x))
+        x = nn.relu(nn.Conv(6, (3, 3), (2, 2), padding="SAME", use_bias=False, name="same")(x))
+        return nn.Dense(3, name="q")(x.reshape(x.shape[0], -1))
+
+
+def _nature(layer_norm=False):
+    from agents.networks import NatureDQN
+    m = NatureDQN(5, layer_norm=layer_norm)
+    x = np.random.default_rng(1).integers(0, 256, (6, 84, 84, 4), dtype=np.uint8)
+    params = m.init(jax.random.PRNGKey(3), x[:1])
+    # larger weights than the init so that ReLUs flip and errors would show
+    params = jax.tree.map(lambda a: a * 2.0, params)
+    return m.apply, params, x
+
+
+@pytest.mark.parametrize("which", ["nature", "nature_ln", "odd"])
+def test_fast_apply_equals_plain_forward_and_gradient(which):
+    if which == "odd":
+        m = _Odd()
+        x = np.random.default_rng(2).integers(0, 256, (4, 84, 84, 4), dtype=np.uint8)
+        apply_fn, params = m.apply, m.init(jax.random.PRNGKey(0), x[:1])
+    else:
+        apply_fn, params, x = _nature(which == "nature_ln")
+    fast = fast_apply(apply_fn)
+    assert fast is fast_apply(apply_fn)  # memoised: compiled caches keyed on apply_fn still hit
+    assert fast_apply(fast) is fast
+    xf = jnp.asarray(x, jnp.float32)
+    a, b = apply_fn(params, xf), fast(params, xf)
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+
+    def g(f):
+        return jax.jit(jax.grad(lambda v: f(params, v)[:, 0].sum()))(xf)
+
+    ga, gb = np.asarray(g(apply_fn)), np.asarray(g(fast))
+    assert np.abs(ga).max() > 0
+    np.testing.assert_allclose(gb, ga, rtol=1e-3, atol=1e-4 * np.abs(ga).max())
+
+
+def test_fast_apply_really_rewrites_the_strided_convs():
+    apply_fn, params, x = _nature()
+    fast = fast_apply(apply_fn)
+    xf = jnp.asarray(x[:2], jnp.float32)
+    txt = str(jax.make_jaxpr(fast)(params, xf))
+    assert txt.count("conv_general_dilated") == 1  # conv3 (stride 1) keeps lax.conv
+    assert str(jax.make_jaxpr(apply_fn)(params, xf)).count("conv_general_dilated") == 3
+    txt1 = str(jax.make_jaxpr(fast_apply(apply_fn, min_stride=1))(params, xf))
+    assert txt1.count("conv_general_dilated") == 0
+
+
+def test_conv_eligible_rejects_what_it_cannot_do():
+    x = jnp.zeros((1, 8, 8, 2), jnp.float32)
+    assert conv_eligible(nn.Conv(3, (2, 2), (2, 2)), x)
+    assert not conv_eligible(nn.Conv(3, (2, 2), (1, 1)), x)
+    assert conv_eligible(nn.Conv(3, (2, 2), (1, 1)), x, min_stride=1)
+    assert not conv_eligible(nn.Conv(3, (2, 2), (2, 2), kernel_dilation=2), x)
+    assert not conv_eligible(nn.Conv(3, (2, 2), (2, 2), feature_group_count=2), x)
+    assert not conv_eligible(nn.Conv(3, (2, 2), (2, 2), padding="CIRCULAR"), x)
+    assert not conv_eligible(nn.Conv(3, (2, 2), (2, 2)), x.astype(jnp.bfloat16))
+    assert not conv_eligible(nn.Conv(3, (2,), (2,)), x[0])
+
+
+@pytest.mark.parametrize("method,kw", [
+    ("gradient", {}),
+    ("guided_backprop", {}),
+    ("gradcam", {}),
+    ("gradcam_pp", {}),
+    ("integrated_gradients", {"steps": 4}),
+    ("occlusion", {"patch": 8, "stride": 8}),
+    ("occlusion", {"patch": 8, "stride": 8, "incremental": False}),
+])
+def test_methods_through_fast_apply_equal_plain(method, kw):
+    apply_fn, params, x = _nature()
+    plain = np.asarray(jaxsal.explain(apply_fn, params, x, method=method, **kw))
+    fast = np.asarray(jaxsal.explain(fast_apply(apply_fn), params, x, method=method, **kw))
+    assert np.abs(plain).max() > 0
+    np.testing.assert_allclose(fast, plain, rtol=1e-3, atol=1e-3 * np.abs(plain).max())
