@@ -125,13 +125,33 @@ def export_run(run_dir, name: str, episodes: int = 10, epsilon: float = 0.0, out
     return card
 
 
+def cards_markdown() -> str:
+    """A Markdown table of the shipped agents' cards (for the README)."""
+    from agents.zoo import available
+
+    rows = ["| name | game | network | algorithm | frames trained | return (mean ± std, 10 full games) |",
+            "| --- | --- | --- | --- | ---: | ---: |"]
+    for name in available():
+        c = json.loads((SHIPPED_DIR / f"{name}.json").read_text())
+        e = c["eval"]
+        rows.append(f"| `{name}` | {c['game']} | {c['arch']} | {c['algorithm']} | {c['frames_trained']:,} | "
+                    f"{e['mean_return']:.1f} ± {e['std_return']:.1f} |")
+    return "\n".join(rows)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--name", required=True)
+    p.add_argument("--run-dir")
+    p.add_argument("--name")
+    p.add_argument("--table", action="store_true", help="print the shipped agents as a Markdown table")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--epsilon", type=float, default=0.0)
     a = p.parse_args(argv)
+    if a.table:
+        print(cards_markdown())
+        return
+    if not (a.run_dir and a.name):
+        p.error("--run-dir and --name are required (or --table)")
     card = export_run(a.run_dir, a.name, a.episodes, a.epsilon)
     print(f"{card['name']}: {card['eval']['mean_return']:.1f} ± {card['eval']['std_return']:.1f} "
           f"over {card['eval']['episodes']} games after {card['frames_trained']} frames")
