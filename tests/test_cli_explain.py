@@ -106,7 +106,10 @@ def test_rerun_resumes_and_different_options_refused(tmp_path, agent_card, capsy
     assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", *args) == 0
     before = {p.name: p.read_bytes() for p in (tmp_path / "o" / "standin_grad").iterdir()}
     (tmp_path / "o" / "standin_grad" / "chunk_0000001.npy").unlink()
+    stale = tmp_path / "o" / "standin_grad" / ".chunk_0000001.npy.99999.tmp"  # half-written by a killed run
+    stale.write_bytes(b"\x93NUMPY half")
     assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", *args) == 0
+    assert not stale.exists()
     summary = json.loads((tmp_path / "o" / "summary-p0.json").read_text())
     assert summary["frames_computed"] == 2 and summary["frames_resumed"] == 4 and summary["complete"]
     assert {p.name: p.read_bytes() for p in (tmp_path / "o" / "standin_grad").iterdir()} == before

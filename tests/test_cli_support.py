@@ -139,10 +139,17 @@ if __name__ == "__main__":
             time.sleep(float(os.environ["JAXSAL_TEST_SLOW_WRITE"]))
             _write(*a, **k)
         store.write_chunk = slow_write
-    if os.environ.get("JAXSAL_TEST_RSS"):  # report peak resident memory (KiB) at exit
+    if os.environ.get("JAXSAL_TEST_RSS"):  # report peak resident memory (KiB) of the job at exit
         import atexit
-        import resource
 
-        atexit.register(lambda: print(f"PEAK_RSS_KB={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}",
-                                      file=sys.stderr))
+        import agents  # noqa: F401  (imports are not the job: reset the peak after them)
+        import jaxsal.io  # noqa: F401
+
+        def _status(field):
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith(field))
+        base = _status("VmRSS:")
+        with open("/proc/self/clear_refs", "w") as f:  # Linux: reset the peak (VmHWM) to the current RSS
+            f.write("5")
+        atexit.register(lambda: print(f"PEAK_RSS_KB={_status('VmHWM:')} BASE_RSS_KB={base}", file=sys.stderr))
     main()

@@ -98,6 +98,22 @@ class _Worker(threading.Thread):
                 continue
 
 
+def bound_malloc(threshold: int = 1 << 20):
+    """Make glibc return freed chunk-sized buffers to the OS (fixed mmap threshold).
+
+    glibc raises its mmap threshold after each large free, so chunk buffers then come from
+    the heap and fragment it: resident memory creeps up with the number of chunks. Fixing
+    the threshold keeps peak memory bounded by the chunk. No-op off glibc.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: str = "q_chosen",
             chunk: int = 512, batch_size: int | None = 256, dtype: str = "float32", seed: int = 0,
             agent: dict | None = None, params_checksum: str | None = None,
@@ -117,6 +133,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
 
     t0 = time.perf_counter()
     check_specs(specs)
+    bound_malloc()
     if dtype not in DTYPES:
         raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
     for name, v in (("chunk", chunk), ("batch_size", batch_size or 1), ("num_processes", num_processes)):
@@ -139,6 +156,10 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     out = Path(out)
     store.open_job(out, config, meta)
 
+    if num_processes == 1:  # nobody else writes here: drop temp files left by a killed run
+        for s in specs:
+            for tmp in (out / s.alias).glob(".chunk_*.tmp") if (out / s.alias).exists() else ():
+                tmp.unlink(missing_ok=True)
     n_chunks = -(-n // chunk)
     mine = [i for i in range(n_chunks) if i % num_processes == process_id]
     rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
