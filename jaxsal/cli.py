@@ -79,11 +79,18 @@ def parse_options(items, aliases) -> dict[str, dict]:
 
 # --------------------------------------------------------------------------- agents
 def load_agent(name: str, model: str | None = None):
-    """A shipped agent by name, or a card .json (params beside it or given by --model)."""
+    """A shipped agent by name, a card .json (params beside it or given by --model), or a
+    .msgpack parameter file with its card beside it (same name, .json)."""
     import agents
 
     if model is not None and not Path(model).exists():
         raise CLIError(f"--model {model} does not exist")
+    if name.endswith(".msgpack"):
+        card = Path(name).with_suffix(".json")
+        if not card.exists():
+            raise CLIError(f"--agent {name}: no agent card {card.name} beside it; give --agent CARD.json "
+                           f"--model {name}, or a shipped agent name with --model")
+        return agents.load(str(card), params_path=model or name)
     return agents.load(name, params_path=model)
 
 

@@ -74,7 +74,11 @@ def test_metadata_and_array_like(tmp_path, agent_card, agent):
     assert cfg["agent"] == agent_card.stem and cfg["params_checksum"] == params_checksum(agent.params)
     assert len(cfg["input"]["checksum"]) == 64 and m["version"] == jaxsal.__version__ and m["created"]
     assert sorted(p.name for p in (tmp_path / "o" / "standin_grad").iterdir()) == [
-        "chunk_0000000.npy", "chunk_0000001.npy", "chunk_0000002.npy"]
+        "chunk_0000000.npy", "chunk_0000001.npy", "chunk_0000002.npy", "meta.json"]
+    meta = json.loads((tmp_path / "o" / "standin_grad" / "meta.json").read_text())
+    assert meta["method"] == "standin_grad" and meta["options"] == {"scale": 2.0}
+    assert meta["params_checksum"] == cfg["params_checksum"] and meta["input"] == cfg["input"]
+    assert meta["version"] == jaxsal.__version__ and meta["created"] == m["created"]
     maps = jaxsal.load_maps(tmp_path / "o", "standin_grad")
     full = np.asarray(maps)
     _close(full, 2.0 * _reference(agent, x))
@@ -88,6 +92,13 @@ def test_metadata_and_array_like(tmp_path, agent_card, agent):
         maps[9]
     with pytest.raises(jaxsal.SaliencyInputError, match="no maps for method 'rise'"):
         jaxsal.load_maps(tmp_path / "o", "rise")
+
+
+def test_agent_as_params_file(tmp_path, agent_card, agent):
+    x = frames(3)
+    np.save(tmp_path / "x.npy", x)
+    assert _explain(agent_card.with_suffix(".msgpack"), tmp_path / "x.npy", tmp_path / "o") == 0
+    _close(np.asarray(jaxsal.load_maps(tmp_path / "o", "standin_grad")), _reference(agent, x))
 
 
 def test_dtype_batch_size_and_per_frame(tmp_path, agent_card, agent):

@@ -154,7 +154,9 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     meta = {"version": jaxsal.__version__, "created": store.stamp(), "input_source": source.describe(),
             "agent_card": (agent or {}).get("card"), **(extra_meta or {})}
     out = Path(out)
-    store.open_job(out, config, meta)
+    manifest = store.open_job(out, config, meta)
+    for s in specs:  # each method's directory describes itself too
+        store.write_method_meta(out, s.alias, manifest)
 
     if num_processes == 1:  # nobody else writes here: drop temp files left by a killed run
         for s in specs:

@@ -114,6 +114,21 @@ def update_manifest(out, **fields):
     _atomic_write(Path(out) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
 
 
+def write_method_meta(out, alias: str, manifest: dict):
+    """DIR/<alias>/meta.json: method, options, agent, checksums, version, time of this map array."""
+    d = Path(out) / alias
+    d.mkdir(parents=True, exist_ok=True)
+    if (d / "meta.json").exists():
+        return
+    cfg = manifest["config"]
+    meta = {"name": alias, **cfg["methods"][alias], "target": cfg["target"], "agent": cfg["agent"],
+            "params_checksum": cfg["params_checksum"], "input": cfg["input"], "n": cfg["n"],
+            "chunk": cfg["chunk"], "dtype": cfg["dtype"], "seed": cfg["seed"],
+            "version": manifest.get("version"), "created": manifest.get("created"),
+            "layout": "chunk_XXXXXXX.npy: maps of frames [i*chunk, (i+1)*chunk)"}
+    _atomic_write(d / "meta.json", json.dumps(meta, indent=2, sort_keys=True).encode())
+
+
 def missing_chunks(out, method: str, n_chunks: int) -> list[int]:
     return [i for i in range(n_chunks) if not chunk_path(out, method, i).exists()]
 
