@@ -1,0 +1,172 @@
+"""Saliency snapshots during training: maps on a fixed probe set every K updates.
+
+    snaps = SaliencySnapshots(probe_states(env, 16), "runs/x/snapshots", every=10, num_frames=4)
+    agents.train.train(cfg, callback=snaps)        # or train_ppo.train(cfg, callback=snaps)
+    render_strips(snaps.out_dir, "strips.png", returns_csv="runs/x/returns.csv")
+
+Each snapshot computes Grad-CAM, G1Grad-CAM, G2Grad-CAM, Guided Backprop and the vanilla
+gradient in one shared forward/backward (jaxsal.explain with a method list), plus per-frame
+gradient and Guided Backprop maps for the per-stacked-frame attribution shares
+(jaxsal.frame_stats). Each snapshot is saved as `step_XXXXXXXXX.npz` (arrays only), and one
+row per snapshot goes to `stats.csv`.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+import jaxsal
+from jaxsal.frame_stats import age_centroid, frame_shares, newest_share
+
+METHODS = ("gradcam", "g1gradcam", "g2gradcam", "guided_backprop", "gradient")
+FRAME_METHODS = ("gradient", "guided_backprop")
+
+
+def probe_states(env, n: int = 16, steps: int = 64, seed: int = 0) -> np.ndarray:
+    """A fixed probe set: `n` observations from a uniformly random policy, taken at evenly
+    spaced steps of `steps` (across all envs), so probes cover early and later game states."""
+    rng = np.random.default_rng(seed)
+    obs, seen = env.reset(), []
+    for _ in range(steps):
+        seen.append(obs)
+        obs = env.step(rng.integers(0, env.num_actions, size=obs.shape[0]))[0]
+    flat = np.concatenate(seen, 0)
+    idx = np.linspace(0, flat.shape[0] - 1, n).round().astype(int)
+    return np.ascontiguousarray(flat[idx])
+
+
+class SaliencySnapshots:
+    """Training callback: every `every` updates, maps of `methods` on `probe` (+ frame shares)."""
+
+    def __init__(self, probe, out_dir, every: int = 10, methods=METHODS, num_frames: int | None = None,
+                 frame_methods=FRAME_METHODS, layer: str | None = None, save_maps: bool = True,
+                 at_start: bool = True):
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive int (updates between snapshots), got {every!r}")
+        self.probe = np.asarray(probe)
+        self.out_dir = Path(out_dir)
+        self.every, self.methods, self.layer = every, tuple(methods), layer
+        self.num_frames, self.frame_methods = num_frames, tuple(frame_methods) if num_frames else ()
+        self.save_maps, self.at_start = save_maps, at_start
+        self.rows: list[dict] = []
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        np.save(self.out_dir / "probe.npy", self.probe, allow_pickle=False)
+        (self.out_dir / "meta.json").write_text(json.dumps(
+            {"every": every, "methods": list(self.methods), "num_frames": num_frames,
+             "frame_methods": list(self.frame_methods), "layer": layer}))
+
+    def __call__(self, *, step, update, params, apply_fn, returns=None, **_):
+        first = self.at_start and not self.rows   # the first call records the start of training
+        if update % self.every and not first:
+            return None
+        return self.record(step, update, params, apply_fn, returns)
+
+    def record(self, step, update, params, apply_fn, returns=None) -> dict:
+        """Compute and save one snapshot now; returns its stats row."""
+        maps = jaxsal.explain(apply_fn, params, self.probe, method=list(self.methods), layer=self.layer)
+        arrays = {m: np.asarray(v, np.float32) for m, v in maps.items()}
+        row = {"step": int(step), "update": int(update),
+               "return_mean": float(np.mean(returns[-20:])) if returns else float("nan")}
+        if self.num_frames:
+            pf = jaxsal.explain(apply_fn, params, self.probe, method=list(self.frame_methods),
+                                per_frame=True)
+            shares = np.stack([frame_shares(pf[m], self.num_frames) for m in self.frame_methods])
+            arrays["frame_shares"] = shares.astype(np.float32)   # (methods, N, k)
+            row["newest_share"] = float(newest_share(shares).mean())
+            row["age_centroid"] = float(age_centroid(shares).mean())
+            for j, s in enumerate(shares.mean(axis=(0, 1))):
+                row[f"share_{j}"] = float(s)
+        if self.save_maps:
+            np.savez_compressed(self.out_dir / f"step_{int(step):09d}.npz", **arrays)
+        self.rows.append(row)
+        self._write_csv()
+        return row
+
+    def _write_csv(self):
+        keys = list(self.rows[0])
+        with open(self.out_dir / "stats.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, keys)
+            w.writeheader()
+            w.writerows(self.rows)
+
+
+def load_snapshots(out_dir):
+    """[(step, {name: array})] of a snapshot folder, in step order."""
+    out = []
+    for p in sorted(Path(out_dir).glob("step_*.npz")):
+        with np.load(p, allow_pickle=False) as z:
+            out.append((int(p.stem.split("_")[1]), {k: z[k] for k in z.files}))
+    return out
+
+
+def read_returns(returns_csv):
+    """(steps, returns) arrays of a training run's returns.csv."""
+    steps, rets = [], []
+    with open(returns_csv) as f:
+        for r in csv.DictReader(f):
+            steps.append(int(r["step"]))
+            rets.append(float(r["return"]))
+    return np.asarray(steps), np.asarray(rets)
+
+
+def probe_image(obs, num_frames: int | None = None):
+    """One probe observation (H, W, C) as a 2-D image of its newest frame: the last C/k
+    channels of a frame-major stack, weighted by channel index so objects differ in shade."""
+    obs = np.asarray(obs, np.float32)
+    c = obs.shape[-1] // (num_frames or obs.shape[-1])
+    newest = obs[..., -c:]
+    return newest[..., 0] if c == 1 else (newest * np.arange(1, c + 1)).max(-1)
+
+
+def render_strips(out_dir, out_png, returns_csv=None, state: int = 0, max_cols: int = 8,
+                  title: str | None = None):
+    """Figure: return curve (left) next to a strip of maps per method over training (right)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    snaps = load_snapshots(out_dir)
+    if not snaps:
+        raise FileNotFoundError(f"no snapshots in {out_dir}")
+    pick = np.unique(np.linspace(0, len(snaps) - 1, min(max_cols, len(snaps))).round().astype(int))
+    methods = [m for m in METHODS if m in snaps[0][1]]
+    probe = np.load(Path(out_dir) / "probe.npy", allow_pickle=False)
+    meta_path = Path(out_dir) / "meta.json"
+    k = json.loads(meta_path.read_text()).get("num_frames") if meta_path.exists() else None
+    rows, cols = len(methods) + 1, len(pick)
+    fig = plt.figure(figsize=(4 + 1.4 * cols, 1.4 * rows))
+    gs = fig.add_gridspec(rows, cols + 3)
+    ax = fig.add_subplot(gs[:, :3])
+    if returns_csv is not None and Path(returns_csv).exists():
+        s, r = read_returns(returns_csv)
+        if s.size:
+            ax.plot(s, r, ".", alpha=0.2, ms=2)
+            w = max(1, min(20, s.size // 5))
+            ax.plot(s[w - 1:], np.convolve(r, np.ones(w) / w, "valid"), "-")
+    for i in pick:
+        ax.axvline(snaps[i][0], color="grey", lw=0.5)
+    ax.set_xlabel("env step")
+    ax.set_ylabel("return")
+    ax.set_title(title or "return")
+    a = fig.add_subplot(gs[0, 3])
+    a.imshow(probe_image(probe[state], k), cmap="gray")
+    a.set_title("probe", fontsize=7)
+    a.axis("off")
+    for c, i in enumerate(pick):
+        step, arr = snaps[i]
+        for r, m in enumerate(methods):
+            a = fig.add_subplot(gs[r + 1, c + 3])
+            a.imshow(arr[m][state], cmap="inferno")
+            a.set_xticks([])
+            a.set_yticks([])
+            if c == 0:
+                a.set_ylabel(m, fontsize=7)
+            if r == 0:
+                a.set_title(f"{step}", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)
+    return out_png
