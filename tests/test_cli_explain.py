@@ -132,6 +132,18 @@ def test_rerun_resumes_and_different_options_refused(tmp_path, agent_card, capsy
     assert {p.name: p.read_bytes() for p in (tmp_path / "o" / "standin_grad").iterdir()} == before
 
 
+def test_failed_start_does_not_block_a_corrected_rerun(tmp_path, agent_card, capsys):
+    np.save(tmp_path / "x.npy", frames(4))
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--target", "no_such_target") == 2
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--option", "standin_noise.n_masks=0",
+                    methods="standin_noise") == 2  # fails inside the method, after the manifest
+    err = capsys.readouterr().err
+    assert err.count("jaxsal: error:") == 2 and "Traceback" not in err
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--option", "standin_noise.n_masks=3",
+                    methods="standin_noise") == 0
+    assert store.read_manifest(tmp_path / "o")["config"]["methods"]["standin_noise"]["options"] == {"n_masks": 3}
+
+
 def test_stochastic_method_deterministic_under_seed(tmp_path, agent_card):
     np.save(tmp_path / "x.npy", frames(5))
     for d, seed in (("a", 1), ("b", 1), ("c", 2)):

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from jaxsal.registry import METHODS, register  # noqa: E402
 from jaxsal.targets import get_target, resolve_actions  # noqa: E402
-from jaxsal.validate import check_obs  # noqa: E402
+from jaxsal.validate import check_obs, check_positive_int  # noqa: E402
 from jaxsal.batching import cached_jit, map_batched  # noqa: E402
 
 
@@ -55,6 +55,7 @@ def standin_noise(apply_fn, params, obs, *, target="q_chosen", actions=None, lay
     if key is None:
         from jaxsal.errors import SaliencyInputError
         raise SaliencyInputError("standin_noise is stochastic: pass key")
+    n_masks = check_positive_int("n_masks", n_masks)
     x = check_obs(obs, layout)
     t, _ = _score_fn(apply_fn, target, actions)
     a = resolve_actions(t, cached_jit(("standin_fwd", apply_fn), lambda: apply_fn)(params, x), actions)

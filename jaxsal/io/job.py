@@ -21,6 +21,7 @@ import numpy as np
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
 from jaxsal.registry import STOCHASTIC, accepted_options, get_method
+from jaxsal.targets import get_target
 
 COMMON = ("target", "layer", "per_frame", "layout", "actions")
 DTYPES = ("float32", "float16")
@@ -133,6 +134,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
 
     t0 = time.perf_counter()
     check_specs(specs)
+    get_target(target)  # an unknown target fails here, before anything is written
     bound_malloc()
     if dtype not in DTYPES:
         raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")

@@ -88,6 +88,14 @@ def open_job(out, config: dict, meta: dict) -> dict:
             tmp.unlink()
     manifest = read_manifest(out)
     old = manifest["config"]
+    if old != json.loads(json.dumps(config)) and not any(out.glob("*/chunk_*.npy")):
+        # the earlier job produced nothing (e.g. it failed on a bad option): replace it
+        for d in out.iterdir():
+            if d.is_dir() and (d / "meta.json").exists():
+                (d / "meta.json").unlink()
+        manifest = {"format": FORMAT, "config": config, **meta}
+        _atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True).encode())
+        return read_manifest(out)
     if old != json.loads(json.dumps(config)):
         diff = sorted(k for k in set(old) | set(config) if old.get(k) != json.loads(json.dumps(config.get(k))))
         details = "; ".join(f"{k}: was {old.get(k)!r}, now {config.get(k)!r}" for k in diff[:4])
