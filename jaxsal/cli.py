@@ -303,9 +303,12 @@ def cmd_agents(args) -> int:
         return 0
     for name in names:
         card = json.loads((Path(agents.zoo.SHIPPED_DIR) / f"{name}.json").read_text())
-        ret = card.get("mean_return", card.get("return", ""))
+        ev = card.get("eval") or {}
+        ret = (f" return={ev['mean_return']:.1f}+-{ev.get('std_return', 0):.1f} over {ev.get('episodes')} games"
+               if "mean_return" in ev else "")
+        steps = f" trained={card['env_steps_trained']:,} steps" if "env_steps_trained" in card else ""
         print(f"{name:24s} game={card.get('game')} arch={card.get('arch')} actions={card.get('num_actions')}"
-              + (f" return={ret}" if ret != "" else ""))
+              f"{steps}{ret}")
     return 0
 
 

@@ -84,8 +84,21 @@ def _u8(x) -> np.ndarray:
 
 # --------------------------------------------------------------------------- helpers
 def last_frame(stack) -> np.ndarray:
-    """The newest frame of a stacked observation (H, W, C) as grey values in [0, 1]."""
-    return np.asarray(stack, np.float64)[..., -1] / 255.0
+    """What to draw for one observation (H, W, C), grey in [0, 1]: the newest frame of an
+    Atari stack (0-255), or the union of the object planes of a binary MinAtar state."""
+    a = np.asarray(stack, np.float64)
+    return a.max(-1) if a.max() <= 1 else a[..., -1] / 255.0
+
+
+def _planes(stack) -> np.ndarray:
+    """(H, W, C) channels as grey images in [0, 1]."""
+    a = np.asarray(stack, np.float64)
+    return a if a.max() <= 1 else a / 255.0
+
+
+def _eff_scale(scale: int, h: int) -> int:
+    """Upscaling so that small (e.g. 10x10 MinAtar) frames are still visible (>= ~160 px)."""
+    return max(scale, -(-160 // h))
 
 
 def flat_map(m) -> np.ndarray:
@@ -138,6 +151,7 @@ def composite(frames, maps: dict, scales: dict, i: int, scale: int = 3, labels: 
         tiles.append((f"{a}(blue)/{c}(red)", greydanus_overlay(
             f, _resize(flat_map(maps[a][i]), f.shape), _resize(flat_map(maps[c][i]), f.shape),
             scales[a], scales[c])))
+    scale = _eff_scale(scale, f.shape[0])
     out = [_label(_up(t, scale), name) if labels else _up(t, scale) for name, t in tiles]
     return np.concatenate(out, 1)
 
@@ -158,8 +172,9 @@ def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int
     """Per-stacked-frame view of state i: columns = the stacked frames (oldest to newest),
     rows = the raw frames, then each method's map over every frame (its per-frame map when
     it has one, else the state's map)."""
-    stack = np.asarray(frames[i], np.float64) / 255.0
+    stack = _planes(frames[i])
     c = stack.shape[-1]
+    scale = _eff_scale(scale, stack.shape[0])
     rows = [np.concatenate([_label(_up(_grey_rgb(stack[..., j]), scale), f"t-{c - 1 - j}")
                             for j in range(c)], 1)]
     for k, m in maps.items():
