@@ -1,0 +1,397 @@
+"""jaxsal against Captum / pytorch-grad-cam / plain torch on the same Nature-CNN weights.
+
+    python -m experiments.against_peers            # batches 1, 256, 4096
+    python -m experiments.against_peers --quick    # batches 1, 32, 256 (smaller budget)
+    python -m experiments.throughput --against captum   # same thing
+
+Needs the `bench` extra (torch, captum, grad-cam). First checks that both sides' maps agree
+where the methods are defined the same (Pearson correlation per map, min over states, >= 0.999),
+then times both sides interleaved (jaxsal call, torch call, jaxsal call, ...) at each batch, so
+that the ratio jaxsal/peer is measured under the same machine load. jaxsal runs its opt-in
+fast path `jaxsal.fastconv.fast_apply` (strided convs as space-to-depth + matmuls). Writes
+experiments/results/against_peers.{json,md,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxsal
+from jaxsal.fastconv import fast_apply
+
+# issue 8's goals: jaxsal/peer maps/s at batch 256
+GOALS = {"gradient": 1.5, "guided_backprop": 1.5, "integrated_gradients": 2.0, "gradcam": 1.2,
+         "gradcam_pp": 1.2, "occlusion": 5.0, "noise_sensitivity": 5.0, "rise": 5.0}
+
+
+def nature_forward_flops(num_actions: int = 6) -> int:
+    """Multiply-adds x 2 of one Nature-CNN forward pass on an 84x84x4 frame stack."""
+    macs = 20 * 20 * 32 * (8 * 8 * 4) + 9 * 9 * 64 * (4 * 4 * 32) + 7 * 7 * 64 * (3 * 3 * 64) \
+        + 3136 * 512 + 512 * num_actions
+    return 2 * macs
+
+
+# forward-pass equivalents per map on the peer's (plain, full) algorithm: an input gradient is
+# a forward plus a backward to the input (~2 forwards of work: weight gradients are not needed)
+def forward_equivalents(family: str) -> float:
+    return {"gradient": 3.0, "guided_backprop": 3.0, "integrated_gradients": 1 + 32 * 3.0,
+            "gradcam": 3.0, "gradcam_pp": 3.0, "occlusion": 1 + 42 * 42,
+            "noise_sensitivity": 1 + 28 * 28, "rise": 1 + 1000}[family]
+
+
+def build(num_actions: int = 6, seed: int = 0):
+    """Flax NatureDQN (random init) and the torch copy with identical weights."""
+    from agents.networks import NatureDQN
+    from experiments.peers.torch_nature import from_flax
+    m = NatureDQN(num_actions)
+    params = m.init(jax.random.PRNGKey(seed), np.zeros((1, 84, 84, 4), np.uint8))
+    return m.apply, params, from_flax(params)
+
+
+def noise_masks(h=84, w=84, radius=3.0, stride=3, blur_sigma=3.0):
+    """The masks and blur matrices jaxsal's noise_sensitivity uses (Paper B: r 3, stride 3)."""
+    from jaxsal.perturbation import _disk as D
+    ys, xs = D.centres(h, stride), D.centres(w, stride)
+    gy, gx = len(ys), len(xs)
+    bh, bw = D.blur_matrix(h, radius), D.blur_matrix(w, radius)
+    idx = jnp.arange(gy * gx)
+    masks = jax.vmap(lambda i: D.disk_mask((i // gx) * stride, (i % gx) * stride, (h, w),
+                                           radius=radius, shape="gaussian", bh=bh, bw=bw))(idx)
+    return (np.asarray(masks), np.asarray(D.blur_matrix(h, blur_sigma)),
+            np.asarray(D.blur_matrix(w, blur_sigma)), (gy, gx))
+
+
+def cases(torch_model, rise_key):
+    """name -> (family, jaxsal explain kwargs, peer fn(x), peer label, agreement spec).
+
+    agreement spec: (extra jaxsal kwargs, peer fn for the check) comparing what both define
+    the same, or None."""
+    import torch
+    from experiments.peers import methods as P
+    from jaxsal.perturbation.rise import rise_masks
+    nm, bh, bw, grid = noise_masks()
+    nm_t, bh_t, bw_t = (torch.from_numpy(a) for a in (nm, bh, bw))
+    rmasks = torch.from_numpy(np.asarray(rise_masks(rise_key, 1000, (84, 84))))
+    pgc = "pytorch-grad-cam" if P.pytorch_grad_cam_available() else \
+        "torch hooks as pytorch-grad-cam (it does not import here)"
+    tm = torch_model
+    occ = functools.partial(P.occlusion, tm, patch=2, stride=2)
+    noise = functools.partial(P.noise_sensitivity, tm, masks=nm_t, bh=bh_t, bw=bw_t, grid_shape=grid)
+    return {
+        "gradient": ("gradient", dict(method="gradient"), functools.partial(P.gradient, tm),
+                     "captum Saliency", ({}, None)),
+        "guided_backprop": ("guided_backprop", dict(method="guided_backprop"),
+                            functools.partial(P.guided_backprop, tm), "captum GuidedBackprop", ({}, None)),
+        "integrated_gradients (32 steps)": (
+            "integrated_gradients", dict(method="integrated_gradients", steps=32),
+            functools.partial(P.integrated_gradients, tm, steps=32),
+            "captum IntegratedGradients (riemann_right)", ({}, None)),
+        "gradcam conv3 (captum)": ("gradcam", dict(method="gradcam", layer="conv3"),
+                                   functools.partial(P.gradcam_captum, tm), "captum LayerGradCam",
+                                   ({}, None)),
+        "gradcam conv3": ("gradcam", dict(method="gradcam", layer="conv3"),
+                          functools.partial(P.gradcam, tm), pgc, ({}, None)),
+        "gradcam_pp conv3": ("gradcam_pp", dict(method="gradcam_pp", layer="conv3"),
+                             functools.partial(P.gradcam_pp, tm), pgc, ({}, None)),
+        "occlusion (2x2, stride 2)": (
+            "occlusion", dict(method="occlusion", patch=2, stride=2), occ,
+            "captum Occlusion (perturbations_per_eval=256)",
+            (dict(score="drop", return_grid=True), functools.partial(occ, return_grid=True))),
+        "noise_sensitivity (r 3, stride 3)": (
+            "noise_sensitivity", dict(method="noise_sensitivity", radius=3.0, stride=3), noise,
+            "batched torch (written here)", (dict(return_grid=True), functools.partial(noise, return_grid=True))),
+        "rise (1000 masks)": (
+            "rise", dict(method="rise", n_masks=1000, key=rise_key),
+            functools.partial(P.rise, tm, masks=rmasks), "batched torch (written here)", ({}, None)),
+    }
+
+
+def _obs(n: int, seed: int):
+    return np.random.default_rng(seed).integers(0, 256, (n, 84, 84, 4), dtype=np.uint8)
+
+
+def correlation(a, b) -> float:
+    """Min over states of the Pearson correlation of the flattened maps (1.0 if both constant)."""
+    a = np.asarray(a, np.float64).reshape(len(a), -1)
+    b = np.asarray(b, np.float64).reshape(len(b), -1)
+    out = []
+    for u, v in zip(a, b):
+        u, v = u - u.mean(), v - v.mean()
+        den = np.sqrt((u * u).sum() * (v * v).sum())
+        out.append(1.0 if den == 0 and np.allclose(u, v) else float((u * v).sum() / den) if den else 0.0)
+    return min(out)
+
+
+def agreement(apply_fn, params, name, case, n_states: int = 4) -> dict:
+    from experiments.peers.torch_nature import to_nchw
+    family, kw, peer, label, (extra, peer_check) = case
+    obs = _obs(n_states, 100)
+    a = np.asarray(jaxsal.explain(fast_apply(apply_fn), params, obs, **{**kw, **extra}))
+    b = (peer_check or peer)(to_nchw(obs)).detach().numpy()
+    plain = np.asarray(jaxsal.explain(apply_fn, params, obs, **{**kw, **extra}))
+    return {"corr_vs_peer": correlation(a, b), "corr_fast_vs_plain": correlation(a, plain),
+            "max_abs_fast_vs_plain": float(np.abs(a - plain).max()), "compared": (
+                "score grid" if extra.get("return_grid") else "map") + (
+                " (drop score)" if extra.get("score") == "drop" else ""),
+            "states": n_states}
+
+
+def _block(out):
+    jax.tree.map(lambda t: t.block_until_ready() if hasattr(t, "block_until_ready") else t, out)
+
+
+def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, probe: int = 2):
+    """Interleaved timing of both sides on the same states; per-call budget caps the states."""
+    from experiments.peers.torch_nature import to_nchw
+    family, kw, peer, label, _ = case
+    fast = fast_apply(apply_fn)
+
+    def run_j(o):
+        t = time.perf_counter()
+        _block(jaxsal.explain(fast, params, o, **kw))
+        return time.perf_counter() - t
+
+    def run_t(x):
+        t = time.perf_counter()
+        peer(x)
+        return time.perf_counter() - t
+
+    p = min(probe, batch)
+    o, x = _obs(p, 1), to_nchw(_obs(p, 1))
+    first = run_j(o)                   # compiles
+    pj, pt = run_j(o) / p, run_t(x) / p
+    per_call = budget / (2 * repeats)
+    n = batch if max(pj, pt) * batch <= per_call else max(p, int(per_call / max(pj, pt)))
+    n = min(n, batch)
+    o, x = _obs(n, 2), to_nchw(_obs(n, 2))
+    if n != p:
+        run_j(o)                       # compile for this shape
+        run_t(x)
+    tj, tt = [], []
+    for r in range(repeats):           # interleaved: same load on both sides
+        tj.append(run_j(o))
+        tt.append(run_t(x))
+    row = {"batch": batch, "measured_states": n, "repeats": repeats,
+           "jaxsal_maps_per_s": n / float(np.median(tj)), "peer_maps_per_s": n / float(np.median(tt)),
+           "jaxsal_best_maps_per_s": n / min(tj), "peer_best_maps_per_s": n / min(tt),
+           "jaxsal_first_call_s": first, "load_avg_1": os.getloadavg()[0]}
+    row["ratio"] = row["jaxsal_maps_per_s"] / row["peer_maps_per_s"]
+    row["ratio_best"] = row["jaxsal_best_maps_per_s"] / row["peer_best_maps_per_s"]
+    return row
+
+
+def scaling(apply_fn, params, sizes, batch_size: int = 1024) -> list:
+    """jaxsal vanilla-gradient maps/s at growing N (chunks of batch_size): should stay flat."""
+    fast = fast_apply(apply_fn)
+    _block(jaxsal.explain(fast, params, _obs(batch_size, 0), method="gradient", batch_size=batch_size))
+    rows = []
+    for n in sizes:
+        o = _obs(n, 5)
+        t = time.perf_counter()
+        _block(jaxsal.explain(fast, params, o, method="gradient", batch_size=batch_size))
+        dt = time.perf_counter() - t
+        rows.append({"n": n, "batch_size": batch_size, "maps_per_s": n / dt, "seconds": dt})
+        print(f"scaling: gradient N={n}: {n / dt:.0f} maps/s", flush=True)
+    return rows
+
+
+def machine(torch_threads: int) -> dict:
+    from experiments.throughput import machine_info
+    info = machine_info()
+    import torch
+    info["torch"] = torch.__version__
+    info["torch_threads"] = torch.get_num_threads()
+    info["torch_interop_threads"] = torch.get_num_interop_threads()
+    for mod in ("captum", "pytorch_grad_cam"):
+        try:
+            m = __import__(mod)
+            info[mod] = getattr(m, "__version__", "installed")
+        except Exception as e:  # noqa: BLE001
+            info[mod] = f"does not import: {type(e).__name__}: {str(e)[:120]}"
+    info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    info["jaxsal_threads"] = "XLA:CPU default (one Eigen pool over all cores)"
+    return info
+
+
+def write(res: dict, out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "against_peers.json").write_text(json.dumps(res, indent=2))
+    info = res["machine"]
+    L = [f"# jaxsal vs Captum / pytorch-grad-cam / torch ({info['backend']}, {info['date_utc']})", "",
+         f"Nature-CNN DQN (6 actions, random init), identical weights in flax and torch, random uint8 "
+         f"(N, 84, 84, 4) states. Machine: {info.get('cpu', '?')}, {info['cpu_count']} cores; "
+         f"load average at start {info.get('load_avg_1_5_15')}, at end {res.get('load_avg_end')} "
+         f"(background agent training and other engineers' tests share the machine, so absolute "
+         f"maps/s are low and noisy; the ratios are measured interleaved in the same run). "
+         f"jax {info['jax']}, flax {info.get('flax')}, torch {info['torch']} "
+         f"({info['torch_threads']} intra-op / {info['torch_interop_threads']} inter-op threads), "
+         f"captum {info.get('captum')}, pytorch-grad-cam {info.get('pytorch_grad_cam')}, Python "
+         f"{info['python']}. jaxsal side: `jaxsal.explain(fast_apply(apply_fn), ...)` "
+         f"(XLA:CPU threads: {info['jaxsal_threads']}).", "",
+         "## Agreement (before timing)", "",
+         "Pearson correlation per state, minimum over states; `fast vs plain`: jaxsal's fast path "
+         "against its own plain lax.conv path.", "",
+         "| method | peer | compared | corr vs peer | corr fast vs plain | max abs fast-plain |",
+         "|---|---|---|---|---|---|"]
+    for name, a in res["agreement"].items():
+        if "error" in a:
+            L.append(f"| {name} | {res['peers'][name]} | - | error: {a['error']} | | |")
+            continue
+        L.append(f"| {name} | {res['peers'][name]} | {a['compared']} | {a['corr_vs_peer']:.6f} | "
+                 f"{a['corr_fast_vs_plain']:.6f} | {a['max_abs_fast_vs_plain']:.2e} |")
+    L += ["", "## Maps/s, interleaved (median of repeats; ratio = jaxsal / peer)", "",
+          "`measured` < batch: the call was timed on fewer states to fit the time budget "
+          "(both sides on the same states). Goal: issue 8's ratio at batch 256. FLOPs/map: the "
+          "plain algorithm's forward-pass equivalents x "
+          f"{res['forward_flops'] / 1e6:.1f} MFLOP per forward; % peak: jaxsal's FLOP/s over the "
+          f"assumed machine peak {res['peak_flops'] / 1e9:.0f} GFLOP/s ({res['peak_note']}).", "",
+          "| method | peer | batch | measured | jaxsal maps/s | peer maps/s | ratio | ratio (best) | "
+          "goal | MFLOP/map | jaxsal % peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, rows in res["timing"].items():
+        fam = res["families"][name]
+        for r in rows:
+            if "error" in r:
+                L.append(f"| {name} | {res['peers'][name]} | {r['batch']} | - | error: {r['error']} "
+                         f"| | | | | | |")
+                continue
+            goal = GOALS[fam]
+            flops = forward_equivalents(fam) * res["forward_flops"]
+            met = "" if r["batch"] != 256 else (" met" if r["ratio"] >= goal else " **not met**")
+            L.append(f"| {name} | {res['peers'][name]} | {r['batch']} | {r['measured_states']} | "
+                     f"{r['jaxsal_maps_per_s']:.1f} | {r['peer_maps_per_s']:.1f} | {r['ratio']:.2f} | "
+                     f"{r['ratio_best']:.2f} | {goal}{met} | {flops / 1e6:.0f} | "
+                     f"{100 * r['jaxsal_maps_per_s'] * flops / res['peak_flops']:.1f} |")
+    if res.get("scaling"):
+        L += ["", "## jaxsal vanilla gradient at growing N (batch_size 1024 chunks)", "",
+              "| N | maps/s | seconds |", "|---|---|---|"]
+        L += [f"| {r['n']} | {r['maps_per_s']:.0f} | {r['seconds']:.1f} |" for r in res["scaling"]]
+    if res.get("notes"):
+        L += ["", "## Notes", ""] + [f"- {n}" for n in res["notes"]]
+    (out / "against_peers.md").write_text("\n".join(L) + "\n")
+    plot(res, out / "against_peers.png")
+
+
+def plot(res: dict, path: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(res["timing"])
+    batches = sorted({r["batch"] for rows in res["timing"].values() for r in rows if "error" not in r})
+    if not names or not batches:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(14, 0.5 * len(names) + 2.5))
+    y = np.arange(len(names))
+    h = 0.8 / max(1, len(batches))
+    for k, b in enumerate(batches):
+        rat, mj, mp = [], [], []
+        for n in names:
+            r = next((r for r in res["timing"][n] if r["batch"] == b and "error" not in r), None)
+            rat.append(r["ratio"] if r else np.nan)
+            mj.append(r["jaxsal_maps_per_s"] if r else np.nan)
+            mp.append(r["peer_maps_per_s"] if r else np.nan)
+        axes[0].barh(y + k * h, mj, h, label=f"jaxsal, batch {b}")
+        axes[0].scatter(mp, y + k * h, marker="|", s=120, color="k",
+                        label="peer" if k == 0 else None)
+        axes[1].barh(y + k * h, rat, h, label=f"batch {b}")
+    for n_i, n in enumerate(names):
+        axes[1].plot([GOALS[res["families"][n]]] * 2, [n_i - 0.1, n_i + 0.9], "r--", lw=1)
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("maps/s (bars jaxsal, | peer)")
+    axes[1].axvline(1.0, color="grey", lw=1)
+    axes[1].set_xlabel("ratio jaxsal / peer (red dashes: issue 8 goal at batch 256)")
+    for ax in axes:
+        ax.set_yticks(y + 0.4 - h / 2)
+        ax.set_yticklabels(names)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"jaxsal vs peers, {res['machine'].get('cpu', '')}, {res['machine']['date_utc']}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="batches 1, 32, 256 and a smaller budget")
+    ap.add_argument("--batches", type=int, nargs="*", default=None)
+    ap.add_argument("--methods", nargs="*", default=None, help="case names (default: all)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds of timed calls per case and batch (both sides, all repeats)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--torch-threads", type=int, default=2)
+    ap.add_argument("--scaling", type=int, nargs="*", default=None,
+                    help="also time jaxsal's gradient at these N (default 1000 10000; quick: 1000)")
+    ap.add_argument("--peak-gflops", type=float, default=None,
+                    help="machine peak FP32 GFLOP/s for the %% peak column (default: cores x "
+                         "2.5 GHz x 32 FLOP/cycle, AVX2 FMA x2)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--against", default="captum", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("the peer benchmark needs the bench extra: pip install 'jaxsal[bench]'")
+    torch.set_num_threads(args.torch_threads)
+    batches = args.batches or ([1, 32, 256] if args.quick else [1, 256, 4096])
+    budget = args.budget or (20.0 if args.quick else 60.0)
+    apply_fn, params, tmodel = build()
+    table = cases(tmodel, jax.random.PRNGKey(0))
+    names = args.methods or list(table)
+    cores = os.cpu_count() or 1
+    peak = (args.peak_gflops or cores * 2.5 * 32) * 1e9
+    res = {"machine": machine(args.torch_threads), "batches": batches, "budget_s": budget,
+           "forward_flops": nature_forward_flops(6), "peak_flops": peak,
+           "peak_note": "given" if args.peak_gflops else f"{cores} cores x 2.5 GHz x 32 FP32 FLOP/cycle, assumed",
+           "peers": {n: table[n][3] for n in names}, "families": {n: table[n][0] for n in names},
+           "agreement": {}, "timing": {}, "notes": [
+               "jaxsal's maps use the opt-in fast path jaxsal.fastconv.fast_apply (conv1/conv2 as "
+               "space-to-depth + matmuls); correlation with the plain path is in the agreement table.",
+               "Grad-CAM/Grad-CAM++ peers min-max scale each map (pytorch-grad-cam's output); "
+               "jaxsal returns ReLU(sum_k w_k A^k) upsampled, so the comparison is by correlation.",
+               "Occlusion is compared on the per-patch drop grid t(x) - t(x') (Captum's definition); "
+               "timed with jaxsal's default score 1 - Q_a(x'), same cost. Noise sensitivity is "
+               "compared on the score grid; the torch side uses jaxsal's masks and blur matrices."]}
+    out = args.out
+    for name in names:
+        try:
+            res["agreement"][name] = a = agreement(apply_fn, params, name, table[name])
+            print(f"agree {name:36s} corr vs peer {a['corr_vs_peer']:.6f}  fast vs plain "
+                  f"{a['corr_fast_vs_plain']:.6f}", flush=True)
+        except Exception as e:  # noqa: BLE001 (recorded, the benchmark goes on)
+            res["agreement"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            print(f"agree {name}: {res['agreement'][name]['error']}", flush=True)
+    write(res, out)
+    for name in names:
+        rows = []
+        for b in batches:
+            try:
+                r = bench_pair(apply_fn, params, table[name], b, budget, args.repeats)
+                print(f"{name:36s} batch {b:5d} ({r['measured_states']:4d} timed): jaxsal "
+                      f"{r['jaxsal_maps_per_s']:9.1f}  peer {r['peer_maps_per_s']:9.1f} maps/s  "
+                      f"ratio {r['ratio']:.2f}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                r = {"batch": b, "error": f"{type(e).__name__}: {e}"[:300]}
+                print(f"{name} batch {b}: {r['error']}", flush=True)
+            rows.append(r)
+        res["timing"][name] = rows
+        res["load_avg_end"] = list(os.getloadavg())
+        write(res, out)
+    sizes = args.scaling if args.scaling is not None else ([1000] if args.quick else [1000, 10000])
+    if sizes:
+        res["scaling"] = scaling(apply_fn, params, sizes)
+        res["load_avg_end"] = list(os.getloadavg())
+        write(res, out)
+    print(f"wrote {out}/against_peers.json, .md, .png")
+    return res
+
+
+if __name__ == "__main__":
+    main()
