@@ -407,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="play Breakout, explain every frame, write a gallery and a video")
     d.add_argument("--steps", type=int, default=400, help="episode length cap (default 400)")
-    d.add_argument("--out", default="jaxsal-demo")
+    d.add_argument("--out", default="jaxsal-out/demo", help="output directory (default jaxsal-out/demo)")
     d.add_argument("--methods", help=f"comma list (default: {','.join(DEMO_METHODS)} where available)")
     d.add_argument("--batch-size", type=int, default=256)
     d.add_argument("--chunk", type=int, default=128)

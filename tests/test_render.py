@@ -104,3 +104,15 @@ def test_render_command_gallery(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert err.startswith("jaxsal: error:") and "\n" not in err and frag in err, (argv, err)
+
+
+def test_minatar_states_drawn_as_object_planes(tmp_path):
+    x = np.zeros((2, 10, 10, 4), np.uint8)
+    x[0, 1, 2, 0] = 1
+    x[0, 5, 5, 3] = 1
+    img = render.last_frame(x[0])
+    assert img[1, 2] == 1 and img[5, 5] == 1 and img.sum() == 2
+    maps = {"m": np.random.default_rng(0).random((2, 10, 10))}
+    p = render.grid_png(tmp_path / "g.png", x, maps, [0, 1], scale=1)
+    with Image.open(p) as im:
+        assert im.size[0] == 2 * 10 * 16  # upscaled to stay visible
