@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxsal.batching import batch_sharding
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
 from jaxsal.registry import STOCHASTIC, accepted_options, get_method
@@ -182,11 +183,15 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
         calls.append((s, kw))
 
-    pad_to = min(chunk, n)  # every chunk has this many rows: one compiled executable for all
+    # every chunk is padded to the same rows (one compiled executable for all), a multiple of
+    # the local devices, and lands on them already split along the batch axis
+    ndev = jax.local_device_count()
+    pad_to = -(-min(chunk, n) // ndev) * ndev
+    sharding = batch_sharding()
 
     def load(i):
-        x = source.read(i * chunk, i * chunk + rows(i))
-        return i, rows(i), jax.device_put(_pad_rows(np.asarray(x), pad_to))
+        x = _pad_rows(np.asarray(source.read(i * chunk, i * chunk + rows(i))), pad_to)
+        return i, rows(i), (jax.device_put(x) if sharding is None else jax.device_put(x, sharding))
 
     def save(item):
         i, results = item
