@@ -78,8 +78,8 @@ def cases(torch_model, rise_key):
     from experiments.peers import methods as P
     from jaxsal.perturbation.rise import rise_masks
     nm, bh, bw, grid = noise_masks()
-    nm_t, bh_t, bw_t = (torch.from_numpy(a) for a in (nm, bh, bw))
-    rmasks = torch.from_numpy(np.asarray(rise_masks(rise_key, 1000, (84, 84))))
+    nm_t, bh_t, bw_t = (torch.from_numpy(np.array(a)) for a in (nm, bh, bw))
+    rmasks = torch.from_numpy(np.array(rise_masks(rise_key, 1000, (84, 84))))
     pgc = "pytorch-grad-cam" if P.pytorch_grad_cam_available() else \
         "torch hooks as pytorch-grad-cam (it does not import here)"
     tm = torch_model

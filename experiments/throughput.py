@@ -2,6 +2,7 @@
 
     python -m experiments.throughput            # batches 256 and 4096
     python -m experiments.throughput --quick    # batches 32 and 128
+    python -m experiments.throughput --against captum   # vs Captum etc. (experiments.against_peers)
 
 A script, not a timed test. Methods are a table of cases (name -> `jaxsal.explain` kwargs):
 append yours to CASES. Each case is compiled once (timed separately), then timed on fresh
@@ -152,7 +153,17 @@ def main(argv=None):
                          "timed on fewer states")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per case (best kept)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = ap.parse_args(argv)
+    ap.add_argument("--against", choices=["captum"], default=None,
+                    help="side by side with Captum/pytorch-grad-cam/torch (bench extra): runs "
+                         "experiments.against_peers with the remaining arguments")
+    args, rest = ap.parse_known_args(argv)
+    if args.against:
+        from experiments import against_peers
+        import sys
+        fwd = list(argv if argv is not None else sys.argv[1:])
+        return against_peers.main(fwd)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     batches = args.batches or ([32, 128] if args.quick else [256, 4096])
     names = args.methods or list(CASES)
     apply_fn, params = _model()

@@ -124,15 +124,17 @@ def test_conv_eligible_rejects_what_it_cannot_do():
 
 @pytest.mark.parametrize("method,kw", [
     ("gradient", {}),
-    ("guided_backprop", {}),
+    pytest.param("guided_backprop", {}, marks=pytest.mark.slow),
     ("gradcam", {}),
-    ("gradcam_pp", {}),
-    ("integrated_gradients", {"steps": 4}),
+    pytest.param("gradcam_pp", {}, marks=pytest.mark.slow),
+    pytest.param("integrated_gradients", {"steps": 4}, marks=pytest.mark.slow),
     ("occlusion", {"patch": 8, "stride": 8}),
-    ("occlusion", {"patch": 8, "stride": 8, "incremental": False}),
+    pytest.param("occlusion", {"patch": 8, "stride": 8, "incremental": False},
+                 marks=pytest.mark.slow),
 ])
 def test_methods_through_fast_apply_equal_plain(method, kw):
     apply_fn, params, x = _nature()
+    x = x[:3]
     plain = np.asarray(jaxsal.explain(apply_fn, params, x, method=method, **kw))
     fast = np.asarray(jaxsal.explain(fast_apply(apply_fn), params, x, method=method, **kw))
     assert np.abs(plain).max() > 0
