@@ -128,7 +128,8 @@ def write(results: dict, out_dir: Path, tag: str):
              "calls (a list case counts each "
              "state once for all its maps). `measured` < batch: timed on fewer states to fit the "
              "time budget.", "",
-             "| method | batch | measured | maps/s (best) | maps/s (median) | best s | first call s |",
+             "| method | batch | measured | maps/s (best) | maps/s (median) | best s | "
+             "first call s (16 states, incl. compile) |",
              "|---|---|---|---|---|---|---|"]
     for name, rows in results["cases"].items():
         for r in rows:
@@ -152,6 +153,7 @@ def main(argv=None):
                     help="max seconds of timed calls per case and batch; bigger cases are "
                          "timed on fewer states")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per case (best kept)")
+    ap.add_argument("--note", action="append", default=[], help="note for the results file")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--against", choices=["captum"], default=None,
                     help="side by side with Captum/pytorch-grad-cam/torch (bench extra): runs "
@@ -167,7 +169,7 @@ def main(argv=None):
     batches = args.batches or ([32, 128] if args.quick else [256, 4096])
     names = args.methods or list(CASES)
     apply_fn, params = _model()
-    results = {"machine": machine_info(), "batches": batches, "cases": {}, "notes": []}
+    results = {"machine": machine_info(), "batches": batches, "cases": {}, "notes": list(args.note)}
     tag = jax.default_backend()
     for name in names:
         rows = []
