@@ -140,7 +140,7 @@ def write(results: dict, out_dir: Path, tag: str):
                          f"{r['maps_per_s']:.1f} | {r['median_maps_per_s']:.1f} | {r['seconds']:.2f} | "
                          f"{r['first_call_s']:.1f} |")
     if results.get("notes"):
-        lines += ["", *results["notes"]]
+        lines += ["", *(f"- {n}" for n in results["notes"])]
     (out_dir / f"throughput_{tag}.md").write_text("\n".join(lines) + "\n")
 
 
