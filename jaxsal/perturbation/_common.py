@@ -165,41 +165,71 @@ def check_score(name, allowed) -> str:
     return name
 
 
-def _build_runner(apply_fn, layout, perturb, score):
-    """Jitted (params, consts, states chunk (S,..), idx (K,)) -> scores (S, K)."""
+def _build_runner(apply_fn, layout, perturb, score, box=None):
+    """Jitted (params, consts, states chunk (S,..), idx (K,)) -> scores (S, K).
+
+    With `box` = (bh, bw, corner(idx) -> (r0, c0)), the region each perturbation may change,
+    the model runs incrementally (see _incremental): only the touched part of each conv."""
     model = _apply_layout(apply_fn, layout)
+    to_layout = (lambda v: v) if layout == "NHWC" else (lambda v: jnp.transpose(v, (0, 3, 1, 2)))
 
     def run(params, consts, st, idx):
         xp = jax.vmap(lambda s: jax.vmap(lambda i: perturb(consts, s, i))(idx))(st)
         s_, k_ = xp.shape[:2]
-        out1 = model(params, xp.reshape((s_ * k_,) + xp.shape[2:]))
+        flat = xp.reshape((s_ * k_,) + xp.shape[2:])
+        if box is None:
+            out1 = model(params, flat)
+        else:
+            from jaxsal.perturbation._incremental import incremental_apply
+
+            r0, c0 = jax.vmap(box[2])(idx)
+            out1, leaked = incremental_apply(apply_fn, params, to_layout(st["x"]), to_layout(flat),
+                                             jnp.tile(r0, s_), jnp.tile(c0, s_), box[:2],
+                                             xp.shape[2:4])
         out0 = jax.tree.map(lambda o: jnp.repeat(o, k_, axis=0), st["out0"])
         a = jnp.repeat(st["a"], k_, axis=0)
-        return score(out0, out1, a).reshape(s_, k_)
+        scores = score(out0, out1, a).reshape(s_, k_)
+        return scores if box is None else (scores, leaked)
 
     return run
 
 
 def perturbation_scores(prep: Prepared, apply_fn, params, *, name, perturb, score, n_pert: int,
-                        consts=None, states=None, cache_key=()):
+                        consts=None, states=None, cache_key=(), box=None):
     """(N, n_pert) scores of every state under every perturbation index 0..n_pert-1.
 
     perturb(consts, state, idx) -> x' (H, W, C) for ONE state (a dict of its rows: `x`, `a`,
     `out0`, plus `states`) and one index. score(out0, out1, a) -> (rows,) on the repeated clean
-    output, the perturbed output and the actions. Runs
+    output, the perturbed output and the actions. box=(bh, bw, corner(idx) -> (r0, c0)) bounds
+    where perturbation idx changes the input and turns on the incremental forward pass. Runs
     chunks of S states x K indices with S*K <= batch_size rows (K <= n_pert); results stay on device.
     """
+    base_key = ("pert", name, apply_fn, prep.layout, cache_key)
+    if box is not None and base_key not in _NON_LOCAL:
+        scores, leaked = _run_chunks(prep, params, n_pert, consts, states, cached_jit(
+            base_key + ("incremental",),
+            lambda: _build_runner(apply_fn, prep.layout, perturb, score, box)))
+        if not bool(leaked):
+            return scores
+        _NON_LOCAL.add(base_key)  # the model is not local: plain path from now on
+    return _run_chunks(prep, params, n_pert, consts, states, cached_jit(
+        base_key, lambda: _build_runner(apply_fn, prep.layout, perturb, score)))[0]
+
+
+_NON_LOCAL: set = set()
+
+
+def _run_chunks(prep, params, n_pert, consts, states, fn):
+    """(scores (N, n_pert), any leak) from fn over chunks of states x perturbation indices."""
     n = prep.x.shape[0]
     st = {"x": prep.x, "a": prep.actions, "out0": prep.out0, **(states or {})}
     consts = {} if consts is None else consts
     k = min(n_pert, prep.rows)
     k = int(math.ceil(n_pert / math.ceil(n_pert / k)))  # balance the index chunks
     s = chunk_size(n, prep.rows, rows_per_state=k)
-    fn = cached_jit(("pert", name, apply_fn, prep.layout, cache_key),
-                    lambda: _build_runner(apply_fn, prep.layout, perturb, score))
     sharding = batch_sharding()
     idx_all = jnp.arange(n_pert, dtype=jnp.int32)
-    rows_out = []
+    rows_out, leaks = [], []
     for s0 in range(0, n, s):
         chunk = jax.tree.map(lambda v: _pad(v[s0:s0 + s], s), st)
         if sharding is not None:
@@ -208,9 +238,24 @@ def perturbation_scores(prep: Prepared, apply_fn, params, *, name, perturb, scor
         cols = []
         for k0 in range(0, n_pert, k):
             idx = _pad(idx_all[k0:k0 + k], k)
-            cols.append(fn(params, consts, chunk, idx)[:m, :min(k, n_pert - k0)])
+            res = fn(params, consts, chunk, idx)
+            if isinstance(res, tuple):
+                res, leak = res
+                leaks.append(leak)
+            cols.append(res[:m, :min(k, n_pert - k0)])
         rows_out.append(cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=1))
-    return rows_out[0] if len(rows_out) == 1 else jnp.concatenate(rows_out, axis=0)
+    scores = rows_out[0] if len(rows_out) == 1 else jnp.concatenate(rows_out, axis=0)
+    return scores, (jnp.any(jnp.stack(leaks)) if leaks else False)
+
+
+def use_incremental(incremental, box_hw, image_hw) -> bool:
+    """incremental=None (auto): on when the perturbed box covers <= 1/16 of the image (measured
+    on XLA:CPU: 2.6x faster for 2x2 occlusion on the Nature CNN; a 27x27 box is slower)."""
+    if incremental is None:
+        return box_hw[0] * box_hw[1] * 16 <= image_hw[0] * image_hw[1]
+    if not isinstance(incremental, bool):
+        raise SaliencyInputError(f"incremental must be True, False or None (auto), got {incremental!r}")
+    return incremental
 
 
 def upsample_grid(grid, hw, method: str = "bilinear"):

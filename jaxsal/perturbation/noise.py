@@ -21,7 +21,7 @@ def check_radius(radius, hw) -> float:
 
 
 def disk_grid_scores(prep, apply_fn, params, *, name, radius, stride, perturbation, blur_sigma,
-                     fill, mask_shape, score_fn, cache_key):
+                     fill, mask_shape, score_fn, cache_key, incremental=None):
     """(N, gy, gx) scores with a disk mask M centred every `stride` px (Greydanus' grid):
     x' = x (1 - M) + B M, B = the frame-wise blurred state (perturbation="blur") or `fill`."""
     n, h, w, _ = prep.shape
@@ -46,9 +46,15 @@ def disk_grid_scores(prep, apply_fn, params, *, name, radius, stride, perturbati
                         shape=mask_shape, bh=consts.get("bh"), bw=consts.get("bw"))[:, :, None]
         return st["x"] * (1.0 - m) + st["alt"] * m
 
+    box = None
+    # the mask is exactly 0 beyond scipy's truncation radius int(4 sigma + .5) + 1 (disk)
+    half = int(4.0 * radius + 0.5) + 1 if mask_shape == "gaussian" else int(radius)
+    if C.use_incremental(incremental, (2 * half + 1,) * 2, (h, w)):
+        box = (2 * half + 1, 2 * half + 1,
+               lambda i: ((i // gx) * stride - half, (i % gx) * stride - half))
     scores = C.perturbation_scores(
         prep, apply_fn, params, name=name, perturb=perturb, score=score_fn, n_pert=gy * gx,
-        consts=consts, states={"alt": alt},
+        consts=consts, states={"alt": alt}, box=box,
         cache_key=(h, w, radius, stride, perturbation, mask_shape) + tuple(cache_key))
     return scores.reshape(n, gy, gx)
 
@@ -58,7 +64,7 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
                       batch_size=None, radius: float = 3.0, stride: int = 3, blur_sigma: float = 3.0,
                       score: str = "chosen_action", perturbation: str = "blur", fill=0.0,
                       mask_shape: str = "gaussian", upsample: str = "bilinear", obs_max=None,
-                      return_grid: bool = False):
+                      incremental: bool | None = None, return_grid: bool = False):
     """Greydanus noise-sensitivity maps (N, H, W), scored every `stride` px and resized.
 
     Mask M = Greydanus' 5-pixel disk at the centre blurred with sigma `radius`, / its max;
@@ -68,6 +74,7 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
     1/2 ||f(x) - f(x')||^2 over the whole output (fails the randomisation sanity check per
     Paper B). perturbation="black" fills with `fill` (fraction of the value range) instead of
     blurring; mask_shape="hard" uses a hard disk of `radius`. Greydanus' own: radius 5, stride 5.
+    incremental: recompute only the mask's receptive field in flax convs (see `occlusion`).
     """
     prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                      batch_size=batch_size, obs_max=obs_max)
@@ -76,7 +83,7 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
                             stride=stride, perturbation=perturbation, blur_sigma=blur_sigma,
                             fill=fill, mask_shape=mask_shape,
                             score_fn=C.make_score(score, prep.target),
-                            cache_key=(score, prep.target_key))
+                            cache_key=(score, prep.target_key), incremental=incremental)
     if return_grid:
         return grid
     return C.upsample_grid(grid, prep.shape[1:3], upsample)

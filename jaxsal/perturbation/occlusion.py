@@ -27,7 +27,8 @@ def _patch_mask(gy, gx, hw, patch, stride):
 @register("occlusion")
 def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
               batch_size=None, patch: int = 2, stride: int = 2, fill=0.0, score: str = "one_minus",
-              upsample: str = "bilinear", obs_max=None, return_grid: bool = False):
+              upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
+              return_grid: bool = False):
     """Occlusion maps (N, H, W): score of the target when a `patch`x`patch` square (all stacked
     frames) is set to `fill`, on a grid of stride `stride`, resized to the input.
 
@@ -35,7 +36,10 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
     1 - Q_a(x') ("one_minus"). score="drop": t(x) - t(x'); "softmax_drop": drop of softmax(Q)_a.
     fill is a fraction of the value range (0 black, 0.5 grey = 127.5 for 0-255 frames; see
     `obs_max`), or "black"/"grey"/"mean". return_grid=True returns the (N, gy, gx) grid instead.
-    batch_size bounds the model rows (states x patches) per forward pass.
+    batch_size bounds the model rows (states x patches) per forward pass. incremental=True
+    recomputes only the patch's receptive field in each flax nn.Conv (equal to the plain path up
+    to rounding, checked at run time; other models run the plain path); False: plain path;
+    None (default): on when the patch covers <= 1/16 of the image.
     """
     prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                      batch_size=batch_size, obs_max=obs_max)
@@ -53,7 +57,9 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
     scores = C.perturbation_scores(
         prep, apply_fn, params, name="occlusion", perturb=perturb,
         score=C.make_score(score, prep.target), n_pert=gy * gx, states={"fill": fillv},
-        cache_key=(h, w, patch, stride, score, prep.target_key))
+        cache_key=(h, w, patch, stride, score, prep.target_key),
+        box=(patch, patch, lambda i: ((i // gx) * stride, (i % gx) * stride))
+        if C.use_incremental(incremental, (patch, patch), (h, w)) else None)
     grid = scores.reshape(n, gy, gx)
     if return_grid:
         return grid

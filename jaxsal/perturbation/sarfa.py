@@ -33,13 +33,15 @@ def sarfa_score(q0, q1, a):
 def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
           batch_size=None, radius: float = 2.0, stride: int = 2, perturbation: str = "black",
           blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "gaussian",
-          upsample: str = "bilinear", obs_max=None, return_grid: bool = False):
+          upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
+          return_grid: bool = False):
     """SARFA maps (N, H, W) on a grid of disk perturbations every `stride` px, resized.
 
     Paper B's parameters (defaults): radius 2, stride 2, black disk (Greydanus' disk mask with
     sigma `radius`, filled with `fill`=0); perturbation="blur" blurs it instead (blur_sigma),
     mask_shape="hard" uses a hard disk. The action a is the target's choice on the clean input
     (argmax Q) or `actions`; the score always uses softmax over the model's Q-vector/logits.
+    incremental: recompute only the disk's receptive field in flax convs (see `occlusion`).
     """
     prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                      batch_size=batch_size, obs_max=obs_max)
@@ -47,7 +49,8 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHW
     score_fn = lambda o0, o1, a: sarfa_score(T.q_of(o0), T.q_of(o1), a)  # noqa: E731
     grid = disk_grid_scores(prep, apply_fn, params, name="sarfa", radius=radius, stride=stride,
                             perturbation=perturbation, blur_sigma=blur_sigma, fill=fill,
-                            mask_shape=mask_shape, score_fn=score_fn, cache_key=())
+                            mask_shape=mask_shape, score_fn=score_fn, cache_key=(),
+                            incremental=incremental)
     if return_grid:
         return grid
     return C.upsample_grid(grid, prep.shape[1:3], upsample)

@@ -1,0 +1,91 @@
+"""The incremental forward pass (recompute only the touched part of each conv) equals the plain path."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agents.networks import NatureDQN
+from jaxsal.perturbation import _common, noise_sensitivity, occlusion, sarfa
+from jaxsal.perturbation._incremental import incremental_apply
+from tests._perturbation_models import tiny_apply, tiny_obs, tiny_params
+
+
+class TwoConv(nn.Module):
+    """Two VALID convs (strided, with a per-pixel LayerNorm between) and a dict output."""
+    nonlocal_input: bool = False
+
+    @nn.compact
+    def __call__(self, obs):
+        x = jnp.asarray(obs, jnp.float32) / 255.0
+        if self.nonlocal_input:  # depends on the whole frame: a patch changes every pixel
+            x = x - x.mean(axis=(1, 2), keepdims=True)
+        x = nn.relu(nn.Conv(6, (3, 3), (2, 2), padding="VALID", name="conv1")(x))
+        x = nn.LayerNorm(name="norm")(x)
+        x = nn.relu(nn.Conv(5, (2, 2), (1, 1), padding="VALID", name="conv2")(x))
+        q = nn.Dense(3, name="q")(x.reshape(x.shape[0], -1)) * 4.0
+        return {"q": q, "value": q.mean(-1)}
+
+
+OBS = tiny_obs(3, seed=9)
+MODEL = TwoConv()
+PARAMS = MODEL.init(jax.random.PRNGKey(1), OBS[:1])
+
+
+@pytest.mark.parametrize("method,opts", [
+    (occlusion, dict(patch=2, stride=2)),
+    (occlusion, dict(patch=3, stride=2, fill=0.5, score="drop")),   # border-clipped last patch
+    (sarfa, dict(radius=1.0, stride=1, mask_shape="hard")),
+    (sarfa, dict(radius=0.5, stride=2, perturbation="blur", blur_sigma=1.0)),
+    (noise_sensitivity, dict(radius=0.5, stride=3, score="output_l2")),
+])
+def test_incremental_equals_plain(method, opts):
+    plain = np.asarray(method(MODEL.apply, PARAMS, OBS, incremental=False, return_grid=True, **opts))
+    fast = np.asarray(method(MODEL.apply, PARAMS, OBS, incremental=True, return_grid=True,
+                             batch_size=40, **opts))
+    np.testing.assert_allclose(fast, plain, rtol=1e-4, atol=1e-5)
+    assert np.abs(plain).max() > 1e-3
+
+
+def test_incremental_apply_windows_every_conv_without_leak():
+    x = jnp.asarray(OBS[:2], jnp.float32)
+    k = 5
+    r0 = jnp.tile(jnp.array([0, 3, 5, 9, 11]), 2)
+    c0 = jnp.tile(jnp.array([10, 0, 4, 7, 11]), 2)
+    xp = jnp.repeat(x, k, axis=0)
+    xp = jax.vmap(lambda xi, a, b: jax.lax.dynamic_update_slice(xi, jnp.zeros((1, 1, 2)), (a, b, 0)))(
+        xp, r0, c0)
+    out, leaked = jax.jit(lambda p: incremental_apply(MODEL.apply, p, x, xp, r0, c0, (1, 1), (12, 12)))(
+        PARAMS)
+    assert not bool(leaked)
+    want = MODEL.apply(PARAMS, xp)
+    np.testing.assert_allclose(np.asarray(out["q"]), np.asarray(want["q"]), rtol=1e-5, atol=1e-5)
+    # a box that does not cover the change is reported as a leak
+    _, leaked = incremental_apply(MODEL.apply, PARAMS, x, xp, (r0 + 2) % 12, c0, (1, 1), (12, 12))
+    assert bool(leaked)
+
+
+def test_non_local_model_falls_back_to_the_plain_path():
+    model = TwoConv(nonlocal_input=True)
+    params = model.init(jax.random.PRNGKey(2), OBS[:1])
+    plain = np.asarray(occlusion(model.apply, params, OBS, incremental=False, return_grid=True))
+    fast = np.asarray(occlusion(model.apply, params, OBS, incremental=True, return_grid=True))
+    np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-6)
+    assert any(k[2] is model.apply or k[2] == model.apply for k in _common._NON_LOCAL)
+
+
+def test_plain_function_models_are_unaffected():
+    p = tiny_params()
+    a = occlusion(tiny_apply, p, OBS, incremental=True, return_grid=True)
+    b = occlusion(tiny_apply, p, OBS, incremental=False, return_grid=True)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_nature_dqn_occlusion_incremental_equals_plain():
+    model = NatureDQN(4)
+    obs = np.random.default_rng(0).integers(0, 256, (1, 84, 84, 4), dtype=np.uint8)
+    params = model.init(jax.random.PRNGKey(0), obs)
+    plain = np.asarray(occlusion(model.apply, params, obs, stride=6, incremental=False, return_grid=True))
+    fast = np.asarray(occlusion(model.apply, params, obs, stride=6, return_grid=True))  # auto: on
+    np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)
+    assert not _common._NON_LOCAL or all(k[2] != model.apply for k in _common._NON_LOCAL)
