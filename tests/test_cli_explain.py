@@ -183,6 +183,9 @@ def _bad_cases(tmp, card):
     np.save(tmp / "ok.npy", frames(3))
     np.save(tmp / "flat.npy", np.zeros((3, 10, 10), np.uint8))
     np.save(tmp / "atari.npy", np.zeros((3, 84, 84, 4), np.uint8))
+    nan = frames(4).astype(np.float32)
+    nan[3, 0, 0, 0] = np.nan
+    np.save(tmp / "nan.npy", nan)
     (tmp / "bad.npz").write_bytes(b"junk")
     (tmp / "bad.msgpack").write_bytes(b"\x00\x01junk")
     (tmp / "afile").write_text("x")
@@ -212,6 +215,8 @@ def _bad_cases(tmp, card):
         "input and play": (base + ["--input", ok, "--play", "3"], "exactly one"),
         "bad chunk": (base + ["--input", ok, "--chunk", "0"], "chunk"),
         "bad batch": (base + ["--input", ok, "--batch-size", "-1"], "batch_size"),
+        "NaN frames": (base + ["--input", str(tmp / "nan.npy"), "--chunk", "2", "--out", str(tmp / "o_nan")],
+                       "frames 2:4: obs contains NaN"),
         "distributed without coordinator": (base + ["--input", ok, "--num-processes", "2", "--process-id", "0"],
                                             "--coordinator"),
     }

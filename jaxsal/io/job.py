@@ -228,8 +228,11 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 if store.chunk_path(out, s.alias, i).exists():
                     continue
                 ts = time.perf_counter()
-                maps = explain(apply_fn, params, x, method=s.method, batch_size=batch_size, **kw)
-                maps = np.asarray(maps[:m]).astype(dtype)
+                try:
+                    maps = explain(apply_fn, params, x, method=s.method, batch_size=batch_size, **kw)
+                    maps = np.asarray(maps[:m]).astype(dtype)
+                except SaliencyInputError as e:  # say which frames, keep it one line
+                    raise SaliencyInputError(f"{s.alias}, frames {i * chunk}:{i * chunk + m}: {e}") from None
                 seconds[s.alias] += time.perf_counter() - ts
                 results.append((s.alias, maps))
             writer.put((i, results))
