@@ -279,14 +279,19 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     for ext in videos:
         vids.append(video(gallery / f"episode.{ext}", frames, maps, fps=fps, scale=2 if ext == "gif" else scale,
                           greydanus=greydanus, scales=scales))
+    summaries = [json.loads(p.read_text()) for p in sorted(out.glob("summary-p*.json"))]
     page = gallery / "index.html"
-    page.write_text(_html(manifest, names, scales, pngs, vids, start, stop))
+    page.write_text(_html(manifest, names, scales, pngs, vids, start, stop, summaries))
     return {"html": page, "pngs": pngs, "videos": vids}
 
 
-def _html(manifest, names, scales, pngs, vids, start, stop) -> str:
+def _html(manifest, names, scales, pngs, vids, start, stop, summaries=()) -> str:
     cfg = manifest["config"]
     esc = html.escape
+    runs = "".join(
+        f"<li>process {s['process_id']}: {s['frames_computed']} frames in {s['wall_s']:.1f}s on "
+        f"{s['devices']} device(s); maps/s: "
+        + esc(", ".join(f"{k} {v}" for k, v in s["maps_per_s"].items())) + "</li>" for s in summaries)
     rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(cfg['methods'][k]['method'])}</td>"
                    f"<td><code>{esc(json.dumps(cfg['methods'][k]['options']))}</code></td>"
                    f"<td>{esc(scales[k].describe())}</td></tr>" for k in names)
@@ -307,6 +312,7 @@ code{{color:#9cf}}</style></head><body>
 <p>Agent <b>{esc(str(cfg.get('agent')))}</b>, target <b>{esc(str(cfg.get('target')))}</b>,
 frames {start}&ndash;{stop - 1} of {cfg['n']}; jaxsal {esc(str(manifest.get('version')))},
 created {esc(str(manifest.get('created')))}.</p>
+<ul>{runs}</ul>
 <table><tr><th>name</th><th>method</th><th>options</th><th>colour scale (fixed over the video)</th></tr>
 {rows}</table>
 {''.join(media)}

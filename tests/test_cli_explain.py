@@ -167,6 +167,19 @@ def test_progress_and_summary(tmp_path, agent_card, capsys):
            2 * np.asarray(jaxsal.load_maps(tmp_path / "o", "standin_grad")))
 
 
+def test_play_rollout_saved_and_reused(tmp_path, agent_card, capsys):
+    argv = ["explain", "--agent", str(agent_card), "--methods", "standin_grad", "--play", "5",
+            "--out", str(tmp_path / "o")]
+    assert main(argv) == 0
+    obs = np.load(tmp_path / "o" / "input" / "obs.npy")
+    assert obs.shape == (5, 10, 10, 4) and obs.dtype == np.uint8
+    assert jaxsal.load_maps(tmp_path / "o", "standin_grad").shape == (5, 10, 10)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "reusing the rollout" in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "summary-p0.json").read_text())["frames_computed"] == 0
+
+
 def test_real_methods_through_the_cli(tmp_path, agent_card):
     if not {"gradcam", "rise"} <= set(jaxsal.methods()):
         pytest.skip("gradcam/rise not registered")
