@@ -6,8 +6,10 @@
 
 Each snapshot computes Grad-CAM, G1Grad-CAM, G2Grad-CAM, Guided Backprop and the vanilla
 gradient in one shared forward/backward (jaxsal.explain with a method list), plus per-frame
-gradient and Guided Backprop maps for the per-stacked-frame attribution shares
-(jaxsal.frame_stats). Each snapshot is saved as `step_XXXXXXXXX.npz` (arrays only), and one
+gradient x input, gradient and Guided Backprop maps for the per-stacked-frame attribution
+shares (jaxsal.frame_stats); `newest_share`/`age_centroid` come from the first of them.
+Gradient x input counts attribution where each frame has content; plain gradients also
+spread mass over empty pixels, where the random initial filters dominate for a long time. Each snapshot is saved as `step_XXXXXXXXX.npz` (arrays only), and one
 row per snapshot goes to `stats.csv`.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ import jaxsal
 from jaxsal.frame_stats import age_centroid, frame_shares, newest_share
 
 METHODS = ("gradcam", "g1gradcam", "g2gradcam", "guided_backprop", "gradient")
-FRAME_METHODS = ("gradient", "guided_backprop")
+FRAME_METHODS = ("grad_x_input", "gradient", "guided_backprop")  # the first one drives newest_share
 
 
 def probe_states(env, n: int = 16, steps: int = 64, seed: int = 0) -> np.ndarray:
@@ -75,10 +77,12 @@ class SaliencySnapshots:
                                 per_frame=True)
             shares = np.stack([frame_shares(pf[m], self.num_frames) for m in self.frame_methods])
             arrays["frame_shares"] = shares.astype(np.float32)   # (methods, N, k)
-            row["newest_share"] = float(newest_share(shares).mean())
-            row["age_centroid"] = float(age_centroid(shares).mean())
-            for j, s in enumerate(shares.mean(axis=(0, 1))):
+            row["newest_share"] = float(newest_share(shares[0]).mean())
+            row["age_centroid"] = float(age_centroid(shares[0]).mean())
+            for j, s in enumerate(shares[0].mean(axis=0)):
                 row[f"share_{j}"] = float(s)
+            for m, s in zip(self.frame_methods[1:], shares[1:]):
+                row[f"newest_share_{m}"] = float(newest_share(s).mean())
         if self.save_maps:
             np.savez_compressed(self.out_dir / f"step_{int(step):09d}.npz", **arrays)
         self.rows.append(row)

@@ -9,9 +9,9 @@ dropped (so the ball's direction is only in the stack): the correct stack and ea
 agents.framestack, >= 3 seeds each (seed s of every variant starts from the same weights and
 the same env seed). A SaliencySnapshots callback computes Grad-CAM, G1Grad-CAM, G2Grad-CAM,
 Guided Backprop and gradient maps on a fixed probe set every K updates, and the per-stacked-
-frame attribution shares of the gradient and Guided Backprop maps (jaxsal.frame_stats).
+frame attribution shares of gradient x input maps (jaxsal.frame_stats).
 
-Statistic (from the maps alone): the share of attribution on the newest stacked frame, minus
+Statistic (from the maps alone): the share of |gradient x input| on the newest stacked frame, minus
 its value in the run's first snapshot (removes the random-init profile, which is shared by
 the seed's variants). Separation step: the earliest snapshot step from which AUC(buggy vs
 correct seeds) stays >= 0.9 (or <= 0.1) to the end of the budget; the same criterion on the
@@ -36,8 +36,8 @@ import numpy as np
 OUT = Path(__file__).parent / "results" / "frame_stack_bug"
 DEFAULT_BUGS = ("reuse", "no_update", "reversed")
 STATISTIC = "newest_share_gain"
-STAT_DOC = ("share of |attribution| (gradient + Guided Backprop maps, probe-set mean) on the newest "
-            "stacked frame, minus the same share in the run's first snapshot")
+STAT_DOC = ("share of |gradient x input| attribution (probe-set mean) on the newest stacked frame, "
+            "minus the same share in the run's first snapshot")
 
 
 def make_parser():
@@ -46,14 +46,14 @@ def make_parser():
     p.add_argument("--bugs", default=",".join(DEFAULT_BUGS),
                    help="comma-separated bugs of agents.framestack.BUGS (misaligned, reuse, no_update, reversed)")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=40_000, help="env steps per run")
+    p.add_argument("--steps", type=int, default=24_000, help="env steps per run")
     p.add_argument("--num-envs", type=int, default=32)
     p.add_argument("--rollout", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--minibatches", type=int, default=4)
     p.add_argument("--frames", type=int, default=4)
-    p.add_argument("--every", type=int, default=4, help="updates between saliency snapshots")
+    p.add_argument("--every", type=int, default=2, help="updates between saliency snapshots")
     p.add_argument("--probes", type=int, default=16)
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--keep-trail", action="store_true", help="keep MinAtar's trail channel")
@@ -85,9 +85,9 @@ def run_one(args, bug, seed, runs_dir, log=print):
 
     # probes: same env seed and random actions for every variant, so the same game states
     # (each variant sees them through its own, possibly buggy, stack)
-    probe = probe_states(env_fn(args.game, 8, seed=10_000), args.probes, seed=0)
-    env0 = env_fn(args.game, 1, seed=0)
-    model = MinAtarDQN(env0.num_actions, env0.obs_shape[-1])
+    probe_env = env_fn(args.game, 8, seed=10_000)
+    probe = probe_states(probe_env, args.probes, seed=0)
+    model = MinAtarDQN(probe_env.num_actions, probe_env.obs_shape[-1])
     cfg = PQNConfig(game=args.game, steps=args.steps, num_envs=args.num_envs, rollout=args.rollout,
                     lr=args.lr, epochs=args.epochs, minibatches=args.minibatches, seed=seed, run_dir=str(run_dir), ckpt_every=10**9)
     snaps = SaliencySnapshots(probe, run_dir / "snapshots", every=args.every, num_frames=args.frames)

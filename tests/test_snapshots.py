@@ -7,15 +7,42 @@ import numpy as np
 import pytest
 
 import jaxsal
-from agents.framestack import make_stacked_env
+from agents.framestack import FrameStackEnv
 from agents.networks import MinAtarDQN
+from jaxsal.frame_stats import frame_shares
 from agents.snapshots import (METHODS, SaliencySnapshots, load_snapshots, probe_states, read_returns,
                               render_strips)
 
 
+class RandomGridEnv:
+    """Fake MinAtar-like single-frame env (no gymnax compile): seeded random binary 10x10x3
+    frames, reward 1 when the action matches a hidden bit, episodes of 7 steps."""
+    num_actions, obs_shape = 3, (10, 10, 3)
+
+    def __init__(self, num_envs, seed=0):
+        self.n, self.rng, self.t = num_envs, np.random.default_rng(seed), 0
+
+    def _obs(self):
+        return (self.rng.random((self.n,) + self.obs_shape) < 0.2).astype(np.float32)
+
+    def reset(self):
+        self.t = 0
+        return self._obs()
+
+    def step(self, actions):
+        self.t += 1
+        reward = (np.asarray(actions) == self.rng.integers(0, 3, self.n)).astype(np.float32)
+        done = np.full(self.n, self.t % 7 == 0, np.float32)
+        return self._obs(), reward, done, [float(self.t)] * int(done.sum())
+
+
+def env_fn(game="fake", num_envs=4, train=True, seed=0):
+    return FrameStackEnv(RandomGridEnv(num_envs, seed), num_frames=4)
+
+
 @pytest.fixture(scope="module")
 def setup():
-    env = make_stacked_env("minatar-breakout", 4, seed=1, num_frames=4, drop_trail=True)
+    env = env_fn(seed=1)
     probe = probe_states(env, 6, steps=10)
     model = MinAtarDQN(env.num_actions, env.obs_shape[-1])
     params = model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + env.obs_shape))
@@ -24,8 +51,7 @@ def setup():
 
 def test_probe_states_fixed_and_spread(setup):
     env, probe, *_ = setup
-    again = probe_states(make_stacked_env("minatar-breakout", 4, seed=1, num_frames=4, drop_trail=True), 6,
-                         steps=10)
+    again = probe_states(env_fn(seed=1), 6, steps=10)
     np.testing.assert_array_equal(probe, again)
     assert probe.shape == (6, 10, 10, 12)
     assert len({p.tobytes() for p in probe}) > 1
@@ -43,7 +69,7 @@ def test_snapshots_every_k_updates_with_maps_and_frame_shares(setup, tmp_path):
     assert set(METHODS) | {"frame_shares"} == set(arr)
     for m in METHODS:
         assert arr[m].shape == (6, 10, 10) and np.all(np.isfinite(arr[m]))
-    assert arr["frame_shares"].shape == (2, 6, 4)
+    assert arr["frame_shares"].shape == (3, 6, 4)
     np.testing.assert_allclose(arr["frame_shares"].sum(-1), 1.0, rtol=1e-5)
     # the saved maps are exactly what jaxsal.explain gives for the same params and probes
     ref = jaxsal.explain(model.apply, params, probe, method=list(METHODS))
@@ -51,7 +77,9 @@ def test_snapshots_every_k_updates_with_maps_and_frame_shares(setup, tmp_path):
         np.testing.assert_allclose(arr[m], np.asarray(ref[m]), rtol=1e-5, atol=1e-7)
     row = snaps.rows[0]
     assert row["return_mean"] == 2.0
-    assert row["newest_share"] == pytest.approx(arr["frame_shares"][..., -1].mean(), rel=1e-5)
+    assert row["newest_share"] == pytest.approx(arr["frame_shares"][0, :, -1].mean(), rel=1e-5)
+    gxi = jaxsal.explain(model.apply, params, probe, method="grad_x_input", per_frame=True)
+    np.testing.assert_allclose(arr["frame_shares"][0], frame_shares(gxi, 4), rtol=1e-5)
     with open(tmp_path / "snaps" / "stats.csv") as f:
         assert len(list(csv.DictReader(f))) == 3
     png = render_strips(tmp_path / "snaps", tmp_path / "strip.png")
@@ -63,23 +91,33 @@ def test_bad_every_is_clear(setup, tmp_path):
         SaliencySnapshots(setup[1], tmp_path, every=0)
 
 
-def test_callback_in_pqn_training_changes_nothing_but_records(setup, tmp_path):
-    """agents.train.train with the snapshot callback gives bit-identical params to no callback."""
-    from agents.train import PQNConfig, train
+def _cfg(tmp_path, d):
+    from agents.train import PQNConfig
+    return PQNConfig(game="minatar-breakout", steps=4 * 4 * 6, num_envs=4, rollout=4, minibatches=2,
+                     epochs=1, run_dir=str(tmp_path / d), ckpt_every=1000)
+
+
+def test_callback_in_pqn_training_records_at_the_right_updates(setup, tmp_path):
+    from agents.train import train
     env, probe, model, _ = setup
-
-    def env_fn(game, n, train=True, seed=0):
-        return make_stacked_env(game, n, train=train, seed=seed, num_frames=4, drop_trail=True)
-
-    def cfg(d):
-        return PQNConfig(game="minatar-breakout", steps=4 * 4 * 6, num_envs=4, rollout=4, minibatches=2,
-                         epochs=1, run_dir=str(tmp_path / d), ckpt_every=1000)
     snaps = SaliencySnapshots(probe, tmp_path / "with" / "snapshots", every=2, num_frames=4)
-    a = train(cfg("with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
-    b = train(cfg("without"), log=lambda m: None, env_fn=env_fn, model=model)
-    for x, y in zip(jax.tree.leaves(a["params"]), jax.tree.leaves(b["params"])):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    out = train(_cfg(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
     assert [r["update"] for r in snaps.rows] == [1, 2, 4, 6]
     assert [r["step"] for r in snaps.rows] == [16, 32, 64, 96]
+    last = load_snapshots(tmp_path / "with" / "snapshots")[-1][1]
+    ref = jaxsal.explain(model.apply, out["params"], probe, method="gradcam")   # the final params
+    np.testing.assert_allclose(last["gradcam"], np.asarray(ref), rtol=1e-5, atol=1e-7)
     s, r = read_returns(tmp_path / "with" / "returns.csv")
-    assert s.shape == r.shape
+    assert s.shape == r.shape and s.size > 0
+
+
+@pytest.mark.slow
+def test_callback_changes_nothing_in_training(setup, tmp_path):
+    """agents.train.train with the snapshot callback gives bit-identical params to no callback."""
+    from agents.train import train
+    env, probe, model, _ = setup
+    snaps = SaliencySnapshots(probe, tmp_path / "with" / "snapshots", every=2, num_frames=4)
+    a = train(_cfg(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
+    b = train(_cfg(tmp_path, "without"), log=lambda m: None, env_fn=env_fn, model=model)
+    for x, y in zip(jax.tree.leaves(a["params"]), jax.tree.leaves(b["params"])):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
