@@ -204,13 +204,25 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     reader_q: queue.Queue = queue.Queue(maxsize=2)
     reader_err: list = []
 
+    stop = threading.Event()
+
+    def offer(item):
+        while not stop.is_set():
+            try:
+                reader_q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def reader():
         try:
             for i in todo:
-                reader_q.put(load(i))
+                if not offer(load(i)):
+                    return
         except BaseException as e:
             reader_err.append(e)
-        reader_q.put(None)
+        offer(None)
 
     writer = _Worker(save)
     writer.start()
@@ -241,13 +253,14 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 bar.update(m)
         if reader_err:
             raise reader_err[0]
-        writer.put(None)
-        writer.join()
-        if writer.error is not None:
-            raise writer.error
     finally:
+        stop.set()  # the reader stops; the writer still saves every chunk already computed
+        writer.q.put(None)
+        writer.join()
         if bar is not None:
             bar.close()
+    if writer.error is not None:
+        raise writer.error
     wall = time.perf_counter() - t0
     complete = all(not store.missing_chunks(out, s.alias, n_chunks) for s in specs)
     summary = {
