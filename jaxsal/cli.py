@@ -200,14 +200,17 @@ def cmd_explain(args) -> int:
     import jaxsal
     from jaxsal.io import MethodSpec, open_source, run_job
 
+    from jaxsal.io.job import check_specs
+
     pairs = parse_methods(args.methods)
     opts = parse_options(args.option, [a for a, _ in pairs])
     specs = [MethodSpec(a, m, opts[a]) for a, m in pairs]
-    from jaxsal.io.job import check_specs
-
     check_specs(specs)
     if (args.input is None) == (args.play is None):
         raise CLIError("give exactly one of --input PATH or --play STEPS")
+    if args.play is not None and args.num_processes > 1:
+        raise CLIError("--play records one rollout: run it with one process, then explain its "
+                       "OUT/input/obs.npy with --input on several processes")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a directory")
