@@ -276,7 +276,41 @@ def write(res: dict, out: Path):
     if res.get("notes"):
         L += ["", "## Notes", ""] + [f"- {n}" for n in res["notes"]]
     (out / "against_peers.md").write_text("\n".join(L) + "\n")
+    (out / "against_peers_README_section.md").write_text(readme_section(res))
     plot(res, out / "against_peers.png")
+
+
+def readme_section(res: dict) -> str:
+    """The README's summary: ratio jaxsal/peer at batch 256 per method against issue 8's goals."""
+    info = res["machine"]
+    L = ["## Speed against Captum and pytorch-grad-cam", "",
+         f"`python -m experiments.throughput --against captum` (needs `pip install 'jaxsal[bench]'`) "
+         f"builds the Nature-CNN DQN in flax and torch with identical weights, checks that the maps "
+         f"agree (Pearson correlation >= 0.999 where the methods are defined the same), then times "
+         f"both sides interleaved. jaxsal runs with its opt-in fast path "
+         f"`jaxsal.fastconv.fast_apply(apply_fn)` (strided convs as space-to-depth + matmuls, "
+         f"tested equal to the plain path). Measured {info['date_utc'][:10]} on "
+         f"{info.get('cpu', '?')} ({info['cpu_count']} cores, load average "
+         f"{info.get('load_avg_1_5_15', ['?'])[0]:.0f} from background training: absolute figures "
+         f"are low, ratios are what count), jax {info['jax']}, torch {info['torch']} "
+         f"({info['torch_threads']} threads), captum {info.get('captum')}. Full table, plot and "
+         f"figures at batch 1 and 4096: `experiments/results/against_peers.{{md,png,json}}`.", "",
+         "| method | peer | corr | jaxsal maps/s | peer maps/s | ratio @256 | goal |",
+         "|---|---|---|---|---|---|---|"]
+    for name, rows in res["timing"].items():
+        r = next((r for r in rows if r.get("batch") == 256 and "error" not in r), None)
+        a = res["agreement"].get(name, {})
+        corr = f"{a['corr_vs_peer']:.4f}" if "corr_vs_peer" in a else "-"
+        goal = GOALS[res["families"][name]]
+        if r is None:
+            L.append(f"| {name} | {res['peers'][name]} | {corr} | - | - | - | {goal} |")
+            continue
+        met = "met" if r["ratio"] >= goal else "not met"
+        L.append(f"| {name} | {res['peers'][name]} | {corr} | {r['jaxsal_maps_per_s']:.1f} | "
+                 f"{r['peer_maps_per_s']:.1f} | {r['ratio']:.2f} | {goal} ({met}) |")
+    if res.get("summary_notes"):
+        L += [""] + [f"- {n}" for n in res["summary_notes"]]
+    return "\n".join(L) + "\n"
 
 
 def plot(res: dict, path: Path):
@@ -334,7 +368,13 @@ def main(argv=None):
                          "2.5 GHz x 32 FLOP/cycle, AVX2 FMA x2)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--against", default="captum", help=argparse.SUPPRESS)
+    ap.add_argument("--render", type=Path, default=None,
+                    help="only re-render .md/.png/README section from this results .json")
     args = ap.parse_args(argv)
+    if args.render:
+        res = json.loads(args.render.read_text())
+        write(res, args.out)
+        return res
     try:
         import torch
     except ImportError:
