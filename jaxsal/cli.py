@@ -196,7 +196,6 @@ def _summary_lines(summary: dict) -> list[str]:
 
 
 def cmd_explain(args) -> int:
-    _init_distributed(args)
     import jaxsal
     from jaxsal.io import MethodSpec, open_source, run_job
 
@@ -214,6 +213,7 @@ def cmd_explain(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a directory")
+    _init_distributed(args)  # before the first JAX computation (loading the agent)
     agent = load_agent(args.agent, args.model)
     if args.play is not None:
         source = play(agent, args.play, out, game=args.game, seed=args.seed, quiet=args.quiet)
