@@ -7,7 +7,8 @@ Each case times `jaxsal.explain` on a Nature-CNN DQN (random init: throughput do
 on the weights) for N states of 84x84x4 uint8 frames: compile+first call, then the best of
 --repeats warm calls. The roofline is the plain forward pass of the same model: a method needing
 R model rows per map cannot exceed rows_per_s / R maps/s; `efficiency` is the fraction of that
-bound reached. Writes experiments/results/throughput_perturbation/{throughput.csv,throughput.md}.
+bound reached (above 100% for the incremental local methods, which skip most conv work).
+Writes experiments/results/throughput_perturbation/{throughput.csv,throughput.md}.
 """
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ OUT = Path(__file__).parent / "results" / "throughput_perturbation"
 KEY = jax.random.PRNGKey(0)
 # (label, method, options, model rows per map at 84x84): Paper B's parameters are the defaults.
 CASES = [
-    ("occlusion", "occlusion", {}, 42 * 42),
+    ("occlusion", "occlusion", {}, 42 * 42),                       # incremental (auto)
+    ("occlusion_plain", "occlusion", {"incremental": False}, 42 * 42),
     ("noise_sensitivity", "noise_sensitivity", {"score": "chosen_action"}, 28 * 28),
     ("noise_sensitivity_original", "noise_sensitivity", {"score": "output_l2"}, 28 * 28),
-    ("sarfa", "sarfa", {}, 42 * 42),
+    ("sarfa", "sarfa", {}, 42 * 42),                               # incremental (auto)
+    ("sarfa_plain", "sarfa", {"incremental": False}, 42 * 42),
     ("rise", "rise", {"key": KEY}, 1000),
     ("lime_slic", "lime", {"key": KEY, "segmentation": "slic"}, 2000),
     ("lime_quickshift", "lime", {"key": KEY, "segmentation": "quickshift"}, 1500),
