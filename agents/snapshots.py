@@ -45,20 +45,21 @@ class SaliencySnapshots:
 
     def __init__(self, probe, out_dir, every: int = 10, methods=METHODS, num_frames: int | None = None,
                  frame_methods=FRAME_METHODS, layer: str | None = None, save_maps: bool = True,
-                 at_start: bool = True):
+                 at_start: bool = True, target="q_chosen"):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int (updates between snapshots), got {every!r}")
         self.probe = np.asarray(probe)
         self.out_dir = Path(out_dir)
         self.every, self.methods, self.layer = every, tuple(methods), layer
         self.num_frames, self.frame_methods = num_frames, tuple(frame_methods) if num_frames else ()
-        self.save_maps, self.at_start = save_maps, at_start
+        self.save_maps, self.at_start, self.target = save_maps, at_start, target
         self.rows: list[dict] = []
         self.out_dir.mkdir(parents=True, exist_ok=True)
         np.save(self.out_dir / "probe.npy", self.probe, allow_pickle=False)
         (self.out_dir / "meta.json").write_text(json.dumps(
             {"every": every, "methods": list(self.methods), "num_frames": num_frames,
-             "frame_methods": list(self.frame_methods), "layer": layer}))
+             "frame_methods": list(self.frame_methods), "layer": layer,
+             "target": target if isinstance(target, str) else repr(target)}))
 
     def __call__(self, *, step, update, params, apply_fn, returns=None, **_):
         first = self.at_start and not self.rows   # the first call records the start of training
@@ -68,13 +69,14 @@ class SaliencySnapshots:
 
     def record(self, step, update, params, apply_fn, returns=None) -> dict:
         """Compute and save one snapshot now; returns its stats row."""
-        maps = jaxsal.explain(apply_fn, params, self.probe, method=list(self.methods), layer=self.layer)
+        maps = jaxsal.explain(apply_fn, params, self.probe, method=list(self.methods), layer=self.layer,
+                              target=self.target)
         arrays = {m: np.asarray(v, np.float32) for m, v in maps.items()}
         row = {"step": int(step), "update": int(update),
                "return_mean": float(np.mean(returns[-20:])) if returns else float("nan")}
         if self.num_frames:
             pf = jaxsal.explain(apply_fn, params, self.probe, method=list(self.frame_methods),
-                                per_frame=True)
+                                per_frame=True, target=self.target)
             shares = np.stack([frame_shares(pf[m], self.num_frames) for m in self.frame_methods])
             arrays["frame_shares"] = shares.astype(np.float32)   # (methods, N, k)
             row["newest_share"] = float(newest_share(shares[0]).mean())
@@ -120,7 +122,7 @@ def probe_image(obs, num_frames: int | None = None):
     """One probe observation (H, W, C) as a 2-D image of its newest frame: the last C/k
     channels of a frame-major stack, weighted by channel index so objects differ in shade."""
     obs = np.asarray(obs, np.float32)
-    c = obs.shape[-1] // (num_frames or obs.shape[-1])
+    c = obs.shape[-1] // (num_frames or 1)
     newest = obs[..., -c:]
     return newest[..., 0] if c == 1 else (newest * np.arange(1, c + 1)).max(-1)
 
@@ -174,3 +176,34 @@ def render_strips(out_dir, out_png, returns_csv=None, state: int = 0, max_cols: 
     fig.savefig(out_png, dpi=90)
     plt.close(fig)
     return out_png
+
+
+def for_run(game: str, run_dir, every: int, seed: int = 0, n_probes: int = 16,
+            target="q_chosen") -> SaliencySnapshots:
+    """The callback behind the trainers' `--snapshot-every K` flag: probes from a separate
+    evaluation env of `game`, snapshots in RUN_DIR/snapshots (per-frame shares for Atari's
+    4-frame grey stacks; MinAtar frames are not stacked)."""
+    from agents.envs import is_minatar, make_env
+
+    env = make_env(game, 8, train=False, seed=seed + 10_000)
+    return SaliencySnapshots(probe_states(env, n_probes, seed=seed), Path(run_dir) / "snapshots",
+                             every=every, num_frames=None if is_minatar(game) else env.obs_shape[-1],
+                             target=target)
+
+
+def main(argv=None):
+    """python -m agents.snapshots RUN_DIR [--out strips.png]: render a run's snapshot strips."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("run_dir")
+    p.add_argument("--out", default=None)
+    p.add_argument("--state", type=int, default=0, help="which probe state to show")
+    a = p.parse_args(argv)
+    out = a.out or str(Path(a.run_dir) / "snapshots" / "strips.png")
+    render_strips(Path(a.run_dir) / "snapshots", out, Path(a.run_dir) / "returns.csv", state=a.state)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

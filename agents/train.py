@@ -205,9 +205,16 @@ def main(argv=None):
             parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=f.default)
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default)
-    args = parser.parse_args(argv)
-    cfg = PQNConfig(**vars(args))
-    train(cfg, log=lambda m: print(m, flush=True))
+    parser.add_argument("--snapshot-every", type=int, default=0,
+                        help="updates between saliency snapshots in RUN_DIR/snapshots (agents.snapshots); 0: off")
+    args = vars(parser.parse_args(argv))
+    every = args.pop("snapshot_every")
+    cfg = PQNConfig(**args)
+    callback = None
+    if every:
+        from agents.snapshots import for_run
+        callback = for_run(cfg.game, cfg.run_dir, every, seed=cfg.seed)
+    train(cfg, log=lambda m: print(m, flush=True), callback=callback)
 
 
 if __name__ == "__main__":

@@ -172,7 +172,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(PPOConfig):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    train(PPOConfig(**vars(parser.parse_args(argv))), log=lambda m: print(m, flush=True))
+    parser.add_argument("--snapshot-every", type=int, default=0,
+                        help="updates between saliency snapshots in RUN_DIR/snapshots (agents.snapshots); 0: off")
+    args = vars(parser.parse_args(argv))
+    every = args.pop("snapshot_every")
+    cfg = PPOConfig(**args)
+    callback = None
+    if every:
+        from agents.snapshots import for_run
+        callback = for_run(cfg.game, cfg.run_dir, every, seed=cfg.seed, target="policy_logit")
+    train(cfg, log=lambda m: print(m, flush=True), callback=callback)
 
 
 if __name__ == "__main__":
