@@ -3,7 +3,8 @@
 The function is traced to a jaxpr and re-evaluated with every ReLU (`jax.nn.relu` /
 flax `nn.relu`, seen as a `custom_jvp_call` whose inner jaxpr is `max(x, 0)`, or a bare
 `max(x, 0)`) replaced by a custom-VJP ReLU: same forward values, new backward. The result
-is an ordinary JAX function, so it composes with `jit`, `vmap` and `grad`.
+is an ordinary JAX function, so it composes with `jit`, `vmap` and `grad`. Other
+activations (leaky ReLU, GELU, ...) keep their ordinary gradients.
 """
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import core as jcore
+try:
+    from jax.extend import core as jcore
+    jcore.Literal  # noqa: B018 (older JAX lacks it here)
+except (ImportError, AttributeError):  # pragma: no cover
+    from jax import core as jcore
 
 RULES = ("plain", "guided", "deconvnet")
 
