@@ -148,7 +148,7 @@ def _block(out):
     jax.tree.map(lambda t: t.block_until_ready() if hasattr(t, "block_until_ready") else t, out)
 
 
-def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, probe: int = 2):
+def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, probe: int = 8):
     """Interleaved timing of both sides on the same states; per-call budget caps the states."""
     from experiments.peers.torch_nature import to_nchw
     family, kw, peer, label, _ = case
@@ -167,6 +167,7 @@ def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, 
     p = min(probe, batch)
     o, x = _obs(p, 1), to_nchw(_obs(p, 1))
     first = run_j(o)                   # compiles
+    run_t(x)                           # warms torch/captum up
     pj, pt = run_j(o) / p, run_t(x) / p
     per_call = budget / (2 * repeats)
     n = batch if max(pj, pt) * batch <= per_call else max(p, int(per_call / max(pj, pt)))
@@ -370,6 +371,8 @@ def main(argv=None):
     ap.add_argument("--against", default="captum", help=argparse.SUPPRESS)
     ap.add_argument("--render", type=Path, default=None,
                     help="only re-render .md/.png/README section from this results .json")
+    ap.add_argument("--agreement-from", type=Path, default=None,
+                    help="reuse the agreement table of an earlier results .json (same seed/model)")
     args = ap.parse_args(argv)
     if args.render:
         res = json.loads(args.render.read_text())
@@ -400,7 +403,11 @@ def main(argv=None):
                "timed with jaxsal's default score 1 - Q_a(x'), same cost. Noise sensitivity is "
                "compared on the score grid; the torch side uses jaxsal's masks and blur matrices."]}
     out = args.out
+    prev = json.loads(args.agreement_from.read_text())["agreement"] if args.agreement_from else {}
     for name in names:
+        if name in prev and "error" not in prev[name]:
+            res["agreement"][name] = prev[name]
+            continue
         try:
             res["agreement"][name] = a = agreement(apply_fn, params, name, table[name])
             print(f"agree {name:36s} corr vs peer {a['corr_vs_peer']:.6f}  fast vs plain "

@@ -101,3 +101,7 @@ def test_benchmark_runs_end_to_end(tmp_path):
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"against_peers.{ext}").stat().st_size > 0
     assert "| gradient |" in (tmp_path / "against_peers.md").read_text()
+    again = tmp_path / "again"
+    AP.main(["--render", str(tmp_path / "against_peers.json"), "--out", str(again)])
+    section = (again / "against_peers_README_section.md").read_text()
+    assert "| gradient | captum Saliency |" in section
