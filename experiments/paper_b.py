@@ -82,17 +82,45 @@ def layer_groups(params, layers=LAYERS):
     return tuple((l, f"{l}_norm") if f"{l}_norm" in names else l for l in layers)
 
 
-def time_maps(agent, obs, method, opts, key):
-    """(maps, first-call seconds incl. compile, steady seconds per map)."""
+def time_maps(agent, obs, method, opts, key, n_time: int = 4):
+    """(maps on all states, first-call seconds incl. compile, steady ms per map on n_time states)."""
     kw = dict(opts)
     if method in jaxsal.registry.STOCHASTIC:
         kw["key"] = key
     t0 = time.perf_counter()
     maps = jax.block_until_ready(jaxsal.explain(agent.apply_fn, agent.params, obs, method=method, **kw))
     first = time.perf_counter() - t0
+    sub = obs[:n_time]
+    jax.block_until_ready(jaxsal.explain(agent.apply_fn, agent.params, sub, method=method, **kw))
     t0 = time.perf_counter()
-    jax.block_until_ready(jaxsal.explain(agent.apply_fn, agent.params, obs, method=method, **kw))
-    return maps, first, (time.perf_counter() - t0) / len(obs)
+    jax.block_until_ready(jaxsal.explain(agent.apply_fn, agent.params, sub, method=method, **kw))
+    return maps, first, (time.perf_counter() - t0) / len(sub)
+
+
+def method_result(cache: Path, label, agent, obs, method, opts, key, n_sanity, groups, skip_sanity):
+    """Maps, timing and sanity results of one method, cached in `cache` (npz, no pickle) so an
+    interrupted run resumes where it stopped."""
+    f = cache / f"{label}.npz"
+    if f.exists():
+        z = dict(np.load(f))
+        sanity = {}
+        for k, v in z.items():
+            if k.startswith("sanity/"):
+                _, g, metric = k.split("/")
+                sanity.setdefault(g, {})[metric] = v
+        return z["maps"], {"first_call_s": float(z["first_call_s"]), "ms_per_map": float(z["ms_per_map"])}, sanity
+    print(f"[{label}] maps", flush=True)
+    maps, first, per_map = time_maps(agent, obs, method, opts, key)
+    timing = {"first_call_s": round(first, 3), "ms_per_map": round(1000 * per_map, 3)}
+    sanity = {}
+    if not skip_sanity:
+        print(f"[{label}] sanity check on {n_sanity} states", flush=True)
+        r = sanity_check(agent.model, agent.params, obs[:n_sanity], method=method, layers=groups,
+                         key=key, **opts)
+        sanity = {g: {k: np.asarray(v) for k, v in d.items()} for g, d in r.items()}
+    np.savez(f, maps=np.asarray(maps), **timing,
+             **{f"sanity/{g}/{k}": v for g, d in sanity.items() for k, v in d.items()})
+    return np.asarray(maps), timing, sanity
 
 
 def mean_std(x):
@@ -179,18 +207,21 @@ def run_game(game, args):
     if skipped:
         print(f"[{game}] skipping methods not registered with jaxsal: {skipped}", file=sys.stderr)
 
-    maps, timing, sanity = {}, [], {}
+    maps, timing, sanity, failed = {}, [], {}, {}
     groups = layer_groups(agent.params)
+    cache = out / "cache" / f"{agent.name}_s{len(obs)}_k{n_sanity}_seed{args.seed}"
+    cache.mkdir(parents=True, exist_ok=True)
     for label, method, opts in chosen:
-        print(f"[{game}] {label}: maps", flush=True)
-        maps[label], first, per_map = time_maps(agent, obs, method, opts, key)
-        timing.append({"method": label, "states": len(obs), "first_call_s": round(first, 3),
-                       "ms_per_map": round(1000 * per_map, 3)})
-        if not args.skip_sanity:
-            print(f"[{game}] {label}: sanity check on {n_sanity} states", flush=True)
-            r = sanity_check(agent.model, agent.params, obs[:n_sanity], method=method, layers=groups,
-                             key=key, **opts)
-            sanity[label] = {g: {k: np.asarray(v) for k, v in d.items()} for g, d in r.items()}
+        try:
+            maps[label], t, san = method_result(cache, label, agent, obs, method, opts, key, n_sanity,
+                                                groups, args.skip_sanity)
+        except Exception as e:   # one broken method must not lose the others' results
+            failed[label] = f"{type(e).__name__}: {e}"
+            print(f"[{game}] {label} FAILED: {failed[label]}", file=sys.stderr, flush=True)
+            continue
+        timing.append({"method": label, "states_timed": min(4, len(obs)), **t})
+        if san:
+            sanity[label] = san
     maps["random"] = jax.random.uniform(jax.random.fold_in(key, 7), (len(obs), 84, 84))
 
     ins_rows, per_state = [], []
@@ -229,8 +260,9 @@ def run_game(game, args):
         md.append(f"| {r['method']} | " + " | ".join(cells) + " |")
     (out / "insertion.md").write_text("\n".join(md) + "\n")
 
-    summary = md + ["", "## Time per map", "", "| method | ms / map | first call incl. compile (s) |",
-                    "|---|---|---|"]
+    summary = md + ["", f"## Time per map ({jax.default_backend()}; steady state on 4 states, and the first "
+                    f"call on all {len(obs)} states including compilation)", "",
+                    "| method | ms / map | first call incl. compile (s) |", "|---|---|---|"]
     summary += [f"| {t['method']} | {t['ms_per_map']:.1f} | {t['first_call_s']:.1f} |" for t in timing]
     if sanity:
         rows = []
@@ -260,7 +292,7 @@ def run_game(game, args):
     maps_figure(out / "maps.png", obs, {k: v for k, v in maps.items()}, f"{game}: state 0{tag}")
     meta = {"game": game, "agent": agent_desc, "trained": trained, "states": len(obs),
             "sanity_states": n_sanity if sanity else 0, "seed": args.seed,
-            "methods": [m[0] for m in chosen], "skipped_methods": skipped,
+            "methods": [m[0] for m in chosen], "skipped_methods": skipped, "failed_methods": failed,
             "layers_randomised": [list(g) if isinstance(g, tuple) else g for g in groups],
             "episode_returns": batch.episode_returns, "jax": jax.__version__,
             "backend": jax.default_backend(), "python": platform.python_version()}

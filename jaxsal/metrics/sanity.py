@@ -86,9 +86,10 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
 
     model: a flax module (its `init` gives the fresh weights, `apply` the agent) or an
     `init_fn(key) -> params` together with `apply_fn=`. Layers are randomised top-down and
-    cumulatively in the order given (an entry may be a tuple of names randomised together, labelled
-    by its first name, e.g. ("conv1", "conv1_norm")). Returns `{layer: {"spearman": (N,), "ssim": (N,), "hog": (N,)},
-    "random_uniform": {...}, "random_gaussian": {...}}` (Paper B's inverted-max similarities to the
+    cumulatively in the order given (an entry may be a tuple of names randomised together,
+    labelled by its first name, e.g. ("conv1", "conv1_norm")). Returns
+    `{layer: {"spearman": (N,), "ssim": (N,), "hog": (N,)}, "random_uniform": {...},
+    "random_gaussian": {...}}` (Paper B's inverted-max similarities to the
     original map; baselines compare the original with U(0,1) and N(0,1) maps), plus `"maps"`
     ({"original": ..., layer: ...}) with `return_maps=True`. `key` seeds the re-initialisation,
     the baselines, and (unchanged, for every model) the method's own randomness.
