@@ -183,7 +183,10 @@ def _init_distributed(args):
 
 
 def _summary_lines(summary: dict) -> list[str]:
-    rates = ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in summary["maps_per_s"].items())
+    steady = summary.get("maps_per_s_after_compile", {})
+    rates = ", ".join((f"{k} {v:.1f}" if v else f"{k} -") + (f" ({steady[k]:.1f} after compile)"
+                                                              if steady.get(k) else "")
+                      for k, v in summary["maps_per_s"].items())
     lines = [f"frames: {summary['frames']} in the buffer, {summary['frames_computed']} computed now"
              + (f", {summary['frames_resumed']} already done" if summary["frames_resumed"] else "")
              + (f" (process {summary['process_id']} of {summary['num_processes']})"

@@ -201,6 +201,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 store.write_chunk(out, alias, i, maps)
 
     seconds = {s.alias: 0.0 for s in specs}
+    first_chunk_s: dict = {}
     reader_q: queue.Queue = queue.Queue(maxsize=2)
     reader_err: list = []
 
@@ -246,6 +247,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 except SaliencyInputError as e:  # say which frames, keep it one line
                     raise SaliencyInputError(f"{s.alias}, frames {i * chunk}:{i * chunk + m}: {e}") from None
                 seconds[s.alias] += time.perf_counter() - ts
+                if not first_chunk_s.get(s.alias):
+                    first_chunk_s[s.alias] = (m, time.perf_counter() - ts)  # includes compilation
                 results.append((s.alias, maps))
             writer.put((i, results))
             computed += m
@@ -267,6 +270,10 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         "frames": n, "frames_this_process": total, "frames_computed": computed,
         "frames_resumed": done_before, "wall_s": round(wall, 3),
         "maps_per_s": {a: (round(computed / t, 2) if t > 0 and computed else None) for a, t in seconds.items()},
+        "maps_per_s_after_compile": {
+            a: (round((computed - first_chunk_s[a][0]) / (t - first_chunk_s[a][1]), 2)
+                if a in first_chunk_s and computed > first_chunk_s[a][0] and t > first_chunk_s[a][1] else None)
+            for a, t in seconds.items()},
         "out": str(out.absolute()), "complete": complete, "process_id": process_id,
         "num_processes": num_processes, "devices": jax.local_device_count(),
     }
