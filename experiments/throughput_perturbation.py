@@ -97,7 +97,7 @@ def main(argv=None):
         w.writeheader()
         w.writerows(rows)
     dev = f"{jax.devices()[0].platform} ({jax.devices()[0].device_kind}, {jax.device_count()} devices)"
-    lines = [f"# Perturbation-method throughput\n",
+    lines = ["# Perturbation-method throughput\n",
              f"Device: {dev}; host {platform.node()}; jax {jax.__version__}; {args.states} states; "
              f"batch_size {args.batch_size}; forward {rows_s:,.0f} rows/s.\n",
              "| case | rows/map | maps/s | first call (s) | of forward bound |",

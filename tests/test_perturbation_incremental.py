@@ -35,9 +35,10 @@ PARAMS = MODEL.init(jax.random.PRNGKey(1), OBS[:1])
 @pytest.mark.parametrize("method,opts", [
     (occlusion, dict(patch=2, stride=2)),
     (occlusion, dict(patch=3, stride=2, fill=0.5, score="drop")),   # border-clipped last patch
-    (sarfa, dict(radius=1.0, stride=1, mask_shape="hard")),
+    pytest.param(sarfa, dict(radius=1.0, stride=1, mask_shape="hard"), marks=pytest.mark.slow),
     (sarfa, dict(radius=0.5, stride=2, perturbation="blur", blur_sigma=1.0)),
-    (noise_sensitivity, dict(radius=0.5, stride=3, score="output_l2")),
+    pytest.param(noise_sensitivity, dict(radius=0.5, stride=3, score="output_l2"),
+                 marks=pytest.mark.slow),
 ])
 def test_incremental_equals_plain(method, opts):
     plain = np.asarray(method(MODEL.apply, PARAMS, OBS, incremental=False, return_grid=True, **opts))

@@ -1,9 +1,9 @@
 """Perturbation saliency methods (registered with jaxsal.explain): occlusion, noise sensitivity,
 RISE, LIME and SARFA, batched over states x perturbations on device."""
-from jaxsal.perturbation.lime import lime, lime_samples, segment
+from jaxsal.perturbation.lime import lime, lime_samples, segment  # noqa: F401
 from jaxsal.perturbation.noise import noise_sensitivity
 from jaxsal.perturbation.occlusion import occlusion
 from jaxsal.perturbation.rise import rise, rise_masks
-from jaxsal.perturbation.sarfa import sarfa, sarfa_score
+from jaxsal.perturbation.sarfa import sarfa, sarfa_score  # noqa: F401
 
 __all__ = ["occlusion", "noise_sensitivity", "rise", "rise_masks", "lime", "sarfa"]

@@ -1,8 +1,6 @@
 """Noise sensitivity (Greydanus et al. 2018): blur a soft local disk, measure the output change."""
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
 from jaxsal.perturbation import _disk as D
