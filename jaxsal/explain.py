@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from jaxsal.errors import SaliencyInputError
-from jaxsal.registry import accepted_options, call_method, get_method
+from jaxsal.registry import accepted_options, call_method, get_method, is_default
 
 
 def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", target="q_chosen",
@@ -25,10 +25,6 @@ def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", targ
     return call_method(method, apply_fn, params, obs, common, options)
 
 
-def _is_default(v) -> bool:
-    return v is None or v is False or (isinstance(v, str) and v in ("NHWC", "q_chosen"))
-
-
 def _explain_many(methods, apply_fn, params, obs, common, options):
     """Several methods in one call: each gets the options it accepts; the single-backward
     gradient/CAM methods (see jaxsal.gradient.family) share one forward/backward per chunk."""
@@ -36,7 +32,7 @@ def _explain_many(methods, apply_fn, params, obs, common, options):
         raise SaliencyInputError("method list is empty; pass at least one method name")
     accepted = {m: accepted_options(get_method(m)) for m in methods}
     for name, value in {**common, **options}.items():
-        if name in options or not _is_default(value):
+        if name in options or not is_default(value):
             if not any(name in acc for acc in accepted.values()):
                 raise SaliencyInputError(f"none of the methods {methods} takes {name}={value!r}")
     from jaxsal.gradient.family import FAMILY, LAYER_METHODS, compute

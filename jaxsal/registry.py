@@ -32,6 +32,11 @@ def accepted_options(fn: Callable) -> list[str]:
     return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def is_default(value) -> bool:
+    """True for a common argument left at its default (None, False, "NHWC", "q_chosen")."""
+    return value is None or value is False or (isinstance(value, str) and value in ("NHWC", "q_chosen"))
+
+
 def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
     """Call a registered method with the common arguments it takes and the user's options.
 
@@ -49,7 +54,7 @@ def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
     for k, v in common.items():
         if k in accepted:
             kwargs[k] = v
-        elif v not in (None, False, "NHWC", "q_chosen"):
+        elif not is_default(v):
             raise SaliencyInputError(f"method {name!r} does not take {k}={v!r}; it accepts: "
                                      f"{', '.join(accepted)}")
     return fn(apply_fn, params, obs, **kwargs)
