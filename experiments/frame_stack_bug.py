@@ -64,6 +64,9 @@ def make_parser():
     return p
 
 
+_MODELS: dict = {}
+
+
 def run_one(args, bug, seed, runs_dir, log=print):
     """Train one variant/seed with snapshots; returns its snapshot rows (cached on disk)."""
     from agents.framestack import make_stacked_env
@@ -87,7 +90,8 @@ def run_one(args, bug, seed, runs_dir, log=print):
     # (each variant sees them through its own, possibly buggy, stack)
     probe_env = env_fn(args.game, 8, seed=10_000)
     probe = probe_states(probe_env, args.probes, seed=0)
-    model = MinAtarDQN(probe_env.num_actions, probe_env.obs_shape[-1])
+    shape = (probe_env.num_actions, probe_env.obs_shape[-1])
+    model = _MODELS.setdefault(shape, MinAtarDQN(*shape))   # one instance: compiled maps are reused
     cfg = PQNConfig(game=args.game, steps=args.steps, num_envs=args.num_envs, rollout=args.rollout,
                     lr=args.lr, epochs=args.epochs, minibatches=args.minibatches, seed=seed, run_dir=str(run_dir), ckpt_every=10**9)
     snaps = SaliencySnapshots(probe, run_dir / "snapshots", every=args.every, num_frames=args.frames)
