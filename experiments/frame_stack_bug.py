@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 OUT = Path(__file__).parent / "results" / "frame_stack_bug"
-DEFAULT_BUGS = ("reuse", "no_update", "reversed")
+DEFAULT_BUGS = ("reuse", "no_update", "reversed", "misaligned")
 STATISTIC = "newest_share_gain"
 STAT_DOC = ("share of |gradient x input| attribution (probe-set mean) on the newest stacked frame, "
             "minus the same share in the run's first snapshot")
