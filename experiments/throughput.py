@@ -42,8 +42,8 @@ CASES: dict[str, dict] = {
     "smoothgrad (n=50)": dict(method="smoothgrad", n_samples=50, key=0),
     "integrated_gradients (steps=50)": dict(method="integrated_gradients", steps=50),
     # perturbation methods at Paper B's parameters (issue 4; see also throughput_perturbation.py)
-    "occlusion (2x2/2, incremental)": dict(method="occlusion"),
-    "occlusion (2x2/2, plain)": dict(method="occlusion", incremental=False),
+    "occlusion (2x2/2)": dict(method="occlusion"),
+    "occlusion (2x2/2, incremental)": dict(method="occlusion", incremental=True),
     "noise_sensitivity (r3/3)": dict(method="noise_sensitivity"),
     "sarfa (r2/2)": dict(method="sarfa"),
     "rise (1000 masks)": dict(method="rise", key=0),

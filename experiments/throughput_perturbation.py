@@ -29,12 +29,12 @@ OUT = Path(__file__).parent / "results" / "throughput_perturbation"
 KEY = jax.random.PRNGKey(0)
 # (label, method, options, model rows per map at 84x84): Paper B's parameters are the defaults.
 CASES = [
-    ("occlusion", "occlusion", {}, 42 * 42),                       # incremental (auto)
-    ("occlusion_plain", "occlusion", {"incremental": False}, 42 * 42),
+    ("occlusion", "occlusion", {}, 42 * 42),
+    ("occlusion_incremental", "occlusion", {"incremental": True}, 42 * 42),
     ("noise_sensitivity", "noise_sensitivity", {"score": "chosen_action"}, 28 * 28),
     ("noise_sensitivity_original", "noise_sensitivity", {"score": "output_l2"}, 28 * 28),
-    ("sarfa", "sarfa", {}, 42 * 42),                               # incremental (auto)
-    ("sarfa_plain", "sarfa", {"incremental": False}, 42 * 42),
+    ("sarfa", "sarfa", {}, 42 * 42),
+    ("sarfa_incremental", "sarfa", {"incremental": True}, 42 * 42),
     ("rise", "rise", {"key": KEY}, 1000),
     ("lime_slic", "lime", {"key": KEY, "segmentation": "slic"}, 2000),
     ("lime_quickshift", "lime", {"key": KEY, "segmentation": "quickshift"}, 1500),
@@ -67,9 +67,10 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=None, help="model rows per forward pass")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="case labels to run")
+    ap.add_argument("--layer-norm", action="store_true", help="the LayerNorm DQN (shipped agents)")
     args = ap.parse_args(argv)
 
-    model = agents.build_model("breakout", "dqn", 4, layer_norm=False)
+    model = agents.build_model("breakout", "dqn", 4, layer_norm=args.layer_norm)
     obs = np.random.default_rng(0).integers(0, 256, (args.states, 84, 84, 4), dtype=np.uint8)
     params = model.init(jax.random.PRNGKey(0), obs[:1])
     roof_rows = args.batch_size or jaxsal.perturbation._common.DEFAULT_ROWS

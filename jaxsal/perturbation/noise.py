@@ -19,7 +19,7 @@ def check_radius(radius, hw) -> float:
 
 
 def disk_grid_scores(prep, apply_fn, params, *, name, radius, stride, perturbation, blur_sigma,
-                     fill, mask_shape, score_fn, cache_key, incremental=None):
+                     fill, mask_shape, score_fn, cache_key, incremental=False):
     """(N, gy, gx) scores with a disk mask M centred every `stride` px (Greydanus' grid):
     x' = x (1 - M) + B M, B = the frame-wise blurred state (perturbation="blur") or `fill`."""
     n, h, w, _ = prep.shape
@@ -62,7 +62,7 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
                       batch_size=None, radius: float = 3.0, stride: int = 3, blur_sigma: float = 3.0,
                       score: str = "chosen_action", perturbation: str = "blur", fill=0.0,
                       mask_shape: str = "gaussian", upsample: str = "bilinear", obs_max=None,
-                      incremental: bool | None = None, return_grid: bool = False):
+                      incremental: bool | None = False, return_grid: bool = False):
     """Greydanus noise-sensitivity maps (N, H, W), scored every `stride` px and resized.
 
     Mask M = Greydanus' 5-pixel disk at the centre blurred with sigma `radius`, / its max;

@@ -27,7 +27,7 @@ def _patch_mask(gy, gx, hw, patch, stride):
 @register("occlusion")
 def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
               batch_size=None, patch: int = 2, stride: int = 2, fill=0.0, score: str = "one_minus",
-              upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
+              upsample: str = "bilinear", obs_max=None, incremental: bool | None = False,
               return_grid: bool = False):
     """Occlusion maps (N, H, W): score of the target when a `patch`x`patch` square (all stacked
     frames) is set to `fill`, on a grid of stride `stride`, resized to the input.
@@ -38,8 +38,9 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
     `obs_max`), or "black"/"grey"/"mean". return_grid=True returns the (N, gy, gx) grid instead.
     batch_size bounds the model rows (states x patches) per forward pass. incremental=True
     recomputes only the patch's receptive field in each flax nn.Conv (equal to the plain path up
-    to rounding, checked at run time; other models run the plain path); False: plain path;
-    None (default): on when the patch covers <= 1/16 of the image.
+    to rounding, checked at run time; other models run the plain path). Measured on XLA:CPU it
+    is ~2x faster for the Nature CNN but slower with LayerNorm, so it is opt-in (False, the
+    default: plain path; None: on when the patch covers <= 1/16 of the image).
     """
     prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                      batch_size=batch_size, obs_max=obs_max)

@@ -33,7 +33,7 @@ def sarfa_score(q0, q1, a):
 def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
           batch_size=None, radius: float = 2.0, stride: int = 2, perturbation: str = "black",
           blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "gaussian",
-          upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
+          upsample: str = "bilinear", obs_max=None, incremental: bool | None = False,
           return_grid: bool = False):
     """SARFA maps (N, H, W) on a grid of disk perturbations every `stride` px, resized.
 
