@@ -102,11 +102,16 @@ def cases(torch_model, rise_key):
         "gradcam_pp conv3": ("gradcam_pp", dict(method="gradcam_pp", layer="conv3"),
                              functools.partial(P.gradcam_pp, tm), pgc, ({}, None)),
         "occlusion (2x2, stride 2)": (
-            "occlusion", dict(method="occlusion", patch=2, stride=2), occ,
+            "occlusion", dict(method="occlusion", patch=2, stride=2, incremental=True), occ,
             "captum Occlusion (perturbations_per_eval=256)",
             (dict(score="drop", return_grid=True), functools.partial(occ, return_grid=True))),
         "noise_sensitivity (r 3, stride 3)": (
-            "noise_sensitivity", dict(method="noise_sensitivity", radius=3.0, stride=3), noise,
+            "noise_sensitivity", dict(method="noise_sensitivity", radius=3.0, stride=3,
+                                      incremental=True), noise,
+            "batched torch (written here)", (dict(return_grid=True), functools.partial(noise, return_grid=True))),
+        "noise_sensitivity (r 3, stride 3, plain path)": (
+            "noise_sensitivity", dict(method="noise_sensitivity", radius=3.0, stride=3,
+                                      incremental=False), noise,
             "batched torch (written here)", (dict(return_grid=True), functools.partial(noise, return_grid=True))),
         "rise (1000 masks)": (
             "rise", dict(method="rise", n_masks=1000, key=rise_key),
