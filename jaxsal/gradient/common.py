@@ -19,7 +19,6 @@ from jaxsal.errors import SaliencyInputError
 from jaxsal.targets import check_actions, get_target, logits_of, q_of
 from jaxsal.validate import check_obs, check_positive_int, spatial_shape, to_nhwc
 
-DEFAULT_ROWS = 1024  # model rows (states x samples/steps) per compiled call when batch_size=None
 
 
 class Prepared(NamedTuple):
@@ -100,7 +99,7 @@ def prepare(apply_fn, params, obs, *, target, actions, layout, batch_size) -> Pr
     elif tgt.name == "q_action":
         raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
     key = target if isinstance(target, str) else ("callable", target)
-    rows = DEFAULT_ROWS if batch_size is None else int(batch_size)
+    rows = batching.default_rows() if batch_size is None else int(batch_size)
     return Prepared(x, tgt, key, actions, spatial_shape(x.shape, layout), layout, rows)
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import targets as T
-from jaxsal.batching import cached_jit, map_batched
+from jaxsal.batching import cached_jit, default_rows, map_batched
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics.similarity import check_maps
 from jaxsal.validate import check_obs, check_positive_int, spatial_shape
@@ -99,6 +99,7 @@ def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score
     m = check_maps(maps, "maps", shape=(n, h, w))
     per_step = check_positive_int("pixels_per_step", pixels_per_step)
     steps = math.ceil(h * w / per_step)
+    batch_size = default_rows() if batch_size is None else batch_size
     if substrate == "random" and key is None:
         raise SaliencyInputError("substrate='random' needs key=jax.random.PRNGKey(seed) "
                                  "(same key -> same substrate)")
@@ -130,7 +131,7 @@ def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score
 
 
 def insertion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_step: int = 84,
-              score: str = "q_value", key=None, *, actions=None, batch_size: int | None = 1024,
+              score: str = "q_value", key=None, *, actions=None, batch_size: int | None = None,
               layout: str = "NHWC", pixel_range=(0.0, 255.0), blur_sigma: float = 5.0):
     """Insertion curves: start from `substrate`, insert pixels (all frames of a pixel at once)
     by decreasing saliency, `pixels_per_step` per step; returns {"auc": (N,), "curves": (N, S+1)}.
@@ -140,14 +141,14 @@ def insertion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_
     "advantage" = Q_a(x_t) - mean_b Q_b(x_t), a = argmax Q(x) unless `actions` is given.
     score="all" returns {"q_value": {...}, "advantage": {...}} from the same forward passes.
     AUC is the mean of the curve (Paper B). `batch_size` bounds the model rows (states x
-    (steps + 1)) per forward pass. Higher insertion AUC = more faithful map.
+    (steps + 1)) per forward pass (None: the backend's default). Higher insertion AUC = more faithful map.
     """
     return _curves("insertion", apply_fn, params, obs, maps, substrate, pixels_per_step, score,
                    key, actions, batch_size, layout, pixel_range, blur_sigma)
 
 
 def deletion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_step: int = 84,
-             score: str = "q_value", key=None, *, actions=None, batch_size: int | None = 1024,
+             score: str = "q_value", key=None, *, actions=None, batch_size: int | None = None,
              layout: str = "NHWC", pixel_range=(0.0, 255.0), blur_sigma: float = 5.0):
     """Deletion curves, the mirror of `insertion`: start from the observation and replace pixels
     by the substrate in order of decreasing saliency. Lower deletion AUC = more faithful map."""

@@ -16,11 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import targets as T
-from jaxsal.batching import _pad, batch_sharding, cached_jit, chunk_size, map_batched
+from jaxsal.batching import _pad, batch_sharding, cached_jit, chunk_size, default_rows, map_batched
 from jaxsal.errors import SaliencyInputError
 from jaxsal.validate import check_obs, check_positive_int, to_nhwc
 
-DEFAULT_ROWS = 2048
 """Model rows (states x perturbations) per forward pass when `batch_size` is None."""
 
 SCORES = ("one_minus", "drop", "output_l2", "chosen_action", "softmax_drop", "target")
@@ -84,9 +83,9 @@ def resolve_fill(fill, x, obs_max: float):
 
 
 def rows_of(batch_size) -> int:
-    """Model rows per forward pass: batch_size, or DEFAULT_ROWS when None."""
+    """Model rows per forward pass: batch_size, or the backend's default when None."""
     if batch_size is None:
-        return DEFAULT_ROWS
+        return default_rows()
     return check_positive_int("batch_size", batch_size)
 
 
