@@ -66,6 +66,24 @@ def _pad(x, size):
     return jnp.concatenate([x, jnp.repeat(x[-1:], size - m, axis=0)], axis=0)
 
 
+def iter_chunks(arrays, size: int):
+    """Yield (chunk arrays padded to `size` rows and sharded over local devices, real rows)."""
+    n = arrays[0].shape[0]
+    sharding = batch_sharding()
+    for start in range(0, n, size):
+        chunk = [_pad(a[start:start + size], size) for a in arrays]
+        if sharding is not None:
+            chunk = [jax.device_put(c, sharding) for c in chunk]
+        yield chunk, min(size, n - start)
+
+
+def concat(outs: list):
+    """Concatenate per-chunk output pytrees along axis 0."""
+    if len(outs) == 1:
+        return outs[0]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+
+
 def map_batched(fn: Callable, params, *arrays, batch_size: int | None = None,
                 rows_per_state: int = 1):
     """fn(params, *chunks) over the leading axis of `arrays` in chunks; outputs concatenated.
@@ -73,16 +91,6 @@ def map_batched(fn: Callable, params, *arrays, batch_size: int | None = None,
     fn must be jitted and batch-independent (row i of the output depends only on row i of the
     inputs), so chunking and padding never change a result.
     """
-    n = arrays[0].shape[0]
-    size = chunk_size(n, batch_size, rows_per_state)
-    sharding = batch_sharding()
-    outs = []
-    for start in range(0, n, size):
-        chunk = [_pad(a[start:start + size], size) for a in arrays]
-        if sharding is not None:
-            chunk = [jax.device_put(c, sharding) for c in chunk]
-        m = min(size, n - start)
-        outs.append(jax.tree.map(lambda o: o[:m], fn(params, *chunk)))
-    if len(outs) == 1:
-        return outs[0]
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+    size = chunk_size(arrays[0].shape[0], batch_size, rows_per_state)
+    return concat([jax.tree.map(lambda o: o[:m], fn(params, *chunk))
+                   for chunk, m in iter_chunks(arrays, size)])

@@ -129,19 +129,9 @@ def finish(attr, layout, per_frame):
 
 def run_chunks(fn, statics, arrays, rows_per_state: int, rows: int):
     """fn(statics, *chunk_arrays) over chunks of states (<= rows model rows); concat outputs."""
-    n = arrays[0].shape[0]
-    size = batching.chunk_size(n, max(1, rows // max(1, rows_per_state)), 1)
-    sharding = batching.batch_sharding()
-    outs = []
-    for start in range(0, n, size):
-        chunk = [batching._pad(a[start:start + size], size) for a in arrays]
-        if sharding is not None:
-            chunk = [jax.device_put(c, sharding) for c in chunk]
-        m = min(size, n - start)
-        outs.append(jax.tree.map(lambda o: o[:m], fn(statics, *chunk)))
-    if len(outs) == 1:
-        return outs[0]
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+    size = batching.chunk_size(arrays[0].shape[0], max(1, rows // max(1, rows_per_state)), 1)
+    return batching.concat([jax.tree.map(lambda o: o[:m], fn(statics, *chunk))
+                            for chunk, m in batching.iter_chunks(arrays, size)])
 
 
 def sample_groups(total: int, rows: int):

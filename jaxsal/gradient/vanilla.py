@@ -48,22 +48,14 @@ def grad_x_input(apply_fn, params, obs, *, target="q_chosen", actions=None, layo
 def _loop(fn, params, statics_per_group, arrays, size, finalize):
     """States in chunks of `size` (outer), sample groups (inner, accumulated), then
     finalize(chunk_arrays, accumulated) per chunk: memory is bounded by the chunk."""
-    n = arrays[0].shape[0]
-    sharding = batching.batch_sharding()
     outs = []
-    for start in range(0, n, size):
-        chunk = [batching._pad(a[start:start + size], size) for a in arrays]
-        if sharding is not None:
-            chunk = [jax.device_put(c, sharding) for c in chunk]
+    for chunk, m in batching.iter_chunks(arrays, size):
         acc = None
         for statics in statics_per_group:
             part = fn(params, statics, *chunk)
             acc = part if acc is None else jax.tree.map(jnp.add, acc, part)
-        m = min(size, n - start)
         outs.append(jax.tree.map(lambda o: o[:m], finalize(chunk, acc)))
-    if len(outs) == 1:
-        return outs[0]
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+    return batching.concat(outs)
 
 
 def _states_per_chunk(n, rows, s):
