@@ -4,9 +4,12 @@
 `step(actions) -> (obs, reward, done, finished_returns)`, `num_actions`, `obs_shape`.
 Atari observations are uint8 NHWC frame stacks `(num_envs, 84, 84, 4)`: 84x84 grey,
 frame-skip 4 with max-pool, 4-frame stack, up to 30 no-op starts. Training envs add
-episodic life and reward clipping; evaluation envs give true full-game returns.
-`done` is the learning signal (life loss counts when training); `finished_returns` lists
-the undiscounted, unclipped returns of the full games that ended on this step.
+episodic life and reward clipping; evaluation envs give true full-game returns (unclipped,
+all lives). Both press FIRE after a life loss (EnvPool's episodic-life reset), so a greedy
+agent trained with episodic life does not stall at the start of its next life.
+`done` is the learning signal when training (life loss counts) and the end of a full game in
+evaluation; `finished_returns` lists the undiscounted, unclipped returns of the full games
+that ended on this step.
 """
 from __future__ import annotations
 
@@ -53,9 +56,10 @@ class AtariEnv:
 
         self.game = check_game(game)
         self.num_envs = num_envs
+        self.train = train
         self._env = envpool.make(
             ATARI_GAMES[self.game], env_type="gymnasium", num_envs=num_envs, seed=seed,
-            episodic_life=train, reward_clip=train, stack_num=frame_stack, noop_max=30,
+            episodic_life=True, reward_clip=train, stack_num=frame_stack, noop_max=30,
             repeat_action_probability=0.0, img_height=84, img_width=84, gray_scale=True,
             frame_skip=4, max_episode_steps=max_episode_steps)
         self.num_actions = int(self._env.action_space.n)
@@ -73,7 +77,7 @@ class AtariEnv:
         game_over = info["terminated"].astype(bool) | truncated  # real game over, not life loss
         finished = self._returns[game_over].tolist()
         self._returns[game_over] = 0.0
-        done = (terminated | truncated).astype(np.float32)
+        done = ((terminated | truncated) if self.train else game_over).astype(np.float32)
         return np.ascontiguousarray(obs.transpose(0, 2, 3, 1)), reward.astype(np.float32), done, finished
 
 

@@ -111,8 +111,8 @@ def export_run(run_dir, name: str, episodes: int = 10, epsilon: float = 0.0, out
         "planned_env_steps": cfg["steps"],
         "eval": {"episodes": episodes, "epsilon": epsilon, "mean_return": float(np.mean(rets)),
                  "std_return": float(np.std(rets)), "returns": rets,
-                 "protocol": "full games, no reward clipping, no episodic life, up to 30 no-op starts, "
-                             "max 27000 agent steps" if cfg["game"] not in MINATAR_GAMES else "gymnax defaults",
+                 "protocol": "full games (all lives), unclipped rewards, FIRE pressed after a life "
+                             "loss as in training, up to 30 no-op starts, max 27000 agent steps" if cfg["game"] not in MINATAR_GAMES else "gymnax defaults",
                  "seconds": round(time.time() - t0, 1)},
         "trained_with": f"python -m agents.train {flags}",
         "params_sha256": sha, "dtype": "float16",
