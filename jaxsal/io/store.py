@@ -25,11 +25,15 @@ class JobConfigError(SaliencyInputError):
     """The output directory holds results of a different job."""
 
 
-def _atomic_write(path: Path, data: bytes):
+def _atomic_write(path: Path, data):
+    """Write bytes (or call data(file)) to a temp file, fsync, then rename over path."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -46,16 +50,7 @@ def write_chunk(out: Path, method: str, index: int, maps: np.ndarray):
     """Write one chunk of maps atomically (temp file, fsync, rename)."""
     path = chunk_path(out, method, index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, np.ascontiguousarray(maps), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    _atomic_write(path, lambda f: np.save(f, np.ascontiguousarray(maps), allow_pickle=False))
 
 
 def open_job(out, config: dict, meta: dict) -> dict:
