@@ -23,7 +23,7 @@ import numpy as np
 
 EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPT = 2, 1, 130
 DEMO_METHODS = ("gradcam", "guided_backprop", "gradient", "occlusion")
-DEMO_OPTIONS = {"gradcam": {"layer": "conv3"}, "occlusion": {"patch": 6, "stride": 6}}
+DEMO_OPTIONS = {"gradcam": {"layer": "conv3"}, "occlusion": {"patch": 6, "stride": 6, "score": "drop"}}
 
 
 class CLIError(Exception):
