@@ -15,7 +15,6 @@ import argparse
 import csv
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -197,9 +196,10 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
     return {"params": params, "model": model, "step": step, "returns": recent}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(PQNConfig):
+def parse_config(cls, argv, doc: str):
+    """A dataclass config (PQNConfig/PPOConfig) from command-line flags, plus --snapshot-every."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool" or isinstance(f.default, bool):
             parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=f.default)
@@ -209,7 +209,11 @@ def main(argv=None):
                         help="updates between saliency snapshots in RUN_DIR/snapshots (agents.snapshots); 0: off")
     args = vars(parser.parse_args(argv))
     every = args.pop("snapshot_every")
-    cfg = PQNConfig(**args)
+    return cls(**args), every
+
+
+def main(argv=None):
+    cfg, every = parse_config(PQNConfig, argv, __doc__)
     callback = None
     if every:
         from agents.snapshots import for_run

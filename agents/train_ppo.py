@@ -9,7 +9,6 @@ conv-gradient-in-scan trap, jax-ml/jax#12868).
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import json
@@ -24,6 +23,7 @@ import optax
 
 from agents.checkpoint import restore_train_state, save_train_state
 from agents.envs import make_env
+from agents.train import parse_config
 from agents.zoo import build_model
 
 
@@ -169,14 +169,7 @@ def train(cfg: PPOConfig, log=print, callback=None) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(PPOConfig):
-        parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    parser.add_argument("--snapshot-every", type=int, default=0,
-                        help="updates between saliency snapshots in RUN_DIR/snapshots (agents.snapshots); 0: off")
-    args = vars(parser.parse_args(argv))
-    every = args.pop("snapshot_every")
-    cfg = PPOConfig(**args)
+    cfg, every = parse_config(PPOConfig, argv, __doc__)
     callback = None
     if every:
         from agents.snapshots import for_run
