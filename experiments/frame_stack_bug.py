@@ -11,11 +11,21 @@ the same env seed). A SaliencySnapshots callback computes Grad-CAM, G1Grad-CAM, 
 Guided Backprop and gradient maps on a fixed probe set every K updates, and the per-stacked-
 frame attribution shares of gradient x input maps (jaxsal.frame_stats).
 
-Statistic (from the maps alone): the share of |gradient x input| on the newest stacked frame, minus
-its value in the run's first snapshot (removes the random-init profile, which is shared by
-the seed's variants). Separation step: the earliest snapshot step from which AUC(buggy vs
-correct seeds) stays >= 0.9 (or <= 0.1) to the end of the budget; the same criterion on the
-return curve (mean of the last 20 finished games at each snapshot) gives the reward step.
+Statistic (from the maps alone; why it works: jaxsal.frame_stats): `stack_age_gain`, the mean
+age of the attended stacked frames (per-frame attribution shares of gradient x input, gradient
+and Guided Backprop, averaged over methods and probe states), minus its value at the run's
+first snapshot, as a causal trailing mean over the last `--window` snapshots. The earlier
+statistic, `newest_share_gain` (gradient x input share on the newest frame minus its first
+value), is reported next to it. Separation step: the earliest snapshot step from which
+AUC(buggy vs correct seeds) stays >= 0.9 (or <= 0.1) to the end of the budget; the same
+criterion on the return curve (mean of the last 20 finished games at each snapshot) gives the
+reward step. Overall `saliency_separation_step`: the step by which every bug that the
+statistic separates is separated (the latest of their steps; null if it separates none),
+with the bugs it does not separate listed next to it (`saliency_bugs_not_separated`);
+`saliency_separation_step_all_bugs` is null unless every bug is separated. Same for reward.
+
+The statistic's design was chosen on seeds 0..`--dev-seeds`-1 (a development set); the
+summary's `held_out` block scores both statistics and the returns on the other seeds only.
 
 Outputs in experiments/results/frame_stack_bug/: summary.json, stats.csv (every snapshot of
 every run), frame_stack_bug.png (return curves next to map snapshots and the statistic).
@@ -35,9 +45,16 @@ import numpy as np
 
 OUT = Path(__file__).parent / "results" / "frame_stack_bug"
 DEFAULT_BUGS = ("reuse", "no_update", "reversed", "misaligned")
-STATISTIC = "newest_share_gain"
-STAT_DOC = ("share of |gradient x input| attribution (probe-set mean) on the newest stacked frame, "
-            "minus the same share in the run's first snapshot")
+STATISTIC = "stack_age_gain"
+STAT_DOC = ("mean age of the attended stacked frames (0 = newest .. k-1 = oldest): age centroid of "
+            "the per-frame attribution shares of |gradient x input|, |gradient| and |Guided Backprop|, "
+            "averaged over the three methods and the probe states, minus its value at the run's first "
+            "snapshot, as a causal trailing mean over the last `window` snapshots "
+            "(jaxsal.frame_stats.stack_age_gain); up = attention moving to older slots, down = "
+            "collapsing onto the newest slot")
+OLD_STATISTIC = "newest_share_gain"
+OLD_STAT_DOC = ("share of |gradient x input| attribution (probe-set mean) on the newest stacked frame, "
+                "minus the same share in the run's first snapshot")
 
 
 def make_parser():
@@ -56,6 +73,9 @@ def make_parser():
     p.add_argument("--every", type=int, default=2, help="updates between saliency snapshots")
     p.add_argument("--probes", type=int, default=16)
     p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--window", type=int, default=4, help="snapshots in the statistic's trailing mean")
+    p.add_argument("--dev-seeds", type=int, default=3,
+                   help="the statistic was designed on seeds 0..N-1; the rest are scored as held out")
     p.add_argument("--keep-trail", action="store_true", help="keep MinAtar's trail channel")
     p.add_argument("--large", action="store_true", help="5 seeds and 10x the steps")
     p.add_argument("--out", default=str(OUT))
@@ -103,21 +123,38 @@ def run_one(args, bug, seed, runs_dir, log=print):
     return rows
 
 
-def add_statistic(rows):
-    """Adds the detector statistic to each snapshot row of one run (see STAT_DOC)."""
+def run_shares(snap_dir):
+    """(T, M, N, k) per-frame attribution shares of a run's saved snapshots, in step order."""
+    from agents.snapshots import load_snapshots
+
+    snaps = load_snapshots(snap_dir)
+    return [s for s, _ in snaps], np.stack([a["frame_shares"] for _, a in snaps])
+
+
+def add_statistic(rows, shares, window=4):
+    """Adds both statistics (STAT_DOC, OLD_STAT_DOC) to each snapshot row of one run; `shares`
+    (T, M, N, k) are its snapshots' per-frame shares, one per row."""
+    from jaxsal.frame_stats import stack_age_gain
+
+    if len(shares) != len(rows):
+        raise ValueError(f"{len(shares)} snapshots of shares for {len(rows)} rows")
     base = rows[0]["newest_share"]
-    for r in rows:
-        r[STATISTIC] = r["newest_share"] - base
+    for r, v in zip(rows, stack_age_gain(shares, window)):
+        r[OLD_STATISTIC] = r["newest_share"] - base
+        r[STATISTIC] = float(v)
     return rows
 
 
+SIGNALS = {"saliency": STATISTIC, "saliency_old": OLD_STATISTIC, "reward": "return_mean"}
+
+
 def analyse(results, bugs, seeds, threshold):
-    """Per bug: saliency and reward separation steps and AUC curves vs the correct runs."""
+    """Per bug: separation steps, directions and AUC curves vs the correct runs of `seeds`, for
+    the statistic ("saliency_*"), the earlier statistic ("saliency_old_*") and returns ("reward_*")."""
     from jaxsal.frame_stats import separation_step
 
-    steps = [r["step"] for r in results[(None, seeds[0])]]
-    n = min(len(results[k]) for k in results)
-    steps = steps[:n]
+    n = min(len(results[(b, s)]) for b in [None] + list(bugs) for s in seeds)
+    steps = [r["step"] for r in results[(None, seeds[0])][:n]]
 
     def matrix(bug, key):
         m = np.array([[r[key] for r in results[(bug, s)][:n]] for s in seeds], float)
@@ -125,23 +162,36 @@ def analyse(results, bugs, seeds, threshold):
 
     per_bug = {}
     for bug in bugs:
-        sal, sal_dir, sal_auc = separation_step(steps, matrix(bug, STATISTIC), matrix(None, STATISTIC),
-                                                threshold)
-        rew, rew_dir, rew_auc = separation_step(steps, matrix(bug, "return_mean"),
-                                                matrix(None, "return_mean"), threshold)
-        per_bug[bug] = {"saliency_separation_step": sal, "saliency_direction": sal_dir,
-                        "reward_separation_step": rew, "reward_direction": rew_dir,
-                        "saliency_auc": [round(float(a), 3) for a in sal_auc],
-                        "reward_auc": [round(float(a), 3) for a in rew_auc],
-                        "final_return_mean": float(matrix(bug, "return_mean")[:, -1].mean()),
-                        "final_newest_share": float(matrix(bug, "newest_share")[:, -1].mean())}
+        v = {}
+        for name, key in SIGNALS.items():
+            st, d, curve = separation_step(steps, matrix(bug, key), matrix(None, key), threshold)
+            v[f"{name}_separation_step"], v[f"{name}_direction"] = st, d
+            v[f"{name}_auc"] = [round(float(a), 3) for a in curve]
+        v["final_return_mean"] = float(matrix(bug, "return_mean")[:, -1].mean())
+        v["final_newest_share"] = float(matrix(bug, "newest_share")[:, -1].mean())
+        v[f"final_{STATISTIC}"] = float(matrix(bug, STATISTIC)[:, -1].mean())
+        per_bug[bug] = v
     return steps, per_bug
 
 
 def overall(per_bug, key):
-    """Step by which every bug is separated (the latest of the per-bug steps); None if any never."""
-    vals = [v[key] for v in per_bug.values()]
-    return None if any(v is None for v in vals) else max(vals)
+    """(step by which every bug that is separated at all is separated -- the latest of their
+    steps, None if none is --, the bugs not separated, the step if ALL are separated else None)."""
+    hit = {b: v[key] for b, v in per_bug.items() if v[key] is not None}
+    missed = [b for b, v in per_bug.items() if v[key] is None]
+    step = max(hit.values()) if hit else None
+    return step, missed, (step if not missed else None)
+
+
+def overall_block(per_bug, prefix=""):
+    """Summary keys for the overall separation steps of the three signals."""
+    out = {}
+    for name in SIGNALS:
+        step, missed, all_step = overall(per_bug, f"{name}_separation_step")
+        out[f"{prefix}{name}_separation_step"] = step
+        out[f"{prefix}{name}_bugs_not_separated"] = missed
+        out[f"{prefix}{name}_separation_step_all_bugs"] = all_step
+    return out
 
 
 def figure(results, bugs, seeds, steps, runs_dir, path, state=0, cols=5):
@@ -180,7 +230,8 @@ def figure(results, bugs, seeds, steps, runs_dir, path, state=0, cols=5):
     ax_r.set_title("return (last 20 games)", fontsize=9)
     ax_r.set_xlabel("env step")
     ax_r.legend(fontsize=7)
-    ax_s.set_title("newest-frame share gain", fontsize=9)
+    ax_s.set_title("stack age gain (maps only)", fontsize=9)
+    ax_s.axhline(0, color="grey", lw=0.5)
     ax_s.set_xlabel("env step")
     fig.suptitle("frame-stacking bugs: returns vs Guided Backprop snapshots (seed %d, probe %d)"
                  % (seeds[0], state), fontsize=9)
@@ -207,8 +258,18 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
     results = {}
     for s in seeds:                      # seed-major: a cut-short run still has every variant
         for bug in [None] + bugs:
-            results[(bug, s)] = add_statistic(run_one(args, bug, s, runs_dir, log=log))
+            rows = run_one(args, bug, s, runs_dir, log=log)
+            snap_steps, shares = run_shares(Path(runs_dir) / f"{bug or 'correct'}_s{s}" / "snapshots")
+            if snap_steps != [r["step"] for r in rows]:
+                raise SystemExit(f"{bug or 'correct'}_s{s}: snapshot files do not match its rows; rerun with --fresh")
+            results[(bug, s)] = add_statistic(rows, shares, args.window)
     steps, per_bug = analyse(results, bugs, seeds, args.threshold)
+    dev = seeds[:args.dev_seeds]
+    held = seeds[args.dev_seeds:]
+    held_out = None
+    if dev and held:
+        h_steps, h_bugs = analyse(results, bugs, held, args.threshold)
+        held_out = {"seeds": held, **overall_block(h_bugs), "per_bug": h_bugs}
     with open(out / "stats.csv", "w", newline="") as f:
         keys = ["variant", "seed"] + list(results[(None, 0)][0])
         w = csv.DictWriter(f, keys, extrasaction="ignore")
@@ -218,11 +279,19 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
                 w.writerow({"variant": bug or "correct", "seed": s, **r})
     figure(results, bugs, seeds, steps, runs_dir, out / "frame_stack_bug.png")
     summary = {
-        "saliency_separation_step": overall(per_bug, "saliency_separation_step"),
-        "reward_separation_step": overall(per_bug, "reward_separation_step"),
+        **overall_block(per_bug),
         "seeds": seeds, "statistic": STATISTIC, "statistic_definition": STAT_DOC,
+        "old_statistic": OLD_STATISTIC, "old_statistic_definition": OLD_STAT_DOC,
         "criterion": f"AUC(buggy vs correct seeds) >= {args.threshold} or <= {1 - args.threshold:.2f} "
                      "at this snapshot and every later one (same direction)",
+        "overall_definition": "saliency_separation_step (reward_separation_step): the step by which "
+                              "every bug that the statistic (the return curve) separates is separated, "
+                              "i.e. the latest of their per-bug steps, null if it separates none; the bugs "
+                              "it never separates are listed in *_bugs_not_separated; "
+                              "*_separation_step_all_bugs is null unless every bug is separated. "
+                              "saliency_old_*: the same for the earlier statistic",
+        "development_seeds": dev,
+        "held_out": held_out,
         "per_bug": per_bug, "snapshot_steps": steps,
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "runs_dir", "fresh")},
         "env": f"{args.game}, {args.frames}-frame stack built by agents.framestack"
@@ -230,9 +299,11 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
         "wall_s": round(time.time() - t0, 1), "platform": platform.platform(),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    log(json.dumps({k: summary[k] for k in ("saliency_separation_step", "reward_separation_step")}))
+    log(json.dumps({k: summary[k] for k in ("saliency_separation_step", "saliency_bugs_not_separated",
+                                             "reward_separation_step", "reward_bugs_not_separated")}))
     for bug, v in per_bug.items():
-        log(f"{bug}: saliency {v['saliency_separation_step']} reward {v['reward_separation_step']} "
+        log(f"{bug}: saliency {v['saliency_separation_step']} (old statistic "
+            f"{v['saliency_old_separation_step']}) reward {v['reward_separation_step']} "
             f"final return {v['final_return_mean']:.2f} newest share {v['final_newest_share']:.3f}")
     return summary
 

@@ -5,7 +5,8 @@ import pytest
 
 import jaxsal
 from jaxsal.errors import SaliencyInputError
-from jaxsal.frame_stats import age_centroid, auc, auc_curve, frame_shares, newest_share, separation_step
+from jaxsal.frame_stats import (age_centroid, auc, auc_curve, frame_shares, newest_share, separation_step,
+                                stack_age_gain, trailing_mean)
 
 
 def synthetic_maps(profile, n=5, hw=6, c=2, seed=0):
@@ -71,6 +72,87 @@ def test_shares_of_real_gradient_maps_find_the_frame_the_model_reads():
         np.testing.assert_allclose(frame_shares(maps, 4), expected, atol=1e-6)
 
 
+def test_trailing_mean_is_causal_and_hand_computed():
+    np.testing.assert_allclose(trailing_mean([1.0, 3.0, 5.0, 7.0, 100.0], 3), [1, 2, 3, 5, 112 / 3])
+    np.testing.assert_allclose(trailing_mean([2.0, 4.0], 1), [2, 4])
+    x = np.arange(12.0).reshape(6, 2)
+    np.testing.assert_allclose(trailing_mean(x, 2)[3], (x[2] + x[3]) / 2)
+    # causal: a change at t=4 leaves every earlier value alone (a centred window would not)
+    a, b = np.zeros(6), np.zeros(6)
+    b[4] = 10.0
+    ta, tb = trailing_mean(a, 3), trailing_mean(b, 3)
+    np.testing.assert_array_equal(ta[:4], tb[:4])
+    np.testing.assert_allclose(tb[4:], [10 / 3, 10 / 3])
+
+
+def _run(profiles, methods=3, seed=0):
+    """(T, M, N, k) shares from synthetic per-frame maps, one target profile per snapshot."""
+    return np.stack([np.stack([frame_shares(synthetic_maps(p, n=4, seed=seed + 7 * t + m), len(p))
+                               for m in range(methods)]) for t, p in enumerate(profiles)])
+
+
+def test_stack_age_gain_on_synthetic_maps_signs_and_values():
+    init = [0.3, 0.2, 0.3, 0.2]                               # the seed's random-init profile
+    correct = _run([init, init, [0.2, 0.2, 0.25, 0.35], [0.15, 0.2, 0.25, 0.4]])
+    reuse = _run([init, init, [0.1, 0.1, 0.1, 0.7], [0.05, 0.05, 0.05, 0.85]])
+    reversed_ = _run([init[::-1], init[::-1], [0.35, 0.25, 0.2, 0.2], [0.4, 0.25, 0.2, 0.15]])
+    no_update = _run([init, init, [0.27, 0.23, 0.27, 0.23], [0.25] * 4])
+    ages = np.array([3, 2, 1, 0])
+    a0 = init @ ages                                          # 1.6
+    # window 1: the plain gain over the first snapshot, hand-computed
+    np.testing.assert_allclose(stack_age_gain(correct, 1), [0, 0, 1.25 - a0, 1.1 - a0], atol=1e-12)
+    np.testing.assert_allclose(stack_age_gain(reuse, 1), [0, 0, 0.6 - a0, 0.3 - a0], atol=1e-12)
+    np.testing.assert_allclose(stack_age_gain(no_update, 1)[-1], 1.5 - a0, atol=1e-12)
+    # reversing the slots mirrors the ages (a -> 3 - a), so the gain changes sign
+    np.testing.assert_allclose(stack_age_gain(reversed_, 1), -stack_age_gain(correct, 1), atol=1e-12)
+    # window 2: causal mean of the last two gains
+    g = stack_age_gain(correct, 1)
+    np.testing.assert_allclose(stack_age_gain(correct, 2), [0, 0, g[2] / 2, (g[2] + g[3]) / 2], atol=1e-12)
+    last = {k: stack_age_gain(v)[-1] for k, v in dict(c=correct, u=reuse, r=reversed_, n=no_update).items()}
+    assert last["u"] < last["c"] < 0 < last["r"]
+
+
+def test_stack_age_gain_removes_the_init_profile_and_averages_methods():
+    # two runs with different random-init profiles and the same learned change: same statistic
+    a = _run([[0.4, 0.2, 0.2, 0.2], [0.3, 0.2, 0.2, 0.3]], methods=1)
+    b = _run([[0.1, 0.3, 0.3, 0.3], [0.0, 0.3, 0.3, 0.4]], methods=1)
+    np.testing.assert_allclose(stack_age_gain(a, 1), stack_age_gain(b, 1), atol=1e-12)
+    # one method moving and two not: a third of the move (methods are averaged, not maxed)
+    flat = [0.25] * 4
+    moved = np.concatenate([_run([flat, [0, 0, 0, 1.0]], methods=1), _run([flat, flat], methods=2)], axis=1)
+    np.testing.assert_allclose(stack_age_gain(moved, 1), [0, (0 - 1.5) / 3], atol=1e-12)
+    # probes are averaged too: per-probe profiles built by hand
+    sh = np.zeros((2, 1, 2, 4))
+    sh[:, 0, :, :] = 0.25
+    sh[1, 0, 0] = [1, 0, 0, 0]                                # probe 0 moves to age 3
+    np.testing.assert_allclose(stack_age_gain(sh, 1), [0, (3 - 1.5) / 2])
+
+
+def test_stack_age_gain_separates_bugs_over_noisy_synthetic_seeds():
+    """Five noisy seeds per variant: AUC-based separation for reuse (-) and reversed (+), none
+    for a variant with the correct dynamics (a `misaligned` stand-in)."""
+    rng = np.random.default_rng(1)
+    T, steps = 8, list(range(0, 800, 100))
+
+    def runs(target, n=5):
+        out = []
+        for s in range(n):
+            init = rng.dirichlet(np.full(4, 50.0))
+            w = np.clip(np.linspace(-0.2, 1.2, T), 0, 1)[:, None]      # learning starts at t=2
+            prof = (1 - w) * init + w * np.asarray(target) + rng.normal(0, 0.01, (T, 4))
+            prof = np.abs(prof) / np.abs(prof).sum(-1, keepdims=True)
+            out.append(stack_age_gain(_run(list(prof), methods=2, seed=s)))
+        return np.stack(out)
+    correct = runs([0.2, 0.2, 0.25, 0.35])
+    reuse, reversed_ = runs([0.1, 0.1, 0.1, 0.7]), runs([0.35, 0.25, 0.2, 0.2])
+    same = runs([0.2, 0.2, 0.25, 0.35])
+    st, d, _ = separation_step(steps, reuse, correct)
+    assert d == "-" and st is not None and st <= 400
+    st, d, _ = separation_step(steps, reversed_, correct)
+    assert d == "+" and st is not None and st <= 400
+    assert separation_step(steps, same, correct)[0] is None
+
+
 def test_auc_hand_values():
     assert auc([3, 4], [1, 2]) == 1.0
     assert auc([1, 2], [3, 4]) == 0.0
@@ -111,5 +193,11 @@ def test_errors_are_clear():
         auc([], [1])
     with pytest.raises(SaliencyInputError, match="equal checkpoints"):
         auc_curve(np.zeros((2, 3)), np.zeros((2, 4)))
+    with pytest.raises(SaliencyInputError, match="window must be a positive int"):
+        trailing_mean([1.0], 0)
+    with pytest.raises(SaliencyInputError, match="snapshots, methods, probes, frames"):
+        stack_age_gain(np.zeros((3, 4)))
+    with pytest.raises(SaliencyInputError, match="NaN"):
+        stack_age_gain(np.full((2, 1, 1, 4), np.nan))
     with pytest.raises(SaliencyInputError, match="2 steps for 3 checkpoints"):
         separation_step([0, 1], np.zeros((2, 3)), np.zeros((2, 3)))
