@@ -93,3 +93,35 @@ def test_nature_dqn_occlusion_incremental_equals_plain():
                                 return_grid=True))  # auto: on for 2x2 patches
     np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)
     assert not _common._NON_LOCAL or all(k[2] != model.apply for k in _common._NON_LOCAL)
+
+
+def test_window_is_the_tightest_static_range_covering_every_touched_output():
+    from jaxsal.perturbation._incremental import _window
+    for k, s, n_in, size in [(8, 4, 84, 2), (4, 2, 20, 3), (3, 1, 9, 3), (8, 4, 84, 27), (5, 3, 17, 4)]:
+        n_out = (n_in - k) // s + 1
+        counts = []
+        for a in range(-size, n_in):
+            touched = [o for o in range(n_out) if o * s < a + size and o * s + k > a]
+            lo, n_o = _window(np.int32(a), size, k, s, n_in)
+            lo = int(lo)
+            assert 0 <= lo and lo + n_o <= n_out
+            assert all(lo <= o < lo + n_o for o in touched), (k, s, n_in, size, a)
+            counts.append(len(touched))
+        assert n_o == max(counts)  # no wasted output row: the static size is what some patch needs
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_nature_dqn_default_runs_incremental_and_equals_plain(fast):
+    from jaxsal.batching import _JIT_CACHE
+    from jaxsal.fastconv import fast_apply
+    model = NatureDQN(4)
+    obs = np.random.default_rng(3).integers(0, 256, (1, 84, 84, 4), dtype=np.uint8)
+    params = model.init(jax.random.PRNGKey(0), obs[:1])
+    fn = fast_apply(model.apply) if fast else model.apply
+    plain = np.asarray(occlusion(fn, params, obs, stride=27, incremental=False, return_grid=True))
+    auto = np.asarray(occlusion(fn, params, obs, stride=27, return_grid=True))  # default: auto
+    np.testing.assert_allclose(auto, plain, rtol=1e-5, atol=1e-5)
+    assert np.abs(plain).max() > 1e-3
+    keys = [k for k in _JIT_CACHE if isinstance(k, tuple) and k[:3] == ("pert", "occlusion", fn)]
+    assert any(k[-1] == "incremental" for k in keys)
+    assert all(k[2] is not fn for k in _common._NON_LOCAL)

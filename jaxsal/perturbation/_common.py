@@ -248,11 +248,12 @@ def _run_chunks(prep, params, n_pert, consts, states, fn):
 
 
 def use_incremental(incremental, box_hw, image_hw) -> bool:
-    """incremental=None (auto): on when the perturbed box covers <= 1/16 of the image (measured
-    on XLA:CPU: ~2x faster for 2x2 occlusion on the Nature CNN, a 27x27 box is slower, and the
-    LayerNorm Nature CNN is ~1.4x slower even for 2x2, hence the methods default to False)."""
+    """incremental=None (auto, the methods' default): on when the perturbed box covers <= 1/4 of
+    the image. Measured on XLA:CPU (2 cores, 64-row chunks, exact conv windows) for the Nature
+    CNN with and without LayerNorm: 2x2 occlusion 2.2-2.5x, noise sensitivity's 27x27 box
+    1.5-2.7x and SARFA 2.5x faster than the plain path, with equal results (tested)."""
     if incremental is None:
-        return box_hw[0] * box_hw[1] * 16 <= image_hw[0] * image_hw[1]
+        return box_hw[0] * box_hw[1] * 4 <= image_hw[0] * image_hw[1]
     if not isinstance(incremental, bool):
         raise SaliencyInputError(f"incremental must be True, False or None (auto), got {incremental!r}")
     return incremental

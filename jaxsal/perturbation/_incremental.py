@@ -45,7 +45,7 @@ def _window(a, size, k, s, n_in):
     """Outputs of a VALID conv (kernel k, stride s, input length n_in) touched by input rows
     [a, a + size) (a traced, may be < 0): (first output o_lo (traced), static count n_o)."""
     n_out = (n_in - k) // s + 1
-    n_o = min(n_out, (size + k - 2) // s + 2)
+    n_o = min(n_out, (size + k - 2) // s + 1)   # the most outputs any placement touches
     lo = jnp.maximum(0, -((k - 1 - a) // s))          # ceil((a - k + 1) / s)
     lo = jnp.clip(lo, 0, n_out - n_o)
     return lo.astype(jnp.int32), n_o

@@ -19,7 +19,7 @@ def check_radius(radius, hw) -> float:
 
 
 def disk_grid_scores(prep, apply_fn, params, *, name, radius, stride, perturbation, blur_sigma,
-                     fill, mask_shape, score_fn, cache_key, incremental=False):
+                     fill, mask_shape, score_fn, cache_key, incremental=None):
     """(N, gy, gx) scores with a disk mask M centred every `stride` px (Greydanus' grid):
     x' = x (1 - M) + B M, B = the frame-wise blurred state (perturbation="blur") or `fill`."""
     n, h, w, _ = prep.shape
@@ -62,7 +62,7 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
                       batch_size=None, radius: float = 3.0, stride: int = 3, blur_sigma: float = 3.0,
                       score: str = "chosen_action", perturbation: str = "blur", fill=0.0,
                       mask_shape: str = "gaussian", upsample: str = "bilinear", obs_max=None,
-                      incremental: bool | None = False, return_grid: bool = False):
+                      incremental: bool | None = None, return_grid: bool = False):
     """Greydanus noise-sensitivity maps (N, H, W), scored every `stride` px and resized.
 
     Mask M = Greydanus' 5-pixel disk at the centre blurred with sigma `radius`, / its max;
@@ -72,7 +72,9 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
     1/2 ||f(x) - f(x')||^2 over the whole output (fails the randomisation sanity check per
     Paper B). perturbation="black" fills with `fill` (fraction of the value range) instead of
     blurring; mask_shape="hard" uses a hard disk of `radius`. Greydanus' own: radius 5, stride 5.
-    incremental: recompute only the mask's receptive field in flax convs (see `occlusion`).
+    incremental: recompute only the mask's receptive field in flax convs (see
+    `occlusion`; None = auto: on when the mask's nonzero box covers <= 1/4 of the image, e.g.
+    the 27x27 px box of a Gaussian disk of radius 3).
     """
     prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                      batch_size=batch_size, obs_max=obs_max)

@@ -33,7 +33,7 @@ def sarfa_score(q0, q1, a):
 def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
           batch_size=None, radius: float = 2.0, stride: int = 2, perturbation: str = "black",
           blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "gaussian",
-          upsample: str = "bilinear", obs_max=None, incremental: bool | None = False,
+          upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
           return_grid: bool = False):
     """SARFA maps (N, H, W) on a grid of disk perturbations every `stride` px, resized.
 
@@ -41,7 +41,9 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHW
     sigma `radius`, filled with `fill`=0); perturbation="blur" blurs it instead (blur_sigma),
     mask_shape="hard" uses a hard disk. The action a is the target's choice on the clean input
     (argmax Q) or `actions`; the score always uses softmax over the model's Q-vector/logits.
-    incremental: recompute only the disk's receptive field in flax convs (see `occlusion`).
+    incremental: recompute only the disk's receptive field in flax convs (see
+    `occlusion`; None = auto: on when the mask's nonzero box covers <= 1/4 of the image, e.g.
+    the 27x27 px box of a Gaussian disk of radius 3).
     """
     prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                      batch_size=batch_size, obs_max=obs_max)
