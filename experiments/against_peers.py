@@ -7,9 +7,12 @@
 Needs the `bench` extra (torch, captum, grad-cam). First checks that both sides' maps agree
 where the methods are defined the same (Pearson correlation per map, min over states, >= 0.999),
 then times both sides interleaved (jaxsal call, torch call, jaxsal call, ...) at each batch, so
-that the ratio jaxsal/peer is measured under the same machine load. jaxsal runs its opt-in
-fast path `jaxsal.fastconv.fast_apply` (strided convs as space-to-depth + matmuls). Writes
-experiments/results/against_peers.{json,md,png}.
+that the ratio jaxsal/peer is measured under the same machine load. The gradient and CAM
+methods run jaxsal's opt-in fast path `jaxsal.fastconv.fast_apply` (strided convs as
+space-to-depth + matmuls); the perturbation methods run the plain `apply_fn` with the library
+defaults (incremental conv windows for local perturbations), measured faster at their 64-row
+chunks. Then peak memory per method and side (fresh processes, `experiments.peak_memory`) and
+jaxsal's gradient maps/s at N = 1k, 10k, 100k. Writes experiments/results/against_peers.{json,md,png}.
 """
 from __future__ import annotations
 
@@ -45,6 +48,17 @@ def forward_equivalents(family: str) -> float:
     return {"gradient": 3.0, "guided_backprop": 3.0, "integrated_gradients": 1 + 32 * 3.0,
             "gradcam": 3.0, "gradcam_pp": 3.0, "occlusion": 1 + 42 * 42,
             "noise_sensitivity": 1 + 28 * 28, "rise": 1 + 1000}[family]
+
+
+PERTURBATION = ("occlusion", "noise_sensitivity", "rise")
+
+
+def jaxsal_fn(apply_fn, kw: dict):
+    """(apply_fn as the case runs it, explain kwargs): fast_apply for gradient/CAM methods, the
+    plain apply_fn (library defaults) for perturbation methods."""
+    kw = dict(kw)
+    plain = kw.pop("_plain_apply", False)
+    return (apply_fn if plain else fast_apply(apply_fn)), kw
 
 
 def build(num_actions: int = 6, seed: int = 0):
@@ -102,19 +116,15 @@ def cases(torch_model, rise_key):
         "gradcam_pp conv3": ("gradcam_pp", dict(method="gradcam_pp", layer="conv3"),
                              functools.partial(P.gradcam_pp, tm), pgc, ({}, None)),
         "occlusion (2x2, stride 2)": (
-            "occlusion", dict(method="occlusion", patch=2, stride=2, incremental=True), occ,
+            "occlusion", dict(method="occlusion", patch=2, stride=2, _plain_apply=True), occ,
             "captum Occlusion (perturbations_per_eval=256)",
             (dict(score="drop", return_grid=True), functools.partial(occ, return_grid=True))),
         "noise_sensitivity (r 3, stride 3)": (
             "noise_sensitivity", dict(method="noise_sensitivity", radius=3.0, stride=3,
-                                      incremental=True), noise,
-            "batched torch (written here)", (dict(return_grid=True), functools.partial(noise, return_grid=True))),
-        "noise_sensitivity (r 3, stride 3, plain path)": (
-            "noise_sensitivity", dict(method="noise_sensitivity", radius=3.0, stride=3,
-                                      incremental=False), noise,
+                                      _plain_apply=True), noise,
             "batched torch (written here)", (dict(return_grid=True), functools.partial(noise, return_grid=True))),
         "rise (1000 masks)": (
-            "rise", dict(method="rise", n_masks=1000, key=rise_key),
+            "rise", dict(method="rise", n_masks=1000, key=rise_key, _plain_apply=True),
             functools.partial(P.rise, tm, masks=rmasks), "batched torch (written here)", ({}, None)),
     }
 
@@ -139,9 +149,12 @@ def agreement(apply_fn, params, name, case, n_states: int = 4) -> dict:
     from experiments.peers.torch_nature import to_nchw
     family, kw, peer, label, (extra, peer_check) = case
     obs = _obs(n_states, 100)
-    a = np.asarray(jaxsal.explain(fast_apply(apply_fn), params, obs, **{**kw, **extra}))
+    fn, kw = jaxsal_fn(apply_fn, kw)
+    a = np.asarray(jaxsal.explain(fn, params, obs, **{**kw, **extra}))
     b = (peer_check or peer)(to_nchw(obs)).detach().numpy()
-    plain = np.asarray(jaxsal.explain(apply_fn, params, obs, **{**kw, **extra}))
+    # the plain path: lax.conv and, for local perturbations, no incremental conv windows
+    no_inc = {"incremental": False} if family in ("occlusion", "noise_sensitivity") else {}
+    plain = np.asarray(jaxsal.explain(apply_fn, params, obs, **{**kw, **extra, **no_inc}))
     return {"corr_vs_peer": correlation(a, b), "corr_fast_vs_plain": correlation(a, plain),
             "max_abs_fast_vs_plain": float(np.abs(a - plain).max()), "compared": (
                 "score grid" if extra.get("return_grid") else "map") + (
@@ -157,7 +170,8 @@ def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, 
     """Interleaved timing of both sides on the same states; per-call budget caps the states."""
     from experiments.peers.torch_nature import to_nchw
     family, kw, peer, label, _ = case
-    fast = fast_apply(apply_fn)
+    fast, kw = jaxsal_fn(apply_fn, kw)
+    probe = min(probe, 2) if family in PERTURBATION else probe
 
     def run_j(o):
         t = time.perf_counter()
@@ -194,19 +208,27 @@ def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, 
     return row
 
 
-def scaling(apply_fn, params, sizes, batch_size: int = 1024) -> list:
-    """jaxsal vanilla-gradient maps/s at growing N (chunks of batch_size): should stay flat."""
-    fast = fast_apply(apply_fn)
-    _block(jaxsal.explain(fast, params, _obs(batch_size, 0), method="gradient", batch_size=batch_size))
-    rows = []
-    for n in sizes:
-        o = _obs(n, 5)
-        t = time.perf_counter()
-        _block(jaxsal.explain(fast, params, o, method="gradient", batch_size=batch_size))
-        dt = time.perf_counter() - t
-        rows.append({"n": n, "batch_size": batch_size, "maps_per_s": n / dt, "seconds": dt})
-        print(f"scaling: gradient N={n}: {n / dt:.0f} maps/s", flush=True)
-    return rows
+def scaling(sizes, timeout: float = 1200) -> list:
+    """jaxsal vanilla-gradient maps/s and peak RSS at growing N, streamed in a fresh process."""
+    from experiments.peak_memory import run_child
+    rows = run_child(["--scaling", *sizes], timeout)
+    return rows if isinstance(rows, list) else [rows]
+
+
+def memory(names, table, timeout: float = 300) -> dict:
+    """Peak RSS per case and side, each in a fresh process (gradient family on 256 states,
+    perturbation methods on 2: their memory is set by the chunk, not by N)."""
+    from experiments.peak_memory import run_child
+    res = {}
+    for name in names:
+        n = 2 if table[name][0] in PERTURBATION else 256
+        res[name] = {side: run_child(["--case", name, "--side", side, "--n", n], timeout)
+                     for side in ("jaxsal", "peer")}
+        j, p = res[name]["jaxsal"], res[name]["peer"]
+        print(f"memory {name:36s} n={n}: jaxsal peak {j.get('peak_rss_mb', -1):.0f} MB "
+              f"(+{j.get('extra_mb', -1):.0f}), peer peak {p.get('peak_rss_mb', -1):.0f} MB "
+              f"(+{p.get('extra_mb', -1):.0f})", flush=True)
+    return res
 
 
 def machine(torch_threads: int) -> dict:
@@ -275,10 +297,24 @@ def write(res: dict, out: Path):
                      f"{r['jaxsal_maps_per_s']:.1f} | {r['peer_maps_per_s']:.1f} | {r['ratio']:.2f} | "
                      f"{r['ratio_best']:.2f} | {goal}{met} | {flops / 1e6:.0f} | "
                      f"{100 * r['jaxsal_maps_per_s'] * flops / res['peak_flops']:.1f} |")
+    if res.get("memory"):
+        L += ["", "## Peak memory (fresh process per case and side)", "",
+              "Peak RSS (VmHWM) of a fresh process that builds the model and explains N random "
+              "states once (includes the framework runtime and jaxsal's compilation); `extra` = peak "
+              "minus the RSS just before the call's inputs were built.", "",
+              "| method | N | jaxsal peak MB | jaxsal extra MB | peer peak MB | peer extra MB |",
+              "|---|---|---|---|---|---|"]
+        for name, m in res["memory"].items():
+            j, p = m["jaxsal"], m["peer"]
+            cell = lambda d, k: f"{d[k]:.0f}" if k in d else d.get("error", "-")  # noqa: E731
+            L.append(f"| {name} | {j.get('n', p.get('n', '-'))} | {cell(j, 'peak_rss_mb')} | "
+                     f"{cell(j, 'extra_mb')} | {cell(p, 'peak_rss_mb')} | {cell(p, 'extra_mb')} |")
     if res.get("scaling"):
-        L += ["", "## jaxsal vanilla gradient at growing N (batch_size 1024 chunks)", "",
-              "| N | maps/s | seconds |", "|---|---|---|"]
-        L += [f"| {r['n']} | {r['maps_per_s']:.0f} | {r['seconds']:.1f} |" for r in res["scaling"]]
+        L += ["", "## jaxsal vanilla gradient at growing N (streamed, 1,024 states per call, "
+              "plain apply_fn, default chunks; fresh process)", "",
+              "| N | maps/s | seconds | peak RSS MB |", "|---|---|---|---|"]
+        L += [f"| {r['n']} | {r['maps_per_s']:.0f} | {r['seconds']:.1f} | {r['peak_rss_mb']:.0f} |"
+              if "n" in r else f"| error: {r.get('error')} | | | |" for r in res["scaling"]]
     if res.get("notes"):
         L += ["", "## Notes", ""] + [f"- {n}" for n in res["notes"]]
     (out / "against_peers.md").write_text("\n".join(L) + "\n")
@@ -368,7 +404,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, default=2)
     ap.add_argument("--scaling", type=int, nargs="*", default=None,
-                    help="also time jaxsal's gradient at these N (default 1000 10000; quick: 1000)")
+                    help="also time jaxsal's gradient at these N (default 1000 10000 100000; "
+                         "quick: 1000; none: skip)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
     ap.add_argument("--peak-gflops", type=float, default=None,
                     help="machine peak FP32 GFLOP/s for the %% peak column (default: cores x "
                          "2.5 GHz x 32 FLOP/cycle, AVX2 FMA x2)")
@@ -400,8 +438,11 @@ def main(argv=None):
            "peak_note": "given" if args.peak_gflops else f"{cores} cores x 2.5 GHz x 32 FP32 FLOP/cycle, assumed",
            "peers": {n: table[n][3] for n in names}, "families": {n: table[n][0] for n in names},
            "agreement": {}, "timing": {}, "notes": [
-               "jaxsal's maps use the opt-in fast path jaxsal.fastconv.fast_apply (conv1/conv2 as "
-               "space-to-depth + matmuls); correlation with the plain path is in the agreement table.",
+               "jaxsal's gradient and CAM maps use the opt-in fast path jaxsal.fastconv.fast_apply "
+               "(conv1/conv2 as space-to-depth + matmuls); occlusion, noise sensitivity and RISE run "
+               "the plain apply_fn with the library defaults (since 2026-11-29 evening: incremental "
+               "conv windows on by default for local perturbations). The agreement table's `fast vs "
+               "plain` compares with lax.conv and incremental=False.",
                "Grad-CAM/Grad-CAM++ peers min-max scale each map (pytorch-grad-cam's output); "
                "jaxsal returns ReLU(sum_k w_k A^k) upsampled, so the comparison is by correlation.",
                "Occlusion is compared on the per-patch drop grid t(x) - t(x') (Captum's definition); "
@@ -436,9 +477,14 @@ def main(argv=None):
         res["timing"][name] = rows
         res["load_avg_end"] = list(os.getloadavg())
         write(res, out)
-    sizes = args.scaling if args.scaling is not None else ([1000] if args.quick else [1000, 10000])
+    if not args.no_memory:
+        res["memory"] = memory(names, table)
+        res["load_avg_end"] = list(os.getloadavg())
+        write(res, out)
+    sizes = args.scaling if args.scaling is not None else (
+        [1000] if args.quick else [1000, 10000, 100000])
     if sizes:
-        res["scaling"] = scaling(apply_fn, params, sizes)
+        res["scaling"] = scaling(sizes)
         res["load_avg_end"] = list(os.getloadavg())
         write(res, out)
     print(f"wrote {out}/against_peers.json, .md, .png")

@@ -42,8 +42,8 @@ CASES: dict[str, dict] = {
     "smoothgrad (n=50)": dict(method="smoothgrad", n_samples=50, key=0),
     "integrated_gradients (steps=50)": dict(method="integrated_gradients", steps=50),
     # perturbation methods at Paper B's parameters (issue 4; see also throughput_perturbation.py)
-    "occlusion (2x2/2)": dict(method="occlusion"),
-    "occlusion (2x2/2, incremental)": dict(method="occlusion", incremental=True),
+    "occlusion (2x2/2)": dict(method="occlusion"),  # default: incremental conv windows (auto)
+    "occlusion (2x2/2, plain path)": dict(method="occlusion", incremental=False),
     "noise_sensitivity (r3/3)": dict(method="noise_sensitivity"),
     "sarfa (r2/2)": dict(method="sarfa"),
     "rise (1000 masks)": dict(method="rise", key=0),
@@ -127,7 +127,7 @@ def write(results: dict, out_dir: Path, tag: str):
     info = results["machine"]
     lines = [f"# jaxsal throughput ({info['backend']}, {info['date_utc']})", "",
              f"Nature-CNN DQN (6 actions, random weights), uint8 (N, 84, 84, 4) observations, "
-             f"default batch_size. Machine: {info.get('cpu', '?')}, {info['cpu_count']} cores, "
+             f"batch_size {results.get('batch_size') or 'default'}. Machine: {info.get('cpu', '?')}, {info['cpu_count']} cores, "
              f"load average at start {info.get('load_avg_1_5_15')} (at end "
              f"{results.get('load_avg_end')}); jax {info['jax']}, flax {info.get('flax')}, "
              f"Python {info['python']}.", "",
@@ -161,6 +161,9 @@ def main(argv=None):
                          "timed on fewer states")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per case (best kept)")
     ap.add_argument("--note", action="append", default=[], help="note for the results file")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="model rows per compiled call (explain's batch_size; default: backend's)")
+    ap.add_argument("--tag", default=None, help="results file suffix (default: the backend name)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--against", choices=["captum"], default=None,
                     help="side by side with Captum/pytorch-grad-cam/torch (bench extra): runs "
@@ -177,12 +180,14 @@ def main(argv=None):
     names = args.methods or list(CASES)
     apply_fn, params = _model()
     results = {"machine": machine_info(), "batches": batches, "cases": {}, "notes": list(args.note)}
-    tag = jax.default_backend()
+    tag = args.tag or jax.default_backend()
+    results["batch_size"] = args.batch_size
+    extra = {} if args.batch_size is None else {"batch_size": args.batch_size}
     for name in names:
         rows = []
         for b in batches:
             try:
-                r = bench_case(apply_fn, params, _kwargs(CASES[name]), b, args.budget,
+                r = bench_case(apply_fn, params, {**_kwargs(CASES[name]), **extra}, b, args.budget,
                                repeats=args.repeats)
             except Exception as e:  # noqa: BLE001 (recorded, the benchmark goes on)
                 r = {"batch": b, "error": f"{type(e).__name__}: {e}"[:200]}
