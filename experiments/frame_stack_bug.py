@@ -1,8 +1,9 @@
 """Paper A's frame-stacking bug, measured: do saliency maps flag a broken frame stack before
 the return curve does?
 
-    python -m experiments.frame_stack_bug                  # small: MinAtar, 3 seeds, minutes on 2 CPUs
-    python -m experiments.frame_stack_bug --large          # 5 seeds, 10x the steps (GPU or patience)
+    python -m experiments.frame_stack_bug                  # small: MinAtar, 6 seeds, ~30 min on 2 CPUs
+    python -m experiments.frame_stack_bug --steps 96000 --every 4   # the 4x budget (results/.../gpu_96k)
+    python -m experiments.frame_stack_bug --large          # >= 6 seeds, 10x the steps (GPU or patience)
 
 Trains PQN agents (agents.train) on frame-stacked MinAtar Breakout whose trail channel is
 dropped (so the ball's direction is only in the stack): the correct stack and each bug of
@@ -62,7 +63,7 @@ def make_parser():
     p.add_argument("--game", default="minatar-breakout")
     p.add_argument("--bugs", default=",".join(DEFAULT_BUGS),
                    help="comma-separated bugs of agents.framestack.BUGS (misaligned, reuse, no_update, reversed)")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=6, help="seeds per variant (>= --dev-seeds + 3 to get a held-out set)")
     p.add_argument("--steps", type=int, default=24_000, help="env steps per run")
     p.add_argument("--num-envs", type=int, default=32)
     p.add_argument("--rollout", type=int, default=16)
@@ -77,7 +78,7 @@ def make_parser():
     p.add_argument("--dev-seeds", type=int, default=3,
                    help="the statistic was designed on seeds 0..N-1; the rest are scored as held out")
     p.add_argument("--keep-trail", action="store_true", help="keep MinAtar's trail channel")
-    p.add_argument("--large", action="store_true", help="5 seeds and 10x the steps")
+    p.add_argument("--large", action="store_true", help=">= 5 seeds and 10x the steps")
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--runs-dir", default=None, help="where run folders go (default OUT/runs)")
     p.add_argument("--fresh", action="store_true", help="retrain runs that already finished")
