@@ -201,3 +201,39 @@ def test_errors_are_clear():
         stack_age_gain(np.full((2, 1, 1, 4), np.nan))
     with pytest.raises(SaliencyInputError, match="2 steps for 3 checkpoints"):
         separation_step([0, 1], np.zeros((2, 3)), np.zeros((2, 3)))
+
+
+def test_no_update_premise_identical_slots_get_identical_first_layer_updates():
+    """The `no_update` argument of the module docstring, checked on our MinAtar network and
+    PQN's optimiser: with every stacked slot holding the same frame, each slot's first-layer
+    kernel moves by exactly the same amount, so only the init tells the slots apart; with a
+    real (different-frames) stack the slots' updates differ."""
+    import jax
+    import jax.numpy as jnp
+
+    from agents.networks import MinAtarDQN
+    from agents.train import PQNConfig, make_optimizer
+
+    model = MinAtarDQN(3, 12)
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 10, 12)))
+    tx = make_optimizer(PQNConfig(steps=4096, num_envs=8, rollout=8, lr=3e-3))
+    rng = np.random.default_rng(0)
+    frames = (rng.random((32, 5, 10, 10, 3)) < 0.2).astype(np.float32)     # 5 frames per state
+    targets = jnp.asarray(rng.normal(size=32), jnp.float32)
+
+    def deltas(obs):
+        def loss(p):
+            return jnp.mean((model.apply(p, obs)[:, 0] - targets) ** 2)
+        p, state = params, tx.init(params)
+        for _ in range(3):
+            updates, state = tx.update(jax.grad(loss)(p), state, p)
+            p = jax.tree.map(lambda a, b: a + b, p, updates)
+        d = np.asarray(p["params"]["conv1"]["kernel"] - params["params"]["conv1"]["kernel"])
+        return [d[:, :, 3 * j:3 * j + 3] for j in range(4)]
+
+    same = deltas(jnp.asarray(np.concatenate([frames[:, 4]] * 4, -1)))       # no_update stacks
+    real = deltas(jnp.asarray(np.concatenate([frames[:, j] for j in range(1, 5)], -1)))
+    assert np.abs(same[0]).max() > 1e-4                                      # it did learn
+    for j in range(1, 4):
+        np.testing.assert_allclose(same[j], same[0], rtol=0, atol=1e-6)      # float32 sum order
+        assert np.abs(real[j] - real[0]).max() > 1e-4
