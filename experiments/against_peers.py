@@ -329,27 +329,34 @@ def readme_section(res: dict) -> str:
          f"`python -m experiments.throughput --against captum` (needs `pip install 'jaxsal[bench]'`) "
          f"builds the Nature-CNN DQN in flax and torch with identical weights, checks that the maps "
          f"agree (Pearson correlation >= 0.999 where the methods are defined the same), then times "
-         f"both sides interleaved. jaxsal runs with its opt-in fast path "
+         f"both sides interleaved. jaxsal's gradient and CAM methods run with its opt-in fast path "
          f"`jaxsal.fastconv.fast_apply(apply_fn)` (strided convs as space-to-depth + matmuls, "
-         f"tested equal to the plain path). Measured {info['date_utc'][:10]} on "
+         f"tested equal to the plain path); the perturbation methods run the plain `apply_fn` with "
+         f"the library defaults (occlusion and noise sensitivity: incremental conv windows, tested "
+         f"equal to the plain path). Peak memory: peak RSS of a fresh process per method and side "
+         f"(256 states; perturbation methods 2). Measured {info['date_utc'][:10]} on "
          f"{info.get('cpu', '?')} ({info['cpu_count']} cores, load average "
          f"{info.get('load_avg_1_5_15', ['?'])[0]:.0f} from background training: absolute figures "
          f"are low, ratios are what count), jax {info['jax']}, torch {info['torch']} "
          f"({info['torch_threads']} threads), captum {info.get('captum')}. Full table, plot and "
          f"figures at batch 1 and 4096: `experiments/results/against_peers.{{md,png,json}}`.", "",
-         "| method | peer | corr | jaxsal maps/s | peer maps/s | ratio @256 | goal |",
-         "|---|---|---|---|---|---|---|"]
+         "| method | peer | corr | jaxsal maps/s | peer maps/s | ratio @256 | goal | "
+         "peak MB jaxsal / peer |",
+         "|---|---|---|---|---|---|---|---|"]
     for name, rows in res["timing"].items():
         r = next((r for r in rows if r.get("batch") == 256 and "error" not in r), None)
         a = res["agreement"].get(name, {})
         corr = f"{a['corr_vs_peer']:.4f}" if "corr_vs_peer" in a else "-"
         goal = GOALS[res["families"][name]]
+        mem = res.get("memory", {}).get(name, {})
+        mem = "{} / {}".format(*(f"{mem[k]['peak_rss_mb']:.0f}" if "peak_rss_mb" in mem.get(k, {})
+                                 else "-" for k in ("jaxsal", "peer")))
         if r is None:
-            L.append(f"| {name} | {res['peers'][name]} | {corr} | - | - | - | {goal} |")
+            L.append(f"| {name} | {res['peers'][name]} | {corr} | - | - | - | {goal} | {mem} |")
             continue
         met = "met" if r["ratio"] >= goal else "not met"
         L.append(f"| {name} | {res['peers'][name]} | {corr} | {r['jaxsal_maps_per_s']:.1f} | "
-                 f"{r['peer_maps_per_s']:.1f} | {r['ratio']:.2f} | {goal} ({met}) |")
+                 f"{r['peer_maps_per_s']:.1f} | {r['ratio']:.2f} | {goal} ({met}) | {mem} |")
     if res.get("summary_notes"):
         L += [""] + [f"- {n}" for n in res["summary_notes"]]
     return "\n".join(L) + "\n"
