@@ -29,12 +29,12 @@ OUT = Path(__file__).parent / "results" / "throughput_perturbation"
 KEY = jax.random.PRNGKey(0)
 # (label, method, options, model rows per map at 84x84): Paper B's parameters are the defaults.
 CASES = [
-    ("occlusion", "occlusion", {}, 42 * 42),
-    ("occlusion_incremental", "occlusion", {"incremental": True}, 42 * 42),
+    ("occlusion", "occlusion", {}, 42 * 42),  # default incremental=None: auto (on for 2x2)
+    ("occlusion_plain", "occlusion", {"incremental": False}, 42 * 42),
     ("noise_sensitivity", "noise_sensitivity", {"score": "chosen_action"}, 28 * 28),
     ("noise_sensitivity_original", "noise_sensitivity", {"score": "output_l2"}, 28 * 28),
     ("sarfa", "sarfa", {}, 42 * 42),
-    ("sarfa_incremental", "sarfa", {"incremental": True}, 42 * 42),
+    ("sarfa_plain", "sarfa", {"incremental": False}, 42 * 42),
     ("rise", "rise", {"key": KEY}, 1000),
     ("lime_slic", "lime", {"key": KEY, "segmentation": "slic"}, 2000),
     ("lime_quickshift", "lime", {"key": KEY, "segmentation": "quickshift"}, 1500),
