@@ -94,7 +94,7 @@ def test_noise_sensitivity_peer_agrees_on_the_grid(models):
 def test_benchmark_runs_end_to_end(tmp_path):
     res = AP.main(["--batches", "1", "--repeats", "1", "--budget", "1", "--scaling",
                    "--methods", "gradient", "gradcam conv3", "--out", str(tmp_path),
-                   "--torch-threads", "1"])
+                   "--torch-threads", "1", "--no-memory"])
     assert res["agreement"]["gradient"]["corr_vs_peer"] >= 0.999
     row = res["timing"]["gradient"][0]
     assert row["jaxsal_maps_per_s"] > 0 and row["peer_maps_per_s"] > 0
@@ -105,3 +105,10 @@ def test_benchmark_runs_end_to_end(tmp_path):
     AP.main(["--render", str(tmp_path / "against_peers.json"), "--out", str(again)])
     section = (again / "against_peers_README_section.md").read_text()
     assert "| gradient | captum Saliency |" in section
+
+
+def test_peak_memory_child_reports_its_own_peak():
+    from experiments.peak_memory import run_child
+    r = run_child(["--case", "gradient", "--side", "jaxsal", "--n", 2], timeout=120)
+    assert "error" not in r, r
+    assert r["n"] == 2 and r["peak_rss_mb"] >= r["base_rss_mb"] > 50 and r["extra_mb"] >= 0
