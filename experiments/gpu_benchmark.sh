@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-shot GPU benchmark (issue 8): run as ONE command on a machine with an NVIDIA GPU, ~8 min.
+# One-shot GPU benchmark (issue 8): run as ONE command on a machine with an NVIDIA GPU: at most
+# 8 min of benchmark steps (4 + 2 + 2, each under its own timeout) plus the install.
 #
 #   bash experiments/gpu_benchmark.sh            # writes $OUT (or experiments/results) throughput_gpu*.{md,json}
 #   bash experiments/gpu_benchmark.sh --quick    # tiny sizes: checks the script end to end (any backend)
@@ -32,7 +33,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 if [ $QUICK = 1 ]; then
   B1="2"; B2="4"; BIG="2"; BS="--batch-size 8"; BUDGET=1; T=300; REP=1
 else
-  B1="256 4096"; B2="32768 131072"; BIG="4096"; BS="--batch-size 16384"; BUDGET=15; T=150; REP=3
+  B1="256 4096"; B2="32768 131072"; BIG="4096"; BS="--batch-size 16384"; BUDGET=12; T=120; REP=3
 fi
 TAG=${BACKEND:-unknown}
 step() {  # step NAME TIMEOUT ARGS... : one throughput run, results under its own tag
