@@ -11,6 +11,9 @@ shares (jaxsal.frame_stats); `newest_share`/`age_centroid` come from the first o
 Gradient x input counts attribution where each frame has content; plain gradients also
 spread mass over empty pixels, where the random initial filters dominate for a long time. Each snapshot is saved as `step_XXXXXXXXX.npz` (arrays only), and one
 row per snapshot goes to `stats.csv`.
+Agents whose CNN runs on each frame separately (SplitAttentionDQN) get CAM maps too (summed
+over frames); their per-frame CAM maps (N, H, W, T) can drive the shares:
+`frame_methods=("g1gradcam", ...)`.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import jaxsal
+from jaxsal.gradient.family import LAYER_METHODS
 from jaxsal.frame_stats import age_centroid, frame_shares, newest_share
 
 METHODS = ("gradcam", "g1gradcam", "g2gradcam", "guided_backprop", "gradient")
@@ -75,8 +79,10 @@ class SaliencySnapshots:
         row = {"step": int(step), "update": int(update),
                "return_mean": float(np.mean(returns[-20:])) if returns else float("nan")}
         if self.num_frames:
+            cam = any(m in LAYER_METHODS for m in self.frame_methods)   # per-frame CAM needs a
             pf = jaxsal.explain(apply_fn, params, self.probe, method=list(self.frame_methods),
-                                per_frame=True, target=self.target)
+                                per_frame=True, target=self.target,      # time-distributed trunk
+                                layer=self.layer if cam else None)
             shares = np.stack([frame_shares(pf[m], self.num_frames) for m in self.frame_methods])
             arrays["frame_shares"] = shares.astype(np.float32)   # (methods, N, k)
             row["newest_share"] = float(newest_share(shares[0]).mean())

@@ -134,11 +134,10 @@ class AtariLikeEnv(RandomGridEnv):
 @pytest.mark.slow
 def test_snapshots_on_the_split_attention_agent_in_pqn_training(tmp_path):
     """Paper A's split-attention agent trains under PQN with the snapshot callback; its shared
-    per-frame trunk runs the CNN on N*T frames, so the CAM methods (which need an (N, h, w, K)
-    layer) are refused with a clear error and the snapshots use the input-gradient methods."""
+    per-frame trunk runs the CNN on N*T frames, so the CAM maps are computed per (state, frame):
+    the snapshot keeps their frame sum (N, H, W) and the per-frame G1Grad-CAM maps give shares."""
     from agents.networks import SplitAttentionDQN
     from agents.train import PQNConfig, train
-    from jaxsal.errors import SaliencyInputError
 
     def atari_env_fn(game="fake", num_envs=2, train=True, seed=0):
         return FrameStackEnv(AtariLikeEnv(num_envs, seed), num_frames=4)
@@ -146,18 +145,19 @@ def test_snapshots_on_the_split_attention_agent_in_pqn_training(tmp_path):
     probe = probe_states(atari_env_fn(seed=3), 2, steps=4)
     model = SplitAttentionDQN(3, frames=4, lstm_features=8)
     snaps = SaliencySnapshots(probe, tmp_path / "sa" / "snapshots", every=1, num_frames=4,
-                              methods=("guided_backprop", "gradient"))
+                              frame_methods=("grad_x_input", "g1gradcam"), layer="conv2")
     cfg = PQNConfig(game="breakout", steps=2 * 4 * 2, num_envs=2, rollout=4, minibatches=1, epochs=1,
                     run_dir=str(tmp_path / "sa"), ckpt_every=1000)
     out = train(cfg, log=lambda m: None, callback=snaps, env_fn=atari_env_fn, model=model)
     assert [r["update"] for r in snaps.rows] == [1, 2]
     last = load_snapshots(tmp_path / "sa" / "snapshots")[-1][1]
-    assert last["guided_backprop"].shape == (2, 84, 84) and last["gradient"].shape == (2, 84, 84)
-    assert last["frame_shares"].shape == (3, 2, 4)
+    for m in METHODS:
+        assert last[m].shape == (2, 84, 84) and np.all(np.isfinite(last[m]))
+    assert last["frame_shares"].shape == (2, 2, 4)
     np.testing.assert_allclose(last["frame_shares"].sum(-1), 1.0, rtol=1e-5)
-    ref = jaxsal.explain(model.apply, out["params"], probe, method="gradient")    # the final params
-    np.testing.assert_allclose(last["gradient"], np.asarray(ref), rtol=1e-5, atol=1e-7)
+    ref = jaxsal.explain(model.apply, out["params"], probe, method=["gradcam", "g1gradcam"],
+                         layer="conv2", per_frame=True)                      # the final params
+    np.testing.assert_allclose(last["gradcam"], np.asarray(ref["gradcam"]).sum(-1), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(last["frame_shares"][1], frame_shares(ref["g1gradcam"], 4), rtol=1e-5)
     # every stacked frame reaches the Q-values through the shared trunk: no slot has zero share
     assert np.all(last["frame_shares"] > 0)
-    with pytest.raises(SaliencyInputError, match="CAM methods need a spatial layer"):
-        jaxsal.explain(model.apply, out["params"], probe, method="gradcam", layer="conv3")

@@ -10,6 +10,16 @@ the ReLU is applied outside the module, as in NatureDQN's conv3). `layer_activat
 uses A' = ReLU(A) instead; its gradient is then dY/dA' where A > 0 and 0 elsewhere (the
 following ReLU masks it), which can differ from a peer tapping a separate ReLU module.
 Layer outputs must be channels-last (N, h, w, K), as flax convolutions give.
+
+Time-distributed trunks (Paper A's split-attention agent: one CNN shared by the T frames of a
+state, so the layer outputs (N*T, h, w, K), row n*T + t = frame t of state n): the CAM is
+computed per (state, frame) from that frame's A and dY/dA, as the definition says per map.
+`per_frame=True` gives (N, H, W, T), the frame axis last as per_frame input-gradient maps
+(N, H, W, C) have it (jaxsal.frame_stats.frame_shares takes both); the default is the frame
+sum (N, H, W), so every consumer of (N, H, W) maps works unchanged. G1/G2 divide by the max
+over all T frames of a state, so frames stay comparable (a frame the agent ignores is not
+blown up to full scale); G1's default is the normalised frame sum. G2/Guided Grad-CAM multiply
+frame t's CAM with guided backprop on that frame's input channels (frame-major stack).
 """
 from __future__ import annotations
 
@@ -50,6 +60,11 @@ def upsample(cam, hw):
     return jax.image.resize(cam, (cam.shape[0], *hw), method="bilinear", antialias=False)
 
 
+def to_frames(cam, k):
+    """State-major rows (N*k, H, W) -> per-frame maps (N, H, W, k)."""
+    return jnp.moveaxis(cam.reshape((-1, k) + cam.shape[1:]), 1, -1)
+
+
 def normalise_max(m):
     """Divide each map by its max (0 maps stay 0)."""
     mx = m.reshape(m.shape[0], -1).max(axis=1).reshape((-1,) + (1,) * (m.ndim - 1))
@@ -63,28 +78,30 @@ def _family(name, apply_fn, params, obs, **kw):
 
 @register("gradcam")
 def gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-            batch_size=None, layer=None, layer_activation=None):
-    """Grad-CAM maps (N, H, W) of the named layer (default: last conv-like layer)."""
+            batch_size=None, layer=None, per_frame=False, layer_activation=None):
+    """Grad-CAM maps (N, H, W) of the named layer (default: last conv-like layer); per-frame
+    maps (N, H, W, T) with per_frame=True on a time-distributed layer (module docstring)."""
     return _family("gradcam", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, layer=layer,
+                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
                    layer_activation=layer_activation)
 
 
 @register("gradcam_pp")
 def gradcam_pp(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-               batch_size=None, layer=None, layer_activation=None):
-    """Grad-CAM++ maps (N, H, W) of the named layer."""
+               batch_size=None, layer=None, per_frame=False, layer_activation=None):
+    """Grad-CAM++ maps (N, H, W) of the named layer ((N, H, W, T) per frame, as gradcam)."""
     return _family("gradcam_pp", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, layer=layer,
+                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
                    layer_activation=layer_activation)
 
 
 @register("g1gradcam")
 def g1gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-              batch_size=None, layer=None, layer_activation=None):
-    """G1Grad-CAM (Paper A): Grad-CAM with guided-ReLU gradients, each map divided by its max."""
+              batch_size=None, layer=None, per_frame=False, layer_activation=None):
+    """G1Grad-CAM (Paper A): Grad-CAM with guided-ReLU gradients, each map divided by its max
+    ((N, H, W, T) per frame, as gradcam, divided by the max over the state's frames)."""
     return _family("g1gradcam", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, layer=layer,
+                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
                    layer_activation=layer_activation)
 
 

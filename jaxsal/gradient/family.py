@@ -4,6 +4,9 @@ input and at a tapped layer, computed together in one jitted function per chunk.
 Asking for several methods at once (e.g. gradcam + gradcam_pp + guided_backprop + g2gradcam)
 shares the work: one plain and/or one guided backward gives all the maps; XLA shares the
 forward pass between them.
+
+Time-distributed trunks (a shared CNN run on the T frames of each state, so the tapped layer
+outputs (N*T, h, w, K)) get one CAM per (state, frame): see jaxsal.gradient.cam.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
 from jaxsal.gradient import cam
 from jaxsal.gradient.common import as_float, finish, objective, prepare, run_chunks
-from jaxsal.gradient.layers import get_activation, resolve_layer, tap
+from jaxsal.gradient.layers import get_activation, resolve_tap, tap
 from jaxsal.gradient.rules import with_rule
 from jaxsal.validate import to_nhwc
 
@@ -34,7 +37,8 @@ _NEEDS = {
 }
 
 
-def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw):
+def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1):
+    """The jitted per-chunk function; k = rows of the tapped layer per state (1: ordinary)."""
     needs = set().union(*(_NEEDS[m] for m in methods))
     rules = sorted({r for r, _ in needs})
     tapped = tap(apply_fn, layer, activation) if layer is not None else None
@@ -73,6 +77,8 @@ def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw):
             elif m in ("guided_backprop", "deconvnet"):
                 out[m] = finish(res[("guided" if m == "guided_backprop" else "deconvnet", "x")],
                                 layout, per_frame)
+            elif k > 1:
+                out[m] = _frame_cam(m, res, hw, k, layout, per_frame)
             elif m == "gradcam":
                 g = res[("plain", "layer")]
                 out[m] = cam.upsample(cam.cam_map(res["A"], cam.gradcam_weights(res["A"], g)), hw)
@@ -96,6 +102,24 @@ def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw):
     return fn
 
 
+def _frame_cam(m, res, hw, k, layout, per_frame):
+    """CAM method m on a time-distributed layer (N*k rows): per-frame maps (N, H, W, k), or
+    the frame sum (N, H, W); g2gradcam/guided_gradcam as (N, H, W, C) / summed over C."""
+    rule = "guided" if m in ("g1gradcam", "g2gradcam") else "plain"
+    weights = cam.gradcam_pp_weights if m == "gradcam_pp" else cam.gradcam_weights
+    A, g = res["A"], res[(rule, "layer")]
+    c = cam.to_frames(cam.upsample(cam.cam_map(A, weights(A, g)), hw), k)
+    if m in ("gradcam", "gradcam_pp"):
+        return c if per_frame else c.sum(-1)
+    if m == "g1gradcam":
+        return cam.normalise_max(c if per_frame else c.sum(-1))
+    if m == "g2gradcam":
+        c = cam.normalise_max(c)
+    gb = jax.nn.relu(to_nhwc(res[("guided", "x")], layout))
+    prod = jax.nn.relu(jnp.repeat(c, gb.shape[-1] // k, axis=-1)) * gb
+    return prod if per_frame else prod.sum(-1)
+
+
 def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
             batch_size=None, layer=None, per_frame=False, layer_activation=None):
     """Maps of several single-backward methods at once: dict name -> (N, H, W[, C])."""
@@ -103,39 +127,48 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
     bad = [m for m in methods if m not in FAMILY]
     if bad:
         raise SaliencyInputError(f"not a single-backward gradient method: {bad}; these are {FAMILY}")
-    if per_frame:
-        nope = [m for m in methods if m not in PER_FRAME_METHODS]
-        if nope:
-            raise SaliencyInputError(
-                f"{nope} give layer-resolution maps only; per_frame=True is for input-resolution "
-                f"methods {PER_FRAME_METHODS}")
     prep = prepare(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                    batch_size=batch_size)
     get_activation(layer_activation)
     uses_layer = any(m in LAYER_METHODS for m in methods)
     if not uses_layer and (layer is not None or layer_activation is not None):
         raise SaliencyInputError(f"layer= / layer_activation= apply to CAM methods only, not {methods}")
-    lname = _resolve_cached(apply_fn, params, prep.x[:1], layer) if uses_layer else None
+    lname, k = (_resolve_cached(apply_fn, params, as_float(prep.x[:1]), layer, layer_activation)
+                if uses_layer else (None, 1))
+    if per_frame and k == 1:
+        nope = [m for m in methods if m not in PER_FRAME_METHODS]
+        if nope:
+            raise SaliencyInputError(
+                f"{nope} give layer-resolution maps only; per_frame=True is for input-resolution "
+                f"methods {PER_FRAME_METHODS}, or CAM methods on a layer run once per frame "
+                f"(time-distributed trunk, output (N*T, h, w, K)); layer {lname!r} runs once "
+                "per state")
+    if k > 1 and prep.hwc[2] % k and any(m in ("g2gradcam", "guided_gradcam") for m in methods):
+        raise SaliencyInputError(
+            f"layer {lname!r} runs {k} times per state but the input has {prep.hwc[2]} channels, "
+            f"not a multiple of {k}: g2gradcam/guided_gradcam cannot assign input channels to "
+            "frames (frame-major stacks of k frames x C/k channels)")
     has_actions = prep.actions is not None
     key = ("family", apply_fn, prep.target_key, methods, lname, layer_activation, layout,
-           bool(per_frame), prep.hwc[:2], has_actions)
+           bool(per_frame), prep.hwc[:2], has_actions) + ((k,) if k > 1 else ())
     fn = batching.cached_jit(key, lambda: _build(apply_fn, prep.target, methods, lname,
                                                  layer_activation, layout, bool(per_frame),
-                                                 prep.hwc[:2]))
+                                                 prep.hwc[:2], k))
     arrays = [prep.x] + ([prep.actions] if has_actions else [])
-    return run_chunks(fn, params, arrays, 1, prep.rows)
+    return run_chunks(fn, params, arrays, k, prep.rows)
 
 
 _LAYER_CACHE: dict = {}
 
 
-def _resolve_cached(apply_fn, params, x1, layer):
-    k = (apply_fn, layer, tuple(x1.shape), jax.tree.structure(params),
+def _resolve_cached(apply_fn, params, x1, layer, activation=None):
+    """resolve_tap's (name, rows per state), cached per model structure and input shape."""
+    k = (apply_fn, layer, activation, tuple(x1.shape), jax.tree.structure(params),
          tuple(getattr(l, "shape", ()) for l in jax.tree.leaves(params)))
     try:
         hash(k)
     except TypeError:
-        return resolve_layer(apply_fn, params, x1, layer)
+        return resolve_tap(apply_fn, params, x1, layer, activation)
     if k not in _LAYER_CACHE:
-        _LAYER_CACHE[k] = resolve_layer(apply_fn, params, x1, layer)
+        _LAYER_CACHE[k] = resolve_tap(apply_fn, params, x1, layer, activation)
     return _LAYER_CACHE[k]

@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxsal.errors import SaliencyInputError
 
@@ -67,9 +68,58 @@ def _matches(call: LayerCall, layer: str) -> bool:
     return layer in (call.name, call.qualified)
 
 
-def _is_conv(call: LayerCall, n: int) -> bool:
-    return (call.shape is not None and len(call.shape) == 4 and call.shape[0] == n
-            and "conv" in call.kind.lower())
+def _rows(c1: LayerCall, c2: LayerCall, n: int) -> int | None:
+    """k when a call's output is spatial (L, h, w, K) with L = k*n at n states and 2k*n at 2n
+    (k rows per state: k = 1 ordinary, k > 1 a time-distributed trunk), else None."""
+    if c1.shape is None or c2.shape is None or len(c1.shape) != 4 or len(c2.shape) != 4:
+        return None
+    lead = c1.shape[0]
+    if lead < n or lead % n or c2.shape[0] != 2 * lead:
+        return None
+    return lead // n
+
+
+def _resolve(apply_fn, params, x, layer):
+    """(name, k): the layer to tap and its rows per state (see resolve_layer, frames_per_state)."""
+    n = x.shape[0]
+    calls = _calls(apply_fn, params, x)
+    if not calls:
+        raise SaliencyInputError(
+            "layer-based methods need a flax model: no flax module call was seen in apply_fn; "
+            "use an input-gradient method (gradient, guided_backprop, ...) for plain functions")
+    calls2 = _calls(apply_fn, params, jnp.concatenate([x, x]))
+    if len(calls2) != len(calls):      # batch-size-dependent control flow: shapes at n only
+        calls2 = [c._replace(shape=None if c.shape is None else (2 * c.shape[0],) + c.shape[1:])
+                  for c in calls]
+    rows = [_rows(c1, c2, n) for c1, c2 in zip(calls, calls2)]
+    avail = _available(calls)
+    if layer is None:
+        spatial = [(c, k) for c, k in zip(calls, rows) if k is not None]
+        convs = [(c, k) for c, k in spatial if "conv" in c.kind.lower()] or spatial
+        if not convs:
+            raise SaliencyInputError(
+                f"no conv-like layer with output (N, h, w, K) found; pass layer= one of {avail}")
+        c, k = convs[-1]
+        return (c.name if sum(q.name == c.name for q in calls) == 1 else c.qualified), k
+    if not isinstance(layer, str):
+        raise SaliencyInputError(f"layer must be a module name string, got {layer!r}; "
+                                 f"available: {avail}")
+    hits = [i for i, c in enumerate(calls) if _matches(c, layer)]
+    if not hits:
+        raise SaliencyInputError(f"unknown layer {layer!r}; available layers: {avail}")
+    if len(hits) > 1:
+        raise SaliencyInputError(
+            f"layer {layer!r} matches {len(hits)} module calls in one forward pass "
+            f"({', '.join(calls[i].qualified for i in hits)}); name one call by its qualified name "
+            f"(RootClass/path) from: {avail}")
+    i = hits[0]
+    if rows[i] is None:
+        raise SaliencyInputError(
+            f"layer {layer!r} outputs shape {calls[i].shape} for N = {n} states and "
+            f"{calls2[i].shape} for N = {2 * n}; CAM methods need a spatial layer with output "
+            f"(N, h, w, K), or (k*N, h, w, K) for a trunk applied to k frames per state. "
+            f"Spatial layers: {[c.name for c in calls if c.shape is not None and len(c.shape) == 4]}")
+    return layer, rows[i]
 
 
 def resolve_layer(apply_fn, params, x, layer: str | None) -> str:
@@ -77,40 +127,38 @@ def resolve_layer(apply_fn, params, x, layer: str | None) -> str:
 
     Raises SaliencyInputError listing the available names for an unknown, ambiguous or
     non-spatial layer. x is one chunk of observations (N, ...) as the model takes them.
+    A spatial layer outputs (k*N, h, w, K) with k fixed: k = 1, or k frames per state.
     """
-    n = x.shape[0]
-    calls = _calls(apply_fn, params, x)
-    if not calls:
+    return _resolve(apply_fn, params, x, layer)[0]
+
+
+def resolve_tap(apply_fn, params, x, layer: str | None, activation=None) -> tuple[str, int]:
+    """(name, k): the layer to tap (as resolve_layer) and its output rows per state k (1, or
+    k frames of a time-distributed trunk such as a shared per-frame CNN).
+
+    k comes from the output's leading dimension at N and 2N states (k*N and 2k*N). For k > 1
+    the rows must be state-major (row n*k + t is frame t of state n, as `reshape(N*T, ...)`
+    of an (N, T, ...) batch gives): checked numerically by tapping N states and the same N
+    states followed by N different ones, since a time-major trunk would mix states silently.
+    """
+    name, k = _resolve(apply_fn, params, x, layer)
+    if k == 1:
+        return name, 1
+    x = jnp.asarray(x, jnp.float32)
+    scale = max(float(jnp.abs(x).max()), 1.0)
+    other = x + scale * jnp.asarray(np.random.default_rng(0).uniform(0.1, 0.6, x.shape), x.dtype)
+    f = jax.jit(lambda p, xx: tap(apply_fn, name, activation)(p, xx, 0.0)[1])
+    a1 = np.asarray(f(params, x), np.float64)
+    a2 = np.asarray(f(params, jnp.concatenate([x, other])), np.float64)[: a1.shape[0]]
+    tol = 1e-3 * float(np.abs(a1).max()) + 1e-6
+    if not np.all(np.abs(a2 - a1) <= tol):
         raise SaliencyInputError(
-            "layer-based methods need a flax model: no flax module call was seen in apply_fn; "
-            "use an input-gradient method (gradient, guided_backprop, ...) for plain functions")
-    avail = _available(calls)
-    if layer is None:
-        convs = [c for c in calls if _is_conv(c, n)] or [
-            c for c in calls if c.shape is not None and len(c.shape) == 4 and c.shape[0] == n]
-        if not convs:
-            raise SaliencyInputError(
-                f"no conv-like layer with output (N, h, w, K) found; pass layer= one of {avail}")
-        c = convs[-1]
-        return c.name if sum(k.name == c.name for k in calls) == 1 else c.qualified
-    if not isinstance(layer, str):
-        raise SaliencyInputError(f"layer must be a module name string, got {layer!r}; "
-                                 f"available: {avail}")
-    hits = [c for c in calls if _matches(c, layer)]
-    if not hits:
-        raise SaliencyInputError(f"unknown layer {layer!r}; available layers: {avail}")
-    if len(hits) > 1:
-        raise SaliencyInputError(
-            f"layer {layer!r} matches {len(hits)} module calls in one forward pass "
-            f"({', '.join(h.qualified for h in hits)}); name one call by its qualified name "
-            f"(RootClass/path) from: {avail}")
-    c = hits[0]
-    if c.shape is None or len(c.shape) != 4 or c.shape[0] != n:
-        raise SaliencyInputError(
-            f"layer {layer!r} outputs shape {c.shape}; CAM methods need a spatial layer with "
-            f"output (N, h, w, K) = ({n}, h, w, K). Spatial layers: "
-            f"{[k.name for k in calls if k.shape is not None and len(k.shape) == 4]}")
-    return layer
+            f"layer {name!r} outputs {k}*N rows (shape {a1.shape} for N = {x.shape[0]}) but its "
+            f"rows are not state-major: the first {a1.shape[0]} rows change when other states "
+            "join the batch. CAM methods read row n*k + t as frame t of state n; reshape the "
+            "trunk input (N, T, ...) -> (N*T, ...) (not time-major (T*N, ...)) or tap a "
+            "per-state layer")
+    return name, k
 
 
 def _available(calls) -> list[str]:
