@@ -10,7 +10,8 @@ from jaxsal.registry import accepted_options, call_method, get_method, is_defaul
 def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", target="q_chosen",
             layer: str | None = None, per_frame: bool = False, layout: str = "NHWC", key=None,
             batch_size: int | None = None, actions=None, **options):
-    """Saliency maps for a batch of observations: `(N, H, W)`, or `(N, H, W, C)` with per_frame.
+    """Saliency maps for a batch of observations: `(N, H, W)`, or with per_frame `(N, H, W, C)`
+    (input-gradient methods) / `(N, H, W, T)` (CAM methods on a trunk shared by T frames).
 
     apply_fn(params, obs) is any pure JAX function (array or pytree output). `method` is a
     name (see `jaxsal.methods()`) or a list of names, which returns a dict name -> maps.
