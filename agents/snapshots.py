@@ -57,7 +57,7 @@ class SaliencySnapshots:
         self.every, self.methods, self.layer = every, tuple(methods), layer
         self.num_frames, self.frame_methods = num_frames, tuple(frame_methods) if num_frames else ()
         self.save_maps, self.at_start, self.target = save_maps, at_start, target
-        self.rows: list[dict] = []
+        self.rows: list[dict] = self._earlier_rows()   # a resumed run keeps its earlier rows
         self.out_dir.mkdir(parents=True, exist_ok=True)
         np.save(self.out_dir / "probe.npy", self.probe, allow_pickle=False)
         (self.out_dir / "meta.json").write_text(json.dumps(
@@ -93,9 +93,19 @@ class SaliencySnapshots:
                 row[f"newest_share_{m}"] = float(newest_share(s).mean())
         if self.save_maps:
             np.savez_compressed(self.out_dir / f"step_{int(step):09d}.npz", **arrays)
-        self.rows.append(row)
+        # a run resumed from an older checkpoint redoes steps: their new row replaces the old one
+        self.rows = [r for r in self.rows if int(r["step"]) < int(step)] + [row]
         self._write_csv()
         return row
+
+    def _earlier_rows(self) -> list[dict]:
+        """Rows of stats.csv left by an interrupted run in out_dir (numbers parsed), else []."""
+        f = self.out_dir / "stats.csv"
+        if not f.exists():
+            return []
+        with open(f, newline="") as fh:
+            return [{k: (int(v) if k in ("step", "update") else float(v)) for k, v in r.items()}
+                    for r in csv.DictReader(fh)]
 
     def _write_csv(self):
         keys = list(self.rows[0])

@@ -19,7 +19,6 @@ to RUN_DIR/experiment.json.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import time
@@ -63,7 +62,7 @@ def env_fn(frames):
 
 
 def snapshot_callback(a, run_dir: Path, make) -> SaliencySnapshots:
-    """Snapshots in RUN_DIR/snapshots; on resume the saved probe set and stats rows are kept."""
+    """Snapshots in RUN_DIR/snapshots; on resume the saved probe set (and, by SaliencySnapshots, the stats rows) are kept."""
     out = run_dir / "snapshots"
     if (out / "probe.npy").exists():
         probe = np.load(out / "probe.npy", allow_pickle=False)
@@ -72,9 +71,6 @@ def snapshot_callback(a, run_dir: Path, make) -> SaliencySnapshots:
                              steps=a.probe_steps, seed=a.seed)
     snaps = SaliencySnapshots(probe, out, every=a.snapshot_every, methods=METHODS,
                               num_frames=a.frames, layer=a.layer)
-    if (out / "stats.csv").exists():          # resume: keep earlier rows in stats.csv
-        with open(out / "stats.csv") as f:
-            snaps.rows = list(csv.DictReader(f))
     return snaps
 
 

@@ -161,3 +161,20 @@ def test_snapshots_on_the_split_attention_agent_in_pqn_training(tmp_path):
     np.testing.assert_allclose(last["frame_shares"][1], frame_shares(ref["g1gradcam"], 4), rtol=1e-5)
     # every stacked frame reaches the Q-values through the shared trunk: no slot has zero share
     assert np.all(last["frame_shares"] > 0)
+
+
+def test_resumed_run_keeps_earlier_rows_and_replaces_redone_steps(setup, tmp_path):
+    """Killed after step 300 but resumed from the checkpoint at step 200: stats.csv keeps
+    100 and 200, and the redone step 300 replaces its old row instead of duplicating it."""
+    env, probe, model, params = setup
+    first = SaliencySnapshots(probe, tmp_path / "s", every=1, num_frames=4)
+    for upd in (1, 2, 3):
+        first(step=upd * 100, update=upd, params=params, apply_fn=model.apply, returns=[float(upd)])
+    resumed = SaliencySnapshots(probe, tmp_path / "s", every=1, num_frames=4)
+    assert [r["step"] for r in resumed.rows] == [100, 200, 300]
+    for upd in (3, 4):
+        resumed(step=upd * 100, update=upd, params=params, apply_fn=model.apply, returns=[9.0])
+    with open(tmp_path / "s" / "stats.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [100, 200, 300, 400]
+    assert [float(r["return_mean"]) for r in rows] == [1.0, 2.0, 9.0, 9.0]
