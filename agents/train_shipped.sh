@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 LIMIT=${LIMIT:-6600}   # seconds per run (per invocation)
 mkdir -p runs
-for spec in "breakout dqn breakout" "pong dqn pong" "breakout dueling breakout-dddqn"; do
+for spec in "breakout dqn breakout" "pong dqn pong" "breakout dueling breakout-dddqn" \
+            "spaceinvaders dqn spaceinvaders"; do
   set -- $spec
   $PY -m agents.train --game "$1" --arch "$2" --steps 600000 --num-envs 16 --ckpt-every 25 \
       --time-limit "$LIMIT" --run-dir "runs/$3" > "runs/$3.log" 2>&1 &
@@ -16,6 +17,6 @@ for g in breakout spaceinvaders asterix freeway; do
       --time-limit 900 --run-dir "runs/minatar-$g" > "runs/minatar-$g.log" 2>&1
 done
 wait
-for name in breakout pong breakout-dddqn minatar-breakout minatar-spaceinvaders minatar-asterix minatar-freeway; do
+for name in breakout pong breakout-dddqn spaceinvaders minatar-breakout minatar-spaceinvaders minatar-asterix minatar-freeway; do
   $PY -m agents.export --run-dir "runs/$name" --name "$name" --episodes 10
 done
