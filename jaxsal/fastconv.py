@@ -18,7 +18,8 @@ from jax import lax
 __all__ = ["fast_apply", "conv_s2d", "conv_eligible"]
 
 
-def _pair(v, default=1):
+def as_pair(v, default=1):
+    """A conv attribute (None, int or sequence) as an (h, w) int pair."""
     if v is None:
         return (default, default)
     if isinstance(v, int):
@@ -37,7 +38,7 @@ def conv_s2d(x, kernel, strides=(1, 1), padding="VALID", precision=None):
     kh, kw, kc, o = kernel.shape
     if kc != c:
         raise ValueError(f"kernel expects {kc} input channels, input has {c}")
-    sh, sw = _pair(strides)
+    sh, sw = as_pair(strides)
     if isinstance(padding, str):
         pads = lax.padtype_to_pads((h, w), (kh, kw), (sh, sw), padding)
     else:
@@ -75,14 +76,14 @@ def conv_eligible(module, x, min_stride: int = 2) -> bool:
     """True for a plain 2-D strided flax nn.Conv on a float32 NHWC batch: stride >= min_stride
     on some axis, no dilation, groups, mask, circular/causal padding or dtype change (anything
     else runs flax's own conv; stride-1 convs measured no faster as matmuls on XLA:CPU)."""
-    if max(_pair(getattr(module, "strides", 1))) < min_stride:
+    if max(as_pair(getattr(module, "strides", 1))) < min_stride:
         return False
     if type(module) is not nn.Conv or getattr(x, "ndim", 0) != 4 or x.dtype != jnp.float32:
         return False
     if len(tuple(module.kernel_size)) != 2 or module.feature_group_count != 1:
         return False
-    if module.mask is not None or _pair(module.input_dilation) != (1, 1) \
-            or _pair(module.kernel_dilation) != (1, 1):
+    if module.mask is not None or as_pair(module.input_dilation) != (1, 1) \
+            or as_pair(module.kernel_dilation) != (1, 1):
         return False
     if module.dtype not in (None, jnp.float32) or module.param_dtype != jnp.float32:
         return False
@@ -112,7 +113,7 @@ def _interceptor(next_fun, args, kwargs, ctx, min_stride: int = 2):
         return next_fun(*args, **kwargs)
     mod = ctx.module
     p = mod.variables["params"]
-    y = conv_s2d(args[0], p["kernel"], _pair(mod.strides), _module_pads(mod.padding),
+    y = conv_s2d(args[0], p["kernel"], as_pair(mod.strides), _module_pads(mod.padding),
                  mod.precision)
     if mod.use_bias:
         y = y + p["bias"].reshape((1, 1, 1, -1))

@@ -16,17 +16,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxsal.fastconv import as_pair
+
 
 RTOL = 1e-5
 """Changes outside a conv's box below 2 * RTOL * max|u| (per state) are rounding, not a leak."""
-
-
-def _pair(v, default=1):
-    if v is None:
-        return (default, default)
-    if isinstance(v, int):
-        return (v, v)
-    return tuple(v)
 
 
 def _eligible(module, u) -> bool:
@@ -35,7 +29,7 @@ def _eligible(module, u) -> bool:
     pad = module.padding
     if not (isinstance(pad, str) and pad.upper() == "VALID"):
         return False
-    if _pair(module.input_dilation) != (1, 1) or _pair(module.kernel_dilation) != (1, 1):
+    if as_pair(module.input_dilation) != (1, 1) or as_pair(module.kernel_dilation) != (1, 1):
         return False
     return module.feature_group_count == 1 and module.mask is None \
         and len(tuple(module.kernel_size)) == 2
@@ -101,7 +95,7 @@ def incremental_apply(model, params, x_clean, x_pert, box_r0, box_c0, box_hw, im
             return next_fun(*args, **kwargs)
         mod = ctx.module
         kh, kw = tuple(mod.kernel_size)
-        sh, sw = _pair(mod.strides)
+        sh, sw = as_pair(mod.strides)
         (bh, bw), r0, c0 = box["size"], box["r0"], box["c0"]
         oh, nh = _window(r0, bh, kh, sh, u.shape[1])
         ow, nw = _window(c0, bw, kw, sw, u.shape[2])
