@@ -32,31 +32,39 @@ def test_gradcam_known_answer_linear_head():
         np.testing.assert_allclose(got[n], bilinear_ref(cam, 8, 8), rtol=1e-4, atol=1e-6)
 
 
-def manual_grads(m, p, x, a, rule):
-    """dy_a/dA at the conv output (pre-activation) through ConvHead's ReLUs, by hand."""
-    A = conv_out(m, p, x)
+def head_grads(p, A, a, rule):
+    """dy_a/dA for each state's conv output A[n] (pre-activation) through the ReLU -> fc1 ->
+    ReLU -> q head, by hand ("guided": also zero negative backward signals)."""
     W1 = np.asarray(p["params"]["fc1"]["kernel"], np.float64)
     b1 = np.asarray(p["params"]["fc1"]["bias"], np.float64)
     W2 = np.asarray(p["params"]["q"]["kernel"], np.float64)
     gs = []
-    for n in range(x.shape[0]):
-        h = np.maximum(A[n].ravel(), 0)
-        z1 = h @ W1 + b1
+    for n in range(len(A)):
+        z1 = np.maximum(A[n].ravel(), 0) @ W1 + b1
         r = W2[:, a[n]]
         r = (z1 > 0) * ((r > 0) if rule == "guided" else 1) * r
         rh = W1 @ r
         rh = (A[n].ravel() > 0) * ((rh > 0) if rule == "guided" else 1) * rh
         gs.append(rh.reshape(A[n].shape))
-    return A, np.stack(gs)
+    return np.stack(gs)
+
+
+def manual_grads(m, p, x, a, rule):
+    """dy_a/dA at the conv output (pre-activation) through ConvHead's ReLUs, by hand."""
+    A = conv_out(m, p, x)
+    return A, head_grads(p, A, a, rule)
+
+
+def model_case(m, shape, x_seed, p_seed):
+    """(model, params, observations, greedy actions) of a small test model."""
+    x = obs(shape, seed=x_seed)
+    p = init(m, x.shape, seed=p_seed)
+    return m, p, x, np.asarray(m.apply(p, x)).argmax(-1)
 
 
 @pytest.fixture(scope="module")
 def head():
-    m = ConvHead(kernel=2, stride=2, hidden=6)
-    x = obs((4, 8, 8, 2), seed=3)
-    p = init(m, x.shape, seed=2)
-    a = np.asarray(m.apply(p, x)).argmax(-1)
-    return m, p, x, a
+    return model_case(ConvHead(kernel=2, stride=2, hidden=6), (4, 8, 8, 2), x_seed=3, p_seed=2)
 
 
 def test_gradcam_nonlinear_head(head):
@@ -183,18 +191,7 @@ def frame_grads(m, p, x, a, rule):
     c = x.shape[-1] // t
     A = np.stack([np.stack([conv_out(m, p, x[n:n + 1, ..., j * c:(j + 1) * c])[0] for j in range(t)])
                   for n in range(len(x))])
-    W1 = np.asarray(p["params"]["fc1"]["kernel"], np.float64)
-    b1 = np.asarray(p["params"]["fc1"]["bias"], np.float64)
-    W2 = np.asarray(p["params"]["q"]["kernel"], np.float64)
-    gs = []
-    for n in range(len(x)):
-        z1 = np.maximum(A[n].ravel(), 0) @ W1 + b1
-        r = W2[:, a[n]]
-        r = (z1 > 0) * ((r > 0) if rule == "guided" else 1) * r
-        rh = W1 @ r
-        rh = (A[n].ravel() > 0) * ((rh > 0) if rule == "guided" else 1) * rh
-        gs.append(rh.reshape(A[n].shape))
-    return A, np.stack(gs)
+    return A, head_grads(p, A, a, rule)
 
 
 def frame_guided_input(m, p, x, gg):
@@ -212,11 +209,7 @@ def frame_guided_input(m, p, x, gg):
 
 @pytest.fixture(scope="module")
 def td():
-    m = TimeDistConv(frames=3)
-    x = obs((4, 8, 8, 6), seed=5)                          # 3 frames x 2 channels each
-    p = init(m, x.shape, seed=4)
-    a = np.asarray(m.apply(p, x)).argmax(-1)
-    return m, p, x, a
+    return model_case(TimeDistConv(frames=3), (4, 8, 8, 6), x_seed=5, p_seed=4)   # 3 frames x 2 ch
 
 
 def test_time_distributed_gradcam_and_pp_per_frame_reference(td):
