@@ -62,16 +62,15 @@ def env_fn(frames):
 
 
 def snapshot_callback(a, run_dir: Path, make) -> SaliencySnapshots:
-    """Snapshots in RUN_DIR/snapshots; on resume the saved probe set (and, by SaliencySnapshots, the stats rows) are kept."""
+    """Snapshots in RUN_DIR/snapshots; a resumed run keeps its probe set (and its stats rows)."""
     out = run_dir / "snapshots"
     if (out / "probe.npy").exists():
         probe = np.load(out / "probe.npy", allow_pickle=False)
     else:
         probe = probe_states(make("breakout", 8, train=False, seed=a.seed + 10_000), a.probes,
                              steps=a.probe_steps, seed=a.seed)
-    snaps = SaliencySnapshots(probe, out, every=a.snapshot_every, methods=METHODS,
-                              num_frames=a.frames, layer=a.layer)
-    return snaps
+    return SaliencySnapshots(probe, out, every=a.snapshot_every, methods=METHODS,
+                             num_frames=a.frames, layer=a.layer)
 
 
 def main(argv=None):
