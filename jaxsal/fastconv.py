@@ -1,10 +1,12 @@
-"""Opt-in fast path: strided flax `nn.Conv` layers lowered as space-to-depth + matmuls.
+"""Opt-in fast path: strided flax `nn.Conv` layers with a matmul input-gradient.
 
-On XLA:CPU a strided conv like the Nature-CNN's 8x8/4 and 4x4/2 runs several times slower
-(forward and input gradient) than the same arithmetic as a reshape plus a matrix product.
-`fast_apply(apply_fn)` returns an apply_fn with the same signature and the same outputs (up
-to float rounding) whose eligible convs take that route; everything else is unchanged, so
-layer taps and the incremental perturbation path (both flax interceptors) still work.
+On XLA:CPU the input gradient of a strided conv like the Nature-CNN's 8x8/4 (a transposed,
+lhs-dilated conv) runs ~3x slower than the same arithmetic as a reshape plus matrix products
+(space-to-depth), while the forward conv is as fast or faster as a conv (much faster with
+YNNPACK, see `jaxsal.cpu`). `fast_apply(apply_fn)` returns an apply_fn with the same signature
+and the same outputs (up to float rounding) whose eligible convs run `conv_hybrid`: lax.conv
+forward, space-to-depth matmul backward. Everything else is unchanged, so layer taps, guided
+rules and the incremental perturbation path (flax interceptors / jaxpr rewrites) still work.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["fast_apply", "conv_s2d", "conv_eligible"]
+__all__ = ["fast_apply", "conv_s2d", "conv_hybrid", "conv_eligible"]
 
 
 def as_pair(v, default=1):
@@ -72,6 +74,48 @@ def conv_s2d(x, kernel, strides=(1, 1), padding="VALID", precision=None):
     return y
 
 
+def _pads(x_hw, k_hw, strides, padding):
+    if isinstance(padding, str):
+        return tuple(tuple(p) for p in lax.padtype_to_pads(x_hw, k_hw, strides, padding))
+    return tuple(tuple(int(q) for q in p) for p in padding)
+
+
+def conv_hybrid(x, kernel, strides=(1, 1), padding="VALID", precision=None):
+    """lax.conv_general_dilated(x, kernel, strides, padding) (NHWC, HWIO) whose gradient with
+    respect to x runs through `conv_s2d`'s matrix products instead of XLA's transposed conv.
+
+    Same values and gradients up to float rounding (the kernel's gradient is lax.conv's own).
+    Reverse mode only (a custom VJP): jax.jvp / jacfwd through it raise.
+    """
+    strides = as_pair(strides)
+    pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
+    return _conv_hybrid(x, kernel, strides, pads, precision)
+
+
+def _lax_conv(x, kernel, strides, pads, precision):
+    return lax.conv_general_dilated(x, kernel.astype(x.dtype), strides, pads,
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _conv_hybrid(x, kernel, strides, pads, precision):
+    return _lax_conv(x, kernel, strides, pads, precision)
+
+
+def _hybrid_fwd(x, kernel, strides, pads, precision):
+    return _lax_conv(x, kernel, strides, pads, precision), (x, kernel)
+
+
+def _hybrid_bwd(strides, pads, precision, res, dy):
+    x, kernel = res
+    dx = jax.vjp(lambda u: conv_s2d(u, kernel, strides, pads, precision), x)[1](dy)[0]
+    dk = jax.vjp(lambda k: _lax_conv(x, k, strides, pads, precision), kernel)[1](dy)[0]
+    return dx, dk
+
+
+_conv_hybrid.defvjp(_hybrid_fwd, _hybrid_bwd)
+
+
 def conv_eligible(module, x, min_stride: int = 2) -> bool:
     """True for a plain 2-D strided flax nn.Conv on a float32 NHWC batch: stride >= min_stride
     on some axis, no dilation, groups, mask, circular/causal padding or dtype change (anything
@@ -113,8 +157,8 @@ def _interceptor(next_fun, args, kwargs, ctx, min_stride: int = 2):
         return next_fun(*args, **kwargs)
     mod = ctx.module
     p = mod.variables["params"]
-    y = conv_s2d(args[0], p["kernel"], as_pair(mod.strides), _module_pads(mod.padding),
-                 mod.precision)
+    y = conv_hybrid(args[0], p["kernel"], as_pair(mod.strides), _module_pads(mod.padding),
+                    mod.precision)
     if mod.use_bias:
         y = y + p["bias"].reshape((1, 1, 1, -1))
     return y
@@ -124,9 +168,10 @@ _WRAPPED: dict = {}  # apply_fn -> wrapper (bound methods are fresh objects, so 
 
 
 def fast_apply(apply_fn, min_stride: int = 2):
-    """apply_fn(params, obs) with every eligible flax nn.Conv run as space-to-depth + matmul.
+    """apply_fn(params, obs) with every eligible flax nn.Conv run as `conv_hybrid` (lax.conv
+    forward, space-to-depth matmul input gradient).
 
-    min_stride=1 also lowers stride-1 convs (plain im2col), else they keep lax.conv.
+    min_stride=1 also routes stride-1 convs that way, else they keep lax.conv.
 
     Same outputs up to float rounding (tested against the plain path). Memoised per apply_fn,
     so jaxsal's compiled-function caches keyed on apply_fn keep hitting. Functions without

@@ -1,5 +1,7 @@
 """jaxsal.fastconv: the space-to-depth + matmul conv equals lax.conv, and fast_apply equals the
 plain apply_fn for outputs, input gradients and jaxsal methods (gradient, CAM, occlusion)."""
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -8,7 +10,7 @@ import pytest
 from jax import lax
 
 import jaxsal
-from jaxsal.fastconv import conv_eligible, conv_s2d, fast_apply
+from jaxsal.fastconv import conv_eligible, conv_hybrid, conv_s2d, fast_apply
 
 
 def _ref_conv_numpy(x, k, s, pad):
@@ -99,15 +101,45 @@ def test_fast_apply_equals_plain_forward_and_gradient(which):
     np.testing.assert_allclose(gb, ga, rtol=1e-3, atol=1e-4 * np.abs(ga).max())
 
 
+def _compiled_convs(fn, x):
+    """Convolutions XLA actually runs for fn's compiled input gradient (after dead-code removal)."""
+    txt = jax.jit(jax.grad(lambda v: fn(v)[:, 0].sum())).lower(x).compile().as_text()
+    return len(re.findall(r"convolution\(", txt))
+
+
 def test_fast_apply_really_rewrites_the_strided_convs():
     apply_fn, params, x = _nature()
-    fast = fast_apply(apply_fn)
     xf = jnp.asarray(x[:2], jnp.float32)
-    txt = str(jax.make_jaxpr(fast)(params, xf))
-    assert txt.count("conv_general_dilated") == 1  # conv3 (stride 1) keeps lax.conv
-    assert str(jax.make_jaxpr(apply_fn)(params, xf)).count("conv_general_dilated") == 3
-    txt1 = str(jax.make_jaxpr(fast_apply(apply_fn, min_stride=1))(params, xf))
-    assert txt1.count("conv_general_dilated") == 0
+    # forward: every conv stays a conv (XLA's / YNNPACK's forward conv is the fast one)
+    for f in (apply_fn, fast_apply(apply_fn), fast_apply(apply_fn, min_stride=1)):
+        assert str(jax.make_jaxpr(f)(params, xf)).count("conv_general_dilated") == 3
+    # input gradient: 3 forward convs + 3 transposed convs plainly; fast_apply's backward of the
+    # strided conv1/conv2 is matmuls (conv3, stride 1, keeps its conv unless min_stride=1)
+    assert _compiled_convs(lambda v: apply_fn(params, v), xf) == 6
+    assert _compiled_convs(lambda v: fast_apply(apply_fn)(params, v), xf) == 4
+    assert _compiled_convs(lambda v: fast_apply(apply_fn, min_stride=1)(params, v), xf) == 3
+
+
+def test_conv_hybrid_equals_lax_conv_values_and_both_gradients():
+    rng = np.random.default_rng(3)
+    for (n, h, w, c), (kh, kw, o), s, pad in [((2, 84, 84, 4), (8, 8, 32), (4, 4), "VALID"),
+                                              ((3, 20, 21, 5), (4, 3, 7), (2, 3), "SAME"),
+                                              ((2, 9, 9, 6), (3, 3, 4), (1, 1), ((1, 0), (2, 1)))]:
+        x = jnp.asarray(rng.standard_normal((n, h, w, c)), jnp.float32)
+        k = jnp.asarray(rng.standard_normal((kh, kw, c, o)), jnp.float32)
+
+        def ref(x, k):
+            return lax.conv_general_dilated(x, k, s, pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+        def hyb(x, k):
+            return conv_hybrid(x, k, s, pad)
+
+        y = ref(x, k)
+        np.testing.assert_allclose(hyb(x, k), y, rtol=1e-6, atol=1e-5)
+        dy = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
+        for want, got in zip(jax.vjp(ref, x, k)[1](dy), jax.vjp(hyb, x, k)[1](dy)):
+            scale = float(jnp.abs(want).max())
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_conv_eligible_rejects_what_it_cannot_do():
