@@ -51,6 +51,8 @@ def forward_equivalents(family: str) -> float:
 
 
 PERTURBATION = ("occlusion", "noise_sensitivity", "rise")
+PEER_ROWS = 128
+"""Rows per torch forward for the hand-written peers (best of 64-4096 measured on this machine)."""
 
 
 def jaxsal_fn(apply_fn, kw: dict):
@@ -98,7 +100,9 @@ def cases(torch_model, rise_key):
         "torch hooks as pytorch-grad-cam (it does not import here)"
     tm = torch_model
     occ = functools.partial(P.occlusion, tm, patch=2, stride=2)
-    noise = functools.partial(P.noise_sensitivity, tm, masks=nm_t, bh=bh_t, bw=bw_t, grid_shape=grid)
+    # torch's best chunk here: 64-256 rows per forward ran ~2.3x faster than 1,000-4,096 (RISE)
+    noise = functools.partial(P.noise_sensitivity, tm, masks=nm_t, bh=bh_t, bw=bw_t, grid_shape=grid,
+                              chunk=PEER_ROWS)
     return {
         "gradient": ("gradient", dict(method="gradient"), functools.partial(P.gradient, tm),
                      "captum Saliency", ({}, None)),
@@ -125,7 +129,8 @@ def cases(torch_model, rise_key):
             "batched torch (written here)", (dict(return_grid=True), functools.partial(noise, return_grid=True))),
         "rise (1000 masks)": (
             "rise", dict(method="rise", n_masks=1000, key=rise_key, _plain_apply=True),
-            functools.partial(P.rise, tm, masks=rmasks), "batched torch (written here)", ({}, None)),
+            functools.partial(P.rise, tm, masks=rmasks, chunk=PEER_ROWS), "batched torch (written here)",
+            ({}, None)),
     }
 
 
@@ -245,8 +250,25 @@ def machine(torch_threads: int) -> dict:
         except Exception as e:  # noqa: BLE001
             info[mod] = f"does not import: {type(e).__name__}: {str(e)[:120]}"
     info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    info["load_avg_1_5_15"] = list(os.getloadavg())
     info["jaxsal_threads"] = "XLA:CPU default (one Eigen pool over all cores)"
     return info
+
+
+def load_note(res: dict) -> str:
+    """How busy the machine was. The benchmark itself keeps every core busy (load ~ cores); above
+    1.5 runnable tasks per core something else competes and the ratios are unreliable (torch's
+    thread pool suffers far more than XLA's from oversubscription: an earlier run at load 8 on
+    2 cores overstated jaxsal's ratios up to 15x)."""
+    info = res["machine"]
+    start, end = info.get("load_avg_1_5_15") or [float("nan")], res.get("load_avg_end") or [float("nan")]
+    busy = max(start[0], end[0]) > 1.5 * info["cpu_count"]
+    msg = f"Load average (1 min) {start[0]:.1f} at start, {end[0]:.1f} at end: "
+    if busy:
+        return msg + ("**the machine was busy, so these ratios are unreliable** (oversubscribed "
+                      "torch thread pools slow down far more than XLA's); rerun on a quiet machine.")
+    return msg + ("no other work competed (the benchmark itself keeps the cores busy); both sides "
+                  "interleaved on the same states in one process.")
 
 
 def write(res: dict, out: Path):
@@ -256,14 +278,12 @@ def write(res: dict, out: Path):
     L = [f"# jaxsal vs Captum / pytorch-grad-cam / torch ({info['backend']}, {info['date_utc']})", "",
          f"Nature-CNN DQN (6 actions, random init), identical weights in flax and torch, random uint8 "
          f"(N, 84, 84, 4) states. Machine: {info.get('cpu', '?')}, {info['cpu_count']} cores; "
-         f"load average at start {info.get('load_avg_1_5_15')}, at end {res.get('load_avg_end')} "
-         f"(background agent training and other engineers' tests share the machine, so absolute "
-         f"maps/s are low and noisy; the ratios are measured interleaved in the same run). "
+         f"{load_note(res)} "
          f"jax {info['jax']}, flax {info.get('flax')}, torch {info['torch']} "
          f"({info['torch_threads']} intra-op / {info['torch_interop_threads']} inter-op threads), "
          f"captum {info.get('captum')}, pytorch-grad-cam {info.get('pytorch_grad_cam')}, Python "
          f"{info['python']}. jaxsal side: `jaxsal.explain(fast_apply(apply_fn), ...)` "
-         f"(XLA:CPU threads: {info['jaxsal_threads']}).", "",
+         f"(XLA:CPU threads: {info['jaxsal_threads']}; XLA_FLAGS `{info.get('xla_flags') or '(none)'}`).", "",
          "## Agreement (before timing)", "",
          "Pearson correlation per state, minimum over states; `fast vs plain`: jaxsal's fast path "
          "against its own plain lax.conv path.", "",
@@ -329,15 +349,17 @@ def readme_section(res: dict) -> str:
          f"`python -m experiments.throughput --against captum` (needs `pip install 'jaxsal[bench]'`) "
          f"builds the Nature-CNN DQN in flax and torch with identical weights, checks that the maps "
          f"agree (Pearson correlation >= 0.999 where the methods are defined the same), then times "
-         f"both sides interleaved. jaxsal's gradient and CAM methods run with its opt-in fast path "
-         f"`jaxsal.fastconv.fast_apply(apply_fn)` (strided convs as space-to-depth + matmuls, "
-         f"tested equal to the plain path); the perturbation methods run the plain `apply_fn` with "
-         f"the library defaults (occlusion and noise sensitivity: incremental conv windows, tested "
-         f"equal to the plain path). Peak memory: peak RSS of a fresh process per method and side "
-         f"(256 states; perturbation methods 2). Measured {info['date_utc'][:10]} on "
-         f"{info.get('cpu', '?')} ({info['cpu_count']} cores, load average "
-         f"{info.get('load_avg_1_5_15', ['?'])[0]:.0f} from background training: absolute figures "
-         f"are low, ratios are what count), jax {info['jax']}, torch {info['torch']} "
+         f"both sides interleaved. jaxsal runs with XLA:CPU's YNNPACK kernels "
+         f"(`jaxsal.cpu.use_fast_kernels()`, which the `jaxsal` command calls; XLA_FLAGS "
+         f"`{info.get('xla_flags') or '(none)'}`); its gradient and CAM methods with the opt-in "
+         f"`jaxsal.fastconv.fast_apply(apply_fn)` (strided convs' input gradient as space-to-depth "
+         f"matmuls, tested equal to the plain path); the perturbation methods with the plain "
+         f"`apply_fn` and the library defaults (occlusion and noise sensitivity: incremental conv "
+         f"windows, tested equal to the plain path). Peer RISE / noise sensitivity: {PEER_ROWS} rows "
+         f"per torch forward (its fastest here). Peak memory: peak RSS of a fresh process per method "
+         f"and side (256 states; perturbation methods 2). Measured {info['date_utc'][:10]} on "
+         f"{info.get('cpu', '?')} ({info['cpu_count']} cores). {load_note(res)} "
+         f"jax {info['jax']}, torch {info['torch']} "
          f"({info['torch_threads']} threads), captum {info.get('captum')}. Full table, plot and "
          f"figures at batch 1 and 4096: `experiments/results/against_peers.{{md,png,json}}`.", "",
          "| method | peer | corr | jaxsal maps/s | peer maps/s | ratio @256 | goal | "
@@ -414,6 +436,8 @@ def main(argv=None):
                     help="also time jaxsal's gradient at these N (default 1000 10000 100000; "
                          "quick: 1000; none: skip)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    ap.add_argument("--xla-defaults", action="store_true",
+                    help="leave XLA:CPU's default kernels (no YNNPACK flag) on the jaxsal side")
     ap.add_argument("--peak-gflops", type=float, default=None,
                     help="machine peak FP32 GFLOP/s for the %% peak column (default: cores x "
                          "2.5 GHz x 32 FLOP/cycle, AVX2 FMA x2)")
@@ -433,6 +457,10 @@ def main(argv=None):
     except ImportError:
         raise SystemExit("the peer benchmark needs the bench extra: pip install 'jaxsal[bench]'")
     torch.set_num_threads(args.torch_threads)
+    if args.xla_defaults:
+        os.environ["JAXSAL_FAST_CPU"] = "0"
+    from jaxsal import cpu
+    cpu.use_fast_kernels()  # before build(): the first JAX computation starts XLA with its flags
     batches = args.batches or ([1, 32, 256] if args.quick else [1, 256, 4096])
     budget = args.budget or (20.0 if args.quick else 60.0)
     apply_fn, params, tmodel = build()
@@ -446,10 +474,14 @@ def main(argv=None):
            "peers": {n: table[n][3] for n in names}, "families": {n: table[n][0] for n in names},
            "agreement": {}, "timing": {}, "notes": [
                "jaxsal's gradient and CAM maps use the opt-in fast path jaxsal.fastconv.fast_apply "
-               "(conv1/conv2 as space-to-depth + matmuls); occlusion, noise sensitivity and RISE run "
-               "the plain apply_fn with the library defaults (since 2026-11-29 evening: incremental "
-               "conv windows on by default for local perturbations). The agreement table's `fast vs "
-               "plain` compares with lax.conv and incremental=False.",
+               "(conv1/conv2: XLA's forward conv, input gradient as space-to-depth matmuls); "
+               "occlusion, noise sensitivity and RISE run the plain apply_fn with the library "
+               "defaults (incremental conv windows for local perturbations). XLA:CPU runs with "
+               "YNNPACK kernels (jaxsal.cpu.use_fast_kernels) unless --xla-defaults. The agreement "
+               "table's `fast vs plain` compares with lax.conv and incremental=False.",
+               f"Peer noise sensitivity and RISE run {PEER_ROWS} rows per torch forward: measured "
+               "here, 64-256 rows ran RISE ~2.3x and noise sensitivity ~1.4x faster than "
+               "1,000-4,096 (an earlier version of this benchmark used 4,096).",
                "Grad-CAM/Grad-CAM++ peers min-max scale each map (pytorch-grad-cam's output); "
                "jaxsal returns ReLU(sum_k w_k A^k) upsampled, so the comparison is by correlation.",
                "Occlusion is compared on the per-patch drop grid t(x) - t(x') (Captum's definition); "

@@ -431,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Console entry point; returns the exit status (also used by `sys.exit`)."""
     args = build_parser().parse_args(argv)
+    from jaxsal import cpu
+    cpu.use_fast_kernels(warn=False)  # before any JAX computation: XLA reads its flags once
     try:
         code = args.fn(args)
     except KeyboardInterrupt:

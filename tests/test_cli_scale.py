@@ -43,7 +43,8 @@ def test_two_processes_share_one_output(tmp_path):
     np.save(tmp_path / "x.npy", frames(10, seed=4))
     assert main(_args(card, tmp_path / "x.npy", tmp_path / "single", "--chunk", 3)) == 0
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    # same XLA kernels as the in-process single run above (exact equality is asserted)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAXSAL_FAST_CPU="0")
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_cli_support.py"),
                                *_args(card, tmp_path / "x.npy", tmp_path / "multi", "--chunk", 3,
                                       "--coordinator", f"localhost:{port}", "--num-processes", 2, "--process-id", pid)],
