@@ -103,7 +103,7 @@ def machine_info() -> dict:
             "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
             "python": platform.python_version(), "jax": jax.__version__,
             "jaxsal": jaxsal.__version__, "platform": platform.platform(),
-            "cpu_count": os.cpu_count()}
+            "cpu_count": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
     try:
         import flax
         info["flax"] = flax.__version__
@@ -176,6 +176,8 @@ def main(argv=None):
         return against_peers.main(fwd)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    from jaxsal import cpu
+    cpu.use_fast_kernels()  # XLA:CPU's YNNPACK kernels, as the jaxsal command (before any JAX work)
     batches = args.batches or ([32, 128] if args.quick else [256, 4096])
     names = args.methods or list(CASES)
     apply_fn, params = _model()
