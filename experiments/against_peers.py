@@ -259,7 +259,7 @@ def load_note(res: dict) -> str:
     """How busy the machine was. The benchmark itself keeps every core busy (load ~ cores); above
     1.5 runnable tasks per core something else competes and the ratios are unreliable (torch's
     thread pool suffers far more than XLA's from oversubscription: an earlier run at load 8 on
-    2 cores overstated jaxsal's ratios up to 15x)."""
+    2 cores overstated jaxsal's ratios up to 12x)."""
     info = res["machine"]
     start, end = info.get("load_avg_1_5_15") or [float("nan")], res.get("load_avg_end") or [float("nan")]
     busy = max(start[0], end[0]) > 1.5 * info["cpu_count"]
@@ -300,7 +300,7 @@ def write(res: dict, out: Path):
           "(both sides on the same states). Goal: issue 8's ratio at batch 256. FLOPs/map: the "
           "plain algorithm's forward-pass equivalents x "
           f"{res['forward_flops'] / 1e6:.1f} MFLOP per forward; % peak: jaxsal's FLOP/s over the "
-          f"assumed machine peak {res['peak_flops'] / 1e9:.0f} GFLOP/s ({res['peak_note']}).", "",
+          f"machine peak {res['peak_flops'] / 1e9:.0f} GFLOP/s ({res['peak_note']}).", "",
           "| method | peer | batch | measured | jaxsal maps/s | peer maps/s | ratio | ratio (best) | "
           "goal | MFLOP/map | jaxsal % peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in res["timing"].items():

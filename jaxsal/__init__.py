@@ -15,6 +15,7 @@ from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbatio
 from jaxsal.registry import METHODS
 from jaxsal.io.store import load_maps  # chunked maps written by `jaxsal explain`
 from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
+from jaxsal import cpu  # noqa: E402  XLA:CPU speed setting (jaxsal.cpu.use_fast_kernels)
 
 __version__ = "0.1.0"
 
