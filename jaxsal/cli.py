@@ -198,6 +198,14 @@ def _summary_lines(summary: dict) -> list[str]:
     return lines
 
 
+def _fast(apply_fn):
+    """The agent's apply_fn with jaxsal.fastconv's strided convs (same maps up to float rounding,
+    faster input gradients); a no-op for models without flax convs. Safe here: this process owns
+    the function, so no caller's jit cache can pick up the rewritten trace."""
+    from jaxsal.fastconv import fast_apply
+    return fast_apply(apply_fn)
+
+
 def cmd_explain(args) -> int:
     import jaxsal
     from jaxsal.io import MethodSpec, open_source, run_job
@@ -230,7 +238,7 @@ def cmd_explain(args) -> int:
         source = _Limited(source, args.limit)
     _say(f"explaining {len(source)} frames of {source.describe().get('path') or 'the rollout'} with "
          f"{', '.join(a for a, _ in pairs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
-    summary = run_job(agent.apply_fn, agent.params, source, out, specs, target=args.target, chunk=args.chunk,
+    summary = run_job(_fast(agent.apply_fn), agent.params, source, out, specs, target=args.target, chunk=args.chunk,
                       batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
                       agent={"name": agent.name, "card": agent.card}, input_id=input_id,
                       process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet)
@@ -357,7 +365,7 @@ def cmd_demo(args) -> int:
     elif out.exists() and any(out.iterdir()):
         raise CLIError(f"{out} exists and is not empty; choose another --out")
     source = play(agent, args.steps, out, seed=args.seed, until_done=True, quiet=args.quiet)
-    summary = run_job(agent.apply_fn, agent.params, source, out, specs, chunk=args.chunk,
+    summary = run_job(_fast(agent.apply_fn), agent.params, source, out, specs, chunk=args.chunk,
                       batch_size=args.batch_size, seed=args.seed, agent={"name": agent.name, "card": agent.card},
                       input_id={"play": args.steps, "game": "breakout", "seed": args.seed, "until_done": True},
                       quiet=args.quiet, extra_meta={"demo": True})
