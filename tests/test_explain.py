@@ -47,6 +47,19 @@ def test_second_call_does_not_retrace(head):
         assert len(traces) == before, f"{method} re-traced on a second call with the same shapes"
 
 
+def test_cached_shape_check_still_catches_bad_calls(head):
+    """The output-shape check is memoised per function and shapes; bad calls must still fail."""
+    m, p, x = head
+    jaxsal.explain(m.apply, p, x, method="gradient")
+    with pytest.raises(SaliencyInputError, match="target"):
+        jaxsal.explain(m.apply, p, x, method="gradient", target=lambda out: out)  # not (N,)
+    with pytest.raises(SaliencyInputError, match="failed on obs of shape"):
+        jaxsal.explain(m.apply, p, x[:, :, :, :1], method="gradient")  # 1 channel, model wants 2
+    bad = jax.tree.map(lambda a: a[..., :1] if a.ndim == 4 else a, p)  # same tree, other shapes
+    with pytest.raises(SaliencyInputError, match="params belong to this apply_fn"):
+        jaxsal.explain(m.apply, bad, x, method="gradient")
+
+
 def test_chunking_equals_unchunked(head):
     m, p, x = head
     x5 = np.concatenate([x, x[:2] * 0.5])
