@@ -41,10 +41,7 @@ def conv_s2d(x, kernel, strides=(1, 1), padding="VALID", precision=None):
     if kc != c:
         raise ValueError(f"kernel expects {kc} input channels, input has {c}")
     sh, sw = as_pair(strides)
-    if isinstance(padding, str):
-        pads = lax.padtype_to_pads((h, w), (kh, kw), (sh, sw), padding)
-    else:
-        pads = [tuple(p) for p in padding]
+    pads = _pads((h, w), (kh, kw), (sh, sw), padding)
     if any(p != (0, 0) for p in pads):
         x = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
         n, h, w, c = x.shape

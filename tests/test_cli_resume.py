@@ -9,7 +9,7 @@ import numpy as np
 
 import jaxsal
 from jaxsal.cli import main
-from tests.test_cli_support import ROOT, frames, make_agent_files
+from tests.test_cli_support import ROOT, cli_env, frames, make_agent_files
 
 
 def _files(d):
@@ -27,8 +27,7 @@ def test_sigkill_then_resume_gives_identical_output(tmp_path):
     assert len(ref) == 16
 
     out = tmp_path / "killed"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAXSAL_TEST_SLOW_WRITE="0.4",
-               JAXSAL_FAST_CPU="0")  # same XLA kernels as the in-process reference: bytes compared
+    env = cli_env(JAXSAL_TEST_SLOW_WRITE="0.4")  # same XLA kernels as the reference: bytes compared
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_cli_support.py"), *args, "--out", str(out)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240

@@ -1,7 +1,6 @@
 """Scale-out and memory: 4 forced host devices == 1 device; two jax.distributed processes fill one
 output; peak memory stays flat when the buffer grows 12x."""
 import json
-import os
 import re
 import socket
 import subprocess
@@ -11,7 +10,7 @@ import numpy as np
 
 import jaxsal
 from jaxsal.cli import main
-from tests.test_cli_support import ROOT, frames, make_agent_files, run_cli
+from tests.test_cli_support import ROOT, cli_env, frames, make_agent_files, run_cli
 
 
 def _free_port():
@@ -43,8 +42,7 @@ def test_two_processes_share_one_output(tmp_path):
     np.save(tmp_path / "x.npy", frames(10, seed=4))
     assert main(_args(card, tmp_path / "x.npy", tmp_path / "single", "--chunk", 3)) == 0
     port = _free_port()
-    # same XLA kernels as the in-process single run above (exact equality is asserted)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAXSAL_FAST_CPU="0")
+    env = cli_env()  # same XLA kernels as the in-process single run above (exact equality asserted)
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_cli_support.py"),
                                *_args(card, tmp_path / "x.npy", tmp_path / "multi", "--chunk", 3,
                                       "--coordinator", f"localhost:{port}", "--num-processes", 2, "--process-id", pid)],

@@ -118,10 +118,15 @@ def frames(n: int, seed: int = 0, size: int = 10) -> np.ndarray:
     return x
 
 
-def run_cli(*args, env=None, timeout=300, **kw) -> subprocess.CompletedProcess:
-    """Run the CLI in a subprocess with the stand-ins registered, on XLA's default kernels (as
+def cli_env(**extra) -> dict:
+    """Environment for a CLI subprocess: this checkout importable, CPU, XLA's default kernels (as
     the in-process runs it is compared with; the YNNPACK flag is tested in test_cpu)."""
-    e = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAXSAL_FAST_CPU="0", **(env or {}))
+    return dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAXSAL_FAST_CPU="0", **extra)
+
+
+def run_cli(*args, env=None, timeout=300, **kw) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess with the stand-ins registered (environment: `cli_env`)."""
+    e = cli_env(**(env or {}))
     e.pop("JAXSAL_DEBUG", None)
     return subprocess.run([sys.executable, __file__, *map(str, args)], capture_output=True, text=True,
                           env=e, timeout=timeout, **kw)

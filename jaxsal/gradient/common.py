@@ -45,17 +45,21 @@ def _probe(apply_fn, params, x1, layout):
             "and that params belong to this apply_fn.") from None
 
 
+def params_signature(params) -> tuple:
+    """Hashable tree structure + leaf shapes/dtypes: what traced shapes depend on in params."""
+    return (jax.tree.structure(params),
+            tuple((np.shape(l), str(getattr(l, "dtype", type(l)))) for l in jax.tree.leaves(params)))
+
+
 _SHAPES: dict = {}  # (apply_fn, target, params/obs shapes) -> output shapes of a checked call
 
 
-def _checked_output(apply_fn, params, x, layout, tgt, target):
+def _checked_output(apply_fn, params, x, layout, tgt, target_key):
     """Output shapes of apply_fn on one state, with the target checked to give one scalar per
     state. Memoised on the function, target and shapes (tracing twice per call cost ~1.3 ms, most
     of a one-state gradient call); failures are never cached."""
     try:
-        key = (apply_fn, target if isinstance(target, str) else ("callable", target), layout,
-               tuple(x.shape[1:]), jax.tree.structure(params),
-               tuple((np.shape(l), str(getattr(l, "dtype", type(l)))) for l in jax.tree.leaves(params)))
+        key = (apply_fn, target_key, layout, tuple(x.shape[1:]), params_signature(params))
         hash(key)
     except TypeError:
         key = None
@@ -117,13 +121,13 @@ def prepare(apply_fn, params, obs, *, target, actions, layout, batch_size) -> Pr
     if batch_size is not None:
         check_positive_int("batch_size", batch_size)
     tgt = get_target(target)
-    out = _checked_output(apply_fn, params, x, layout, tgt, target)
+    key = target if isinstance(target, str) else ("callable", target)
+    out = _checked_output(apply_fn, params, x, layout, tgt, key)
     n = x.shape[0]
     if actions is not None:
         actions = jnp.asarray(check_actions(actions, n, _num_actions(out)))
     elif tgt.name == "q_action":
         raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
-    key = target if isinstance(target, str) else ("callable", target)
     rows = batching.default_rows() if batch_size is None else int(batch_size)
     return Prepared(x, tgt, key, actions, spatial_shape(x.shape, layout), layout, rows)
 

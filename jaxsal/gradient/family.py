@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
 from jaxsal.gradient import cam
-from jaxsal.gradient.common import as_float, finish, objective, prepare, run_chunks
+from jaxsal.gradient.common import (as_float, finish, objective, params_signature, prepare,
+                                    run_chunks)
 from jaxsal.gradient.layers import get_activation, resolve_tap, tap
 from jaxsal.gradient.rules import with_rule
 from jaxsal.validate import to_nhwc
@@ -163,8 +164,7 @@ _LAYER_CACHE: dict = {}
 
 def _resolve_cached(apply_fn, params, x1, layer, activation=None):
     """resolve_tap's (name, rows per state), cached per model structure and input shape."""
-    k = (apply_fn, layer, activation, tuple(x1.shape), jax.tree.structure(params),
-         tuple(getattr(l, "shape", ()) for l in jax.tree.leaves(params)))
+    k = (apply_fn, layer, activation, tuple(x1.shape), params_signature(params))
     try:
         hash(k)
     except TypeError:
