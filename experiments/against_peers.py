@@ -249,8 +249,6 @@ def machine(torch_threads: int) -> dict:
             info[mod] = getattr(m, "__version__", "installed")
         except Exception as e:  # noqa: BLE001
             info[mod] = f"does not import: {type(e).__name__}: {str(e)[:120]}"
-    info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
-    info["load_avg_1_5_15"] = list(os.getloadavg())
     info["jaxsal_threads"] = "XLA:CPU default (one Eigen pool over all cores)"
     return info
 
