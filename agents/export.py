@@ -21,7 +21,7 @@ import numpy as np
 
 from agents.checkpoint import export_params, restore_train_state
 from agents.envs import MINATAR_GAMES, make_env
-from agents.train import PQNConfig, make_optimizer
+from agents.train import PQNConfig, initial_state, make_optimizer
 from agents.zoo import SHIPPED_DIR, Agent, build_model
 
 CURVES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "results" / "training"
@@ -84,10 +84,8 @@ def export_run(run_dir, name: str, episodes: int = 10, epsilon: float = 0.0, out
     cfg = json.loads((run_dir / "config.json").read_text())
     probe_env = make_env(cfg["game"], 1, train=False)
     model = build_model(cfg["game"], cfg["arch"], probe_env.num_actions, layer_norm=cfg["layer_norm"])
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + probe_env.obs_shape, jnp.float32))
-    tx = make_optimizer(PQNConfig(**cfg))
-    template = {"params": params, "opt_state": tx.init(params), "key": jax.random.PRNGKey(0),
-                "step": 0, "update": 0}
+    pqn = PQNConfig(**cfg)
+    template = initial_state(pqn, model, make_optimizer(pqn), probe_env.obs_shape)
     state = restore_train_state(run_dir / "ckpt", template)
     if not state["update"]:
         raise SystemExit(f"no checkpoint in {run_dir / 'ckpt'}")
