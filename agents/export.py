@@ -12,46 +12,17 @@ import argparse
 import csv
 import json
 import sys
-import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from agents.checkpoint import export_params, restore_train_state
 from agents.envs import MINATAR_GAMES, make_env
 from agents.train import PQNConfig, initial_state, make_optimizer
-from agents.zoo import SHIPPED_DIR, Agent, build_model
+from agents.evaluate import evaluate_agent
+from agents.zoo import SHIPPED_DIR, build_model
 
 CURVES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "results" / "training"
-
-
-def evaluate(agent: Agent, episodes: int = 10, epsilon: float = 0.0, seed: int = 123,
-             max_steps: int = 27000) -> list[float]:
-    """Full-game returns of `episodes` games played in parallel (no clipping, no episodic life)."""
-    game = agent.game
-    kwargs = {} if game in MINATAR_GAMES else {"max_episode_steps": max_steps}
-    env = make_env(game, episodes, train=False, seed=seed, **kwargs)
-    policy = jax.jit(agent.apply_fn)
-    rng = np.random.default_rng(seed)
-    obs, returns, done = env.reset(), [None] * episodes, np.zeros(episodes, bool)
-    running = np.zeros(episodes)
-    for _ in range(max_steps):
-        out = policy(agent.params, jnp.asarray(obs))
-        q = out["q"] if isinstance(out, dict) else out
-        actions = np.asarray(jnp.argmax(q, -1))
-        explore = rng.random(episodes) < epsilon
-        actions = np.where(explore, rng.integers(0, env.num_actions, episodes), actions)
-        obs, reward, step_done, _ = env.step(actions)
-        running += reward
-        for i in np.flatnonzero(step_done.astype(bool) & ~done):
-            returns[i] = float(running[i])
-        done |= step_done.astype(bool)
-        if done.all():
-            break
-    # Games cut by max_steps count with the return reached so far.
-    return [r if r is not None else float(running[i]) for i, r in enumerate(returns)]
 
 
 def plot_curve(csv_path: Path, png_path: Path, title: str):
@@ -79,7 +50,15 @@ def plot_curve(csv_path: Path, png_path: Path, title: str):
     plt.close(fig)
 
 
-def export_run(run_dir, name: str, episodes: int = 10, epsilon: float = 0.0, out_dir=SHIPPED_DIR) -> dict:
+def algorithm_name(cfg: PQNConfig) -> str:
+    """How the card names the training algorithm."""
+    name = "PQN (parallel Q-learning, Q(lambda), LayerNorm)"
+    if cfg.target_every:
+        name += f", Double-DQN target with a target network (synced every {cfg.target_every} updates)"
+    return name + (", dueling head" if cfg.arch == "dueling" else "")
+
+
+def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out_dir=SHIPPED_DIR) -> dict:
     run_dir = Path(run_dir)
     cfg = json.loads((run_dir / "config.json").read_text())
     probe_env = make_env(cfg["game"], 1, train=False)
@@ -98,20 +77,15 @@ def export_run(run_dir, name: str, episodes: int = 10, epsilon: float = 0.0, out
     (out_dir / f"{name}.json").write_text(json.dumps(card))
     from agents.zoo import load
     agent = load(name) if out_dir == SHIPPED_DIR else load(str(out_dir / f"{name}.json"))
-    t0 = time.time()
-    rets = evaluate(agent, episodes=episodes, epsilon=epsilon)
+    result = evaluate_agent(agent, episodes=episodes, epsilon=epsilon)
     frames_per_step = 1 if cfg["game"] in MINATAR_GAMES else 4
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in cfg.items() if k not in ("time_limit",))
     card.update({
-        "algorithm": "PQN (parallel Q-learning, Q(lambda), LayerNorm)" + (" dueling" if cfg["arch"] == "dueling" else ""),
+        "algorithm": algorithm_name(pqn),
         "env_steps_trained": int(state["step"]),
         "frames_trained": int(state["step"]) * frames_per_step,
         "planned_env_steps": cfg["steps"],
-        "eval": {"episodes": episodes, "epsilon": epsilon, "mean_return": float(np.mean(rets)),
-                 "std_return": float(np.std(rets)), "returns": rets,
-                 "protocol": "full games (all lives), unclipped rewards, FIRE pressed after a life "
-                             "loss as in training, up to 30 no-op starts, max 27000 agent steps" if cfg["game"] not in MINATAR_GAMES else "gymnax defaults",
-                 "seconds": round(time.time() - t0, 1)},
+        "eval": result,
         "trained_with": f"python -m agents.train {flags}",
         "params_sha256": sha, "dtype": "float16",
         "training_curve": f"experiments/results/training/{name}.png",
@@ -123,17 +97,21 @@ def export_run(run_dir, name: str, episodes: int = 10, epsilon: float = 0.0, out
     return card
 
 
+def _ci(e: dict) -> str:
+    return f"{e['ci95'][0]:.1f} to {e['ci95'][1]:.1f}" if "ci95" in e else "no CI: old card"
+
+
 def cards_markdown() -> str:
     """A Markdown table of the shipped agents' cards (for the README)."""
     from agents.zoo import available
 
-    rows = ["| name | game | network | algorithm | frames trained | return (mean ± std, 10 full games) |",
+    rows = ["| name | game | network | algorithm | frames trained | return: mean ± std (95% CI), games |",
             "| --- | --- | --- | --- | ---: | ---: |"]
     for name in available():
         c = json.loads((SHIPPED_DIR / f"{name}.json").read_text())
         e = c["eval"]
         rows.append(f"| `{name}` | {c['game']} | {c['arch']} | {c['algorithm']} | {c['frames_trained']:,} | "
-                    f"{e['mean_return']:.1f} ± {e['std_return']:.1f} |")
+                    f"{e['mean_return']:.1f} ± {e['std_return']:.1f} ({_ci(e)}), {e['episodes']} |")
     return "\n".join(rows)
 
 
@@ -142,9 +120,11 @@ def main(argv=None):
     p.add_argument("--run-dir")
     p.add_argument("--name")
     p.add_argument("--table", action="store_true", help="print the shipped agents as a Markdown table")
-    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--episodes", type=int, default=30)
     p.add_argument("--epsilon", type=float, default=0.0)
     a = p.parse_args(argv)
+    import jaxsal.cpu
+    jaxsal.cpu.use_fast_kernels()
     if a.table:
         print(cards_markdown())
         return
