@@ -51,7 +51,7 @@ class AtariEnv:
     """EnvPool Atari with the standard DQN preprocessing, observations transposed to NHWC."""
 
     def __init__(self, game: str, num_envs: int = 8, train: bool = True, seed: int = 0,
-                 frame_stack: int = 4, max_episode_steps: int = 27000):
+                 frame_stack: int = 4, max_episode_steps: int = 27000, num_threads: int = 0):
         import envpool
 
         self.game = check_game(game)
@@ -61,7 +61,7 @@ class AtariEnv:
             ATARI_GAMES[self.game], env_type="gymnasium", num_envs=num_envs, seed=seed,
             episodic_life=True, reward_clip=train, stack_num=frame_stack, noop_max=30,
             repeat_action_probability=0.0, img_height=84, img_width=84, gray_scale=True,
-            frame_skip=4, max_episode_steps=max_episode_steps)
+            frame_skip=4, max_episode_steps=max_episode_steps, num_threads=num_threads)
         self.num_actions = int(self._env.action_space.n)
         self.obs_shape = (84, 84, frame_stack)
         self._returns = np.zeros(num_envs, np.float64)

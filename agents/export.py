@@ -76,7 +76,7 @@ def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out
             "num_actions": probe_env.num_actions, "obs_shape": list(probe_env.obs_shape)}
     (out_dir / f"{name}.json").write_text(json.dumps(card))
     from agents.zoo import load
-    agent = load(name) if out_dir == SHIPPED_DIR else load(str(out_dir / f"{name}.json"))
+    agent = load(str(out_dir / f"{name}.json"))
     result = evaluate_agent(agent, episodes=episodes, epsilon=epsilon)
     frames_per_step = 1 if cfg["game"] in MINATAR_GAMES else 4
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in cfg.items() if k not in ("time_limit",))
@@ -122,6 +122,7 @@ def main(argv=None):
     p.add_argument("--table", action="store_true", help="print the shipped agents as a Markdown table")
     p.add_argument("--episodes", type=int, default=30)
     p.add_argument("--epsilon", type=float, default=0.0)
+    p.add_argument("--out-dir", default=str(SHIPPED_DIR), help="where the .msgpack and card go")
     a = p.parse_args(argv)
     import jaxsal.cpu
     jaxsal.cpu.use_fast_kernels()
@@ -130,7 +131,7 @@ def main(argv=None):
         return
     if not (a.run_dir and a.name):
         p.error("--run-dir and --name are required (or --table)")
-    card = export_run(a.run_dir, a.name, a.episodes, a.epsilon)
+    card = export_run(a.run_dir, a.name, a.episodes, a.epsilon, out_dir=a.out_dir)
     print(f"{card['name']}: {card['eval']['mean_return']:.1f} ± {card['eval']['std_return']:.1f} "
           f"over {card['eval']['episodes']} games after {card['frames_trained']} frames")
 

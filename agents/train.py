@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -54,6 +55,7 @@ class PQNConfig:
     time_limit: float = 0.0      # seconds; > 0 stops (after a checkpoint) when exceeded
     target_every: int = 0        # updates between target-network syncs; 0: no target net (PQN)
     init_from: str = ""          # shipped agent name or card .json to start from when no checkpoint
+    env_threads: int = 0         # EnvPool worker threads (Atari); 0: EnvPool's default
 
 
 def epsilon_at(cfg: PQNConfig, step: int) -> float:
@@ -176,7 +178,8 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
     """Train (or resume) a PQN agent. Optional hooks, all None by default: `callback(step=,
     update=, params=, apply_fn=, returns=)` after every update (e.g. saliency snapshots);
     `env_fn(game, num_envs, train=, seed=)` replaces make_env; `model` replaces build_model."""
-    env_fn = env_fn or make_env
+    if env_fn is None:
+        env_fn = functools.partial(make_env, **({"num_threads": cfg.env_threads} if cfg.env_threads else {}))
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
@@ -204,14 +207,20 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
     if new_csv:
         writer.writerow(["step", "return", "wall_s"])
     obs = env.reset()
-    t0, recent, start_step = time.time(), [], step
+    t0, recent = time.time(), []
+    # wall seconds per phase, from the end of this process's first update (which compiles)
+    clock, t_steady, steady_step, first_upd = {"act": 0.0, "env": 0.0, "update": 0.0}, t0, step, upd
     while upd < n_updates:
         buf = {k: [] for k in ("obs", "actions", "rewards", "dones", "q_max", "greedy")}
         for _ in range(cfg.rollout):
             key, sub = jax.random.split(key)
+            tick = time.perf_counter()
             actions, q_max, greedy = act(params, obs, sub, epsilon_at(cfg, step))
             actions = np.asarray(actions)
+            tock = time.perf_counter()
             next_obs, reward, done, finished = env.step(actions)
+            clock["act"] += tock - tick
+            clock["env"] += time.perf_counter() - tock
             for k, v in zip(buf, (obs, actions, reward, done, q_max, greedy)):
                 buf[k].append(v)
             for ret in finished:
@@ -219,9 +228,14 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
                 recent.append(ret)
             obs, step = next_obs, step + cfg.num_envs
         key, sub = jax.random.split(key)
+        tick = time.perf_counter()
         params, opt_state, loss = update(params, target, opt_state, sub,
                                          *(jnp.asarray(np.stack(buf[k])) for k in buf), obs)
+        loss.block_until_ready()
+        clock["update"] += time.perf_counter() - tick
         upd += 1
+        if upd == first_upd + 1:
+            clock, t_steady, steady_step = dict.fromkeys(clock, 0.0), time.time(), step
         if target is not None and upd % cfg.target_every == 0:
             target = params
         if callback is not None:
@@ -234,13 +248,19 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
                 saved["target"] = target
             save_train_state(run_dir / "ckpt", saved)
             mean_ret = float(np.mean(recent[-20:])) if recent else float("nan")
+            wall = max(1e-9, time.time() - t_steady)
             log(f"{cfg.game} update {upd}/{n_updates} step {step} eps {epsilon_at(cfg, step):.3f} "
                 f"loss {float(loss):.4f} return(last20) {mean_ret:.2f} "
-                f"{(step - start_step) / max(1e-9, time.time() - t0):.0f} steps/s")
+                f"{(step - steady_step) / wall:.0f} steps/s (act {clock['act'] / wall:.0%}, "
+                f"env {clock['env'] / wall:.0%}, update {clock['update'] / wall:.0%})")
             if out_of_time:
                 break
     csv_file.close()
-    return {"params": params, "model": model, "step": step, "returns": recent}
+    steady = max(1e-9, time.time() - t_steady)
+    return {"params": params, "model": model, "step": step, "returns": recent,
+            "steady": {"seconds": steady, "steps": step - steady_step,
+                       "steps_per_s": (step - steady_step) / steady,
+                       "share": {k: v / steady for k, v in clock.items()}}}
 
 
 def parse_config(cls, argv, doc: str):
