@@ -93,7 +93,7 @@ def study_game(game, agent_name, n_states, methods, seed=0, early_params=None, n
 
     t0 = time.time()
     agent = agents.load(agent_name)
-    steps = -(-n_states // num_envs)
+    steps = max(3 * -(-n_states // num_envs), 300)    # play long enough to pass the game's start, then subsample
     batch, boxes = collect_objects(agent, steps, num_envs=num_envs, epsilon=0.05, seed=seed)
     idx = np.linspace(0, len(batch) - 1, n_states).round().astype(int)
     obs, boxes = batch.obs[idx], boxes[idx]
@@ -101,8 +101,9 @@ def study_game(game, agent_name, n_states, methods, seed=0, early_params=None, n
     rand = np.asarray(jax.random.uniform(jax.random.PRNGKey(seed), (len(obs), 84, 84)))
     rnd_shares = object_attribution(rand, boxes)
     shares = {m: object_attribution(v, boxes) for m, v in maps.items()}
-    summary = {"game": game, "agent": agent_name, "agent_return": agent.card.get("eval", {}).get("mean"),
-               "states": int(len(obs)), "policy": "greedy, epsilon 0.05, ale-py with EnvPool preprocessing",
+    summary = {"game": game, "agent": agent_name, "agent_return": agent.card.get("eval", {}).get("mean_return"),
+               "states": int(len(obs)), "policy": f"greedy, epsilon 0.05, ale-py with EnvPool preprocessing, {num_envs} envs x {steps} steps "
+                         f"subsampled evenly",
                "classes": list(boxes.classes), "methods": {m: class_table(s, boxes, rnd_shares) for m, s in shares.items()}}
     # pointing game
     point = {}
