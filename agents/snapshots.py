@@ -11,6 +11,12 @@ shares (jaxsal.frame_stats); `newest_share`/`age_centroid` come from the first o
 Gradient x input counts attribution where each frame has content; plain gradients also
 spread mass over empty pixels, where the random initial filters dominate for a long time. Each snapshot is saved as `step_XXXXXXXXX.npz` (arrays only), and one
 row per snapshot goes to `stats.csv`.
+With ground-truth objects (`probe_objects`, a jaxsal.objects.ObjectBoxes of the probe set;
+`for_run` records them for games with a RAM table: Pong, Breakout, Ms. Pac-Man, Space
+Invaders, Frostbite) every snapshot also stores each method's object shares
+(jaxsal.metrics.object_attribution) and the row gets `object_share_<class>` (absolute share
+of the first of `object_methods`, mean over the probes showing the class) next to
+`object_chance_<class>`: the curve shows when the agent starts looking at the ball.
 Agents whose CNN runs on each frame separately (SplitAttentionDQN) get CAM maps too (summed
 over frames); their per-frame CAM maps (N, H, W, T) can drive the shares:
 `frame_methods=("g1gradcam", ...)`.
@@ -40,8 +46,23 @@ def probe_states(env, n: int = 16, steps: int = 64, seed: int = 0) -> np.ndarray
         seen.append(obs)
         obs = env.step(rng.integers(0, env.num_actions, size=obs.shape[0]))[0]
     flat = np.concatenate(seen, 0)
-    idx = np.linspace(0, flat.shape[0] - 1, n).round().astype(int)
-    return np.ascontiguousarray(flat[idx])
+    return np.ascontiguousarray(flat[_probe_index(flat.shape[0], n)])
+
+
+def _probe_index(total: int, n: int) -> np.ndarray:
+    return np.linspace(0, total - 1, n).round().astype(int)
+
+
+def probe_states_with_objects(game: str, n: int = 16, steps: int = 64, seed: int = 0, num_envs: int = 8):
+    """`probe_states` played on ale-py (EnvPool's preprocessing, agents.ale) so that the RAM is
+    known: (probe (n, 84, 84, 4) uint8, jaxsal.objects.ObjectBoxes of the probes)."""
+    from agents.ale import AleAtariEnv, _Recording
+    from jaxsal.objects import boxes_from_ram
+
+    rec = _Recording(AleAtariEnv(game, num_envs, train=False, seed=seed))
+    probe = probe_states(rec, n, steps, seed)
+    rams = np.concatenate(rec.rams[:steps], 0)          # same time-major order as probe_states
+    return probe, boxes_from_ram(game, rams[_probe_index(rams.shape[0], n)])
 
 
 class SaliencySnapshots:
@@ -49,7 +70,7 @@ class SaliencySnapshots:
 
     def __init__(self, probe, out_dir, every: int = 10, methods=METHODS, num_frames: int | None = None,
                  frame_methods=FRAME_METHODS, layer: str | None = None, save_maps: bool = True,
-                 at_start: bool = True, target="q_chosen"):
+                 at_start: bool = True, target="q_chosen", probe_objects=None, object_methods=("gradient",)):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int (updates between snapshots), got {every!r}")
         self.probe = np.asarray(probe)
@@ -57,13 +78,25 @@ class SaliencySnapshots:
         self.every, self.methods, self.layer = every, tuple(methods), layer
         self.num_frames, self.frame_methods = num_frames, tuple(frame_methods) if num_frames else ()
         self.save_maps, self.at_start, self.target = save_maps, at_start, target
+        self.objects, self.object_methods = probe_objects, tuple(object_methods)
+        if probe_objects is not None:
+            if len(probe_objects) != len(self.probe):
+                raise ValueError(f"probe_objects has {len(probe_objects)} states, the probe {len(self.probe)}")
+            missing = [m for m in self.object_methods if m not in self.methods]
+            if missing or not self.object_methods:
+                raise ValueError(f"object_methods {self.object_methods} must be a non-empty subset of methods "
+                                 f"{self.methods}")
         self.rows: list[dict] = self._earlier_rows()   # a resumed run keeps its earlier rows
         self.out_dir.mkdir(parents=True, exist_ok=True)
         np.save(self.out_dir / "probe.npy", self.probe, allow_pickle=False)
         (self.out_dir / "meta.json").write_text(json.dumps(
             {"every": every, "methods": list(self.methods), "num_frames": num_frames,
              "frame_methods": list(self.frame_methods), "layer": layer,
-             "target": target if isinstance(target, str) else repr(target)}))
+             "target": target if isinstance(target, str) else repr(target),
+             "object_classes": list(probe_objects.classes) if probe_objects is not None else None,
+             "object_methods": list(self.object_methods) if probe_objects is not None else None}))
+        if probe_objects is not None:
+            probe_objects.save(self.out_dir / "probe_objects.npz")
 
     def __call__(self, *, step, update, params, apply_fn, returns=None, **_):
         first = self.at_start and not self.rows   # the first call records the start of training
@@ -91,11 +124,27 @@ class SaliencySnapshots:
                 row[f"share_{j}"] = float(s)
             for m, s in zip(self.frame_methods[1:], shares[1:]):
                 row[f"newest_share_{m}"] = float(newest_share(s).mean())
+        if self.objects is not None:
+            row.update(self._object_stats(arrays, maps))
         if self.save_maps:
             np.savez_compressed(self.out_dir / f"step_{int(step):09d}.npz", **arrays)
         # a run resumed from an older checkpoint redoes steps: their new row replaces the old one
         self.rows = [r for r in self.rows if int(r["step"]) < int(step)] + [row]
         self._write_csv()
+        return row
+
+    def _object_stats(self, arrays, maps) -> dict:
+        """Object shares of every method into `arrays` (methods, N, C); row stats of the first
+        of `object_methods` (absolute share, mean over probes showing the class)."""
+        from jaxsal.metrics import object_attribution
+
+        res = {m: object_attribution(maps[m], self.objects) for m in self.methods}
+        arrays["object_shares_positive"] = np.stack([np.asarray(res[m].positive) for m in self.methods])
+        arrays["object_shares_absolute"] = np.stack([np.asarray(res[m].absolute) for m in self.methods])
+        row = {}
+        for c, v in res[self.object_methods[0]].mean().items():
+            row[f"object_share_{c}"] = v["absolute"]
+            row[f"object_chance_{c}"] = v["chance"]
         return row
 
     def _earlier_rows(self) -> list[dict]:
@@ -108,9 +157,9 @@ class SaliencySnapshots:
                     for r in csv.DictReader(fh)]
 
     def _write_csv(self):
-        keys = list(self.rows[0])
+        keys = list(dict.fromkeys(k for r in self.rows for k in r))   # rows of a resumed older run may lack some
         with open(self.out_dir / "stats.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, keys)
+            w = csv.DictWriter(f, keys, restval="nan")
             w.writeheader()
             w.writerows(self.rows)
 
@@ -198,9 +247,16 @@ def for_run(game: str, run_dir, every: int, seed: int = 0, n_probes: int = 16,
             target="q_chosen") -> SaliencySnapshots:
     """The callback behind the trainers' `--snapshot-every K` flag: probes from a separate
     evaluation env of `game`, snapshots in RUN_DIR/snapshots (per-frame shares for Atari's
-    4-frame grey stacks; MinAtar frames are not stacked)."""
-    from agents.envs import is_minatar, make_env
+    4-frame grey stacks; MinAtar frames are not stacked).
+    Games with an object table (jaxsal.objects) take their probes from ale-py with the same
+    preprocessing, so the snapshots also record object shares."""
+    from agents.envs import check_game, is_minatar, make_env
+    from jaxsal.objects import TABLES
 
+    if check_game(game) in TABLES:
+        probe, boxes = probe_states_with_objects(check_game(game), n_probes, seed=seed + 10_000)
+        return SaliencySnapshots(probe, Path(run_dir) / "snapshots", every=every, num_frames=probe.shape[-1],
+                                 target=target, probe_objects=boxes)
     env = make_env(game, 8, train=False, seed=seed + 10_000)
     return SaliencySnapshots(probe_states(env, n_probes, seed=seed), Path(run_dir) / "snapshots",
                              every=every, num_frames=None if is_minatar(game) else env.obs_shape[-1],

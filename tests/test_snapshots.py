@@ -178,3 +178,23 @@ def test_resumed_run_keeps_earlier_rows_and_replaces_redone_steps(setup, tmp_pat
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == [100, 200, 300, 400]
     assert [float(r["return_mean"]) for r in rows] == [1.0, 2.0, 9.0, 9.0]
+
+
+def test_snapshots_record_object_shares_for_games_with_a_table(tmp_path):
+    pytest.importorskip("ale_py")
+    import agents
+    from agents.snapshots import probe_states_with_objects
+
+    probe, boxes = probe_states_with_objects("pong", 4, steps=6, num_envs=2)
+    assert probe.shape == (4, 84, 84, 4) and len(boxes) == 4 and boxes.classes == ("ball", "player", "enemy")
+    agent = agents.load("pong")
+    snaps = SaliencySnapshots(probe, tmp_path, every=1, num_frames=4, probe_objects=boxes)
+    row = snaps.record(0, 0, agent.params, agent.apply_fn)
+    for c in ("ball", "player", "enemy"):
+        assert f"object_share_{c}" in row and f"object_chance_{c}" in row
+    assert 0.0 <= row["object_share_player"] <= 1.0      # the player's paddle is always on screen
+    assert 0.0 < row["object_chance_player"] < 0.05
+    (_, arr), = load_snapshots(tmp_path)
+    assert arr["object_shares_absolute"].shape == (len(METHODS), 4, 3)
+    with pytest.raises(ValueError, match="object_methods"):
+        SaliencySnapshots(probe, tmp_path / "x", probe_objects=boxes, object_methods=("rise",))

@@ -2,10 +2,13 @@
 
     res = jaxsal.metrics.sanity_check(model, params, obs, method="rise", key=key)
     ins = jaxsal.metrics.insertion(model.apply, params, obs, maps, substrate="black")
+    obj = jaxsal.metrics.object_attribution(maps, boxes)   # share of attribution per game object class
 """
 from jaxsal.metrics.fidelity import deletion, gaussian_blur, insertion
+from jaxsal.metrics.objects import ObjectShares, object_attribution, object_pointing
 from jaxsal.metrics.sanity import cascade, randomize_layers, sanity_check
 from jaxsal.metrics.similarity import hog_features, hog_pearson, similarity, spearman, ssim
 
 __all__ = ["sanity_check", "insertion", "deletion", "similarity", "spearman", "ssim", "hog_pearson",
-           "hog_features", "gaussian_blur", "cascade", "randomize_layers"]
+           "hog_features", "gaussian_blur", "cascade", "randomize_layers", "object_attribution",
+           "object_pointing", "ObjectShares"]
