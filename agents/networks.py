@@ -5,8 +5,6 @@ Every Atari network takes a frame stack `(N, 84, 84, C)` NHWC, uint8 or float on
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import flax.linen as nn
 import jax.numpy as jnp
 
