@@ -13,7 +13,7 @@ from jaxsal.explain import explain
 from jaxsal.gradient import *  # noqa: F401,F403  (registers the gradient/CAM methods)
 from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
 from jaxsal.registry import METHODS
-from jaxsal.io.store import load_maps  # chunked maps written by `jaxsal explain`
+from jaxsal.io.store import load_maps, load_outputs  # chunked maps and outputs written by `jaxsal explain`
 from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
 from jaxsal import cpu  # noqa: E402  XLA:CPU speed setting (jaxsal.cpu.use_fast_kernels)
 
