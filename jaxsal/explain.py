@@ -18,6 +18,16 @@ def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", targ
     `target` says what is explained (see `jaxsal.targets`); `actions` gives per-sample actions
     for `target="q_action"` (or overrides the chosen action of the other targets). Options of
     the method (e.g. `n_samples`, `steps`, `patch`) pass as keyword arguments.
+
+    target: q_chosen (default: Q of the greedy action), q_action (needs actions=), advantage,
+        value, policy_logit, log_prob, softmax_chosen, or a callable output -> (N,).
+    layer: the flax module name a CAM method taps (e.g. "conv3", CleanRL's "Conv_2"); default
+        the last conv layer. `jaxsal.gradient.layers.layer_calls(apply_fn, params, obs)` or
+        `jaxsal agents --layers SPEC` list the names.
+    layout: "NHWC" or "NCHW"; default the model's declared layout (agents from
+        `jaxsal.loaders` declare theirs), else NHWC. Frames whose shape contradicts it are an
+        error unless layout= is given. Agents that declare uint8 pixels reject frames outside
+        0..255 and float frames in [0, 1].
     """
     from jaxsal.validate import check_pixels, resolve_layout
 
