@@ -52,7 +52,21 @@ class Agent:
 
     @property
     def apply_fn(self) -> Callable:
-        return self.model.apply
+        """`model.apply`, declaring NHWC frames and (Atari) uint8 pixels, which jaxsal.explain
+        checks; equal for equal models, so jit caches keyed on it keep hitting."""
+        from jaxsal.agent_spec import DeclaredFn
+
+        return DeclaredFn(self.model.apply, "NHWC", self.pixels)
+
+    @property
+    def pixels(self) -> str | None:
+        """"uint8" when the network takes 0..255 pixel frames (Atari); MinAtar frames are 0/1."""
+        default = None if self.card.get("game") in MINATAR_GAMES else "uint8"
+        return self.card.get("pixels", default)
+
+    @property
+    def layout(self) -> str:
+        return "NHWC"
 
     @property
     def num_actions(self) -> int:

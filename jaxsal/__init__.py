@@ -13,11 +13,17 @@ from jaxsal.explain import explain
 from jaxsal.gradient import *  # noqa: F401,F403  (registers the gradient/CAM methods)
 from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
 from jaxsal.registry import METHODS
-from jaxsal.io.store import load_maps  # chunked maps written by `jaxsal explain`
+from jaxsal.io.store import load_maps, load_outputs  # chunked maps and outputs written by `jaxsal explain`
 from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
 from jaxsal import cpu  # noqa: E402  XLA:CPU speed setting (jaxsal.cpu.use_fast_kernels)
 
+from jaxsal.registry import method_options, options_table  # noqa: E402
+from jaxsal import loaders  # noqa: E402,F401  (agents trained elsewhere: CleanRL, SB3, flax msgpack)
+
 __version__ = "0.1.0"
+explain.__doc__ = (explain.__doc__ or "") + (
+    "\n    Methods and their options (defaults), also `jaxsal.method_options(name)`:\n"
+    + options_table() + "\n")
 
 
 def methods() -> list[str]:

@@ -78,20 +78,70 @@ def parse_options(items, aliases) -> dict[str, dict]:
 
 
 # --------------------------------------------------------------------------- agents
-def load_agent(name: str, model: str | None = None):
-    """A shipped agent by name, a card .json (params beside it or given by --model), or a
-    .msgpack parameter file with its card beside it (same name, .json)."""
-    import agents
+AGENT_HELP = ("shipped agent name (see `jaxsal agents`), an agent card .json, a checkpoint file "
+              "(.cleanrl_model, torch .pth/.pt, Stable-Baselines3 .zip), or path/to/file.py:FUNCTION / "
+              "package.module:FUNCTION where FUNCTION() returns an object with apply_fn and params "
+              "(optionally layout, name, num_actions) or a tuple (apply_fn, params)")
+
+
+def load_agent(name: str, model: str | None = None, layout: str | None = None):
+    """The agent of an --agent SPEC as a jaxsal.agent_spec.LoadedAgent: a shipped name or card
+    (params beside it or given by --model), a .msgpack with its card beside it, a checkpoint
+    file of another library (jaxsal.loaders), or FILE.py:FUNCTION / package.module:FUNCTION."""
+    from jaxsal.agent_spec import as_agent, is_function_spec, load_function_spec
+    from jaxsal.loaders import FILE_SUFFIXES, load_file
 
     if model is not None and not Path(model).exists():
         raise CLIError(f"--model {model} does not exist")
+    if is_function_spec(name):
+        if model is not None:
+            raise CLIError("--model is for shipped agents and cards; FUNCTION() loads its own parameters")
+        return load_function_spec(name, layout)
+    if Path(name).suffix in FILE_SUFFIXES:
+        return as_agent(load_file(name), layout=layout, where=f"--agent {name}")
+    import agents
+
     if name.endswith(".msgpack"):
         card = Path(name).with_suffix(".json")
         if not card.exists():
             raise CLIError(f"--agent {name}: no agent card {card.name} beside it; give --agent CARD.json "
                            f"--model {name}, or a shipped agent name with --model")
-        return agents.load(str(card), params_path=model or name)
-    return agents.load(name, params_path=model)
+        a = agents.load(str(card), params_path=model or name)
+    else:
+        if not name.endswith(".json") and name not in agents.available():
+            raise CLIError(f"unknown agent {name!r}: give a shipped name ({', '.join(agents.available())}), "
+                           "a card .json, a checkpoint (.cleanrl_model/.pth/.zip) or path/to/file.py:FUNCTION")
+        a = agents.load(name, params_path=model)
+    return as_agent(a, default_name=a.name, layout=layout, where=f"--agent {name}")
+
+
+def _game_agent(agent):
+    """An agent object for agents.collect (NHWC EnvPool frames), whatever the model's layout."""
+    import types
+
+    fn = agent.apply_fn
+    if agent.layout == "NCHW":
+        def fn(params, x, _f=agent.apply_fn):
+            return _f(params, x.transpose(0, 3, 1, 2))
+    return types.SimpleNamespace(apply_fn=fn, params=agent.params, name=agent.name,
+                                 num_actions=agent.num_actions, game=agent.card.get("game"))
+
+
+def _num_actions(agent, shape):
+    """The agent's action count, from its card or one forward pass on zeros of `shape` (model layout)."""
+    if agent.num_actions is not None:
+        return agent.num_actions
+    import jax
+    import jax.numpy as jnp
+
+    from jaxsal.targets import q_of
+
+    try:
+        out = jax.eval_shape(agent.apply_fn, agent.params, jax.ShapeDtypeStruct((1,) + tuple(shape[1:]), jnp.float32))
+        q = q_of(out)
+        return int(q.shape[-1]) if len(q.shape) == 2 else None
+    except Exception:  # noqa: BLE001 (the job reports a failing model in one line)
+        return None
 
 
 def random_agent(game: str = "breakout", seed: int = 0):
@@ -111,25 +161,39 @@ def random_agent(game: str = "breakout", seed: int = 0):
 
 
 def _check_frames(agent, shape):
+    """Frames (in the model's layout) must have the shape the agent's card says."""
+    from jaxsal.io.layout import to_nhwc_shape
+
     want = tuple(agent.card.get("obs_shape", ()))
-    if want and tuple(shape[1:]) != want:
-        raise CLIError(f"input frames have shape {tuple(shape[1:])} but agent {agent.name!r} expects "
-                       f"{want}; was the buffer recorded for another game or preprocessing?")
+    if want and len(shape) == 4:
+        got_hwc = to_nhwc_shape(shape, agent.layout)[1:]
+        want_hwc = to_nhwc_shape((1,) + want, agent.layout)[1:]
+        if got_hwc != want_hwc:
+            raise CLIError(f"input frames have shape {tuple(shape[1:])} but agent {agent.name!r} expects "
+                           f"{want} ({agent.layout}); was the buffer recorded for another game or preprocessing?")
 
 
-def _check_actions(agent, source):
+def _check_actions(agent, source, num_actions):
     """Dopamine buffers store the actions taken: more actions than the agent has is a mismatch."""
     from jaxsal.io.readers import DopamineSource, _load_gz_array
 
-    if not isinstance(source, DopamineSource):
+    if not isinstance(source, DopamineSource) or num_actions is None:
         return
     for part in source.parts:
-        path = Path(part.path.replace("$store$_observation_ckpt", "$store$_action_ckpt"))
+        path = part.action_path
         if path.exists():
             actions = _load_gz_array(path)
-            if actions.size and int(actions.max()) >= agent.num_actions:
+            if actions.size and int(actions.max()) >= num_actions:
                 raise CLIError(f"{path.name} uses action {int(actions.max())} but agent {agent.name!r} "
-                               f"has only {agent.num_actions} actions: agent and buffer are for different games")
+                               f"has only {num_actions} actions: agent and buffer are for different games")
+
+
+def _check_pixels(agent, source, rows: int):
+    """The first chunk's pixel values, before anything is written (every chunk is checked again)."""
+    from jaxsal.validate import check_pixels
+
+    if agent.pixels is not None:
+        check_pixels(source.read(0, min(len(source), max(1, rows))), agent.pixels)
 
 
 def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, until_done: bool = False,
@@ -146,14 +210,17 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
         return open_source(path)
     if steps < 1:
         raise CLIError(f"--play needs a positive number of steps, got {steps}")
-    game = check_game(game or agent.game)
+    game = check_game(game or agent.card.get("game") or "breakout")
     env = make_env(game, 1, train=False, seed=seed)
-    if env.num_actions != agent.num_actions:
-        raise CLIError(f"agent {agent.name!r} has {agent.num_actions} actions but {game} has "
+    shape = (1,) + tuple(env.obs_shape)
+    model_shape = shape if agent.layout == "NHWC" else (1, shape[3], shape[1], shape[2])
+    n_act = _num_actions(agent, model_shape)
+    if n_act is not None and env.num_actions != n_act:
+        raise CLIError(f"agent {agent.name!r} has {n_act} actions but {game} has "
                        f"{env.num_actions}: choose the agent trained on {game}")
-    _check_frames(agent, (1,) + tuple(env.obs_shape))
+    _check_frames(agent, model_shape)
     t = time.perf_counter()
-    batch = collect(agent, steps, env=env, seed=seed, until_done=until_done)
+    batch = collect(_game_agent(agent), steps, env=env, seed=seed, until_done=until_done)
     _say(f"played {len(batch)} steps of {game} in {time.perf_counter() - t:.1f}s "
          f"(returns of finished games: {batch.episode_returns or 'none finished'})", quiet)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,23 +292,28 @@ def cmd_explain(args) -> int:
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a directory")
     _init_distributed(args)  # before the first JAX computation (loading the agent)
-    agent = load_agent(args.agent, args.model)
+    from jaxsal.io.layout import as_layout
+
+    agent = load_agent(args.agent, args.model, args.layout)
     if args.play is not None:
         source = play(agent, args.play, out, game=args.game, seed=args.seed, quiet=args.quiet)
-        input_id = {"play": args.play, "game": args.game or agent.game, "seed": args.seed}
+        input_id = {"play": args.play, "game": args.game or agent.card.get("game"), "seed": args.seed}
     else:
         source = open_source(args.input)
         input_id = None
+    source = as_layout(source, agent.layout)  # (N, 84, 84, 4) or (N, 4, 84, 84): the model's layout
     _check_frames(agent, source.shape)
-    _check_actions(agent, source)
+    _check_actions(agent, source, _num_actions(agent, source.shape))
     if args.limit is not None:
         source = _Limited(source, args.limit)
+    _check_pixels(agent, source, args.chunk)
     _say(f"explaining {len(source)} frames of {source.describe().get('path') or 'the rollout'} with "
          f"{', '.join(a for a, _ in pairs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
     summary = run_job(_fast(agent.apply_fn), agent.params, source, out, specs, target=args.target, chunk=args.chunk,
                       batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
                       agent={"name": agent.name, "card": agent.card}, input_id=input_id,
-                      process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet)
+                      process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet,
+                      layout=agent.layout, extra_meta={"input_layout": source.describe().get("layout", agent.layout)})
     for line in _summary_lines(summary):
         _say(line, args.quiet)
     return 0
@@ -254,6 +326,8 @@ class _Limited:
         if n < 1:
             raise CLIError(f"--limit must be positive, got {n}")
         self.source, self.n = source, min(n, len(source))
+        if hasattr(source, "actions"):
+            self.actions = lambda a, b: source.actions(a, min(b, self.n))
 
     def __len__(self):
         return self.n
@@ -308,8 +382,34 @@ def cmd_render(args) -> int:
     return 0
 
 
+def cmd_layers(spec: str, layout: str | None) -> int:
+    """Print the layers of an agent (module path, kind, output shape): the names `layer=` takes."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxsal.gradient.layers import layer_calls, resolve_layer
+
+    agent = load_agent(spec, None, layout)
+    shape = tuple(agent.card.get("obs_shape") or ((4, 84, 84) if agent.layout == "NCHW" else (84, 84, 4)))
+    x = jnp.zeros((1,) + shape, jnp.float32)
+    calls = layer_calls(agent.apply_fn, agent.params, x)
+    try:
+        default = resolve_layer(agent.apply_fn, agent.params, x, None)
+    except Exception:  # noqa: BLE001 (no spatial layer: CAM methods do not apply)
+        default = None
+    print(f"{agent.name}: input {shape} ({agent.layout}); layers (name, kind, output shape per state):")
+    for c in calls:
+        mark = "   <- default layer of the CAM methods" if c.name == default else ""
+        print(f"  {c.name:24s} {c.kind:14s} {tuple(c.shape[1:]) if c.shape else '-'}{mark}")
+    del jax
+    return 0
+
+
 def cmd_agents(args) -> int:
     import agents
+
+    if args.layers:
+        return cmd_layers(args.layers, args.layout)
 
     names = agents.available()
     if not names:
@@ -334,13 +434,18 @@ def cmd_demo(args) -> int:
 
     import jaxsal
 
+    from jaxsal.agent_spec import as_agent
+
     t0 = time.perf_counter()
-    if "breakout" in agents.available():
-        agent = agents.load("breakout")
+    if args.agent:
+        agent = load_agent(args.agent, None, args.layout)
+        _say(f"loaded agent {agent.name} ({agent.layout})", args.quiet)
+    elif "breakout" in agents.available():
+        agent = as_agent(agents.load("breakout"), default_name="breakout")
         _say(f"loaded the shipped Breakout agent ({agent.card.get('algorithm', agent.card.get('arch'))})",
              args.quiet)
     else:
-        agent = random_agent("breakout", args.seed)
+        agent = as_agent(random_agent("breakout", args.seed), default_name="breakout-random-init")
         _say("the shipped Breakout agent is not available yet (agents/shipped/breakout.json); using an "
              "UNTRAINED random-init agent, so the maps show the pipeline, not a trained policy", args.quiet)
     if args.methods:
@@ -364,10 +469,14 @@ def cmd_demo(args) -> int:
             raise CLIError(f"{out} holds a non-demo jaxsal job; choose another --out")
     elif out.exists() and any(out.iterdir()):
         raise CLIError(f"{out} exists and is not empty; choose another --out")
-    source = play(agent, args.steps, out, seed=args.seed, until_done=True, quiet=args.quiet)
-    summary = run_job(_fast(agent.apply_fn), agent.params, source, out, specs, chunk=args.chunk,
+    from jaxsal.io.layout import as_layout
+
+    source = as_layout(play(agent, args.steps, out, game=args.game, seed=args.seed, until_done=True,
+                            quiet=args.quiet), agent.layout)
+    summary = run_job(_fast(agent.apply_fn), agent.params, source, out, specs, chunk=args.chunk, layout=agent.layout,
                       batch_size=args.batch_size, seed=args.seed, agent={"name": agent.name, "card": agent.card},
-                      input_id={"play": args.steps, "game": "breakout", "seed": args.seed, "until_done": True},
+                      input_id={"play": args.steps, "game": args.game or agent.card.get("game") or "breakout",
+                                "seed": args.seed, "until_done": True},
                       quiet=args.quiet, extra_meta={"demo": True})
     res = render_dir(out, videos=("mp4", "gif") if not args.no_gif else ("mp4",), fps=args.fps)
     for line in _summary_lines(summary):
@@ -378,12 +487,39 @@ def cmd_demo(args) -> int:
 
 
 # --------------------------------------------------------------------------- entry point
+def _explain_epilog() -> str:
+    from jaxsal.registry import METHODS
+    from jaxsal.targets import TARGET_NAMES
+
+    import jaxsal  # noqa: F401  (registers the methods)
+
+    return ("methods: " + ", ".join(sorted(m for m in METHODS if not m.startswith("standin"))) + "\n"
+            "  options: --option METHOD.NAME=VALUE; each method's options and defaults:\n"
+            "  python -c 'import jaxsal; print(jaxsal.method_options(\"rise\"))'\n"
+            "targets: " + ", ".join(TARGET_NAMES) + " (q_action uses a Dopamine buffer's actions)\n"
+            "layers: CAM methods tap the last conv layer by default; list an agent's layers with\n"
+            "  jaxsal agents --layers SPEC   (e.g. jaxsal agents --layers breakout), pick one with\n"
+            "  --option gradcam.layer=conv1\n"
+            "outputs: DIR/METHOD/chunk_*.npy maps (jaxsal.load_maps), DIR/_outputs per-frame action and\n"
+            "  Q-values/logits (jaxsal.load_outputs), DIR/manifest.json (resolved options)\n"
+            "examples:\n"
+            "  jaxsal explain --agent my_agent.py:load --methods gradcam,gradient --input buffer.npz --out maps/\n"
+            "  jaxsal explain --agent runs/x/dqn_atari_jax.cleanrl_model --methods gradcam --input replay/ "
+            "--out maps/")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jaxsal", description="Saliency maps for deep RL agents, in batch.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    e = sub.add_parser("explain", help="explain every frame of a replay buffer or a fresh rollout")
-    e.add_argument("--agent", required=True, help="shipped agent name, or an agent card .json")
+    e = sub.add_parser("explain", help="explain every frame of a replay buffer or a fresh rollout",
+                       description="Explain every frame of a replay buffer (or a fresh rollout) with one or more "
+                                   "saliency methods; resumable, chunked, one directory per method.",
+                       epilog=_explain_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("--agent", required=True, help=AGENT_HELP)
+    e.add_argument("--layout", choices=["NHWC", "NCHW"],
+                   help="the model's input layout, overriding the agent's (buffers in either layout are "
+                        "recognised from their shape)")
     e.add_argument("--model", help="parameter file (.msgpack) to use with the agent's card")
     e.add_argument("--methods", required=True, help="comma list, e.g. gradcam,rise or alias=method")
     e.add_argument("--input", help=".npy/.npz (key obs) file, shard directory or Dopamine replay directory")
@@ -392,7 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True, help="output directory (resumes a stopped job)")
     e.add_argument("--option", action="append", metavar="METHOD.NAME=VALUE",
                    help="method option, e.g. rise.n_masks=500 or gradcam.layer=conv3 (repeatable)")
-    e.add_argument("--target", default="q_chosen", help="what is explained (default q_chosen)")
+    e.add_argument("--target", default="q_chosen",
+                   help="what is explained (default q_chosen): q_chosen, q_action (the buffer's actions), "
+                        "advantage, value, policy_logit, log_prob, softmax_chosen")
     e.add_argument("--batch-size", type=int, default=256, help="model rows per device call (memory knob)")
     e.add_argument("--chunk", type=int, default=512, help="frames per output chunk / read from disk")
     e.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="stored map dtype")
@@ -411,7 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--frames", help="START:STOP range of frames (videos are capped at 1000 frames)")
     r.add_argument("--input", help="frames to draw on, if the job's input moved")
     r.add_argument("--video", default="mp4,gif", help="mp4, gif, mp4,gif or none")
-    r.add_argument("--scheme", default="auto", choices=["auto", "signed", "heat"], help="colour scale")
+    r.add_argument("--scheme", default="auto", choices=["auto", "signed", "heat", "abs"],
+                   help="colour scale: signed (green +, red -), heat (non-negative; on signed maps it drops the "
+                        "negative values and says how much), abs (|m| Gaussian-smoothed, as Greydanus / Paper A "
+                        "show gradients), auto (signed if the maps have negative values, else heat)")
     r.add_argument("--greydanus", help="ACTOR,CRITIC: Greydanus colouring (actor blue, critic red) in videos")
     r.add_argument("--grid-frames", type=int, default=6)
     r.add_argument("--fps", type=int, default=15)
@@ -420,6 +561,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_render)
 
     d = sub.add_parser("demo", help="play Breakout, explain every frame, write a gallery and a video")
+    d.add_argument("--agent", help="any agent SPEC as for `jaxsal explain --agent` (default: the shipped "
+                                   "Breakout agent)")
+    d.add_argument("--layout", choices=["NHWC", "NCHW"], help="the model's input layout, overriding the agent's")
+    d.add_argument("--game", help="game to play (default: the agent's, else breakout)")
     d.add_argument("--steps", type=int, default=400, help="episode length cap (default 400)")
     d.add_argument("--out", default="jaxsal-out/demo", help="output directory (default jaxsal-out/demo)")
     d.add_argument("--methods", help=f"comma list (default: {','.join(DEMO_METHODS)} where available)")
@@ -431,7 +576,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_demo)
 
-    a = sub.add_parser("agents", help="list the shipped agents")
+    a = sub.add_parser("agents", help="list the shipped agents, or an agent's layers (--layers SPEC)")
+    a.add_argument("--layers", metavar="SPEC", help="print the layer names (for layer= / --option M.layer=) "
+                                                    "of any agent SPEC, and the CAM methods' default")
+    a.add_argument("--layout", choices=["NHWC", "NCHW"], help="the model's input layout, overriding the agent's")
     a.set_defaults(fn=cmd_agents)
     return p
 
@@ -445,6 +593,10 @@ def main(argv=None) -> int:
         code = args.fn(args)
     except KeyboardInterrupt:
         code = _die("interrupted; finished chunks are kept, rerun the same command to resume", EXIT_INTERRUPT)
+        if argv is None:  # console: skip interpreter teardown, which can crash (SIGSEGV) while XLA
+            sys.stdout.flush()  # or reader threads are still busy; every finished chunk is on disk
+            sys.stderr.flush()
+            os._exit(code)
     except Exception as e:  # one line for the user, never a traceback
         if os.environ.get("JAXSAL_DEBUG"):
             raise

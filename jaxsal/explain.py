@@ -8,7 +8,7 @@ from jaxsal.registry import accepted_options, call_method, get_method, is_defaul
 
 
 def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", target="q_chosen",
-            layer: str | None = None, per_frame: bool = False, layout: str = "NHWC", key=None,
+            layer: str | None = None, per_frame: bool = False, layout: str | None = None, key=None,
             batch_size: int | None = None, actions=None, **options):
     """Saliency maps for a batch of observations: `(N, H, W)`, or with per_frame `(N, H, W, C)`
     (input-gradient methods) / `(N, H, W, T)` (CAM methods on a trunk shared by T frames).
@@ -18,12 +18,32 @@ def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", targ
     `target` says what is explained (see `jaxsal.targets`); `actions` gives per-sample actions
     for `target="q_action"` (or overrides the chosen action of the other targets). Options of
     the method (e.g. `n_samples`, `steps`, `patch`) pass as keyword arguments.
+
+    target: q_chosen (default: Q of the greedy action), q_action (needs actions=), advantage,
+        value, policy_logit, log_prob, softmax_chosen, or a callable output -> (N,).
+    layer: the flax module name a CAM method taps (e.g. "conv3", CleanRL's "Conv_2"); default
+        the last conv layer. `jaxsal.gradient.layers.layer_calls(apply_fn, params, obs)` or
+        `jaxsal agents --layers SPEC` list the names.
+    layout: "NHWC" or "NCHW"; default the model's declared layout (agents from
+        `jaxsal.loaders` declare theirs), else NHWC. Frames whose shape contradicts it are an
+        error unless layout= is given. Agents that declare uint8 pixels reject frames outside
+        0..255 and float frames in [0, 1].
     """
+    from jaxsal.validate import check_pixels, resolve_layout
+
+    layout = resolve_layout(_shape(obs), layout, getattr(apply_fn, "jaxsal_layout", None))
+    check_pixels(obs, getattr(apply_fn, "jaxsal_pixels", None))
     common = dict(target=target, layer=layer, per_frame=per_frame, layout=layout, key=key,
                   batch_size=batch_size, actions=actions)
     if isinstance(method, (list, tuple)):
         return _explain_many(list(method), apply_fn, params, obs, common, options)
     return call_method(method, apply_fn, params, obs, common, options)
+
+
+def _shape(obs):
+    import numpy as np
+
+    return tuple(getattr(obs, "shape", None) or np.shape(obs))
 
 
 def _explain_many(methods, apply_fn, params, obs, common, options):

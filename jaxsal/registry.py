@@ -58,3 +58,25 @@ def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
             raise SaliencyInputError(f"method {name!r} does not take {k}={v!r}; it accepts: "
                                      f"{', '.join(accepted)}")
     return fn(apply_fn, params, obs, **kwargs)
+
+
+COMMON_ARGS = ("target", "actions", "layout", "key", "batch_size", "per_frame", "layer")
+
+
+def method_options(name: str) -> dict:
+    """A method's own options with their defaults, e.g. method_options("rise") -> {"n_masks": 1000, ...}
+    (the common arguments target, layer, layout, per_frame, key, batch_size, actions are left out)."""
+    fn = get_method(name)
+    sig = inspect.signature(fn)
+    return {k: (None if p.default is inspect.Parameter.empty else p.default)
+            for k, p in list(sig.parameters.items())[3:]
+            if k not in COMMON_ARGS and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def options_table() -> str:
+    """Every registered method and its options with defaults, one line each (for help())."""
+    lines = []
+    for name in sorted(METHODS):
+        opts = method_options(name)
+        lines.append(f"        {name}: " + (", ".join(f"{k}={v!r}" for k, v in opts.items()) or "no options"))
+    return "\n".join(lines)

@@ -6,6 +6,9 @@ Colour scales are fixed over everything rendered together (a whole video, a whol
 - "heat": non-negative maps divided by their 99.5th percentile over the rollout, clipped
   to [0, 1], shown with a colour map (for Grad-CAM, occlusion, RISE, ...).
 - "auto": signed when the maps have negative values, heat otherwise.
+- "abs" (Greydanus 2018 / Paper A's reading of gradient maps): |m| smoothed with a Gaussian
+  (sigma 2 px at 84x84), then on the heat scale: readable blobs instead of signed speckle.
+- "heat" on signed maps drops the negative values; the scale says how much of |m| it drops.
 - Greydanus 2018: actor saliency added to the blue channel, critic saliency to the red one.
 """
 from __future__ import annotations
@@ -19,7 +22,17 @@ from PIL import Image, ImageDraw
 
 from jaxsal.errors import SaliencyInputError
 
-SCHEMES = ("auto", "signed", "heat")
+SCHEMES = ("auto", "signed", "heat", "abs")
+ABS_SIGMA = 2.0  # px at 84x84: the Gaussian of the "abs" display (scaled with the map size)
+
+
+def smooth_abs(m, sigma: float = ABS_SIGMA) -> np.ndarray:
+    """|m| smoothed by a Gaussian over the spatial axes (H, W), per map; m (..., H, W)."""
+    from scipy.ndimage import gaussian_filter
+
+    m = np.abs(np.asarray(m, np.float64))
+    s = sigma * m.shape[-1] / 84.0
+    return gaussian_filter(m, sigma=[0] * (m.ndim - 2) + [s, s])
 
 
 # --------------------------------------------------------------------------- colour scales
@@ -35,6 +48,11 @@ class Scale:
             raise SaliencyInputError("maps contain NaN or inf; cannot choose a colour scale")
         if scheme == "auto":
             scheme = "signed" if (m < 0).any() else "heat"
+        self.dropped = 0.0
+        if scheme == "abs":
+            m = smooth_abs(m)
+        elif scheme == "heat" and (m < 0).any():
+            self.dropped = float(np.abs(np.minimum(m, 0)).sum() / (np.abs(m).sum() or 1.0))
         self.scheme, self.alpha, self.gain = scheme, alpha, gain
         if scheme == "signed":
             self.mean, self.std = float(m.mean()), float(m.std()) or 1.0
@@ -47,6 +65,8 @@ class Scale:
     def values(self, m) -> np.ndarray:
         """Map values on this scale: [-1, 1] (signed) or [0, 1] (heat)."""
         m = np.asarray(m, np.float64)
+        if self.scheme == "abs":
+            m = smooth_abs(m)
         if self.scheme == "signed":
             return np.clip((m - self.mean) / self.std * self.gain, -1.0, 1.0)
         return np.clip(m / self.top, 0.0, 1.0)
@@ -67,7 +87,26 @@ class Scale:
         if self.scheme == "signed":
             return (f"signed: (m - {self.mean:.3g}) / {self.std:.3g} x {self.gain}, clipped to [-1, 1]; "
                     "green positive, red negative")
-        return f"heat: m / {self.top:.3g} (99.5th percentile), clipped to [0, 1]"
+        if self.scheme == "abs":
+            return (f"abs: |m| Gaussian-smoothed (sigma {ABS_SIGMA:g} px at 84x84) / {self.top:.3g} (99.5th "
+                    "percentile), clipped to [0, 1]")
+        drop = (f"; negative values not shown ({100 * self.dropped:.0f}% of |m|; use --scheme signed or abs)"
+                if self.dropped else "")
+        return f"heat: m / {self.top:.3g} (99.5th percentile), clipped to [0, 1]{drop}"
+
+    def bar(self, width: int, height: int = 10) -> np.ndarray:
+        """The colour bar of this scale, RGB uint8 (height, width): low to high, left to right."""
+        t = np.linspace(-1.0 if self.scheme == "signed" else 0.0, 1.0, width)
+        row = self.overlay(np.full((1, width), 0.5), t[None, :]) if self.scheme == "signed" else \
+            _u8(self._cmap(t)[None, :, :3])
+        return np.repeat(row, height, 0)
+
+    def ends(self) -> tuple[str, str]:
+        """The map values at the two ends of the bar."""
+        if self.scheme == "signed":
+            half = self.std / self.gain
+            return f"{self.mean - half:.2g}", f"{self.mean + half:.2g}"
+        return "0", f"{self.top:.2g}"
 
 
 def greydanus_overlay(frame, actor, critic, actor_scale: Scale, critic_scale: Scale) -> np.ndarray:
@@ -157,14 +196,39 @@ def composite(frames, maps: dict, scales: dict, i: int, scale: int = 3, labels: 
 
 
 def grid_png(path, frames, maps: dict, indices, scheme: str = "auto", scale: int = 3,
-             scales: dict | None = None) -> Path:
-    """PNG grid: one row per chosen frame, columns frame | overlay per method."""
+             scales: dict | None = None, captions: dict | None = None) -> Path:
+    """PNG grid: one row per chosen frame, columns frame | overlay per method; each row says its
+    frame (and, given `captions`, the action and its Q-value); a colour bar per method below."""
     scales = scales or {k: Scale(np.stack([flat_map(m[i]) for i in indices]), scheme) for k, m in maps.items()}
     rows = []
     for i in indices:
         row = composite(frames, maps, scales, int(i), scale=scale)
-        rows.append(_label(row, f"frame {int(i)}"))
-    return _save_png(path, np.concatenate(rows, 0))
+        rows.append(_label(row, (captions or {}).get(int(i), f"frame {int(i)}")))
+    grid = np.concatenate(rows, 0)
+    return _save_png(path, np.concatenate([grid, legend(scales, grid.shape[1])], 0))
+
+
+def legend(scales: dict, width: int) -> np.ndarray:
+    """One strip per method: name, colour bar with its end values, and the scale in words."""
+    strips = []
+    for k, sc in scales.items():
+        bar_w = min(200, max(60, width // 4))
+        lo, hi = sc.ends()
+        bar = np.full((14, width, 3), 255, np.uint8)
+        bar[2:12, 4 + 8 * len(k):4 + 8 * len(k) + bar_w] = sc.bar(bar_w)
+        img = Image.fromarray(bar)
+        d = ImageDraw.Draw(img)
+        d.text((2, 1), k, fill=(0, 0, 0))
+        d.text((8 + 8 * len(k) + bar_w, 1), f"{lo} .. {hi}", fill=(0, 0, 0))
+        strips.append(np.asarray(img))
+        strips.append(_text_row(sc.describe(), width))
+    return np.concatenate(strips, 0) if strips else np.zeros((0, width, 3), np.uint8)
+
+
+def _text_row(text: str, width: int, height: int = 12) -> np.ndarray:
+    img = Image.fromarray(np.full((height, width, 3), 255, np.uint8))
+    ImageDraw.Draw(img).text((2, 0), text[: max(10, width // 6)], fill=(60, 60, 60))
+    return np.asarray(img)
 
 
 def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int = 3,
@@ -177,14 +241,18 @@ def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int
     scale = _eff_scale(scale, stack.shape[0])
     rows = [np.concatenate([_label(_up(_grey_rgb(stack[..., j]), scale), f"t-{c - 1 - j}")
                             for j in range(c)], 1)]
+    width = rows[0].shape[1]
     for k, m in maps.items():
         mi = np.asarray(m[i], np.float64)
         sc = (scales or {}).get(k) or Scale(mi, scheme)
-        tiles = []
-        for j in range(c):
-            mj = mi[..., j] if mi.ndim == 3 else mi
-            tiles.append(_up(sc.overlay(stack[..., j], _resize(mj, stack.shape[:2])), scale))
-        rows.append(_label(np.concatenate(tiles, 1), k + (" (per frame)" if mi.ndim == 3 else "")))
+        if mi.ndim == 3 and mi.shape[-1] == c:  # the four frames' own maps
+            tiles = [_up(sc.overlay(stack[..., j], _resize(mi[..., j], stack.shape[:2])), scale) for j in range(c)]
+            rows.append(_label(np.concatenate(tiles, 1), f"{k}: each stacked frame's own map"))
+        else:  # one map for the whole stack: shown once, over the newest frame, never repeated
+            tile = _up(sc.overlay(stack[..., -1], _resize(flat_map(mi), stack.shape[:2])), scale)
+            pad = np.full((tile.shape[0], width - tile.shape[1], 3), 255, np.uint8)
+            rows.append(_label(np.concatenate([pad, tile], 1),
+                               f"{k}: one map for the stack (per-frame maps: --option {k}.per_frame=true)"))
     return _save_png(path, np.concatenate(rows, 0))
 
 
@@ -196,13 +264,21 @@ def _save_png(path, img) -> Path:
 
 
 def video(path, frames, maps: dict, scheme: str = "auto", fps: int = 15, scale: int = 3,
-          greydanus: tuple | None = None, scales: dict | None = None) -> Path:
-    """MP4 or GIF (by suffix) of frame | overlays for every frame, colour scale fixed over the video."""
+          greydanus: tuple | None = None, scales: dict | None = None, captions: dict | None = None,
+          first: int = 0) -> Path:
+    """MP4 or GIF (by suffix) of frame | overlays for every frame, colour scale fixed over the video;
+    each frame is captioned with its index (and the action and Q-value given `captions`), with the
+    colour bars below."""
     path = Path(path)
     n = len(frames)
     _check_maps(maps, n)
     scales = scales or {k: Scale(np.stack([flat_map(x) for x in m]), scheme) for k, m in maps.items()}
-    imgs = (composite(frames, maps, scales, i, scale=scale, greydanus=greydanus) for i in range(n))
+
+    def frame_img(i):
+        row = composite(frames, maps, scales, i, scale=scale, greydanus=greydanus)
+        row = _label(row, (captions or {}).get(i, f"frame {first + i}"))
+        return np.concatenate([row, legend(scales, row.shape[1])], 0)
+    imgs = (frame_img(i) for i in range(n))
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix.lower() == ".gif":
         import imageio.v3 as iio
@@ -235,7 +311,8 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     frames [start, stop) are read. Returns {"html": path, "pngs": [...], "videos": [...]}.
     """
     from jaxsal.io import open_source
-    from jaxsal.io.store import load_maps, read_manifest
+    from jaxsal.io.layout import as_layout
+    from jaxsal.io.store import finished_frames, load_maps, load_outputs, read_manifest
 
     out = Path(out)
     manifest = read_manifest(out)
@@ -253,6 +330,14 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     stop = n if stop is None else min(stop, n)
     if not 0 <= start < stop:
         raise SaliencyInputError(f"frame range {start}:{stop} is empty (the job has {n} frames)")
+    done = finished_frames(out, names)
+    if not done[start:stop].all():  # an incomplete job: its finished frames from `start` on
+        if not done[start]:
+            have = np.flatnonzero(done)
+            raise SaliencyInputError(f"{out}: frame {start} is not computed yet" + (
+                f"; finished frames start at {have[0]} (render --frames {have[0]}:)" if len(have) else
+                "; no chunk is finished yet"))
+        stop = start + int(np.argmin(done[start:stop]))
     if stop - start > max_video_frames:
         stop = start + max_video_frames
     if frames is None:
@@ -260,10 +345,11 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
         if not src.get("path") or not Path(src["path"]).exists():
             raise SaliencyInputError(f"the input of {out} ({src.get('path')}) is not available; "
                                      "pass the frames (render --input PATH)")
-        frames = open_source(src["path"]).read(start, stop)
+        frames = as_layout(open_source(src["path"]), "NHWC").read(start, stop)
     else:
-        frames = np.asarray(frames)[start:stop]
-    maps = {k: load_maps(out, k)[start:stop] for k in names}
+        frames = np.asarray(frames)
+        frames = as_layout(_Array(frames), "NHWC").read(start, min(stop, len(frames)))
+    maps = {k: load_maps(out, k, allow_incomplete=True)[start:stop] for k in names}
     _check_maps(maps, len(frames))
     if scheme not in SCHEMES:
         raise SaliencyInputError(f"--scheme must be one of {SCHEMES}, got {scheme!r}")
@@ -271,18 +357,47 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     gallery = Path(gallery) if gallery is not None else out / "gallery"
     gallery.mkdir(parents=True, exist_ok=True)
     idx = np.unique(np.linspace(0, len(frames) - 1, min(grid_frames, len(frames))).round().astype(int))
-    pngs = [grid_png(gallery / "grid.png", frames, maps, idx, scale=scale, scales=scales)]
+    captions = _captions(out, start, stop, load_outputs)
+    pngs = [grid_png(gallery / "grid.png", frames, maps, idx, scale=scale, scales=scales, captions=captions)]
     for i in idx[:3]:
         pngs.append(stack_png(gallery / f"stack_{start + i:06d}.png", frames, maps, int(i), scale=scale,
                               scales=scales))
     vids = []
     for ext in videos:
         vids.append(video(gallery / f"episode.{ext}", frames, maps, fps=fps, scale=2 if ext == "gif" else scale,
-                          greydanus=greydanus, scales=scales))
+                          greydanus=greydanus, scales=scales, captions=captions, first=start))
     summaries = [json.loads(p.read_text()) for p in sorted(out.glob("summary-p*.json"))]
     page = gallery / "index.html"
     page.write_text(_html(manifest, names, scales, pngs, vids, start, stop, summaries))
     return {"html": page, "pngs": pngs, "videos": vids}
+
+
+class _Array:
+    """Frames given in memory, as a source (for the layout check)."""
+
+    def __init__(self, a):
+        self.a, self.shape = a, a.shape
+
+    def read(self, i, j):
+        return self.a[i:j]
+
+
+def _captions(out, start: int, stop: int, load_outputs) -> dict:
+    """Row i (relative to start) -> "frame F | action a | Q_a = v" from the job's stored outputs."""
+    try:
+        o = load_outputs(out, allow_incomplete=True)
+    except SaliencyInputError:
+        return {}
+    vec_key = "q" if "q" in o else ("logits" if "logits" in o else None)
+    res = {}
+    for r, f in enumerate(o.get("frame", [])):
+        if start <= f < stop and "action" in o:
+            a = int(o["action"][r])
+            text = f"frame {int(f)} | action {a}"
+            if vec_key is not None:
+                text += f" | {'Q' if vec_key == 'q' else 'logit'}_{a} = {float(o[vec_key][r][a]):.3g}"
+            res[int(f) - start] = text
+    return res
 
 
 def _html(manifest, names, scales, pngs, vids, start, stop, summaries=()) -> str:

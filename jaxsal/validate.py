@@ -56,3 +56,68 @@ def check_key(key, method: str):
         raise SaliencyInputError(
             f"method {method!r} is stochastic: pass key=jax.random.PRNGKey(seed) (same key -> same maps)")
     return key
+
+
+def looks_channel_first(shape) -> bool:
+    """True when a 4-D batch shape reads as (N, C, H, W): the last axis is larger than a
+    spatial axis of the NHWC reading while axis 1 is the smallest of the three."""
+    _, a, b, c = shape
+    return c > min(a, b) and a < min(b, c)
+
+
+def looks_channel_last(shape) -> bool:
+    """True when a 4-D batch shape reads as (N, H, W, C) (axis 1 larger than the last axis)."""
+    _, a, b, c = shape
+    return a > c and b > c
+
+
+def resolve_layout(shape, layout: str | None, declared: str | None = None) -> str:
+    """The layout to use for obs of `shape`: the caller's, else the model's declared one, else
+    NHWC. Unless the caller said it, frames whose shape contradicts it are an error naming
+    `layout=`: a channel axis larger than a spatial axis means the axes are swapped."""
+    if layout is not None:
+        if layout not in LAYOUTS:
+            raise SaliencyInputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        return layout
+    use = declared or "NHWC"
+    if use not in LAYOUTS:
+        raise SaliencyInputError(f"the model declares layout {use!r}; expected one of {LAYOUTS}")
+    shape = tuple(shape)
+    if len(shape) != 4:
+        return use
+    if use == "NHWC" and looks_channel_first(shape):
+        raise SaliencyInputError(
+            f"obs of shape {shape} looks channel-first (N, C, H, W) but the call is channel-last: pass "
+            "layout='NCHW' for a channel-first model, or obs.transpose(0, 2, 3, 1) for a channel-last "
+            "one (layout='NHWC' silences this check)")
+    if use == "NCHW" and looks_channel_last(shape):
+        raise SaliencyInputError(
+            f"obs of shape {shape} looks channel-last (N, H, W, C) but this model takes channel-first "
+            "frames: pass obs.transpose(0, 3, 1, 2), or layout='NHWC' if the model really takes NHWC")
+    return use
+
+
+PIXELS = ("uint8",)
+
+
+def check_pixels(obs, pixels: str | None):
+    """Frames for a model trained on uint8 pixels must be on the 0..255 scale: values outside
+    it, or float frames already divided by 255, are an error naming the fix. No-op otherwise."""
+    if pixels is None:
+        return
+    if pixels not in PIXELS:
+        raise SaliencyInputError(f"unknown pixel convention {pixels!r}; expected one of {PIXELS}")
+    dtype = np.dtype(getattr(obs, "dtype", np.asarray(obs).dtype))
+    if dtype == np.uint8 or dtype == np.bool_:
+        return
+    x = obs if isinstance(obs, (np.ndarray, jnp.ndarray)) else np.asarray(obs)
+    xp = np if isinstance(x, np.ndarray) else jnp
+    lo, hi = float(xp.min(x)), float(xp.max(x))
+    if lo < 0 or hi > 255:
+        raise SaliencyInputError(
+            f"frames have values in [{lo:g}, {hi:g}] but this agent takes uint8 pixels 0..255: pass the raw "
+            "frames (e.g. np.clip(obs, 0, 255).astype(np.uint8) if they were shifted or scaled)")
+    if np.issubdtype(dtype, np.floating) and hi <= 1.0 and bool(xp.any(x != xp.round(x))):
+        raise SaliencyInputError(
+            "frames are floats in [0, 1] but this agent takes pixels on the 0..255 scale (it divides by "
+            "255 itself): pass (obs * 255).round().astype(np.uint8)")

@@ -48,6 +48,9 @@ def check_specs(specs: list[MethodSpec]):
         raise SaliencyInputError("no methods given; e.g. --methods gradcam,gradient")
     seen = set()
     for s in specs:
+        if s.alias.startswith("_"):
+            raise SaliencyInputError(f"method alias {s.alias!r} may not start with '_' (reserved for "
+                                     "the job's own files)")
         if s.alias in seen:
             raise SaliencyInputError(f"method {s.alias!r} given twice; name a variant alias=method")
         seen.add(s.alias)
@@ -120,13 +123,16 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             chunk: int = 512, batch_size: int | None = 256, dtype: str = "float32", seed: int = 0,
             agent: dict | None = None, params_checksum: str | None = None,
             input_id: dict | None = None, process_id: int = 0, num_processes: int = 1,
-            quiet: bool = False, extra_meta: dict | None = None) -> dict:
+            quiet: bool = False, extra_meta: dict | None = None, layout: str | None = None) -> dict:
     """Explain every frame of `source` with every method into `out`; resumes a stopped job.
 
     `source` is a reader from `jaxsal.io.open_source` (or anything with len/read/fingerprint/
     describe). Process `process_id` of `num_processes` computes chunks i with
     i % num_processes == process_id. Returns a summary dict (frames, maps/s per method,
-    wall time, output path). `extra_meta` adds provenance fields to the manifest.
+    wall time, output path). `extra_meta` adds provenance fields to the manifest. `layout` is
+    the model's ("NHWC"/"NCHW"; frames are read in it). Every chunk also stores the explained
+    action and the model's output vector (`jaxsal.load_outputs`); with target="q_action" the
+    actions come from `source.actions(start, stop)` (e.g. a Dopamine buffer's action file).
     """
     from agents.checkpoint import params_checksum as checksum_of
 
@@ -144,8 +150,10 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             raise SaliencyInputError(f"{name} must be a positive integer, got {v!r}")
     if not 0 <= process_id < num_processes:
         raise SaliencyInputError(f"process_id must be in [0, {num_processes}), got {process_id}")
+    if target == "q_action" and not hasattr(source, "actions"):
+        raise SaliencyInputError("--target q_action needs the actions taken in each state: use a Dopamine "
+                                 "replay directory (its $store$_action_ckpt files), or another target")
     n = len(source)
-    h, w = source.shape[1:3]
     config = {
         "methods": {s.alias: {"method": s.method, "options": _jsonable(s.options)} for s in specs},
         "target": target, "dtype": dtype, "chunk": chunk, "n": n, "seed": seed,
@@ -154,8 +162,13 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         "params_checksum": params_checksum or checksum_of(params),
         "agent": (agent or {}).get("name"),
     }
+    if layout not in (None, "NHWC"):
+        config["layout"] = layout
     meta = {"version": jaxsal.__version__, "created": store.stamp(), "input_source": source.describe(),
-            "agent_card": (agent or {}).get("card"), **(extra_meta or {})}
+            "agent_card": (agent or {}).get("card"),
+            "resolved": resolved_options(apply_fn, params, source, specs, target, layout),
+            "outputs": f"{OUTPUTS}/chunk_XXXXXXX.npz: per frame the explained action and the model's output",
+            **(extra_meta or {})}
     out = Path(out)
     manifest = store.open_job(out, config, meta)
     for s in specs:  # each method's directory describes itself too
@@ -168,7 +181,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     n_chunks = -(-n // chunk)
     mine = [i for i in range(n_chunks) if i % num_processes == process_id]
     rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
-    todo = [i for i in mine if any(not store.chunk_path(out, s.alias, i).exists() for s in specs)]
+    todo = [i for i in mine if any(not store.chunk_path(out, s.alias, i).exists() for s in specs)
+            or not store.outputs_path(out, i).exists()]
     total = sum(rows(i) for i in mine)
     done_before = total - sum(rows(i) for i in todo)
 
@@ -179,6 +193,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         fn = get_method(s.method)
         kw = dict(common, **own)
         kw.setdefault("target", target)
+        kw.setdefault("layout", layout)
         if "key" in accepted_options(fn) or s.method in STOCHASTIC:
             kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
         calls.append((s, kw))
@@ -189,16 +204,23 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     pad_to = -(-min(chunk, n) // ndev) * ndev
     sharding = batch_sharding()
 
+    use_actions = target == "q_action"
+
     def load(i):
         x = _pad_rows(np.asarray(source.read(i * chunk, i * chunk + rows(i))), pad_to)
-        return i, rows(i), (jax.device_put(x) if sharding is None else jax.device_put(x, sharding))
+        acts = _pad_rows(np.asarray(source.actions(i * chunk, i * chunk + rows(i))), pad_to) if use_actions else None
+        return i, rows(i), (jax.device_put(x) if sharding is None else jax.device_put(x, sharding)), acts
+
+    forward = _outputs_fn(apply_fn, target)
 
     def save(item):
-        i, results = item
+        i, results, outputs = item
         for alias, maps in results:
             path = store.chunk_path(out, alias, i)
             if not path.exists():
                 store.write_chunk(out, alias, i, maps)
+        if not store.outputs_path(out, i).exists():
+            store.write_outputs(out, i, outputs)
 
     seconds = {s.alias: 0.0 for s in specs}
     first_chunk_s: dict = {}
@@ -235,14 +257,19 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             item = reader_q.get()
             if item is None:
                 break
-            i, m, x = item
+            i, m, x, acts = item
+            if acts is not None:
+                kw_acts = {"actions": acts}
+            else:
+                kw_acts = {}
+            outputs = {k: np.asarray(v)[:m] for k, v in forward(params, x, acts).items()}
             results = []
             for s, kw in calls:
                 if store.chunk_path(out, s.alias, i).exists():
                     continue
                 ts = time.perf_counter()
                 try:
-                    maps = explain(apply_fn, params, x, method=s.method, batch_size=batch_size, **kw)
+                    maps = explain(apply_fn, params, x, method=s.method, batch_size=batch_size, **kw_acts, **kw)
                     maps = np.asarray(maps[:m]).astype(dtype)
                 except SaliencyInputError as e:  # say which frames, keep it one line
                     raise SaliencyInputError(f"{s.alias}, frames {i * chunk}:{i * chunk + m}: {e}") from None
@@ -250,7 +277,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 if not first_chunk_s.get(s.alias):
                     first_chunk_s[s.alias] = (m, time.perf_counter() - ts)  # includes compilation
                 results.append((s.alias, maps))
-            writer.put((i, results))
+            writer.put((i, results, outputs))
             computed += m
             if bar is not None:
                 bar.update(m)
@@ -265,7 +292,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     if writer.error is not None:
         raise writer.error
     wall = time.perf_counter() - t0
-    complete = all(not store.missing_chunks(out, s.alias, n_chunks) for s in specs)
+    complete = all(not store.missing_chunks(out, s.alias, n_chunks) for s in specs) and not any(
+        not store.outputs_path(out, i).exists() for i in range(n_chunks))
     summary = {
         "frames": n, "frames_this_process": total, "frames_computed": computed,
         "frames_resumed": done_before, "wall_s": round(wall, 3),
@@ -279,6 +307,75 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     }
     store._atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
     return summary
+
+
+OUTPUTS = store.OUTPUTS
+POLICY_TARGETS = ("policy_logit", "log_prob")
+
+
+def _outputs_fn(apply_fn, target):
+    """Jitted chunk -> {"action": (n,), "q" or "logits": (n, A), ["value": (n,)]}: the action the
+    target explains (the given one for q_action) and the model's output vector."""
+    from jaxsal.batching import cached_jit
+    from jaxsal.gradient.common import as_float
+    from jaxsal.targets import _LOGIT_KEYS, _Q_KEYS, logits_of, q_of, value_of
+
+    tgt = get_target(target)
+    key = target if isinstance(target, str) else ("callable", target)
+
+    def build():
+        def fn(params, x, actions):
+            o = apply_fn(params, as_float(x))
+            res = {}
+            if isinstance(o, dict):
+                if any(k in o for k in _Q_KEYS):
+                    res["q"] = q_of(o)
+                if any(k in o for k in _LOGIT_KEYS):
+                    res["logits"] = logits_of(o)
+                if "value" in o:
+                    res["value"] = value_of(o)
+            elif isinstance(o, (tuple, list)) and len(o) == 2:
+                res["logits" if target in POLICY_TARGETS else "q"] = o[0]
+                res["value"] = value_of(o)
+            elif hasattr(o, "ndim") and o.ndim == 2:
+                res["logits" if target in POLICY_TARGETS else "q"] = o
+            a = tgt.choose(o) if actions is None else actions
+            res["action"] = jax.numpy.asarray(a).astype(jax.numpy.int32)
+            return res
+        return fn
+
+    fn = cached_jit(("job-outputs", apply_fn, key), build)
+    return lambda params, x, actions: fn(params, x, actions)
+
+
+def resolved_options(apply_fn, params, source, specs, target, layout) -> dict:
+    """Per method: every option with its default filled in, the target, the layout, and the layer
+    a CAM method taps when none was given (resolved on the first frame)."""
+    import inspect
+
+    from jaxsal.gradient.layers import resolve_layer
+
+    res = {}
+    first = None
+    for s in specs:
+        fn = get_method(s.method)
+        sig = inspect.signature(fn)
+        opts = {k: p.default for k, p in sig.parameters.items()
+                if p.default is not inspect.Parameter.empty and k not in ("key", "batch_size", "actions")}
+        opts.update(s.options)
+        if "target" not in s.options:
+            opts["target"] = target if isinstance(target, str) else getattr(target, "__name__", "callable")
+        if "layout" not in s.options:
+            opts["layout"] = layout or "NHWC"
+        if "layer" in opts and opts["layer"] is None:
+            try:
+                if first is None:
+                    first = np.asarray(source.read(0, 1)).astype(np.float32)
+                opts["layer"] = resolve_layer(apply_fn, params, first, None)
+            except Exception as e:  # noqa: BLE001 (the job itself reports a bad model clearly)
+                opts["layer"] = f"unresolved ({type(e).__name__})"
+        res[s.alias] = {"method": s.method, "options": _jsonable(opts)}
+    return res
 
 
 def _progress(total: int, initial: int, quiet: bool):

@@ -214,6 +214,21 @@ class ConcatSource:
             i += 1
         return out[0] if len(out) == 1 else np.concatenate(out)
 
+    def actions(self, start: int, stop: int) -> np.ndarray:
+        """Per-state actions of every part (each must have them)."""
+        out = []
+        i = int(np.searchsorted(self._starts, start, side="right")) - 1
+        while start < stop:
+            lo, hi = start - self._starts[i], min(stop, self._starts[i + 1]) - self._starts[i]
+            part = self.parts[i]
+            if not hasattr(part, "actions"):
+                raise SaliencyInputError(f"{getattr(part, 'path', part)} stores no actions (needed for "
+                                         "--target q_action)")
+            out.append(part.actions(int(lo), int(hi)))
+            start = int(self._starts[i] + hi)
+            i += 1
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
     def fingerprint(self) -> str:
         h = hashlib.sha256()
         for p in self.parts:
@@ -225,19 +240,28 @@ class ConcatSource:
 
 
 class DopamineCheckpoint:
-    """One `$store$_observation_ckpt.K.gz` (single 84x84 frames) + its terminal file.
+    """One Dopamine replay checkpoint K: `$store$_observation_ckpt.K.gz` (single 84x84 frames),
+    its terminals and actions, `add_count_ckpt.K.gz` and `invalid_range_ckpt.K.gz`.
 
-    State i stacks frames i-3..i; frames at or before a terminal inside that window belong
-    to the previous episode and are zeros (Dopamine's convention for the first states of an
-    episode), as are frames before the start of the file.
+    The stored arrays are a circular buffer: with add_count >= capacity the oldest frame sits
+    at the write cursor (add_count % capacity). States are served in chronological order,
+    skipping the indices in invalid_range (the stacks that would cross the write cursor, as
+    Dopamine never samples them) and slots never written. State p stacks chronological frames
+    p-3..p; frames at or before a terminal inside that window belong to the previous episode
+    and are zeros (Dopamine's convention), as are frames before the oldest one kept.
+    Without add_count/invalid_range files the arrays are read as written, in index order.
     """
 
     def __init__(self, obs_path: Path, terminal_path: Path):
         self.path = str(obs_path)
         self.terminal_path = str(terminal_path)
-        self.terminal = _load_gz_array(terminal_path).astype(bool).reshape(-1)
+        d, k = Path(obs_path).parent, _DOPAMINE_OBS.match(Path(obs_path).name).group(1)
+        self.action_path = d / f"$store$_action_ckpt.{k}.gz"
+        self.add_count_path = d / f"add_count_ckpt.{k}.gz"
+        self.invalid_path = d / f"invalid_range_ckpt.{k}.gz"
+        terminal = _load_gz_array(terminal_path).astype(bool).reshape(-1)
         self._fh = None
-        self._pos = 0  # next frame index of the open stream
+        self._pos = 0  # next physical frame index of the open stream
         with _gz_open(obs_path) as f:
             shape, dtype, self._offset = _npy_header(f, obs_path, "a gzip'd .npy array")
         if len(shape) != 3 or shape[0] == 0:
@@ -245,74 +269,119 @@ class DopamineCheckpoint:
                                      f"got {tuple(shape)}")
         if dtype != np.uint8:
             raise SaliencyInputError(f"{obs_path}: expected uint8 frames, got dtype {dtype}")
-        if self.terminal.shape[0] != shape[0]:
-            raise SaliencyInputError(f"{terminal_path} has {self.terminal.shape[0]} entries but "
+        if terminal.shape[0] != shape[0]:
+            raise SaliencyInputError(f"{terminal_path} has {terminal.shape[0]} entries but "
                                      f"{obs_path} has {shape[0]} frames")
         self._shape = tuple(shape)
         self._row = int(np.prod(shape[1:]))
-        self._tail = np.zeros((0,) + self._shape[1:], np.uint8)  # frames just before _pos
+        cap = shape[0]
+        if self.add_count_path.exists():
+            add_count = int(np.asarray(_load_gz_array(self.add_count_path)).reshape(-1)[0])
+            if add_count < 0:
+                raise SaliencyInputError(f"{self.add_count_path}: negative add_count {add_count}")
+        else:
+            add_count = cap
+        self.add_count = add_count
+        self.cursor = add_count % cap if add_count >= cap else 0
+        written = min(add_count, cap)
+        # chronological position p -> physical index (cursor + p) % cap, for p < written
+        self._phys = (self.cursor + np.arange(written)) % cap
+        invalid = set()
+        if self.invalid_path.exists():
+            invalid = {int(i) % cap for i in np.asarray(_load_gz_array(self.invalid_path)).reshape(-1)}
+        keep = ~np.isin(self._phys, np.fromiter(invalid, np.int64, len(invalid)))
+        self._keep = np.flatnonzero(keep)  # chronological positions of the states served
+        if len(self._keep) == 0:
+            raise SaliencyInputError(f"{obs_path}: no valid states (add_count {add_count}, invalid_range "
+                                     f"{sorted(invalid)})")
+        self.terminal = terminal[self._phys]  # chronological
+        self._actions = None
+        self._tail_at, self._tail = None, None  # cached physical frames just read
 
     def __len__(self):
-        return self._shape[0]
+        return len(self._keep)
 
     @property
     def shape(self):
-        return (self._shape[0],) + self._shape[1:] + (STACK,)
+        return (len(self),) + self._shape[1:] + (STACK,)
 
-    def _frames(self, start: int, stop: int) -> np.ndarray:
-        """Single frames [start, stop) (start may be < 0: zeros), streamed from the gzip file.
-
-        Sequential chunk reads overlap by 3 frames; those come from a small cache, so the
-        gzip stream is never rewound.
-        """
-        lead = max(0, -start)
-        start = max(0, start)
-        k = len(self._tail)
-        if self._fh is not None and self._pos - k <= start <= self._pos <= stop:
-            have = self._tail[k - (self._pos - start):]
-        else:
-            if self._fh is None or start < self._pos:
-                if self._fh is not None:
-                    self._fh.close()
-                self._fh = _gz_open(Path(self.path))
-                self._pos = 0
-            try:
-                self._fh.seek(self._offset + start * self._row)
-            except (OSError, EOFError) as e:
-                raise SaliencyInputError(f"cannot read {self.path}: corrupt gzip data ({e})") from None
-            self._pos = start
-            have = self._tail[:0]
-        n = stop - self._pos
+    def _physical(self, start: int, stop: int) -> np.ndarray:
+        """Physical frames [start, stop), streamed forward from the gzip file (reopened only to
+        go backwards, i.e. once per wrap-around)."""
+        if self._fh is None or start < self._pos:
+            if self._fh is not None:
+                self._fh.close()
+            self._fh = _gz_open(Path(self.path))
+            self._pos = -1  # before the header
         try:
+            if start != self._pos:
+                self._fh.seek(self._offset + start * self._row)
+            n = stop - start
             data = self._fh.read(n * self._row)
         except (OSError, EOFError) as e:
             raise SaliencyInputError(f"cannot read {self.path}: corrupt gzip data ({e})") from None
         if len(data) != n * self._row:
-            raise SaliencyInputError(f"{self.path}: file is truncated (frames {self._pos}:{stop})")
-        new = np.frombuffer(data, np.uint8).reshape((n,) + self._shape[1:])
-        frames = np.concatenate([have, new]) if len(have) else new
+            raise SaliencyInputError(f"{self.path}: file is truncated (frames {start}:{stop})")
         self._pos = stop
-        self._tail = frames[-(STACK - 1):].copy()
+        return np.frombuffer(data, np.uint8).reshape((n,) + self._shape[1:])
+
+    def _run(self, lo: int, hi: int) -> np.ndarray:
+        """Physical frames [lo, hi); the last STACK-1 frames of the previous read come from a
+        small cache, so sequential chunks (which overlap by STACK-1 frames) never rewind."""
+        t0 = self._tail_at
+        if t0 is not None and t0 <= lo < self._pos <= hi and self._pos - t0 == len(self._tail):
+            got = np.concatenate([self._tail[lo - t0:], self._physical(self._pos, hi)])
+        else:
+            got = self._physical(lo, hi)
+        self._tail_at, self._tail = hi - min(STACK - 1, len(got)), got[-(STACK - 1):].copy()
+        return got
+
+    def _chrono(self, a: int, b: int) -> np.ndarray:
+        """Chronological frames [a, b) (a may be < 0: zeros)."""
+        lead = max(0, -a)
+        a = max(0, a)
+        phys = self._phys[a:b]
+        parts, i = [], 0
+        while i < len(phys):  # contiguous physical runs: at most two (one wrap)
+            j = i + 1
+            while j < len(phys) and phys[j] == phys[j - 1] + 1:
+                j += 1
+            lo, hi = int(phys[i]), int(phys[j - 1]) + 1
+            parts.append(self._run(lo, hi))
+            i = j
+        frames = np.concatenate(parts) if len(parts) != 1 else parts[0]
         if lead:
             frames = np.concatenate([np.zeros((lead,) + self._shape[1:], np.uint8), frames])
         return frames
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        frames = self._frames(start - (STACK - 1), stop)  # (stop - start + 3, H, W)
-        idx = np.arange(start, stop)[:, None] + np.arange(-(STACK - 1), 1)[None, :]  # (n, 4)
-        # a frame j < i is from an earlier episode if a terminal lies in [j, i-1]
+        pos = self._keep[start:stop]  # chronological positions
+        a, b = int(pos[0]) - (STACK - 1), int(pos[-1]) + 1
+        frames = self._chrono(a, b)
+        idx = pos[:, None] + np.arange(-(STACK - 1), 1)[None, :]  # (n, 4) chronological
         term = np.concatenate([np.zeros(STACK - 1, bool), self.terminal])
-        tpos = idx[:, :-1] + (STACK - 1)  # positions in the padded terminal array
-        tw = term[tpos]  # (n, 3): terminal flag of frames i-3, i-2, i-1
-        # cumulative "any terminal at or after j (before i)" from the right
-        stale = np.flip(np.cumsum(np.flip(tw, 1), 1), 1) > 0
+        tw = term[idx[:, :-1] + (STACK - 1)]  # terminal flags of frames p-3, p-2, p-1
+        stale = np.flip(np.cumsum(np.flip(tw, 1), 1), 1) > 0  # a terminal at or after j, before p
         keep = np.concatenate([~stale, np.ones((len(idx), 1), bool)], 1) & (idx >= 0)
-        local = idx - (start - (STACK - 1))
-        out = frames[local] * keep[:, :, None, None]
+        out = frames[idx - a] * keep[:, :, None, None]
         return np.ascontiguousarray(np.moveaxis(out, 1, -1)).astype(np.uint8)
 
+    def actions(self, start: int, stop: int) -> np.ndarray:
+        """The actions taken in states [start, stop) (from `$store$_action_ckpt.K.gz`)."""
+        if self._actions is None:
+            if not self.action_path.exists():
+                raise SaliencyInputError(f"missing Dopamine file {self.action_path}: the buffer's actions "
+                                         "are needed for --target q_action")
+            a = _load_gz_array(self.action_path).reshape(-1)
+            if a.shape[0] != self._shape[0]:
+                raise SaliencyInputError(f"{self.action_path} has {a.shape[0]} entries but {self.path} has "
+                                         f"{self._shape[0]} frames")
+            self._actions = a[self._phys][self._keep].astype(np.int32)
+        return self._actions[start:stop]
+
     def fingerprint(self) -> str:
-        return _fingerprint_files([self.path, self.terminal_path])
+        return _fingerprint_files([p for p in (self.path, self.terminal_path, self.add_count_path,
+                                               self.invalid_path) if Path(p).exists()])
 
 
 def _gz_open(path: Path):

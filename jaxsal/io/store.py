@@ -18,6 +18,7 @@ import numpy as np
 from jaxsal.errors import SaliencyInputError
 
 MANIFEST = "manifest.json"
+OUTPUTS = "_outputs"  # per chunk: explained action and model outputs
 FORMAT = 1
 
 
@@ -51,6 +52,49 @@ def write_chunk(out: Path, method: str, index: int, maps: np.ndarray):
     path = chunk_path(out, method, index)
     path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write(path, lambda f: np.save(f, np.ascontiguousarray(maps), allow_pickle=False))
+
+
+def outputs_path(out: Path, index: int) -> Path:
+    return Path(out) / OUTPUTS / f"chunk_{index:07d}.npz"
+
+
+def write_outputs(out: Path, index: int, outputs: dict):
+    """One chunk's explained actions and model outputs, atomically (an .npz, no pickle)."""
+    path = outputs_path(out, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, lambda f: np.savez(f, **{k: np.ascontiguousarray(v) for k, v in outputs.items()}))
+
+
+def load_outputs(out, allow_incomplete: bool = False) -> dict:
+    """Per frame, what was explained: {"frame": (N,), "action": (N,), "q": (N, A) for Q-networks
+    or "logits": (N, A) for policies, "value": (N,) when the model has one}. With
+    allow_incomplete, the frames of the chunks finished so far (in order)."""
+    cfg = read_manifest(out)["config"]
+    n, chunk = int(cfg["n"]), int(cfg["chunk"])
+    n_chunks = -(-n // chunk)
+    done = [i for i in range(n_chunks) if outputs_path(out, i).exists()]
+    if len(done) < n_chunks and not allow_incomplete:
+        raise SaliencyInputError(
+            f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks missing); rerun the same "
+            "`jaxsal explain` command, or pass allow_incomplete=True for the finished chunks")
+    parts: dict[str, list] = {"frame": []}
+    for i in done:
+        with np.load(outputs_path(out, i), allow_pickle=False) as z:
+            for k in z.files:
+                parts.setdefault(k, []).append(z[k])
+        parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
+    return {k: (np.concatenate(v) if v else np.zeros((0,), np.int64)) for k, v in parts.items()}
+
+
+def finished_frames(out, methods) -> np.ndarray:
+    """Boolean (N,): frames whose chunk is finished for every method in `methods`."""
+    cfg = read_manifest(out)["config"]
+    n, chunk = int(cfg["n"]), int(cfg["chunk"])
+    ok = np.zeros(n, bool)
+    for i in range(-(-n // chunk)):
+        if all(chunk_path(out, m, i).exists() for m in methods):
+            ok[i * chunk:(i + 1) * chunk] = True
+    return ok
 
 
 def open_job(out, config: dict, meta: dict) -> dict:
@@ -143,7 +187,7 @@ class MapArray:
     reads only the chunks it needs. `np.asarray(maps)` loads everything.
     """
 
-    def __init__(self, out, method: str):
+    def __init__(self, out, method: str, allow_incomplete: bool = False):
         manifest = read_manifest(out)
         cfg = manifest["config"]
         if method not in cfg["methods"]:
@@ -154,21 +198,29 @@ class MapArray:
         n = int(cfg["n"])
         self.n_chunks = -(-n // self.chunk)
         missing = missing_chunks(out, method, self.n_chunks)
-        if missing:
+        if missing and (not allow_incomplete or len(missing) == self.n_chunks):
             raise SaliencyInputError(
                 f"{out}: job is incomplete ({len(missing)} of {self.n_chunks} chunks of {method!r} "
-                "missing); rerun the same `jaxsal explain` command to finish it")
-        first = np.load(chunk_path(out, method, 0), mmap_mode="r")
+                "missing); rerun the same `jaxsal explain` command to finish it"
+                + ("" if allow_incomplete else ", or pass allow_incomplete=True (missing frames are NaN)"))
+        self.missing = set(missing)
+        first_i = min(set(range(self.n_chunks)) - self.missing)
+        first = np.load(chunk_path(out, method, first_i), mmap_mode="r")
         self.shape = (n,) + first.shape[1:]
         self.dtype = first.dtype
         self.ndim = len(self.shape)
         self.meta = manifest
-        self._cache: dict[int, np.ndarray] = {0: first}
+        self._cache: dict[int, np.ndarray] = {first_i: first}
+        if self.missing and not np.issubdtype(self.dtype, np.floating):
+            self.dtype = np.dtype(np.float32)
 
     def __len__(self):
         return self.shape[0]
 
     def _chunk(self, i: int) -> np.ndarray:
+        if i in self.missing:
+            rows = min(self.chunk, self.shape[0] - i * self.chunk)
+            return np.full((rows,) + self.shape[1:], np.nan, self.dtype)
         if i not in self._cache:
             self._cache[i] = np.load(chunk_path(self.out, self.method, i), mmap_mode="r")
         return self._cache[i]
@@ -210,9 +262,12 @@ class MapArray:
         return f"MapArray(method={self.method!r}, shape={self.shape}, dtype={self.dtype}, dir='{self.out}')"
 
 
-def load_maps(out, method: str) -> MapArray:
-    """The maps of `method` in a `jaxsal explain` output directory, as an array-like (N, H, W)."""
-    return MapArray(out, method)
+def load_maps(out, method: str, allow_incomplete: bool = False) -> MapArray:
+    """The maps of `method` in a `jaxsal explain` output directory, as an array-like (N, H, W).
+
+    With allow_incomplete, a job still running (or stopped) gives its finished chunks; the
+    frames of missing chunks read as NaN (`jaxsal.io.store.finished_frames` says which)."""
+    return MapArray(out, method, allow_incomplete)
 
 
 def stamp() -> str:

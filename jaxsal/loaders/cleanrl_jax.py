@@ -1,0 +1,95 @@
+"""CleanRL's JAX Atari agents from their `.cleanrl_model` files (flax msgpack, no pickle).
+
+`dqn_atari_jax.py` saves `flax.serialization.to_bytes(q_state.params)`; the PPO envpool JAX
+agents save `to_bytes([vars(args), [network_params, actor_params, critic_params]])`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import flax.serialization
+import jax.numpy as jnp
+
+from jaxsal.agent_spec import DeclaredFn, LoadedAgent
+from jaxsal.loaders.nets import CleanRLActor, CleanRLCritic, CleanRLNetwork, CleanRLQNetwork
+from jaxsal.loaders.errors import LoaderError, read_bytes
+
+
+def _restore(path) -> dict:
+    data = read_bytes(path)
+    try:
+        tree = flax.serialization.msgpack_restore(data)
+    except Exception as e:  # msgpack raises several types on garbage
+        raise LoaderError(f"{path}: not a flax msgpack file ({type(e).__name__})") from None
+    if not isinstance(tree, dict):
+        raise LoaderError(f"{path}: expected a flax parameter tree, got {type(tree).__name__}")
+    return tree
+
+
+def _as_jnp(tree):
+    import jax
+    return jax.tree.map(jnp.asarray, tree)
+
+
+def _dense_out(p, name: str, path) -> int:
+    try:
+        return int(p[name]["kernel"].shape[-1])
+    except (KeyError, TypeError, AttributeError):
+        raise LoaderError(f"{path}: no {name} kernel where CleanRL's network has one; is this a "
+                          "dqn_atari_jax / ppo_atari_envpool_xla_jax model?") from None
+
+
+def is_ppo_tree(tree: dict) -> bool:
+    return set(tree) == {"0", "1"} and isinstance(tree["1"], dict) and set(tree["1"]) == {"0", "1", "2"}
+
+
+def cleanrl_dqn(path, name: str | None = None) -> LoadedAgent:
+    """CleanRL `dqn_atari_jax.py` agent: Q-values (N, A) from (N, 4, 84, 84) uint8 frames."""
+    tree = _restore(path)
+    if "params" not in tree:
+        raise LoaderError(f"{path}: no 'params' entry; CleanRL's dqn_atari_jax saves "
+                          "to_bytes(q_state.params) = {{'params': ...}}")
+    params = _as_jnp(tree)
+    n = _dense_out(params["params"], "Dense_1", path)
+    model = CleanRLQNetwork(action_dim=n)
+    _check_apply(model.apply, params, path)
+    return LoadedAgent(name=name or Path(path).stem, apply_fn=DeclaredFn(model.apply, "NCHW", "uint8"),
+                       params=params, layout="NCHW", num_actions=n, pixels="uint8",
+                       card={"source": "cleanrl dqn_atari_jax", "file": str(path), "num_actions": n})
+
+
+def cleanrl_ppo(path, name: str | None = None) -> LoadedAgent:
+    """CleanRL PPO envpool JAX agent: {"logits": (N, A), "value": (N,)} from (N, 4, 84, 84)."""
+    tree = _restore(path)
+    if not is_ppo_tree(tree):
+        raise LoaderError(f"{path}: expected CleanRL's PPO save [vars(args), [network, actor, critic]]")
+    net, actor, critic = (_as_jnp(tree["1"][k]) for k in ("0", "1", "2"))
+    n = _dense_out(actor.get("params", {}), "Dense_0", path)
+    network, act, crit = CleanRLNetwork(), CleanRLActor(action_dim=n), CleanRLCritic()
+
+    def apply_fn(params, x):
+        hidden = network.apply(params["network"], x)
+        return {"logits": act.apply(params["actor"], hidden), "value": crit.apply(params["critic"], hidden)[:, 0]}
+
+    params = {"network": net, "actor": actor, "critic": critic}
+    _check_apply(apply_fn, params, path)
+    args = tree["0"] if isinstance(tree["0"], dict) else {}
+    return LoadedAgent(name=name or Path(path).stem, apply_fn=DeclaredFn(apply_fn, "NCHW", "uint8"),
+                       params=params, layout="NCHW", num_actions=n, pixels="uint8",
+                       card={"source": "cleanrl ppo_atari_envpool_xla_jax", "file": str(path), "num_actions": n,
+                             "env_id": args.get("env_id")})
+
+
+def cleanrl_model(path, name: str | None = None) -> LoadedAgent:
+    """Either CleanRL JAX Atari save, told apart by its structure."""
+    return cleanrl_ppo(path, name) if is_ppo_tree(_restore(path)) else cleanrl_dqn(path, name)
+
+
+def _check_apply(apply_fn, params, path):
+    import jax
+
+    try:
+        jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct((1, 4, 84, 84), jnp.float32))
+    except Exception as e:
+        raise LoaderError(f"{path}: parameters do not fit CleanRL's Nature CNN on (4, 84, 84) frames "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None

@@ -1,0 +1,60 @@
+"""Flax parameters saved with `flax.serialization.to_bytes` (PureJaxRL-style training scripts):
+the module you trained plus its msgpack file give an agent. No pickle: the file's tree must
+match `module.init`'s, leaf by leaf, or loading fails with the first mismatch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+
+from jaxsal.agent_spec import DeclaredFn, LoadedAgent
+from jaxsal.loaders.errors import LoaderError, read_bytes
+
+
+def plain_outputs(out):
+    """A PureJaxRL ActorCritic returns (distrax.Categorical, value): give jaxsal the logits."""
+    if isinstance(out, tuple) and len(out) == 2 and hasattr(out[0], "logits"):
+        return {"logits": out[0].logits, "value": out[1]}
+    if hasattr(out, "logits") and not isinstance(out, (dict, jax.Array)):
+        return {"logits": out.logits}
+    return out
+
+
+def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | None = None,
+                 name: str | None = None, seed: int = 0) -> LoadedAgent:
+    """`module` (a flax.linen.Module) with the parameters in `path` (to_bytes of its params,
+    with or without the outer {"params": ...}); `obs_shape` is one observation in `layout`."""
+    template = module.init(jax.random.PRNGKey(seed), jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
+    data = read_bytes(path)
+    try:
+        raw = flax.serialization.msgpack_restore(data)
+    except Exception as e:
+        raise LoaderError(f"{path}: not a flax msgpack file ({type(e).__name__})") from None
+    if isinstance(raw, dict) and "params" not in raw and "params" in template:
+        raw = {**{k: v for k, v in template.items() if k != "params"}, "params": raw}
+    try:
+        params = flax.serialization.from_state_dict(template, raw)
+    except (ValueError, KeyError, TypeError) as e:
+        raise LoaderError(f"{path}: parameters do not match {type(module).__name__}: "
+                          f"{str(e).splitlines()[0]}") from None
+    bad = [(jax.tree_util.keystr(k), a.shape, b.shape) for (k, a), b in
+           zip(jax.tree_util.tree_leaves_with_path(template), jax.tree.leaves(params))
+           if tuple(a.shape) != tuple(jnp.shape(b))]
+    if bad:
+        k, want, got = bad[0]
+        raise LoaderError(f"{path}: parameter {k} has shape {tuple(got)}, {type(module).__name__} "
+                          f"wants {tuple(want)}")
+    params = jax.tree.map(jnp.asarray, params)
+
+    def apply_fn(p, x):
+        return plain_outputs(module.apply(p, x))
+
+    out = jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct((1,) + tuple(obs_shape), jnp.float32))
+    leaf = out.get("logits", out.get("q")) if isinstance(out, dict) else out
+    n = int(leaf.shape[-1]) if hasattr(leaf, "shape") and len(leaf.shape) == 2 else None
+    return LoadedAgent(name=name or Path(path).stem, apply_fn=DeclaredFn(apply_fn, layout, pixels), params=params,
+                       layout=layout, num_actions=n, pixels=pixels,
+                       card={"source": f"flax msgpack + {type(module).__name__}", "file": str(path),
+                             "num_actions": n, "obs_shape": list(obs_shape)})

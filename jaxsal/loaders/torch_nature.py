@@ -1,0 +1,101 @@
+"""Nature-CNN torch `state_dict`s of CleanRL and Stable-Baselines3 Atari agents, as Flax agents.
+
+Read with `torch.load(..., weights_only=True)` only (tensors and plain containers, never
+arbitrary objects); torch is an optional extra (`pip install 'jaxsal[torch]'`). Recognised
+key sets: CleanRL `dqn_atari.py` (network.0..9), CleanRL PPO Atari (network.*, actor, critic),
+SB3 DQN (q_net.features_extractor.*, q_net.q_net.0), SB3 PPO/A2C (features_extractor.*,
+action_net, value_net); an SB3 `.zip` is opened for its `policy.pth`.
+"""
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsal.agent_spec import DeclaredFn, LoadedAgent
+from jaxsal.loaders.errors import LoaderError, read_bytes
+from jaxsal.loaders.nets import TorchNatureCNN
+
+# (conv1, conv2, conv3, fc1) prefixes, then the head: ("q", prefix) or ("ac", actor, critic)
+FORMATS = {
+    "cleanrl dqn_atari": (("network.0", "network.2", "network.4", "network.7"), ("q", "network.9")),
+    "cleanrl ppo_atari": (("network.0", "network.2", "network.4", "network.7"), ("ac", "actor", "critic")),
+    "sb3 dqn": (tuple(f"q_net.features_extractor.{k}" for k in ("cnn.0", "cnn.2", "cnn.4", "linear.0")),
+                ("q", "q_net.q_net.0")),
+    "sb3 actor-critic": (tuple(f"features_extractor.{k}" for k in ("cnn.0", "cnn.2", "cnn.4", "linear.0")),
+                         ("ac", "action_net", "value_net")),
+}
+
+
+def load_state_dict(path) -> dict:
+    """{name: float32 numpy array} from a torch state_dict file or an SB3 model .zip."""
+    try:
+        import torch
+    except ImportError:
+        raise LoaderError(f"{path} is a torch checkpoint: install torch (pip install 'jaxsal[torch]') "
+                          "to convert it") from None
+    data = read_bytes(path)
+    if zipfile.is_zipfile(io.BytesIO(data)):
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            if "policy.pth" in z.namelist():  # Stable-Baselines3 model archive
+                data = z.read("policy.pth")
+    try:
+        sd = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refuses anything but tensors and plain containers
+        raise LoaderError(f"{path}: not a torch state_dict readable with weights_only=True "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(sd, dict) or not all(hasattr(v, "detach") for v in sd.values()):
+        raise LoaderError(f"{path}: expected a state_dict (name -> tensor); save model.state_dict()")
+    return {k: v.detach().float().cpu().numpy() for k, v in sd.items()}
+
+
+def detect(sd: dict) -> str:
+    for name, (trunk, head) in FORMATS.items():
+        keys = [f"{p}.weight" for p in trunk + head[1:]]
+        if all(k in sd for k in keys):
+            return name
+    raise LoaderError("state_dict keys match no known Nature-CNN agent (CleanRL dqn_atari / ppo_atari, "
+                      f"SB3 DQN / PPO / A2C); first keys: {', '.join(list(sd)[:6])}")
+
+
+def _conv(sd, p):
+    return {"kernel": jnp.asarray(np.transpose(sd[f"{p}.weight"], (2, 3, 1, 0))), "bias": jnp.asarray(sd[f"{p}.bias"])}
+
+
+def _dense(sd, p):
+    return {"kernel": jnp.asarray(sd[f"{p}.weight"].T), "bias": jnp.asarray(sd[f"{p}.bias"])}
+
+
+def convert(sd: dict, fmt: str | None = None) -> tuple[TorchNatureCNN, dict, str]:
+    """(flax module, flax params, format name) for a Nature-CNN state_dict."""
+    fmt = fmt or detect(sd)
+    (c1, c2, c3, fc), head = FORMATS[fmt]
+    try:
+        p = {"conv1": _conv(sd, c1), "conv2": _conv(sd, c2), "conv3": _conv(sd, c3), "fc1": _dense(sd, fc)}
+        if head[0] == "q":
+            p["q"] = _dense(sd, head[1])
+            n = int(p["q"]["kernel"].shape[1])
+            module = TorchNatureCNN(n, "q")
+        else:
+            p["logits"], p["value"] = _dense(sd, head[1]), _dense(sd, head[2])
+            n = int(p["logits"]["kernel"].shape[1])
+            module = TorchNatureCNN(n, "actor_critic")
+    except KeyError as e:
+        raise LoaderError(f"state_dict of format {fmt!r} lacks {e.args[0]}") from None
+    if p["conv1"]["kernel"].shape[:2] != (8, 8) or p["fc1"]["kernel"].shape[0] != 3136:
+        raise LoaderError(f"state_dict {fmt!r} is not a Nature CNN on 84x84 frames (conv1 "
+                          f"{p['conv1']['kernel'].shape}, fc1 {p['fc1']['kernel'].shape})")
+    return module, {"params": p}, fmt
+
+
+def torch_nature(path, name: str | None = None, fmt: str | None = None) -> LoadedAgent:
+    """A CleanRL or SB3 Nature-CNN torch checkpoint as a Flax agent on (N, C, 84, 84) uint8 frames."""
+    module, params, fmt = convert(load_state_dict(path), fmt)
+    c = int(params["params"]["conv1"]["kernel"].shape[2])
+    return LoadedAgent(name=name or Path(path).stem, apply_fn=DeclaredFn(module.apply, "NCHW", "uint8"),
+                       params=params, layout="NCHW", num_actions=module.num_actions, pixels="uint8",
+                       card={"source": f"torch state_dict ({fmt})", "file": str(path),
+                             "num_actions": module.num_actions, "obs_shape": [c, 84, 84]})
