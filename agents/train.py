@@ -19,6 +19,8 @@ import dataclasses
 import functools
 import json
 import sys
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -174,6 +176,29 @@ def warm_start(cfg: PQNConfig, state: dict, log) -> dict:
     return state
 
 
+class StopRequest:
+    """SIGTERM/SIGINT ask the loop to stop after the current update, with a checkpoint, so a
+    killed session loses nothing (handlers only in the main thread; restored on exit)."""
+
+    def __init__(self):
+        self.requested, self._old = False, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
 def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> dict:
     """Train (or resume) a PQN agent. Optional hooks, all None by default: `callback(step=,
     update=, params=, apply_fn=, returns=)` after every update (e.g. saliency snapshots);
@@ -210,51 +235,54 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
     t0, recent = time.time(), []
     # wall seconds per phase, from the end of this process's first update (which compiles)
     clock, t_steady, steady_step, first_upd = {"act": 0.0, "env": 0.0, "update": 0.0}, t0, step, upd
-    while upd < n_updates:
-        buf = {k: [] for k in ("obs", "actions", "rewards", "dones", "q_max", "greedy")}
-        for _ in range(cfg.rollout):
+    with StopRequest() as stop:
+        while upd < n_updates:
+            buf = {k: [] for k in ("obs", "actions", "rewards", "dones", "q_max", "greedy")}
+            for _ in range(cfg.rollout):
+                key, sub = jax.random.split(key)
+                tick = time.perf_counter()
+                actions, q_max, greedy = act(params, obs, sub, epsilon_at(cfg, step))
+                actions = np.asarray(actions)
+                tock = time.perf_counter()
+                next_obs, reward, done, finished = env.step(actions)
+                clock["act"] += tock - tick
+                clock["env"] += time.perf_counter() - tock
+                for k, v in zip(buf, (obs, actions, reward, done, q_max, greedy)):
+                    buf[k].append(v)
+                for ret in finished:
+                    writer.writerow([step, ret, round(time.time() - t0, 1)])
+                    recent.append(ret)
+                obs, step = next_obs, step + cfg.num_envs
             key, sub = jax.random.split(key)
             tick = time.perf_counter()
-            actions, q_max, greedy = act(params, obs, sub, epsilon_at(cfg, step))
-            actions = np.asarray(actions)
-            tock = time.perf_counter()
-            next_obs, reward, done, finished = env.step(actions)
-            clock["act"] += tock - tick
-            clock["env"] += time.perf_counter() - tock
-            for k, v in zip(buf, (obs, actions, reward, done, q_max, greedy)):
-                buf[k].append(v)
-            for ret in finished:
-                writer.writerow([step, ret, round(time.time() - t0, 1)])
-                recent.append(ret)
-            obs, step = next_obs, step + cfg.num_envs
-        key, sub = jax.random.split(key)
-        tick = time.perf_counter()
-        params, opt_state, loss = update(params, target, opt_state, sub,
-                                         *(jnp.asarray(np.stack(buf[k])) for k in buf), obs)
-        loss.block_until_ready()
-        clock["update"] += time.perf_counter() - tick
-        upd += 1
-        if upd == first_upd + 1:
-            clock, t_steady, steady_step = dict.fromkeys(clock, 0.0), time.time(), step
-        if target is not None and upd % cfg.target_every == 0:
-            target = params
-        if callback is not None:
-            callback(step=step, update=upd, params=params, apply_fn=model.apply, returns=recent)
-        out_of_time = cfg.time_limit > 0 and time.time() - t0 > cfg.time_limit
-        if upd % cfg.ckpt_every == 0 or upd == n_updates or out_of_time:
-            csv_file.flush()
-            saved = {"params": params, "opt_state": opt_state, "key": key, "step": step, "update": upd}
-            if target is not None:
-                saved["target"] = target
-            save_train_state(run_dir / "ckpt", saved)
-            mean_ret = float(np.mean(recent[-20:])) if recent else float("nan")
-            wall = max(1e-9, time.time() - t_steady)
-            log(f"{cfg.game} update {upd}/{n_updates} step {step} eps {epsilon_at(cfg, step):.3f} "
-                f"loss {float(loss):.4f} return(last20) {mean_ret:.2f} "
-                f"{(step - steady_step) / wall:.0f} steps/s (act {clock['act'] / wall:.0%}, "
-                f"env {clock['env'] / wall:.0%}, update {clock['update'] / wall:.0%})")
-            if out_of_time:
-                break
+            params, opt_state, loss = update(params, target, opt_state, sub,
+                                             *(jnp.asarray(np.stack(buf[k])) for k in buf), obs)
+            loss.block_until_ready()
+            clock["update"] += time.perf_counter() - tick
+            upd += 1
+            if upd == first_upd + 1:
+                clock, t_steady, steady_step = dict.fromkeys(clock, 0.0), time.time(), step
+            if target is not None and upd % cfg.target_every == 0:
+                target = params
+            if callback is not None:
+                callback(step=step, update=upd, params=params, apply_fn=model.apply, returns=recent)
+            out_of_time = cfg.time_limit > 0 and time.time() - t0 > cfg.time_limit
+            if upd % cfg.ckpt_every == 0 or upd == n_updates or out_of_time or stop.requested:
+                csv_file.flush()
+                saved = {"params": params, "opt_state": opt_state, "key": key, "step": step, "update": upd}
+                if target is not None:
+                    saved["target"] = target
+                save_train_state(run_dir / "ckpt", saved)
+                mean_ret = float(np.mean(recent[-20:])) if recent else float("nan")
+                wall = max(1e-9, time.time() - t_steady)
+                log(f"{cfg.game} update {upd}/{n_updates} step {step} eps {epsilon_at(cfg, step):.3f} "
+                    f"loss {float(loss):.4f} return(last20) {mean_ret:.2f} "
+                    f"{(step - steady_step) / wall:.0f} steps/s (act {clock['act'] / wall:.0%}, "
+                    f"env {clock['env'] / wall:.0%}, update {clock['update'] / wall:.0%})")
+                if out_of_time or stop.requested:
+                    log(f"stopped at update {upd} (step {step}) with a checkpoint "
+                        f"({'time limit' if out_of_time else 'signal'}); rerun the same command to resume")
+                    break
     csv_file.close()
     steady = max(1e-9, time.time() - t_steady)
     return {"params": params, "model": model, "step": step, "returns": recent,

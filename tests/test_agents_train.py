@@ -112,3 +112,34 @@ def test_warm_start_from_exported_params(tmp_path):
     seed = load(str(tmp_path / "seed.json")).params
     moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), out["params"], seed)
     assert 0 < max(jax.tree.leaves(moved)) < 1.0  # trained on from the seed, not from a fresh init
+
+
+def test_sigterm_stops_after_the_update_with_a_checkpoint(tmp_path):
+    """A killed session loses nothing: SIGTERM ends the run after its update, checkpointed."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        from agents.train import PQNConfig, train
+        cfg = PQNConfig(game="minatar-breakout", steps=10**7, num_envs=8, rollout=4, minibatches=1,
+                        epochs=1, ckpt_every=10**6, run_dir={str(tmp_path / 'run')!r})
+        train(cfg, log=lambda m: print(m, flush=True),
+              callback=lambda update, **kw: print(f"update {{update}}", flush=True))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("update 3"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, _ = proc.communicate(timeout=120)
+    lines += out.splitlines(keepends=True)
+    assert proc.returncode == 0, "".join(lines)[-2000:]
+    stopped = [l for l in lines if l.startswith("stopped at update")]
+    assert stopped and "(signal)" in stopped[0], "".join(lines)[-2000:]
+    n = int(stopped[0].split()[3])
+    assert n >= 3 and (tmp_path / "run" / "ckpt" / f"{n:09d}").is_dir()
