@@ -235,9 +235,10 @@ def split_attention_streams(apply_fn, params, obs) -> dict:
     from jaxsal.frame_stats import frame_shares
 
     out = apply_fn(params, obs)
-    greedy = jnp.argmax(out["q"], -1)
-    targets = {"q": "q_chosen", "value": lambda o: o["value"],
-               "advantage": lambda o: jnp.take_along_axis(o["advantage"], greedy[:, None], -1)[:, 0]}
+
+    def advantage_of_greedy(o):   # from the output itself: jaxsal also calls targets on sub-batches
+        return jnp.take_along_axis(o["advantage"], jnp.argmax(o["q"], -1)[:, None], -1)[:, 0]
+    targets = {"q": "q_chosen", "value": lambda o: o["value"], "advantage": advantage_of_greedy}
     res = {}
     for name, tg in targets.items():
         g = np.asarray(jaxsal.explain(apply_fn, params, obs, method="guided_backprop", per_frame=True, target=tg))
