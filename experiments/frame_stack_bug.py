@@ -1,6 +1,18 @@
 """Paper A's frame-stacking bug, measured: do saliency maps flag a broken frame stack before
 the return curve does?
 
+The pre-registered study (experiments/frame_stack_bug_preregistration.md; every number from
+experiments.frame_stack_plan, runner and analysis in experiments.frame_stack_study):
+
+    python -m experiments.frame_stack_bug --study minatar      # MinAtar, seeds 100-107, 96k steps
+    python -m experiments.frame_stack_bug --study atari        # Breakout DDDQN, seeds 100-104 (GPU)
+    python -m experiments.frame_stack_bug --study atari --shard 1/4 --no-analysis   # parallel workers
+    python -m experiments.frame_stack_bug --study atari --analyse-only
+
+With --study, only --out, --runs-dir, --shard, --no-analysis, --analyse-only, --time-limit and
+--env-threads apply; the flags below belong to the EARLIER, exploratory experiment (seeds 0-5,
+statistic chosen on seeds 0-2), kept to reproduce its results:
+
     python -m experiments.frame_stack_bug                  # small: MinAtar, 6 seeds, ~30 min on 2 CPUs
     python -m experiments.frame_stack_bug --steps 96000 --every 4   # the 4x budget (results/.../gpu_96k)
     python -m experiments.frame_stack_bug --large          # >= 6 seeds, 10x the steps (GPU or patience)
@@ -82,6 +94,15 @@ def make_parser():
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--runs-dir", default=None, help="where run folders go (default OUT/runs)")
     p.add_argument("--fresh", action="store_true", help="retrain runs that already finished")
+    g = p.add_argument_group("the pre-registered study (experiments.frame_stack_plan)")
+    g.add_argument("--study", choices=("minatar", "atari"), default=None,
+                   help="run/analyse the pre-registered study; every other number comes from the plan")
+    g.add_argument("--shard", default=None, help="i/n: train every n-th registered run from i (parallel workers)")
+    g.add_argument("--no-analysis", action="store_true", help="train only (a shard); analyse later")
+    g.add_argument("--analyse-only", action="store_true", help="analyse the runs on disk, train nothing")
+    g.add_argument("--time-limit", type=float, default=0.0,
+                   help="seconds per run before it stops after a checkpoint (resumable); 0: none")
+    g.add_argument("--env-threads", type=int, default=0, help="EnvPool threads per run (Atari); 0: default")
     return p
 
 
@@ -243,6 +264,14 @@ def figure(results, bugs, seeds, steps, runs_dir, path, state=0, cols=5):
 
 def main(argv=None, log=lambda m: print(m, flush=True)):
     args = make_parser().parse_args(argv)
+    if args.study:
+        from experiments import frame_stack_plan, frame_stack_study
+        out = Path(args.out)
+        summary = frame_stack_study.run_study(
+            frame_stack_plan.STUDIES[args.study], out, args.runs_dir, shard=args.shard,
+            train=not args.analyse_only, analysis=not args.no_analysis, time_limit=args.time_limit,
+            env_threads=args.env_threads, log=log)
+        return summary if summary is not None else {"analysed": False}
     from agents.framestack import check_bug
     if args.large:
         args.seeds, args.steps = max(args.seeds, 5), args.steps * 10

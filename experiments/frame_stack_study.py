@@ -1,0 +1,307 @@
+"""The pre-registered frame-stack-bug study (experiments/frame_stack_bug_preregistration.md).
+
+    python -m experiments.frame_stack_bug --study minatar          # 40 runs, MinAtar Breakout
+    python -m experiments.frame_stack_bug --study atari            # 15 runs, Breakout DDDQN (GPU)
+    python -m experiments.frame_stack_bug --study atari --shard 0/4 --no-analysis   # 4 in parallel
+    python -m experiments.frame_stack_bug --study atari --analyse-only
+
+Every number (variants, seeds, budget, snapshot and checkpoint schedules, the statistic's and
+the rule's parameters) comes from experiments.frame_stack_plan; nothing here can change them.
+Each run trains PQN (agents.train) on its own (possibly buggy) stack with SaliencySnapshots
+(Grad-CAM, G1Grad-CAM, G2Grad-CAM, Guided Backprop, gradient + per-frame shares) and is
+resumable: an interrupted run continues from its orbax checkpoint and its snapshot rows
+(`--time-limit` stops a run cleanly after a checkpoint), a finished one is skipped
+(RUNS/<variant>_s<seed>/done.json). The analysis (experiments.detection_rule) applies the rule
+to the map statistic and to the returns at the registered checkpoints and writes
+<study>_summary.json (keys `bugs`, `seeds`, `steps`, `final_returns`, ...), <study>_stats.csv
+(every snapshot of every run) and <study>_frame_stack_bug.png (return curves, the statistic,
+and G1Grad-CAM / Grad-CAM / Guided Backprop / gradient snapshots side by side).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from experiments import detection_rule
+from experiments import frame_stack_plan as plan
+
+FIGURE_METHODS = ("g1gradcam", "gradcam", "guided_backprop", "gradient")
+CKPT_EVERY = 32     # updates between orbax checkpoints (resumption only; not part of the analysis)
+
+
+def run_name(variant: str, seed: int) -> str:
+    return f"{variant}_s{seed}"
+
+
+def all_runs(study: plan.Study) -> list[tuple[str, int]]:
+    """Seed-major (a cut-short study still has every variant of its first seeds)."""
+    return [(v, s) for s in study.seeds for v in study.variants]
+
+
+def shard_runs(runs, shard: str | None):
+    """`shard` "i/n": every n-th run starting at i (for n parallel processes)."""
+    if not shard:
+        return runs
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise SystemExit(f"--shard must be i/n, got {shard!r}") from None
+    if not 0 <= i < n:
+        raise SystemExit(f"--shard {shard}: need 0 <= i < n")
+    return runs[i::n]
+
+
+def default_env_fn(study: plan.Study, bug):
+    from agents.framestack import make_stacked_env
+
+    def env_fn(game, num_envs, train=True, seed=0):
+        return make_stacked_env(game, num_envs, train=train, seed=seed, num_frames=study.frames,
+                                bug=bug, drop_trail=study.drop_trail)
+    return env_fn
+
+
+_MODELS: dict = {}
+
+
+def build_model(study: plan.Study, env):
+    """The study's network; one instance per (arch, shape), so compiled saliency maps are reused."""
+    key = (study.arch, study.game, env.num_actions, env.obs_shape)
+    if key not in _MODELS:
+        if study.arch == "minatar":
+            from agents.networks import MinAtarDQN
+            _MODELS[key] = MinAtarDQN(env.num_actions, env.obs_shape[-1])
+        else:
+            from agents.zoo import build_model as zoo_model
+            _MODELS[key] = zoo_model(study.game, study.arch, env.num_actions, layer_norm=True)
+    return _MODELS[key]
+
+
+def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=default_env_fn,
+              time_limit: float = 0.0, env_threads: int = 0, log=print) -> dict:
+    """Train (or resume, or skip if done) one registered run; returns its done record
+    {"rows", "steps", "wall_s"} or, if stopped by `time_limit`, {"rows", "steps", "done": False}."""
+    from agents.snapshots import SaliencySnapshots, probe_states
+    from agents.train import PQNConfig, train
+
+    bug = None if variant == "correct" else variant
+    run_dir = Path(runs_dir) / run_name(variant, seed)
+    done_file = run_dir / "done.json"
+    if done_file.exists():
+        return json.loads(done_file.read_text())
+    env_fn = make_env(study, bug)
+    probe = probe_states(env_fn(study.game, 8, train=False, seed=plan.PROBE_ENV_SEED), plan.N_PROBES,
+                         steps=plan.PROBE_STEPS, seed=plan.PROBE_POLICY_SEED)
+    model = build_model(study, env_fn(study.game, 1, train=False, seed=0))
+    cfg = PQNConfig(game=study.game, arch="dqn" if study.arch == "minatar" else study.arch, steps=study.steps,
+                    num_envs=study.num_envs, rollout=study.rollout, lr=study.lr, epochs=study.epochs,
+                    minibatches=study.minibatches, target_every=study.target_every, seed=seed,
+                    run_dir=str(run_dir), ckpt_every=CKPT_EVERY, time_limit=time_limit, env_threads=env_threads)
+    snaps = SaliencySnapshots(probe, run_dir / "snapshots", every=study.snapshot_every,
+                              methods=plan.SNAPSHOT_METHODS, num_frames=study.frames,
+                              frame_methods=plan.FRAME_METHODS, target=plan.TARGET)
+    t0 = time.time()
+    out = train(cfg, log=log, callback=snaps, env_fn=env_fn, model=model)
+    rec = {"rows": snaps.rows, "steps": int(out["step"]), "wall_s": round(time.time() - t0, 1)}
+    if study.updates * study.steps_per_update > out["step"]:
+        log(f"{run_name(variant, seed)}: stopped at step {out['step']} of {study.steps} (resumable)")
+        return {**rec, "done": False}
+    done_file.write_text(json.dumps(rec))
+    log(f"{run_name(variant, seed)}: {len(snaps.rows)} snapshots, {rec['wall_s']:.0f} s")
+    return rec
+
+
+def load_run(study: plan.Study, variant: str, seed: int, runs_dir):
+    """(rows with both statistics, steps reached, finished?) of a run on disk, or None."""
+    from agents.snapshots import load_snapshots
+    from experiments.frame_stack_bug import add_statistic
+
+    run_dir = Path(runs_dir) / run_name(variant, seed)
+    done_file = run_dir / "done.json"
+    if done_file.exists():
+        rec = json.loads(done_file.read_text())
+        rows, steps, done = rec["rows"], rec["steps"], True
+    elif (run_dir / "snapshots" / "stats.csv").exists():
+        with open(run_dir / "snapshots" / "stats.csv", newline="") as f:
+            rows = [{k: (int(v) if k in ("step", "update") else float(v)) for k, v in r.items()}
+                    for r in csv.DictReader(f)]
+        steps, done = (rows[-1]["step"] if rows else 0), False
+    else:
+        return None
+    if not rows:
+        return None
+    snaps = load_snapshots(run_dir / "snapshots")
+    if [s for s, _ in snaps] != [r["step"] for r in rows]:
+        raise SystemExit(f"{run_name(variant, seed)}: snapshot files do not match its rows")
+    rows = add_statistic([dict(r) for r in rows], np.stack([a["frame_shares"] for _, a in snaps]), plan.WINDOW)
+    return rows, int(steps), done
+
+
+def at_checkpoints(rows, checkpoints, key):
+    """One run's values of `key` at the checkpoint steps (no finished game yet: RETURN_IF_NO_GAME)."""
+    by_step = {int(r["step"]): r for r in rows}
+    missing = [c for c in checkpoints if c not in by_step]
+    if missing:
+        raise ValueError(f"no snapshot at checkpoint steps {missing[:3]}")
+    v = np.array([by_step[c][key] for c in checkpoints], float)
+    return np.where(np.isnan(v), plan.RETURN_IF_NO_GAME, v)
+
+
+def t_interval(x, level=0.95):
+    """(mean, std, low, high) with a Student-t interval over seeds (None bounds for one seed)."""
+    from scipy import stats
+
+    x = np.asarray(x, float)
+    m = float(x.mean())
+    if x.size < 2:
+        return m, None, None, None
+    sd = float(x.std(ddof=1))
+    h = float(stats.t.ppf((1 + level) / 2, x.size - 1) * sd / math.sqrt(x.size))
+    return m, sd, m - h, m + h
+
+
+def analyse(study: plan.Study, runs: dict, complete: bool, n_boot: int | None = None) -> dict:
+    """The pre-registered analysis of `runs` {(variant, seed): rows} (every registered run)."""
+    steps_reached = min(max(int(r["step"]) for r in rows) for rows in runs.values())
+    checkpoints = [c for c in study.checkpoints if c <= steps_reached]
+    if not checkpoints:
+        raise SystemExit("no registered checkpoint reached by every run yet")
+    boot = dict(plan.BOOTSTRAP, **({"n_boot": n_boot} if n_boot else {}))
+
+    def matrix(variant, key):
+        return np.stack([at_checkpoints(runs[(variant, s)], checkpoints, key) for s in study.seeds])
+
+    bugs = {}
+    for bug in study.bugs:
+        entry = {}
+        for name, key in {**plan.SIGNALS, **plan.SECONDARY}.items():
+            b, c = matrix(bug, key), matrix("correct", key)
+            r = detection_rule.detect(checkpoints, b, c, study.alpha)
+            r["interval"] = detection_rule.bootstrap_detection_interval(
+                checkpoints, b, c, study.alpha, n_boot=boot["n_boot"], seed=boot["seed"], level=boot["level"])
+            r["statistic"] = key
+            entry[name] = r
+        pred = plan.PREDICTED_SALIENCY_DIRECTION.get(bug)
+        sal = entry["saliency"]
+        entry["saliency"]["predicted_direction"] = pred
+        entry["saliency"]["matches_prediction"] = (None if sal["detection_step"] is None or pred is None
+                                                    else sal["direction"] == pred)
+        bugs[bug] = {"saliency_detection_step": sal["detection_step"],
+                     "return_detection_step": entry["return"]["detection_step"], **entry}
+    final = {}
+    for v in study.variants:
+        x = matrix(v, "return_mean")[:, -1]
+        m, sd, lo, hi = t_interval(x)
+        final[v] = {"mean": m, "std": sd, "ci95": [lo, hi], "per_seed": [float(a) for a in x],
+                    "at_step": checkpoints[-1]}
+    learned = final["correct"]["mean"] >= study.learned_threshold
+    return {"bugs": bugs, "final_returns": final, "checkpoints": checkpoints,
+            "truncated": (not complete) or checkpoints != study.checkpoints,
+            "learning_check": {"correct_final_return": final["correct"]["mean"],
+                               "threshold": study.learned_threshold, "learned": bool(learned)},
+            "alpha_per_bug": study.alpha, "family_alpha": plan.FAMILY_ALPHA}
+
+
+def write_stats_csv(runs: dict, path):
+    keys = list(dict.fromkeys(k for rows in runs.values() for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, ["variant", "seed"] + keys, restval="nan", extrasaction="ignore")
+        w.writeheader()
+        for (v, s), rows in runs.items():
+            for r in rows:
+                w.writerow({"variant": v, "seed": s, **r})
+
+
+def figure(study: plan.Study, runs: dict, runs_dir, path, state: int = 0, cols: int = 5):
+    """Returns and the map statistic per variant (all seeds) next to the first seed's
+    G1Grad-CAM, Grad-CAM, Guided Backprop and gradient snapshots of probe `state`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from agents.snapshots import load_snapshots
+
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    nrow = len(study.variants) * len(FIGURE_METHODS)
+    fig = plt.figure(figsize=(7 + 1.2 * cols, 0.95 * nrow + 1))
+    gs = fig.add_gridspec(nrow, cols + 6)
+    ax_r, ax_s = fig.add_subplot(gs[:nrow // 2, :5]), fig.add_subplot(gs[nrow // 2:, :5])
+    for i, v in enumerate(study.variants):
+        for s in study.seeds:
+            rows = runs[(v, s)]
+            x = [r["step"] for r in rows]
+            ax_r.plot(x, [r["return_mean"] for r in rows], color=colors[i], alpha=0.5,
+                      label=v if s == study.seeds[0] else None)
+            ax_s.plot(x, [r["stack_age_gain"] for r in rows], color=colors[i], alpha=0.5)
+        snaps = load_snapshots(Path(runs_dir) / run_name(v, study.seeds[0]) / "snapshots")
+        pick = np.unique(np.linspace(0, len(snaps) - 1, cols).round().astype(int))
+        for j, m in enumerate(FIGURE_METHODS):
+            for c, k in enumerate(pick):
+                step, arr = snaps[k]
+                a = fig.add_subplot(gs[i * len(FIGURE_METHODS) + j, 6 + c])
+                a.imshow(arr[m][state], cmap="inferno")
+                a.set_xticks([])
+                a.set_yticks([])
+                if c == 0:
+                    a.set_ylabel(f"{v}\n{m}", fontsize=6, color=colors[i])
+                if i == 0 and j == 0:
+                    a.set_title(f"step {step}", fontsize=7)
+    for c in study.checkpoints:
+        ax_s.axvline(c, color="grey", lw=0.2)
+    ax_r.set_title(f"return (last {plan.RETURN_GAMES} games)", fontsize=9)
+    ax_r.legend(fontsize=7)
+    ax_s.set_title("stack age gain (maps only); grey: registered checkpoints", fontsize=9)
+    ax_s.axhline(0, color="grey", lw=0.5)
+    ax_s.set_xlabel("env step")
+    fig.suptitle(f"{study.game}: frame-stack bugs, seeds {study.seeds[0]}-{study.seeds[-1]} "
+                 f"(maps: seed {study.seeds[0]}, probe {state})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def run_study(study: plan.Study, out, runs_dir=None, shard=None, train=True, analysis=True,
+              make_env=default_env_fn, time_limit=0.0, env_threads=0, n_boot=None, log=print):
+    """Train the registered runs (or a shard of them) and/or analyse whatever is on disk."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs_dir = Path(runs_dir) if runs_dir else out / f"runs_{study.name}"
+    t0 = time.time()
+    if train:
+        for v, s in shard_runs(all_runs(study), shard):
+            train_run(study, v, s, runs_dir, make_env, time_limit=time_limit, env_threads=env_threads, log=log)
+    if not analysis:
+        return None
+    loaded = {(v, s): load_run(study, v, s, runs_dir) for v, s in all_runs(study)}
+    missing = [run_name(v, s) for (v, s), x in loaded.items() if x is None]
+    if missing:
+        log(f"cannot analyse yet: no snapshots for {missing}")
+        return None
+    runs = {k: x[0] for k, x in loaded.items()}
+    complete = all(x[2] for x in loaded.values())
+    res = analyse(study, runs, complete, n_boot=n_boot)
+    summary = {
+        "study": study.name, "preregistration": "experiments/frame_stack_bug_preregistration.md",
+        "bugs": res.pop("bugs"), "seeds": list(study.seeds),
+        "steps": {run_name(v, s): x[1] for (v, s), x in loaded.items()},
+        "final_returns": res.pop("final_returns"),
+        "complete": complete, "incomplete_runs": [run_name(v, s) for (v, s), x in loaded.items() if not x[2]],
+        **res, "variants": list(study.variants), "plan": {k: getattr(study, k) for k in study.__dataclass_fields__},
+        "rule": "exact two-sided permutation test over seeds (difference of means) at each registered "
+                "checkpoint; fixed-sequence from the last checkpoint backwards at alpha_per_bug "
+                "(= family_alpha / number of bugs); detection step = first checkpoint from which every "
+                "later one rejects; null = missed",
+        "wall_s_this_call": round(time.time() - t0, 1), "platform": platform.platform(),
+    }
+    (out / f"{study.name}_summary.json").write_text(json.dumps(summary, indent=1))
+    write_stats_csv(runs, out / f"{study.name}_stats.csv")
+    figure(study, runs, runs_dir, out / f"{study.name}_frame_stack_bug.png")
+    for bug, b in summary["bugs"].items():
+        log(f"{bug}: maps {b['saliency_detection_step']} ({b['saliency']['direction']}) "
+            f"returns {b['return_detection_step']} ({b['return']['direction']})")
+    return summary

@@ -1,0 +1,140 @@
+"""experiments.frame_stack_study: the pre-registered runner end to end on tiny fake-env studies
+(outputs in tmp dirs), and its pieces."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from agents.framestack import FrameStackEnv
+from experiments import frame_stack_bug, frame_stack_plan as plan, frame_stack_study as fss
+
+
+class GridEnv:
+    """Fake single-frame env: seeded random binary frames; reward 1 when the action equals a
+    bit of the current frame (so agents can learn something); episodes of 5 steps."""
+
+    def __init__(self, num_envs, seed=0, shape=(10, 10, 3), num_actions=3, density=0.2):
+        self.n, self.rng, self.t = num_envs, np.random.default_rng(seed), 0
+        self.obs_shape, self.num_actions, self.density = shape, num_actions, density
+        self.ret = np.zeros(num_envs)
+
+    def _obs(self):
+        self.frame = (self.rng.random((self.n,) + self.obs_shape) < self.density).astype(np.float32)
+        return self.frame * (255.0 if self.obs_shape[-1] == 1 else 1.0)
+
+    def reset(self):
+        self.t = 0
+        return self._obs()
+
+    def step(self, actions):
+        self.t += 1
+        reward = (np.asarray(actions) == (self.frame[:, 0, 0, 0] > 0)).astype(np.float32)
+        self.ret += reward
+        done = np.full(self.n, self.t % 5 == 0, np.float32)
+        finished = self.ret[done > 0].tolist()
+        self.ret[done > 0] = 0
+        return self._obs(), reward, done, finished
+
+
+def fake_env(shape, num_actions):
+    def make_env(study, bug):
+        def env_fn(game, num_envs, train=True, seed=0):
+            return FrameStackEnv(GridEnv(num_envs, seed, shape, num_actions), study.frames, bug)
+        return env_fn
+    return make_env
+
+
+TINY_MINATAR = dataclasses.replace(plan.MINATAR, variants=("correct", "reuse", "reversed"), seeds=(100, 101),
+                                   steps=96, num_envs=4, rollout=4, epochs=1, minibatches=1, snapshot_every=1,
+                                   checkpoint_every=2)
+
+
+def test_shards_cover_every_run_once_and_bad_shards_are_clear():
+    runs = fss.all_runs(plan.ATARI)
+    assert len(runs) == 15 and runs[:3] == [("correct", 100), ("reuse", 100), ("reversed", 100)]
+    parts = [fss.shard_runs(runs, f"{i}/4") for i in range(4)]
+    assert sorted(sum(parts, [])) == sorted(runs)
+    assert len(fss.all_runs(plan.MINATAR)) == 40
+    for bad in ("4/4", "x"):
+        with pytest.raises(SystemExit):
+            fss.shard_runs(runs, bad)
+
+
+def test_checkpoint_values_fill_unfinished_games_and_refuse_missing_steps():
+    rows = [{"step": 10, "return_mean": float("nan")}, {"step": 20, "return_mean": 3.0}]
+    np.testing.assert_array_equal(fss.at_checkpoints(rows, [10, 20], "return_mean"), [plan.RETURN_IF_NO_GAME, 3.0])
+    with pytest.raises(ValueError, match="no snapshot at checkpoint"):
+        fss.at_checkpoints(rows, [30], "return_mean")
+    m, sd, lo, hi = fss.t_interval([1.0, 2.0, 3.0])
+    assert m == 2.0 and sd == pytest.approx(1.0) and lo == pytest.approx(2 - 4.303 / 3 ** 0.5, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_minatar_study_end_to_end_resumes_and_writes_the_summary(tmp_path):
+    make_env = fake_env((10, 10, 3), 3)
+    # one run stopped after its first update (time limit), then resumed to the full budget
+    rec = fss.train_run(TINY_MINATAR, "reuse", 100, tmp_path / "runs", make_env, time_limit=1e-9, log=lambda m: None)
+    assert rec["done"] is False and rec["steps"] == 16
+    s = fss.run_study(TINY_MINATAR, tmp_path / "out", tmp_path / "runs", make_env=make_env, n_boot=20,
+                      log=lambda m: None)
+    assert s["seeds"] == [100, 101]
+    assert set(s["steps"]) == {f"{v}_s{x}" for v in TINY_MINATAR.variants for x in (100, 101)}
+    assert set(s["steps"].values()) == {96}
+    assert s["complete"] and not s["truncated"] and s["checkpoints"] == [32, 64, 96]
+    assert set(s["bugs"]) == {"reuse", "reversed"} and s["alpha_per_bug"] == pytest.approx(0.025)
+    for b in s["bugs"].values():
+        assert "saliency_detection_step" in b and "return_detection_step" in b
+        # 2 vs 2 seeds can never reject at alpha 0.025: the rule says so instead of detecting
+        assert b["saliency_detection_step"] is None and b["saliency"]["can_reject"] is False
+        assert len(b["saliency"]["p_values"]) == 3 and b["saliency"]["interval"]["n_boot"] == 20
+    assert set(s["final_returns"]) == set(TINY_MINATAR.variants)
+    assert len(s["final_returns"]["correct"]["per_seed"]) == 2
+    for f in ("minatar_summary.json", "minatar_stats.csv", "minatar_frame_stack_bug.png"):
+        assert (tmp_path / "out" / f).exists()
+    assert json.loads((tmp_path / "out" / "minatar_summary.json").read_text())["bugs"] == s["bugs"]
+    # a second call trains nothing (every run is done) and gives the same analysis
+    again = fss.run_study(TINY_MINATAR, tmp_path / "out2", tmp_path / "runs", make_env=lambda *a: 1 / 0,
+                          n_boot=20, log=lambda m: None)
+    assert again["bugs"] == s["bugs"]
+
+
+@pytest.mark.slow
+def test_analysis_waits_for_missing_runs_and_truncates_incomplete_ones(tmp_path):
+    make_env = fake_env((10, 10, 3), 3)
+    study = dataclasses.replace(TINY_MINATAR, variants=("correct", "reuse"))
+    logs = []
+    assert fss.run_study(study, tmp_path / "o", tmp_path / "r", shard="0/2", make_env=make_env,
+                         log=logs.append) is None
+    assert any("cannot analyse yet" in m for m in logs)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["correct_s100", "correct_s101"]
+    fss.train_run(study, "reuse", 100, tmp_path / "r", make_env, log=lambda m: None)
+    fss.train_run(study, "reuse", 101, tmp_path / "r", make_env, time_limit=1e-9, log=lambda m: None)
+    # train nothing: analyse what is on disk; reuse_s101 stopped at step 16 < first checkpoint 32
+    with pytest.raises(SystemExit, match="no registered checkpoint"):
+        fss.run_study(study, tmp_path / "o", tmp_path / "r", train=False, n_boot=5, log=lambda m: None)
+
+
+def test_cli_study_flag_uses_the_plan(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run_study(study, out, runs_dir, **kw):
+        seen.update(study=study, out=out, **kw)
+        return None
+    monkeypatch.setattr(fss, "run_study", fake_run_study)
+    res = frame_stack_bug.main(["--study", "atari", "--out", str(tmp_path), "--shard", "1/3", "--no-analysis"],
+                               log=lambda m: None)
+    assert res == {"analysed": False}
+    assert seen["study"] is plan.ATARI and seen["shard"] == "1/3" and seen["analysis"] is False and seen["train"]
+
+
+@pytest.mark.slow
+def test_atari_study_end_to_end_with_the_dueling_double_dqn(tmp_path):
+    study = dataclasses.replace(plan.ATARI, seeds=(100, 101), steps=2 * 4 * 3, num_envs=2, rollout=4,
+                                epochs=1, minibatches=1, snapshot_every=1, checkpoint_every=1, target_every=2)
+    s = fss.run_study(study, tmp_path / "out", make_env=fake_env((84, 84, 1), 4), n_boot=10, log=lambda m: None)
+    assert set(s["bugs"]) == {"reuse", "reversed"} and s["checkpoints"] == [8, 16, 24]
+    assert set(s["steps"].values()) == {24} and set(s["final_returns"]) == {"correct", "reuse", "reversed"}
+    cfg = json.loads((tmp_path / "out" / "runs_atari" / "reuse_s100" / "config.json").read_text())
+    assert cfg["arch"] == "dueling" and cfg["target_every"] == 2 and cfg["game"] == "breakout"
+    assert (tmp_path / "out" / "atari_frame_stack_bug.png").exists()
