@@ -59,6 +59,9 @@ METHODS = [
     ("gradcam", "gradcam", CAM, "cam"),
     ("gradcam_pp", "gradcam_pp", CAM, "cam"),
     ("g1gradcam", "g1gradcam", CAM, "cam"),
+    # the spec's A (after the ReLU; on our agents after LayerNorm + ReLU) beside the module output
+    ("gradcam_post_relu", "gradcam", {**CAM, "layer_activation": "post_relu"}, "cam"),
+    ("g1gradcam_post_relu", "g1gradcam", {**CAM, "layer_activation": "post_relu"}, "cam"),
     ("guided_gradcam", "guided_gradcam", CAM, "cam"),
 ]
 FAMILY_TITLES = {"perturbation": "perturbation (Paper B)", "gradient": "gradient", "cam": "CAM (conv3)"}

@@ -47,8 +47,9 @@ DIFFERENCES = [
      "a layer's LayerNorm is randomised with it = re-drawn from its initialiser = reset to identity "
      "(scale 1, bias 0); `sanity_check(norms=\"keep\")` leaves it trained"),
     ("CAM activation A", "(CAM not in Paper B; spec: post-ReLU)",
-     "default module output (pre-LayerNorm, pre-ReLU on our agents); post-ReLU reported beside it "
-     "where the run includes the `_post_relu` variants"),
+     "`layer_activation=\"module\"` (default: the conv module's output, before LayerNorm and ReLU on our "
+     "agents, as Captum / pytorch-grad-cam take a module) and `\"post_relu\"` (after LayerNorm + ReLU, the "
+     "spec's A) both reported for Grad-CAM and G1Grad-CAM (`*_post_relu`)"),
     ("Statistics", "mean +- std over states", "mean with 95 % block-bootstrap CI and paired block tests (below)"),
 ]
 
