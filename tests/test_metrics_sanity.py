@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.networks import NatureDQN
+import flax.linen as nn
+
+from agents.networks import NatureDQN, _Norm
 from jaxsal import SaliencyInputError
 from jaxsal.metrics import cascade, sanity_check
 from jaxsal.registry import METHODS, register
@@ -133,3 +135,55 @@ def test_layer_groups_randomise_together():
                                   fresh["params"]["fc1_norm"]["LayerNorm_0"]["scale"])
     np.testing.assert_array_equal(p["params"]["conv1_norm"]["LayerNorm_0"]["scale"],
                                   params["params"]["conv1_norm"]["LayerNorm_0"]["scale"])
+
+
+class _TinyLN(nn.Module):
+    """Nature-DQN layout in miniature (conv1 -> conv1_norm -> ReLU -> fc1 -> fc1_norm -> ReLU -> q)."""
+
+    @nn.compact
+    def __call__(self, obs):
+        x = jnp.asarray(obs, jnp.float32) / 255.0
+        x = nn.relu(_Norm(True, name="conv1_norm")(nn.Conv(4, (3, 3), (2, 2), name="conv1")(x)))
+        x = nn.relu(_Norm(True, name="fc1_norm")(nn.Dense(16, name="fc1")(x.reshape(x.shape[0], -1))))
+        return nn.Dense(3, name="q")(x)
+
+
+@pytest.fixture(scope="module")
+def ln_dqn():
+    """A small LayerNorm DQN whose norms are far from identity (as after training)."""
+    model = _TinyLN()
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 12, 12, 2)))
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * 3.0 + 0.5 if "_norm" in jax.tree_util.keystr(path) else x, params)
+    obs = np.random.default_rng(1).integers(0, 256, (2, 12, 12, 2)).astype(np.uint8)
+    return model, params, obs
+
+
+def test_group_norms_pairs_each_layer_with_its_norm(ln_dqn):
+    model, params, _ = ln_dqn
+    from jaxsal.metrics import group_norms
+    assert group_norms(params, ("q", "fc1", "conv1")) == ("q", ("fc1", "fc1_norm"), ("conv1", "conv1_norm"))
+    assert group_norms(params, ("q", "fc1"), norms="keep") == ("q", "fc1")
+    with pytest.raises(SaliencyInputError, match="norms"):
+        group_norms(params, ("q",), norms="reset")
+    # re-drawn from its initialiser, a flax LayerNorm is the identity affine map in every draw
+    (_, p), = cascade(params, model.init(jax.random.PRNGKey(5), jnp.zeros((1, 12, 12, 2))),
+                      group_norms(params, ("fc1",)))
+    np.testing.assert_array_equal(p["params"]["fc1_norm"]["LayerNorm_0"]["scale"], 1.0)
+    np.testing.assert_array_equal(p["params"]["fc1_norm"]["LayerNorm_0"]["bias"], 0.0)
+    assert float(p["params"]["conv1_norm"]["LayerNorm_0"]["scale"][0]) == 3.5
+
+
+def test_sanity_norms_option_and_draws(ln_dqn):
+    model, params, obs = ln_dqn
+    kw = dict(method="_t_grad", key=jax.random.PRNGKey(4), metrics=("spearman",), return_maps=True)
+    auto = sanity_check(model, params, obs, layers=("q", "fc1"), **kw)
+    explicit = sanity_check(model, params, obs, layers=("q", ("fc1", "fc1_norm")), norms="keep", **kw)
+    kept = sanity_check(model, params, obs, layers=("q", "fc1"), norms="keep", **kw)
+    np.testing.assert_array_equal(auto["maps"]["fc1"], explicit["maps"]["fc1"])
+    assert np.abs(np.asarray(auto["maps"]["fc1"]) - np.asarray(kept["maps"]["fc1"])).max() > 0
+    other = sanity_check(model, params, obs, layers=("q", "fc1"), draw=1, **kw)
+    np.testing.assert_array_equal(auto["maps"]["original"], other["maps"]["original"])
+    assert np.abs(np.asarray(auto["maps"]["q"]) - np.asarray(other["maps"]["q"])).max() > 0
+    with pytest.raises(SaliencyInputError, match="draw"):
+        sanity_check(model, params, obs, layers=("q",), draw=-1, **kw)

@@ -33,6 +33,8 @@ def test_raw_metrics_match_scipy_skimage():
         a64, b64 = a[i].astype(np.float64), b[i].astype(np.float64)
         assert float(r["spearman"][i]) == pytest.approx(scipy.stats.spearmanr(a64.ravel(), b64.ravel())[0], abs=1e-5)
         assert float(r["ssim"][i]) == pytest.approx(structural_similarity(a64, b64, data_range=1.0), abs=1e-5)
+        assert float(r["ssim_flat"][i]) == pytest.approx(
+            structural_similarity(a64.ravel(), b64.ravel(), data_range=1.0), abs=1e-5)
         ha, hb = hog(a64, pixels_per_cell=(3, 3)), hog(b64, pixels_per_cell=(3, 3))
         assert float(r["hog"][i]) == pytest.approx(scipy.stats.pearsonr(ha, hb)[0], abs=1e-4)
 
@@ -59,18 +61,22 @@ def test_paper_b_normalisation_and_inversion():
     a, b = _pairs(seed=3)
     inv = similarity(a, -3.0 * b + 7.0)     # a sign flip + affine change is ignored
     same = similarity(a, b)
-    for m in ("spearman", "ssim", "hog"):
+    for m in ("spearman", "ssim_flat", "ssim", "hog"):
         np.testing.assert_allclose(inv[m], same[m], atol=1e-4)
     # reference straight from the definition on min-max normalised maps
     for i in range(len(a)):
         m, r = _mm(a[i].astype(np.float64)), _mm(b[i].astype(np.float64))
         ref = max(structural_similarity(m, r, data_range=1.0), structural_similarity(m, 1 - r, data_range=1.0))
         assert float(same["ssim"][i]) == pytest.approx(ref, abs=1e-5)
+        ref = max(structural_similarity(m.ravel(), r.ravel(), data_range=1.0),
+                  structural_similarity(m.ravel(), 1 - r.ravel(), data_range=1.0))
+        assert float(same["ssim_flat"][i]) == pytest.approx(ref, abs=1e-5)
         ref = max(scipy.stats.spearmanr(m.ravel(), r.ravel())[0], scipy.stats.spearmanr(m.ravel(), 1 - r.ravel())[0])
         assert float(same["spearman"][i]) == pytest.approx(ref, abs=1e-5)
     ident = similarity(a, a)
     np.testing.assert_allclose(ident["spearman"], 1.0, atol=1e-5)
     np.testing.assert_allclose(ident["ssim"], 1.0, atol=1e-5)
+    np.testing.assert_allclose(ident["ssim_flat"], 1.0, atol=1e-5)
     np.testing.assert_allclose(ident["hog"], 1.0, atol=1e-5)
 
 
@@ -116,3 +122,24 @@ def test_too_small_maps():
     with pytest.raises(SaliencyInputError, match="at least 9x9"):
         similarity(a, a)
     assert similarity(a, a, ("spearman", "ssim"))["ssim"].shape == (2,)
+
+
+def test_flat_ssim_differs_from_2d_ssim_where_structure_is_vertical():
+    # Paper B's flattened SSIM sees only horizontal neighbours: a map and its copy shifted one
+    # row down share every 1-D window's statistics but one, so the flat SSIM stays high while
+    # a vertical-stripe pattern shifted sideways is judged as a 2-D SSIM would
+    rng = np.random.default_rng(5)
+    a = rng.random((1, 30, 30)).astype(np.float32)
+    b = np.roll(a, 1, axis=2)                       # shift by one column
+    r = similarity(a, b, ("ssim_flat", "ssim"), invert=False, normalize=False)
+    want_flat = structural_similarity(a[0].astype(np.float64).ravel(), b[0].astype(np.float64).ravel(),
+                                      data_range=1.0)
+    want_2d = structural_similarity(a[0].astype(np.float64), b[0].astype(np.float64), data_range=1.0)
+    assert float(r["ssim_flat"][0]) == pytest.approx(want_flat, abs=1e-5)
+    assert float(r["ssim"][0]) == pytest.approx(want_2d, abs=1e-5)
+    assert abs(want_flat - want_2d) > 1e-3
+
+
+def test_flat_ssim_needs_seven_pixels():
+    with pytest.raises(SaliencyInputError, match="ssim_flat"):
+        similarity(np.ones((1, 2, 3)), np.ones((1, 2, 3)), ("ssim_flat",))

@@ -126,13 +126,50 @@ def test_noise_black_variant_matches_reference():
 
 
 @pytest.mark.parametrize("perturbation", ["black", "blur"])
-def test_sarfa_matches_reference(perturbation):
+def test_sarfa_gaussian_variant_matches_reference(perturbation):
     obs = tiny_obs(3, seed=2)
     got = sarfa(tiny_apply, P, obs, radius=2.0, stride=2, perturbation=perturbation,
-                blur_sigma=2.0, return_grid=True)
+                blur_sigma=2.0, mask_shape="gaussian", return_grid=True)
     want = ref_local(obs, 2.0, 2, 2.0, perturbation, "sarfa")
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-3, atol=1e-6)
     assert (np.asarray(got) >= 0).all()
+
+
+def ref_sarfa_paper_b(obs, radius=2, stride=2):
+    """SARFA as Paper B's code perturbs: every `stride` px, the pixels with dx^2 + dy^2 <= r^2
+    set to black in all stacked frames (hard disk, no blur), scored with Puri et al.'s formula."""
+    out = []
+    for x in obs.astype(np.float64):
+        q0 = q(x)
+        a = int(np.argmax(q0))
+        p = softmax(q0)
+        rem = [b for b in range(A) if b != a]
+        cs = range(0, H, stride)
+        g = np.zeros((len(cs), len(cs)))
+        for gi, i in enumerate(cs):
+            for gj, j in enumerate(cs):
+                xp = x.copy()
+                for yy in range(H):
+                    for xx in range(W):
+                        if (yy - i) ** 2 + (xx - j) ** 2 <= radius ** 2:
+                            xp[yy, xx, :] = 0.0
+                q1 = q(xp)
+                dp = p[a] - softmax(q1)[a]
+                pr, pr1 = softmax(q0[rem]), softmax(q1[rem])
+                k = 1 / (1 + np.sum(pr * np.log(pr / pr1)))
+                g[gi, gj] = 0.0 if dp <= 0 else 2 * k * dp / (k + dp)
+        out.append(g)
+    return np.stack(out)
+
+
+def test_sarfa_default_is_paper_b_hard_black_disk():
+    obs = tiny_obs(3, seed=2)
+    got = np.asarray(sarfa(tiny_apply, P, obs, return_grid=True))   # defaults: Paper B's
+    want = ref_sarfa_paper_b(obs, radius=2, stride=2)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
+    assert (want > 0).any()                     # the check is not vacuous on this model
+    soft = np.asarray(sarfa(tiny_apply, P, obs, mask_shape="gaussian", return_grid=True))
+    assert np.abs(soft - want).max() > 1e-3     # the blurred disk is a different method
 
 
 def test_rise_with_given_masks_is_the_weighted_sum():

@@ -18,6 +18,7 @@ from jaxsal.errors import SaliencyInputError
 from jaxsal.gradient import cam
 from jaxsal.gradient.common import (as_float, finish, objective, params_signature, prepare,
                                     run_chunks)
+from jaxsal.gradient.cam_site import CAM_ACTIVATIONS, cam_site
 from jaxsal.gradient.layers import get_activation, resolve_tap, tap
 from jaxsal.gradient.rules import with_rule
 from jaxsal.validate import to_nhwc
@@ -130,8 +131,10 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
         raise SaliencyInputError(f"not a single-backward gradient method: {bad}; these are {FAMILY}")
     prep = prepare(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                    batch_size=batch_size)
-    get_activation(layer_activation)
     uses_layer = any(m in LAYER_METHODS for m in methods)
+    if uses_layer and isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
+        layer, layer_activation = cam_site(apply_fn, params, as_float(prep.x[:1]), layer, layer_activation)
+    get_activation(layer_activation)
     if not uses_layer and (layer is not None or layer_activation is not None):
         raise SaliencyInputError(f"layer= / layer_activation= apply to CAM methods only, not {methods}")
     lname, k = (_resolve_cached(apply_fn, params, as_float(prep.x[:1]), layer, layer_activation)

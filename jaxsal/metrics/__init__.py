@@ -6,9 +6,10 @@
 """
 from jaxsal.metrics.fidelity import deletion, gaussian_blur, insertion
 from jaxsal.metrics.objects import ObjectShares, object_attribution, object_pointing
-from jaxsal.metrics.sanity import cascade, randomize_layers, sanity_check
-from jaxsal.metrics.similarity import hog_features, hog_pearson, similarity, spearman, ssim
+from jaxsal.metrics.sanity import cascade, group_norms, randomize_layers, sanity_check
+from jaxsal.metrics.similarity import (hog_features, hog_pearson, similarity, spearman, ssim,
+                                       ssim_flat)
 
-__all__ = ["sanity_check", "insertion", "deletion", "similarity", "spearman", "ssim", "hog_pearson",
-           "hog_features", "gaussian_blur", "cascade", "randomize_layers", "object_attribution",
+__all__ = ["sanity_check", "insertion", "deletion", "similarity", "spearman", "ssim", "ssim_flat", "hog_pearson",
+           "hog_features", "gaussian_blur", "cascade", "group_norms", "randomize_layers", "object_attribution",
            "object_pointing", "ObjectShares"]

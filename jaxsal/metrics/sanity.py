@@ -4,6 +4,20 @@ Layers are re-drawn from the model's own initialisers top-down and cumulatively;
 randomised model explains the same (original) chosen action on the same states with the same
 PRNG key (so RISE reuses its masks), and each map is compared with the original map.
 A trustworthy method's maps must change when the weights they claim to explain are destroyed.
+
+Normalisation layers (the shipped PQN agents have a LayerNorm after every conv/dense layer,
+named `<layer>_norm`; Paper B's agents had none). With `norms="with_layer"` (default) a
+layer's norm is randomised together with it, i.e. re-drawn from its own initialiser, which for
+flax's LayerNorm is the constant scale 1, bias 0: the norm is *reset to identity*, the same in
+every draw. Why: the trained scale and bias of channel k were learned for trained feature k;
+kept on top of random weights they would carry a learned per-channel gain pattern into a layer
+that is supposed to know nothing, so "randomised up to conv3" would not be. The norm still
+standardises the randomised layer's output, so downstream activations keep a trained-like
+scale instead of vanishing or exploding, which a plain net's cascade can suffer from; this is
+a difference from Paper B's LayerNorm-free agents. `norms="keep"` leaves the norms' trained
+parameters in place (only the named layers change), as a literal reading of Adebayo et al.
+Independent randomisation draws: `draw=d` re-draws the weights with another key (draw 0 is
+the historical default); the method's own key (RISE masks, LIME samples) stays the same.
 """
 from __future__ import annotations
 
@@ -20,6 +34,8 @@ from jaxsal.validate import check_obs
 
 DEFAULT_LAYERS = ("q", "fc1", "conv3", "conv2", "conv1")
 BASELINES = ("random_uniform", "random_gaussian")
+NORMS = ("with_layer", "keep")
+NORM_SUFFIX = "_norm"
 
 
 def _layer_names(params) -> set:
@@ -40,6 +56,18 @@ def _names(item) -> tuple:
 
 def _label(item) -> str:
     return _names(item)[0]
+
+
+def group_norms(params, layers, norms: str = "with_layer") -> tuple:
+    """`layers` with each plain name `l` turned into (l, l + "_norm") when the params tree has a
+    `l_norm` module and norms="with_layer" (see the module docstring); tuples stay as given."""
+    if norms not in NORMS:
+        raise SaliencyInputError(f"norms must be one of {list(NORMS)}, got {norms!r}")
+    if norms == "keep":
+        return tuple(layers)
+    known = _layer_names(params)
+    return tuple((item, item + NORM_SUFFIX) if isinstance(item, str) and item + NORM_SUFFIX in known
+                 else item for item in layers)
 
 
 def randomize_layers(params, fresh, layers) -> object:
@@ -81,7 +109,8 @@ def _resolve_model(model, apply_fn, obs):
 def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LAYERS, key=None, *,
                  target="q_chosen", actions=None, apply_fn=None, layout: str = "NHWC",
                  batch_size: int | None = None, metrics=METRICS, similarity_batch_size: int = 256,
-                 return_maps: bool = False, **method_options):
+                 return_maps: bool = False, norms: str = "with_layer", draw: int = 0,
+                 **method_options):
     """Cascading randomisation sanity check of `method` on states `obs`.
 
     model: a flax module (its `init` gives the fresh weights, `apply` the agent) or an
@@ -93,6 +122,10 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
     original map; baselines compare the original with U(0,1) and N(0,1) maps), plus `"maps"`
     ({"original": ..., layer: ...}) with `return_maps=True`. `key` seeds the re-initialisation,
     the baselines, and (unchanged, for every model) the method's own randomness.
+    norms: "with_layer" (default) randomises a layer's `<layer>_norm` with it (LayerNorm: reset
+    to identity), "keep" leaves it trained (module docstring says why the default). draw: index
+    of an independent randomisation draw (other re-initialised weights and baselines, same
+    method key); draw 0 is the key's own.
     """
     if key is None:
         raise SaliencyInputError("sanity_check needs key=jax.random.PRNGKey(seed): it seeds the "
@@ -100,6 +133,8 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
     if isinstance(layers, str):
         layers = (layers,)
     layers = tuple(layers)
+    if isinstance(draw, bool) or not isinstance(draw, int) or draw < 0:
+        raise SaliencyInputError(f"draw must be a non-negative int, got {draw!r}")
     if not layers:
         raise SaliencyInputError("layers is empty; name at least one layer, e.g. ('q', 'fc1')")
     if not all(isinstance(n, str) for item in layers for n in _names(item)):
@@ -111,6 +146,7 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
         raise SaliencyInputError("sanity_check compares 2-D maps; per_frame=True is not supported")
     fn = get_method(method)
     x = check_obs(obs, layout)
+    layers = group_norms(params, layers, norms)
     apply_fn, init_fn = _resolve_model(model, apply_fn, x)
     known = _layer_names(params)
     missing = [n for item in layers for n in _names(item) if n not in known]
@@ -126,7 +162,10 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
                             lambda: lambda p, o: tgt.choose(apply_fn(p, o)).astype(jnp.int32))
         actions = map_batched(choose, params, x, batch_size=256)   # fixed once, original model
 
-    k_init, k_uni, k_gauss = jax.random.split(jax.random.fold_in(key, 0x5A17), 3)
+    k_draw = jax.random.fold_in(key, 0x5A17)
+    if draw:
+        k_draw = jax.random.fold_in(k_draw, draw)
+    k_init, k_uni, k_gauss = jax.random.split(k_draw, 3)
     fresh = init_fn(k_init)
     try:
         jax.tree.map(lambda a, b: None, params, fresh)

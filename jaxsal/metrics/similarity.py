@@ -1,8 +1,9 @@
 """Map similarity of Paper B's sanity check: Spearman, SSIM and HOG-Pearson, batched in JAX.
 
 Each is a jitted, vmapped re-implementation of the scipy / scikit-image definition
-(`scipy.stats.spearmanr`, `skimage.metrics.structural_similarity` with its defaults,
-`skimage.feature.hog` with pixels_per_cell 3x3 + Pearson), so thousands of map pairs are
+(`scipy.stats.spearmanr`, `skimage.metrics.structural_similarity` with its defaults on the
+2-D maps and, as Paper B's code computes it, on the flattened maps, `skimage.feature.hog` with
+pixels_per_cell 3x3 + Pearson), so thousands of map pairs are
 compared on device in one call; the tests check each against the library it copies.
 """
 from __future__ import annotations
@@ -16,7 +17,9 @@ import numpy as np
 from jaxsal.batching import cached_jit, map_batched
 from jaxsal.errors import SaliencyInputError
 
-METRICS = ("spearman", "ssim", "hog")
+# "ssim_flat" is Paper B's SSIM (its code flattens the maps: a 1-D window of 7 along the raster
+# order); "ssim" is the usual 2-D SSIM with a 7x7 window, our variant, reported beside it.
+METRICS = ("spearman", "ssim_flat", "ssim", "hog")
 
 
 def check_maps(maps, name: str = "maps", shape: tuple | None = None):
@@ -98,6 +101,25 @@ def ssim_pair(a, b, data_range: float = 1.0, win_size: int = 7):
     return s.mean()
 
 
+def ssim_flat_pair(a, b, data_range: float = 1.0, win_size: int = 7):
+    """Paper B's SSIM: skimage's structural_similarity of the *flattened* maps, i.e. a 1-D
+    uniform window of `win_size` along the raster order (windows run across row ends), sample
+    covariance (cov_norm = 7/6), mean over the fully-inside windows. Unlike the 2-D SSIM it
+    sees no vertical structure."""
+    x, y = a.ravel(), b.ravel()
+
+    def box(v):
+        return jax.lax.reduce_window(v, 0.0, jax.lax.add, (win_size,), (1,), "VALID") / win_size
+
+    cov_norm = win_size / (win_size - 1.0)
+    ux, uy = box(x), box(y)
+    vx, vy = cov_norm * (box(x * x) - ux * ux), cov_norm * (box(y * y) - uy * uy)
+    vxy = cov_norm * (box(x * y) - ux * uy)
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
+    return s.mean()
+
+
 def hog_features(img, orientations: int = 9, cell: int = 3, block: int = 3):
     """skimage.feature.hog(img, orientations, (cell, cell), (block, block), 'L2-Hys') as a vector."""
     h, w = img.shape
@@ -126,7 +148,7 @@ def hog_pair(a, b, cell: int = 3):
     return _pearson(hog_features(a, cell=cell), hog_features(b, cell=cell))
 
 
-_PAIR = {"spearman": spearman_pair, "ssim": ssim_pair, "hog": hog_pair}
+_PAIR = {"spearman": spearman_pair, "ssim_flat": ssim_flat_pair, "ssim": ssim_pair, "hog": hog_pair}
 
 
 def _inverted_max(fn, m, r):
@@ -169,6 +191,9 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
     if min(a.shape[1:]) < need:
         raise SaliencyInputError(f"maps must be at least {need}x{need} for {', '.join(metrics)} "
                                  f"(SSIM 7x7 window, HOG 3x3 blocks of 3x3 cells), got {a.shape[1:]}")
+    if "ssim_flat" in metrics and a.shape[1] * a.shape[2] < 7:
+        raise SaliencyInputError(f"maps must have at least 7 pixels for ssim_flat (1-D window of 7), "
+                                 f"got {a.shape[1:]}")
     fn = cached_jit(("similarity", metrics, invert, normalize), lambda: _build(metrics, invert, normalize))
     return map_batched(fn, None, a, b, batch_size=batch_size)
 
@@ -179,8 +204,13 @@ def spearman(maps, others, **kw):
 
 
 def ssim(maps, others, **kw):
-    """SSIM (data_range 1) per pair (see `similarity`)."""
+    """2-D SSIM (7x7 window, data_range 1) per pair (see `similarity`)."""
     return similarity(maps, others, ("ssim",), **kw)["ssim"]
+
+
+def ssim_flat(maps, others, **kw):
+    """Paper B's SSIM of the flattened maps (1-D window of 7, data_range 1) per pair."""
+    return similarity(maps, others, ("ssim_flat",), **kw)["ssim_flat"]
 
 
 def hog_pearson(maps, others, **kw):

@@ -32,18 +32,22 @@ def sarfa_score(q0, q1, a):
 @register("sarfa")
 def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
           batch_size=None, radius: float = 2.0, stride: int = 2, perturbation: str = "black",
-          blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "gaussian",
+          blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "hard",
           upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
           return_grid: bool = False):
     """SARFA maps (N, H, W) on a grid of disk perturbations every `stride` px, resized.
 
-    Paper B's parameters (defaults): radius 2, stride 2, black disk (Greydanus' disk mask with
-    sigma `radius`, filled with `fill`=0); perturbation="blur" blurs it instead (blur_sigma),
-    mask_shape="hard" uses a hard disk. The action a is the target's choice on the clean input
-    (argmax Q) or `actions`; the score always uses softmax over the model's Q-vector/logits.
+    Defaults are Paper B's (its code and shared/spec/methods.md): a hard black disk of radius 2
+    (the pixels with dy^2 + dx^2 <= radius^2 set to `fill`=0 in all stacked frames, no blur),
+    centred every 2 px. mask_shape="gaussian" is our earlier variant, kept as an option:
+    Greydanus' 5-pixel disk blurred with sigma `radius` and divided by its max, a soft mask
+    that also dims pixels beyond the radius. perturbation="blur" blends in the frame-wise
+    blurred state (blur_sigma) instead of `fill`. The action a is the target's choice on the
+    clean input (argmax Q) or `actions`; the score always uses softmax over the model's
+    Q-vector/logits.
     incremental: recompute only the disk's receptive field in flax convs (see
     `occlusion`; None = auto: on when the mask's nonzero box covers <= 1/4 of the image, e.g.
-    the 27x27 px box of a Gaussian disk of radius 3).
+    the 5x5 px box of the hard disk of radius 2).
     """
     prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                      batch_size=batch_size, obs_max=obs_max)
