@@ -7,15 +7,16 @@ Every method takes `apply_fn(params, obs)` (any pure JAX function, any output py
 Gradient and CAM methods live in `jaxsal.gradient`, perturbation methods in
 `jaxsal.perturbation`; all register with the one front door `jaxsal.explain`.
 """
-from jaxsal import targets
-from jaxsal.errors import SaliencyInputError
+from jaxsal import cpu
+cpu.auto()  # XLA:CPU's YNNPACK kernels, before JAX starts (JAXSAL_FAST_CPU=0 opts out)
+from jaxsal import targets  # noqa: E402
+from jaxsal.errors import SaliencyInputError  # noqa: E402
 from jaxsal.explain import explain
 from jaxsal.gradient import *  # noqa: F401,F403  (registers the gradient/CAM methods)
 from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
 from jaxsal.registry import METHODS
 from jaxsal.io.store import load_maps  # chunked maps written by `jaxsal explain`
 from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
-from jaxsal import cpu  # noqa: E402  XLA:CPU speed setting (jaxsal.cpu.use_fast_kernels)
 
 __version__ = "0.1.0"
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+captum = pytest.importorskip("captum")
 
 import jax  # noqa: E402
 

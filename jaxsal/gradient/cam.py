@@ -78,47 +78,51 @@ def _family(name, apply_fn, params, obs, **kw):
 
 @register("gradcam")
 def gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-            batch_size=None, layer=None, per_frame=False, layer_activation=None):
+            batch_size=None, layer=None, per_frame=False, layer_activation=None,
+                   fast_conv=True):
     """Grad-CAM maps (N, H, W) of the named layer (default: last conv-like layer); per-frame
     maps (N, H, W, T) with per_frame=True on a time-distributed layer (module docstring)."""
     return _family("gradcam", apply_fn, params, obs, target=target, actions=actions,
                    layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
+                   layer_activation=layer_activation, fast_conv=fast_conv)
 
 
 @register("gradcam_pp")
 def gradcam_pp(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-               batch_size=None, layer=None, per_frame=False, layer_activation=None):
+               batch_size=None, layer=None, per_frame=False, layer_activation=None,
+                   fast_conv=True):
     """Grad-CAM++ maps (N, H, W) of the named layer ((N, H, W, T) per frame, as gradcam)."""
     return _family("gradcam_pp", apply_fn, params, obs, target=target, actions=actions,
                    layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
+                   layer_activation=layer_activation, fast_conv=fast_conv)
 
 
 @register("g1gradcam")
 def g1gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-              batch_size=None, layer=None, per_frame=False, layer_activation=None):
+              batch_size=None, layer=None, per_frame=False, layer_activation=None,
+                   fast_conv=True):
     """G1Grad-CAM (Paper A): Grad-CAM with guided-ReLU gradients, each map divided by its max
     ((N, H, W, T) per frame, as gradcam, divided by the max over the state's frames)."""
     return _family("g1gradcam", apply_fn, params, obs, target=target, actions=actions,
                    layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
+                   layer_activation=layer_activation, fast_conv=fast_conv)
 
 
 @register("g2gradcam")
 def g2gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-              batch_size=None, layer=None, per_frame=False, layer_activation=None):
+              batch_size=None, layer=None, per_frame=False, layer_activation=None,
+                   fast_conv=True):
     """G2Grad-CAM (Paper A): max(G1, 0) * max(guided backprop, 0), per frame then summed."""
     return _family("g2gradcam", apply_fn, params, obs, target=target, actions=actions,
                    layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
+                   layer_activation=layer_activation, fast_conv=fast_conv)
 
 
 @register("guided_gradcam")
 def guided_gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
                    key=None, batch_size=None, layer=None, per_frame=False,
-                   layer_activation=None):
+                   layer_activation=None, fast_conv=True):
     """Guided Grad-CAM: max(Grad-CAM, 0) * max(guided backprop, 0), per frame then summed."""
     return _family("guided_gradcam", apply_fn, params, obs, target=target, actions=actions,
                    layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
+                   layer_activation=layer_activation, fast_conv=fast_conv)

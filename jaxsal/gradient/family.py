@@ -19,7 +19,7 @@ from jaxsal.gradient import cam
 from jaxsal.gradient.common import (as_float, finish, objective, params_signature, prepare,
                                     run_chunks)
 from jaxsal.gradient.layers import get_activation, resolve_tap, tap
-from jaxsal.gradient.rules import with_rule
+from jaxsal.gradient.rules import rewrite
 from jaxsal.validate import to_nhwc
 
 FAMILY = ("gradient", "grad_x_input", "guided_backprop", "deconvnet", "gradcam", "gradcam_pp",
@@ -38,7 +38,8 @@ _NEEDS = {
 }
 
 
-def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1):
+def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1,
+           fast_conv=True):
     """The jitted per-chunk function; k = rows of the tapped layer per state (1: ordinary)."""
     needs = set().union(*(_NEEDS[m] for m in methods))
     rules = sorted({r for r, _ in needs})
@@ -60,7 +61,7 @@ def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1
                     y, A = tapped(p, xx, eps)
                     return objective(tgt, y, actions).sum(), A
                 argnums = (0, 1) if want_x else (0,)
-                grads, A = jax.grad(with_rule(f, rule), argnums, has_aux=True)(eps0, x, params)
+                grads, A = jax.grad(rewrite(f, rule, fast_conv), argnums, has_aux=True)(eps0, x, params)
                 res["A"] = A
                 res[(rule, "layer")] = grads[0]
                 if want_x:
@@ -68,7 +69,7 @@ def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1
             else:
                 def f(xx, p):
                     return objective(tgt, apply_fn(p, xx), actions).sum()
-                res[(rule, "x")] = jax.grad(with_rule(f, rule))(x, params)
+                res[(rule, "x")] = jax.grad(rewrite(f, rule, fast_conv))(x, params)
         out = {}
         for m in methods:
             if m == "gradient":
@@ -122,8 +123,12 @@ def _frame_cam(m, res, hw, k, layout, per_frame):
 
 
 def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
-            batch_size=None, layer=None, per_frame=False, layer_activation=None):
-    """Maps of several single-backward methods at once: dict name -> (N, H, W[, C])."""
+            batch_size=None, layer=None, per_frame=False, layer_activation=None,
+            fast_conv=True):
+    """Maps of several single-backward methods at once: dict name -> (N, H, W[, C]).
+
+    fast_conv (default True): strided convs' input gradient as matmuls (jaxsal.fastconv, same
+    maps up to float rounding); False keeps XLA's transposed convs."""
     methods = tuple(dict.fromkeys(methods))
     bad = [m for m in methods if m not in FAMILY]
     if bad:
@@ -151,10 +156,10 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
             "frames (frame-major stacks of k frames x C/k channels)")
     has_actions = prep.actions is not None
     key = ("family", apply_fn, prep.target_key, methods, lname, layer_activation, layout,
-           bool(per_frame), prep.hwc[:2], has_actions) + ((k,) if k > 1 else ())
+           bool(per_frame), prep.hwc[:2], has_actions, bool(fast_conv)) + ((k,) if k > 1 else ())
     fn = batching.cached_jit(key, lambda: _build(apply_fn, prep.target, methods, lname,
                                                  layer_activation, layout, bool(per_frame),
-                                                 prep.hwc[:2], k))
+                                                 prep.hwc[:2], k, bool(fast_conv)))
     arrays = [prep.x] + ([prep.actions] if has_actions else [])
     return run_chunks(fn, params, arrays, k, prep.rows)
 
