@@ -24,3 +24,9 @@ __version__ = "0.1.0"
 def methods() -> list[str]:
     """Names of all methods accepted by `jaxsal.explain`."""
     return sorted(METHODS)
+
+
+def cam_methods() -> list[str]:
+    """Names of the CAM variants (methods taking `layer=`; add one with `jaxsal.register_cam`)."""
+    from jaxsal.gradient.cam import CAMS
+    return sorted(CAMS)

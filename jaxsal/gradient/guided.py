@@ -5,11 +5,11 @@ The rules act on any apply_fn via `jaxsal.gradient.rules.with_rule`. Signed maps
 """
 from __future__ import annotations
 
+from jaxsal.gradient.family import compute
 from jaxsal.registry import register
 
 
 def _family(name, apply_fn, params, obs, **kw):
-    from jaxsal.gradient.family import compute
     return compute((name,), apply_fn, params, obs, **kw)[name]
 
 

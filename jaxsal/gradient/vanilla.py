@@ -16,6 +16,7 @@ from jaxsal.errors import SaliencyInputError
 from jaxsal.gradient.common import (as_float, as_key, choose_actions, finish, objective,
                                     prepare, sample_groups, state_index)
 from jaxsal.gradient.rules import RULES, rewrite
+from jaxsal.gradient.family import compute
 from jaxsal.registry import register
 from jaxsal.validate import check_obs, check_positive_int
 
@@ -26,7 +27,6 @@ IG_RULES = ("riemann_right", "riemann_middle", "riemann_left", "riemann_trapezoi
 
 
 def _family(name, apply_fn, params, obs, **kw):
-    from jaxsal.gradient.family import compute
     return compute((name,), apply_fn, params, obs, **kw)[name]
 
 
@@ -58,14 +58,13 @@ def check_rule(rule):
 def _loop(fn, params, statics_per_group, arrays, size, finalize):
     """States in chunks of `size` (outer), sample groups (inner, accumulated), then
     finalize(chunk_arrays, accumulated) per chunk: memory is bounded by the chunk."""
-    outs = []
-    for chunk, m in batching.iter_chunks(arrays, size):
-        acc = None
-        for statics in statics_per_group:
-            part = fn(params, statics, *chunk)
-            acc = part if acc is None else jax.tree.map(jnp.add, acc, part)
-        outs.append(jax.tree.map(lambda o: o[:m], finalize(chunk, acc)))
-    return batching.concat(outs)
+    traced = batching.is_traced(params, arrays, statics_per_group)
+
+    def chunk_fn(chunk):
+        acc = batching.accumulate(lambda st: fn(params, st, *chunk), statics_per_group, traced)
+        return finalize(chunk, acc)
+
+    return batching.run(chunk_fn, list(arrays), size, traced)
 
 
 def _states_per_chunk(n, rows, s):
@@ -228,7 +227,7 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
             raise SaliencyInputError(f"baseline array of shape {b} does not broadcast to obs "
                                      f"shape {tuple(x.shape)} (same layout as obs)")
         arr = jnp.asarray(baseline, jnp.float32)
-        if not bool(jnp.isfinite(arr).all()):
+        if not batching.is_traced(arr) and not bool(jnp.isfinite(arr).all()):
             raise SaliencyInputError("baseline contains NaN or inf values")
         if len(b) == x.ndim and b[0] == n and n > 1:
             kind, base_arr = "per_state", jnp.broadcast_to(arr, x.shape)
