@@ -15,6 +15,7 @@ from jaxsal.explain import explain
 from jaxsal.gradient import *  # noqa: F401,F403  (registers the gradient/CAM methods)
 from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
 from jaxsal.registry import METHODS
+from jaxsal.provenance import params_checksum  # noqa: E402  (stable sha256 of params)
 from jaxsal.io.store import load_maps  # chunked maps written by `jaxsal explain`
 from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from typing import Callable, Hashable
 
+import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxsal.errors import SaliencyInputError
@@ -89,6 +91,8 @@ def pad_rows(x, size):
     m = x.shape[0]
     if m == size:
         return x
+    if isinstance(x, np.ndarray):  # host input: pad on the host (no per-shape XLA program)
+        return np.concatenate([x, np.repeat(x[-1:], size - m, axis=0)], axis=0)
     return jnp.concatenate([x, jnp.repeat(x[-1:], size - m, axis=0)], axis=0)
 
 
@@ -98,8 +102,10 @@ def iter_chunks(arrays, size: int):
     sharding = batch_sharding()
     for start in range(0, n, size):
         chunk = [pad_rows(a[start:start + size], size) for a in arrays]
-        if sharding is not None:
-            chunk = [jax.device_put(c, sharding) for c in chunk]
+        # always device arrays, so every chunk hits the same jit cache entry (numpy and jax
+        # arguments of one shape are separate entries)
+        chunk = [jax.device_put(c, sharding) if sharding is not None else jnp.asarray(c)
+                 for c in chunk]
         yield chunk, min(size, n - start)
 
 
@@ -120,6 +126,7 @@ def run(chunk_fn: Callable, arrays, size: int, traced: bool | None = None):
     should call jitted functions); traced: `lax.map` over the padded chunks.
     """
     leaves, tree = jax.tree.flatten(arrays)
+    chex.assert_equal_shape_prefix(leaves, 1)  # trace-time: one leading axis of N states
     n = leaves[0].shape[0]
     if traced is None:
         traced = is_traced(arrays)

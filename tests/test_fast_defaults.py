@@ -40,7 +40,7 @@ def _torch_params():
     rng = np.random.default_rng(1)
     return {"k1": jnp.asarray(rng.normal(0, 0.1, (8, 4, 8, 8)), jnp.float32),
             "k2": jnp.asarray(rng.normal(0, 0.1, (6, 8, 4, 4)), jnp.float32),
-            "w": jnp.asarray(rng.normal(0, 0.1, (6 * 9 * 9, 5)), jnp.float32)}
+            "w": jnp.asarray(rng.normal(0, 0.1, (6 * 3 * 3, 5)), jnp.float32)}
 
 
 def _compiled_convs(f, *args):
@@ -49,17 +49,19 @@ def _compiled_convs(f, *args):
 
 def test_rule_equals_plain_gradient_for_flax_and_functional_nchw_models():
     apply_fn, params, x = _nature()
-    cases = [(apply_fn, params, jnp.asarray(x, jnp.float32)),
-             (_torch_style, _torch_params(),
-              jnp.asarray(np.transpose(x, (0, 3, 1, 2)), jnp.float32))]
-    for fn, p, xf in cases:
+    small = np.random.default_rng(3).integers(0, 256, (2, 4, 36, 36)).astype(np.float32)
+    cases = [(apply_fn, params, jnp.asarray(x, jnp.float32), False),
+             (_torch_style, _torch_params(), jnp.asarray(small), True)]
+    for fn, p, xf, full in cases:
         def f(v, pp):
             return fn(pp, v)[:, 1].sum()
         assert count_convs(f, xf, p) == 2  # the two strided convs, wherever they sit
-        np.testing.assert_array_equal(rewrite(f)(xf, p), f(xf, p))  # same forward program
-        want, got = jax.grad(f)(xf, p), jax.grad(rewrite(f))(xf, p)
+        want, got = jax.jit(jax.grad(f))(xf, p), jax.jit(jax.grad(rewrite(f)))(xf, p)
         assert float(jnp.abs(want).max()) > 0
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(jnp.abs(want).max()))
+        if not full:
+            continue
+        np.testing.assert_array_equal(rewrite(f)(xf, p), f(xf, p))  # the same forward program
         # the kernels' gradients are XLA's own
         wk, gk = jax.grad(f, 1)(xf, p), jax.grad(rewrite(f), 1)(xf, p)
         for a, b in zip(jax.tree.leaves(wk), jax.tree.leaves(gk)):
@@ -94,40 +96,58 @@ def test_rule_leaves_alone_what_it_cannot_do_exactly():
     ("gradcam", {"layer": "conv1"}), ("g2gradcam", {}), ("guided_gradcam", {}),
     ("smoothgrad", {"n_samples": 3, "key": jax.random.PRNGKey(0)}),
     ("smoothgrad", {"n_samples": 3, "key": jax.random.PRNGKey(0), "rule": "guided"}),
-    ("integrated_gradients", {"steps": 3}),
+    ("integrated_gradients", {"steps": 3, "rule": "guided"}),
 ])
 def test_default_maps_equal_the_plain_path(method, kw):
-    apply_fn, params, x = _nature()
-    plain = np.asarray(jaxsal.explain(apply_fn, params, x, method=method, fast_conv=False, **kw))
-    fast = np.asarray(jaxsal.explain(apply_fn, params, x, method=method, **kw))
+    from tests.test_conformance import MODEL, PARAMS, _obs
+    obs = _obs()
+    plain = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, obs, method=method, fast_conv=False,
+                                      **kw))
+    fast = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, obs, method=method, **kw))
     assert np.abs(plain).max() > 0
     np.testing.assert_allclose(fast, plain, rtol=1e-4, atol=1e-5 * np.abs(plain).max())
 
 
+def test_default_maps_equal_the_plain_path_on_the_nature_cnn():
+    apply_fn, params, x = _nature()
+    methods = ["gradient", "guided_backprop", "gradcam"]
+    plain = jaxsal.explain(apply_fn, params, x, method=methods, layer="conv1", fast_conv=False)
+    fast = jaxsal.explain(apply_fn, params, x, method=methods, layer="conv1")
+    for m in methods:
+        want = np.asarray(plain[m])
+        assert np.abs(want).max() > 0
+        np.testing.assert_allclose(fast[m], want, rtol=1e-4, atol=1e-5 * np.abs(want).max(),
+                                   err_msg=m)
+
+
 def test_default_maps_equal_the_plain_path_for_a_functional_nchw_model():
     p = _torch_params()
-    x = np.random.default_rng(0).integers(0, 256, (2, 4, 84, 84), dtype=np.uint8)
-    for method in ("gradient", "guided_backprop"):
-        plain = np.asarray(jaxsal.explain(_torch_style, p, x, method=method, layout="NCHW",
-                                          fast_conv=False))
-        fast = np.asarray(jaxsal.explain(_torch_style, p, x, method=method, layout="NCHW"))
-        assert np.abs(plain).max() > 0
-        np.testing.assert_allclose(fast, plain, rtol=1e-4, atol=1e-5 * np.abs(plain).max())
+    x = np.random.default_rng(0).integers(0, 256, (2, 4, 36, 36), dtype=np.uint8)
+    plain = jaxsal.explain(_torch_style, p, x, method=["gradient", "guided_backprop"],
+                           layout="NCHW", fast_conv=False)
+    fast = jaxsal.explain(_torch_style, p, x, method=["gradient", "guided_backprop"],
+                          layout="NCHW")
+    for m, want in plain.items():
+        want = np.asarray(want)
+        assert np.abs(want).max() > 0
+        np.testing.assert_allclose(fast[m], want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
 def test_guided_smoothgrad_and_ig_differ_from_plain_and_match_guided_backprop():
     """rule="guided" is really guided: with sigma 0 SmoothGrad is guided backprop itself."""
-    apply_fn, params, x = _nature()
-    gb = np.asarray(jaxsal.explain(apply_fn, params, x, method="guided_backprop"))
-    sg = np.asarray(jaxsal.explain(apply_fn, params, x, method="smoothgrad", n_samples=2, sigma=0.0,
-                                   rule="guided", key=jax.random.PRNGKey(0)))
+    from tests.test_conformance import MODEL, PARAMS, _obs
+    x = _obs()
+    gb = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, x, method="guided_backprop"))
+    sg = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, x, method="smoothgrad", n_samples=2,
+                                   sigma=0.0, rule="guided", key=jax.random.PRNGKey(0)))
     np.testing.assert_allclose(sg, gb, rtol=1e-5, atol=1e-6 * np.abs(gb).max())
-    ig_plain = np.asarray(jaxsal.explain(apply_fn, params, x, method="integrated_gradients", steps=2))
-    ig_guided = np.asarray(jaxsal.explain(apply_fn, params, x, method="integrated_gradients",
+    ig_plain = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, x, method="integrated_gradients",
+                                         steps=2))
+    ig_guided = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, x, method="integrated_gradients",
                                           steps=2, rule="guided"))
     assert not np.allclose(ig_plain, ig_guided)
     with pytest.raises(jaxsal.SaliencyInputError, match="rule must be one of"):
-        jaxsal.explain(apply_fn, params, x, method="smoothgrad", rule="gided",
+        jaxsal.explain(MODEL.apply, PARAMS, x, method="smoothgrad", rule="gided",
                        key=jax.random.PRNGKey(0))
 
 
@@ -146,11 +166,10 @@ def test_import_turns_on_the_fast_kernels_unless_opted_out_or_too_late():
         pytest.skip("this jaxlib does not accept the YNNPACK flag")
     show = "import os, jaxsal, jax.numpy as jnp; float(jnp.ones(2).sum()); print(os.environ.get('XLA_FLAGS', ''))"
     assert "ynn_fusion_type" in _fresh(show).stdout
-    assert "ynn_fusion_type" not in _fresh(show, JAXSAL_FAST_CPU="0").stdout
-    late = _fresh("import jax.numpy as jnp; float(jnp.ones(2).sum()); import os, jaxsal; "
-                  "import jaxsal.cpu; jaxsal.cpu.auto(); print(os.environ.get('XLA_FLAGS', ''))")
-    assert "ynn_fusion_type" not in late.stdout
-    assert late.stderr.count("JAX started before `import jaxsal`") == 1  # one warning, not two
-    quiet = _fresh("import jax.numpy as jnp; float(jnp.ones(2).sum()); import jaxsal",
-                   JAXSAL_FAST_CPU="0")
-    assert "JAX started before" not in quiet.stderr
+    late = ("import jax.numpy as jnp; float(jnp.ones(2).sum()); import os, jaxsal; "
+            "import jaxsal.cpu; jaxsal.cpu.auto(); print(os.environ.get('XLA_FLAGS', ''))")
+    warned = _fresh(late)
+    assert "ynn_fusion_type" not in warned.stdout
+    assert warned.stderr.count("JAX started before `import jaxsal`") == 1  # one warning, not two
+    off = _fresh(show, JAXSAL_FAST_CPU="0")  # opted out
+    assert "ynn_fusion_type" not in off.stdout and "JAX started before" not in off.stderr

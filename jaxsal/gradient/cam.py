@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -95,6 +96,8 @@ def cam_maps(spec: CamSpec, A, g, guided_x, hw, k: int, per_frame: bool):
     k = 1: (N, H, W) ((N, H, W, C) with per_frame for guided_input variants). k > 1 (a trunk
     run on k frames per state): per-frame maps (N, H, W, k) with per_frame, else the frame sum.
     """
+    chex.assert_rank(A, 4)  # trace-time: channels-last layer output (N*k, h, w, K)
+    chex.assert_equal_shape([A, g])
     c = upsample(cam_map(A, spec.weights(A, g)), hw)
     if k > 1:
         c = to_frames(c, k)

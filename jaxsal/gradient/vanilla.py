@@ -108,10 +108,13 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
             rng = x.reshape(x.shape[0], -1)
             scale = sigma * (rng.max(1) - rng.min(1))
 
+            def draw(kk):  # drawn in NHWC order: the same noise for either layout
+                e = jax.random.normal(kk, hwc, x.dtype)
+                return e if layout == "NHWC" else jnp.transpose(e, (2, 0, 1))
+
             def noise(i):
                 ki = jax.random.fold_in(k, i)
-                return jax.vmap(lambda jj: jax.random.normal(jax.random.fold_in(ki, jj),
-                                                             x.shape[1:], x.dtype))(j)
+                return jax.vmap(lambda jj: draw(jax.random.fold_in(ki, jj)))(j)
             eps = jax.vmap(noise)(idx) * scale.reshape((-1, 1) + (1,) * (x.ndim - 1))
             xn = (x[:, None] + eps).reshape((-1,) + x.shape[1:])
             an = jnp.repeat(a, s)
@@ -123,8 +126,9 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
             return (g * w).sum(1), (g * g * w).sum(1)
         return fn
 
+    hwc = prep.hwc
     fn = batching.cached_jit(("smoothgrad", apply_fn, prep.target_key, s, n_samples, float(sigma),
-                              rule, bool(fast_conv)), build)
+                              rule, bool(fast_conv), layout), build)
 
     def finalize(chunk, acc):
         s1, s2 = acc

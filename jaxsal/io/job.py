@@ -128,7 +128,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     i % num_processes == process_id. Returns a summary dict (frames, maps/s per method,
     wall time, output path). `extra_meta` adds provenance fields to the manifest.
     """
-    from agents.checkpoint import params_checksum as checksum_of
+    from jaxsal.provenance import params_checksum as checksum_of
 
     import jaxsal
     from jaxsal.explain import explain
