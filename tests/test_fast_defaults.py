@@ -48,14 +48,14 @@ def _compiled_convs(f, *args):
 
 
 def test_rule_equals_plain_gradient_for_flax_and_functional_nchw_models():
-    apply_fn, params, x = _nature()
+    from tests.test_conformance import MODEL, PARAMS, _obs
     small = np.random.default_rng(3).integers(0, 256, (2, 4, 36, 36)).astype(np.float32)
-    cases = [(apply_fn, params, jnp.asarray(x, jnp.float32), False),
-             (_torch_style, _torch_params(), jnp.asarray(small), True)]
-    for fn, p, xf, full in cases:
+    cases = [(MODEL.apply, PARAMS, jnp.asarray(_obs(), jnp.float32), 1, False),
+             (_torch_style, _torch_params(), jnp.asarray(small), 2, True)]
+    for fn, p, xf, strided, full in cases:
         def f(v, pp):
             return fn(pp, v)[:, 1].sum()
-        assert count_convs(f, xf, p) == 2  # the two strided convs, wherever they sit
+        assert count_convs(f, xf, p) == strided  # the strided convs, wherever they sit
         want, got = jax.jit(jax.grad(f))(xf, p), jax.jit(jax.grad(rewrite(f)))(xf, p)
         assert float(jnp.abs(want).max()) > 0
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(jnp.abs(want).max()))
@@ -160,16 +160,20 @@ def _fresh(code, **env):
     return r
 
 
-def test_import_turns_on_the_fast_kernels_unless_opted_out_or_too_late():
+def test_import_turns_on_the_fast_kernels_unless_opted_out_or_too_late(monkeypatch):
     from jaxsal import cpu
     if not cpu.flag_supported():
         pytest.skip("this jaxlib does not accept the YNNPACK flag")
     show = "import os, jaxsal, jax.numpy as jnp; float(jnp.ones(2).sum()); print(os.environ.get('XLA_FLAGS', ''))"
     assert "ynn_fusion_type" in _fresh(show).stdout
-    late = ("import jax.numpy as jnp; float(jnp.ones(2).sum()); import os, jaxsal; "
-            "import jaxsal.cpu; jaxsal.cpu.auto(); print(os.environ.get('XLA_FLAGS', ''))")
-    warned = _fresh(late)
-    assert "ynn_fusion_type" not in warned.stdout
-    assert warned.stderr.count("JAX started before `import jaxsal`") == 1  # one warning, not two
-    off = _fresh(show, JAXSAL_FAST_CPU="0")  # opted out
-    assert "ynn_fusion_type" not in off.stdout and "JAX started before" not in off.stderr
+    late = _fresh("import jax.numpy as jnp; float(jnp.ones(2).sum()); import os, jaxsal; "
+                  "import jaxsal.cpu; jaxsal.cpu.auto(); print(os.environ.get('XLA_FLAGS', ''))")
+    assert "ynn_fusion_type" not in late.stdout
+    assert late.stderr.count("JAX started before `import jaxsal`") == 1  # one warning, not two
+    # opted out: nothing set, nothing probed, no warning (as `import jaxsal` runs it)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    monkeypatch.setenv("JAXSAL_FAST_CPU", "0")
+    monkeypatch.setattr(cpu, "backend_started", lambda: False)
+    monkeypatch.setattr(cpu, "_probe", lambda flag: pytest.fail("probed although opted out"))
+    assert cpu.auto() is False
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
