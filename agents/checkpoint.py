@@ -92,9 +92,6 @@ def load_params(path, template):
 
 
 def params_checksum(params) -> str:
-    """Stable sha256 of a params tree (for provenance in output metadata)."""
-    h = hashlib.sha256()
-    for k, v in jax.tree_util.tree_flatten_with_path(params)[0]:
-        h.update(jax.tree_util.keystr(k).encode())
-        h.update(np.ascontiguousarray(np.asarray(v, np.float32)).tobytes())
-    return h.hexdigest()
+    """Stable sha256 of a params tree (for provenance in output metadata): jaxsal's own."""
+    from jaxsal import params_checksum as checksum
+    return checksum(params)

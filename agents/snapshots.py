@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 import jaxsal
-from jaxsal.gradient.family import LAYER_METHODS
 from jaxsal.frame_stats import age_centroid, frame_shares, newest_share
 
 METHODS = ("gradcam", "g1gradcam", "g2gradcam", "guided_backprop", "gradient")
@@ -112,7 +111,7 @@ class SaliencySnapshots:
         row = {"step": int(step), "update": int(update),
                "return_mean": float(np.mean(returns[-20:])) if returns else float("nan")}
         if self.num_frames:
-            cam = any(m in LAYER_METHODS for m in self.frame_methods)   # per-frame CAM needs a
+            cam = any(m in jaxsal.cam_methods() for m in self.frame_methods)   # per-frame CAM needs a
             pf = jaxsal.explain(apply_fn, params, self.probe, method=list(self.frame_methods),
                                 per_frame=True, target=self.target,      # time-distributed trunk
                                 layer=self.layer if cam else None)

@@ -7,11 +7,10 @@
 Needs the `bench` extra (torch, captum, grad-cam). First checks that both sides' maps agree
 where the methods are defined the same (Pearson correlation per map, min over states, >= 0.999),
 then times both sides interleaved (jaxsal call, torch call, jaxsal call, ...) at each batch, so
-that the ratio jaxsal/peer is measured under the same machine load. The gradient and CAM
-methods run jaxsal's opt-in fast path `jaxsal.fastconv.fast_apply` (strided convs as
-space-to-depth + matmuls); the perturbation methods run the plain `apply_fn` with the library
-defaults (incremental conv windows for local perturbations), measured faster at their 64-row
-chunks. Then peak memory per method and side (fresh processes, `experiments.peak_memory`) and
+that the ratio jaxsal/peer is measured under the same machine load. jaxsal runs at its library
+defaults, no opt-ins: `import jaxsal` turns on XLA:CPU's YNNPACK kernels, the gradient and CAM
+methods rewrite strided convs' input gradient as space-to-depth matmuls, local perturbations
+recompute only the conv windows they touch. Then peak memory per method and side (fresh processes, `experiments.peak_memory`) and
 jaxsal's gradient maps/s at N = 1k, 10k, 100k. Writes experiments/results/against_peers.{json,md,png}.
 """
 from __future__ import annotations
@@ -27,8 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jaxsal
-from jaxsal.fastconv import fast_apply
+import jaxsal  # before any JAX computation: turns on XLA:CPU's YNNPACK kernels (library default)
 
 # issue 8's goals: jaxsal/peer maps/s at batch 256
 GOALS = {"gradient": 1.5, "guided_backprop": 1.5, "integrated_gradients": 2.0, "gradcam": 1.2,
@@ -56,11 +54,9 @@ PEER_ROWS = 128
 
 
 def jaxsal_fn(apply_fn, kw: dict):
-    """(apply_fn as the case runs it, explain kwargs): fast_apply for gradient/CAM methods, the
-    plain apply_fn (library defaults) for perturbation methods."""
-    kw = dict(kw)
-    plain = kw.pop("_plain_apply", False)
-    return (apply_fn if plain else fast_apply(apply_fn)), kw
+    """(apply_fn as the case runs it, explain kwargs): the plain apply_fn and the case's
+    method options, everything else at jaxsal's defaults."""
+    return apply_fn, dict(kw)
 
 
 def build(num_actions: int = 6, seed: int = 0):
@@ -120,15 +116,14 @@ def cases(torch_model, rise_key):
         "gradcam_pp conv3": ("gradcam_pp", dict(method="gradcam_pp", layer="conv3"),
                              functools.partial(P.gradcam_pp, tm), pgc, ({}, None)),
         "occlusion (2x2, stride 2)": (
-            "occlusion", dict(method="occlusion", patch=2, stride=2, _plain_apply=True), occ,
+            "occlusion", dict(method="occlusion", patch=2, stride=2), occ,
             "captum Occlusion (perturbations_per_eval=256)",
             (dict(score="drop", return_grid=True), functools.partial(occ, return_grid=True))),
         "noise_sensitivity (r 3, stride 3)": (
-            "noise_sensitivity", dict(method="noise_sensitivity", radius=3.0, stride=3,
-                                      _plain_apply=True), noise,
+            "noise_sensitivity", dict(method="noise_sensitivity", radius=3.0, stride=3), noise,
             "batched torch (written here)", (dict(return_grid=True), functools.partial(noise, return_grid=True))),
         "rise (1000 masks)": (
-            "rise", dict(method="rise", n_masks=1000, key=rise_key, _plain_apply=True),
+            "rise", dict(method="rise", n_masks=1000, key=rise_key),
             functools.partial(P.rise, tm, masks=rmasks, chunk=PEER_ROWS), "batched torch (written here)",
             ({}, None)),
     }
@@ -157,8 +152,9 @@ def agreement(apply_fn, params, name, case, n_states: int = 4) -> dict:
     fn, kw = jaxsal_fn(apply_fn, kw)
     a = np.asarray(jaxsal.explain(fn, params, obs, **{**kw, **extra}))
     b = (peer_check or peer)(to_nchw(obs)).detach().numpy()
-    # the plain path: lax.conv and, for local perturbations, no incremental conv windows
-    no_inc = {"incremental": False} if family in ("occlusion", "noise_sensitivity") else {}
+    # the plain path: XLA's conv gradients and, for local perturbations, no incremental windows
+    no_inc = {"incremental": False} if family in ("occlusion", "noise_sensitivity") else \
+        {} if family == "rise" else {"fast_conv": False}
     plain = np.asarray(jaxsal.explain(apply_fn, params, obs, **{**kw, **extra, **no_inc}))
     return {"corr_vs_peer": correlation(a, b), "corr_fast_vs_plain": correlation(a, plain),
             "max_abs_fast_vs_plain": float(np.abs(a - plain).max()), "compared": (
@@ -280,7 +276,7 @@ def write(res: dict, out: Path):
          f"jax {info['jax']}, flax {info.get('flax')}, torch {info['torch']} "
          f"({info['torch_threads']} intra-op / {info['torch_interop_threads']} inter-op threads), "
          f"captum {info.get('captum')}, pytorch-grad-cam {info.get('pytorch_grad_cam')}, Python "
-         f"{info['python']}. jaxsal side: `jaxsal.explain(fast_apply(apply_fn), ...)` "
+         f"{info['python']}. jaxsal side: `jaxsal.explain(apply_fn, ...)` at its defaults "
          f"(XLA:CPU threads: {info['jaxsal_threads']}; XLA_FLAGS `{info.get('xla_flags') or '(none)'}`).", "",
          "## Agreement (before timing)", "",
          "Pearson correlation per state, minimum over states; `fast vs plain`: jaxsal's fast path "
@@ -300,13 +296,14 @@ def write(res: dict, out: Path):
           f"{res['forward_flops'] / 1e6:.1f} MFLOP per forward; % peak: jaxsal's FLOP/s over the "
           f"machine peak {res['peak_flops'] / 1e9:.0f} GFLOP/s ({res['peak_note']}).", "",
           "| method | peer | batch | measured | jaxsal maps/s | peer maps/s | ratio | ratio (best) | "
-          "goal | MFLOP/map | jaxsal % peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "goal | MFLOP/map | jaxsal % peak | jaxsal first call s |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in res["timing"].items():
         fam = res["families"][name]
         for r in rows:
             if "error" in r:
                 L.append(f"| {name} | {res['peers'][name]} | {r['batch']} | - | error: {r['error']} "
-                         f"| | | | | | |")
+                         f"| | | | | | | |")
                 continue
             goal = GOALS[fam]
             flops = forward_equivalents(fam) * res["forward_flops"]
@@ -314,7 +311,8 @@ def write(res: dict, out: Path):
             L.append(f"| {name} | {res['peers'][name]} | {r['batch']} | {r['measured_states']} | "
                      f"{r['jaxsal_maps_per_s']:.1f} | {r['peer_maps_per_s']:.1f} | {r['ratio']:.2f} | "
                      f"{r['ratio_best']:.2f} | {goal}{met} | {flops / 1e6:.0f} | "
-                     f"{100 * r['jaxsal_maps_per_s'] * flops / res['peak_flops']:.1f} |")
+                     f"{100 * r['jaxsal_maps_per_s'] * flops / res['peak_flops']:.1f} | "
+                     f"{r.get('jaxsal_first_call_s', float('nan')):.2f} |")
     if res.get("memory"):
         L += ["", "## Peak memory (fresh process per case and side)", "",
               "Peak RSS (VmHWM) of a fresh process that builds the model and explains N random "
@@ -348,12 +346,11 @@ def readme_section(res: dict) -> str:
          f"builds the Nature-CNN DQN in flax and torch with identical weights, checks that the maps "
          f"agree (Pearson correlation >= 0.999 where the methods are defined the same), then times "
          f"both sides interleaved. jaxsal runs with XLA:CPU's YNNPACK kernels "
-         f"(`jaxsal.cpu.use_fast_kernels()`, which the `jaxsal` command calls; XLA_FLAGS "
-         f"`{info.get('xla_flags') or '(none)'}`); its gradient and CAM methods with the opt-in "
-         f"`jaxsal.fastconv.fast_apply(apply_fn)` (strided convs' input gradient as space-to-depth "
-         f"matmuls, tested equal to the plain path); the perturbation methods with the plain "
-         f"`apply_fn` and the library defaults (occlusion and noise sensitivity: incremental conv "
-         f"windows, tested equal to the plain path). Peer RISE / noise sensitivity: {PEER_ROWS} rows "
+         f"(turned on by `import jaxsal`; XLA_FLAGS `{info.get('xla_flags') or '(none)'}`), all "
+         f"at library defaults with no opt-ins: the gradient and CAM methods run strided convs' "
+         f"input gradient as space-to-depth matmuls (a rule on the traced function, tested equal "
+         f"to the plain path); occlusion and noise sensitivity recompute only the conv windows "
+         f"a patch touches (tested equal to the plain path). Peer RISE / noise sensitivity: {PEER_ROWS} rows "
          f"per torch forward (its fastest here). Peak memory: peak RSS of a fresh process per method "
          f"and side (256 states; perturbation methods 2). Measured {info['date_utc'][:10]} on "
          f"{info.get('cpu', '?')} ({info['cpu_count']} cores). {load_note(res)} "
@@ -435,7 +432,8 @@ def main(argv=None):
                          "quick: 1000; none: skip)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
     ap.add_argument("--xla-defaults", action="store_true",
-                    help="leave XLA:CPU's default kernels (no YNNPACK flag) on the jaxsal side")
+                    help="check that XLA:CPU runs its default kernels on the jaxsal side (set "
+                         "JAXSAL_FAST_CPU=0 in the environment: `import jaxsal` reads it)")
     ap.add_argument("--peak-gflops", type=float, default=None,
                     help="machine peak FP32 GFLOP/s for the %% peak column (default: cores x "
                          "2.5 GHz x 32 FLOP/cycle, AVX2 FMA x2)")
@@ -455,10 +453,9 @@ def main(argv=None):
     except ImportError:
         raise SystemExit("the peer benchmark needs the bench extra: pip install 'jaxsal[bench]'")
     torch.set_num_threads(args.torch_threads)
-    if args.xla_defaults:
-        os.environ["JAXSAL_FAST_CPU"] = "0"
-    from jaxsal import cpu
-    cpu.use_fast_kernels()  # before build(): the first JAX computation starts XLA with its flags
+    if args.xla_defaults and "ynn_fusion_type" in os.environ.get("XLA_FLAGS", ""):
+        raise SystemExit("--xla-defaults: `import jaxsal` already turned on the YNNPACK kernels; "
+                         "run with JAXSAL_FAST_CPU=0 in the environment instead")
     batches = args.batches or ([1, 32, 256] if args.quick else [1, 256, 4096])
     budget = args.budget or (20.0 if args.quick else 60.0)
     apply_fn, params, tmodel = build()
@@ -471,12 +468,12 @@ def main(argv=None):
            "peak_note": "given" if args.peak_gflops else f"{cores} cores x 2.5 GHz x 32 FP32 FLOP/cycle, assumed",
            "peers": {n: table[n][3] for n in names}, "families": {n: table[n][0] for n in names},
            "agreement": {}, "timing": {}, "notes": [
-               "jaxsal's gradient and CAM maps use the opt-in fast path jaxsal.fastconv.fast_apply "
-               "(conv1/conv2: XLA's forward conv, input gradient as space-to-depth matmuls); "
-               "occlusion, noise sensitivity and RISE run the plain apply_fn with the library "
-               "defaults (incremental conv windows for local perturbations). XLA:CPU runs with "
-               "YNNPACK kernels (jaxsal.cpu.use_fast_kernels) unless --xla-defaults. The agreement "
-               "table's `fast vs plain` compares with lax.conv and incremental=False.",
+               "jaxsal runs at its library defaults with the plain apply_fn: strided convs' "
+               "input gradient as space-to-depth matmuls in the gradient and CAM methods (conv1/"
+               "conv2), incremental conv windows for local perturbations, XLA:CPU's YNNPACK "
+               "kernels (turned on by `import jaxsal`; JAXSAL_FAST_CPU=0 in the environment "
+               "turns them off). The agreement table's `fast vs plain` compares with "
+               "fast_conv=False and incremental=False.",
                f"Peer noise sensitivity and RISE run {PEER_ROWS} rows per torch forward: measured "
                "here, 64-256 rows ran RISE ~2.3x and noise sensitivity ~1.4x faster than "
                "1,000-4,096 (an earlier version of this benchmark used 4,096).",

@@ -176,8 +176,6 @@ def main(argv=None):
         return against_peers.main(fwd)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
-    from jaxsal import cpu
-    cpu.use_fast_kernels()  # XLA:CPU's YNNPACK kernels, as the jaxsal command (before any JAX work)
     batches = args.batches or ([32, 128] if args.quick else [256, 4096])
     names = args.methods or list(CASES)
     apply_fn, params = _model()

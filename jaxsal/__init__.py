@@ -7,15 +7,17 @@ Every method takes `apply_fn(params, obs)` (any pure JAX function, any output py
 Gradient and CAM methods live in `jaxsal.gradient`, perturbation methods in
 `jaxsal.perturbation`; all register with the one front door `jaxsal.explain`.
 """
-from jaxsal import targets
-from jaxsal.errors import SaliencyInputError
+from jaxsal import cpu
+cpu.auto()  # XLA:CPU's YNNPACK kernels, before JAX starts (JAXSAL_FAST_CPU=0 opts out)
+from jaxsal import targets  # noqa: E402
+from jaxsal.errors import SaliencyInputError  # noqa: E402
 from jaxsal.explain import explain
 from jaxsal.gradient import *  # noqa: F401,F403  (registers the gradient/CAM methods)
 from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
 from jaxsal.registry import METHODS
+from jaxsal.provenance import params_checksum  # noqa: E402  (stable sha256 of params)
 from jaxsal.io.store import load_maps, load_outputs  # chunked maps and outputs written by `jaxsal explain`
 from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
-from jaxsal import cpu  # noqa: E402  XLA:CPU speed setting (jaxsal.cpu.use_fast_kernels)
 
 from jaxsal.registry import method_options, options_table  # noqa: E402
 from jaxsal import loaders  # noqa: E402,F401  (agents trained elsewhere: CleanRL, SB3, flax msgpack)
@@ -29,3 +31,9 @@ explain.__doc__ = (explain.__doc__ or "") + (
 def methods() -> list[str]:
     """Names of all methods accepted by `jaxsal.explain`."""
     return sorted(METHODS)
+
+
+def cam_methods() -> list[str]:
+    """Names of the CAM variants (methods taking `layer=`; add one with `jaxsal.register_cam`)."""
+    from jaxsal.gradient.cam import CAMS
+    return sorted(CAMS)

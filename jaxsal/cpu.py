@@ -2,12 +2,14 @@
 
 Measured on a 2-core AMD EPYC (jaxlib 0.10.2): the Nature-CNN's forward convs run 2-2.9x
 faster (forward pass 3.8k -> 9.4k states/s at 64 rows), maps equal to float rounding. XLA
-reads XLA_FLAGS once, when its CPU backend starts (the first JAX computation), so call
-`use_fast_kernels()` at the top of a script, before any JAX computation; the `jaxsal`
-command and the benchmarks in experiments/ do. JAXSAL_FAST_CPU=0 turns it off.
+reads XLA_FLAGS once, when its CPU backend starts (the first JAX computation), so
+`import jaxsal` turns it on (`auto()`) when JAX has not started yet; if it has, one warning
+says how to get it. JAXSAL_FAST_CPU=0 (set before the import) turns it off.
 
 The flag is experimental in XLA and an unknown flag aborts the process, so it is only set
-after a throw-away subprocess has started XLA with it (once per jaxlib version, cached).
+after a throw-away subprocess has started XLA with it: once per jaxlib version, cached in
+~/.cache/jaxsal (or the temp dir when that is not writable); child processes inherit the
+flag through XLA_FLAGS and never probe again.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -22,6 +25,8 @@ YNN_FLAG = "--xla_cpu_experimental_ynn_fusion_type=dot"
 """Hands XLA:CPU's dot and convolution work to YNNPACK (default list is empty in jaxlib 0.10)."""
 
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxsal" / "xla_flags.json"
+_FALLBACK = Path(tempfile.gettempdir()) / f"jaxsal-{os.getuid() if hasattr(os, 'getuid') else 0}" \
+    / "xla_flags.json"
 
 
 def _jaxlib_version() -> str:
@@ -47,21 +52,28 @@ def _probe(flag: str, timeout: float = 120.0) -> bool:
 def flag_supported(flag: str = YNN_FLAG) -> bool:
     """Whether this jaxlib accepts `flag` (probed once per jaxlib version, cached on disk)."""
     key = f"{_jaxlib_version()} {flag}"
-    try:
-        cache = json.loads(_CACHE.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if key in cache:
-        return bool(cache[key])
+    for path in (_CACHE, _FALLBACK):
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if key in cache:
+            return bool(cache[key])
     ok = _probe(flag)
-    try:
-        _CACHE.parent.mkdir(parents=True, exist_ok=True)
-        cache[key] = ok
-        tmp = _CACHE.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(_CACHE)
-    except OSError:
-        pass
+    for path in (_CACHE, _FALLBACK):
+        try:
+            try:
+                cache = json.loads(path.read_text())
+            except (OSError, ValueError):
+                cache = {}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            cache[key] = ok
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache, indent=1))
+            tmp.replace(path)
+            break
+        except OSError:
+            continue
     return ok
 
 
@@ -74,6 +86,39 @@ def backend_started() -> bool:
         return False
 
 
+def turned_off() -> bool:
+    """JAXSAL_FAST_CPU=0/false/no/off."""
+    return os.environ.get("JAXSAL_FAST_CPU", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+_WARNED = False
+STARTED_WARNING = (
+    "jaxsal: JAX started before `import jaxsal`, so XLA:CPU runs without its faster YNNPACK "
+    "kernels (forward convs 2-3x slower). Import jaxsal before the first JAX computation, or "
+    "set XLA_FLAGS=" + YNN_FLAG + " before starting Python; JAXSAL_FAST_CPU=0 silences this.")
+
+
+def auto() -> bool:
+    """What `import jaxsal` does: the fast kernels on unless turned off (JAXSAL_FAST_CPU=0) or
+    unsupported; if JAX's CPU backend already runs, warn once (never on GPU/TPU backends)."""
+    global _WARNED
+    if "ynn_fusion_type" in os.environ.get("XLA_FLAGS", ""):
+        return True
+    if turned_off():
+        return False
+    if backend_started():
+        try:
+            import jax
+            on_cpu = jax.default_backend() == "cpu"
+        except Exception:  # noqa: BLE001
+            on_cpu = False
+        if on_cpu and not _WARNED:
+            _WARNED = True
+            warnings.warn(STARTED_WARNING, stacklevel=3)
+        return False
+    return use_fast_kernels(warn=False)
+
+
 def use_fast_kernels(warn: bool = True) -> bool:
     """Add YNN_FLAG to XLA_FLAGS for this process if this jaxlib supports it.
 
@@ -84,7 +129,7 @@ def use_fast_kernels(warn: bool = True) -> bool:
     flags = os.environ.get("XLA_FLAGS", "")
     if "ynn_fusion_type" in flags:
         return True
-    if os.environ.get("JAXSAL_FAST_CPU", "1").strip().lower() in ("0", "false", "no", "off"):
+    if turned_off():
         return False
     if backend_started():
         if warn:

@@ -61,6 +61,8 @@ def _explain_many(methods, apply_fn, params, obs, common, options):
     shared = [m for m in dict.fromkeys(methods) if m in FAMILY]
     if len(shared) > 1:
         kw = {k: common[k] for k in ("target", "actions", "layout", "batch_size", "per_frame")}
+        if "fast_conv" in options:
+            kw["fast_conv"] = options["fast_conv"]
         if any(m in LAYER_METHODS for m in shared):
             kw["layer"] = common["layer"]
             kw["layer_activation"] = options.get("layer_activation")

@@ -1,12 +1,12 @@
-"""Opt-in fast path: strided flax `nn.Conv` layers with a matmul input-gradient.
+"""Strided convolutions whose input gradient runs as matrix products (space-to-depth).
 
 On XLA:CPU the input gradient of a strided conv like the Nature-CNN's 8x8/4 (a transposed,
 lhs-dilated conv) runs ~3x slower than the same arithmetic as a reshape plus matrix products
 (space-to-depth), while the forward conv is as fast or faster as a conv (much faster with
-YNNPACK, see `jaxsal.cpu`). `fast_apply(apply_fn)` returns an apply_fn with the same signature
-and the same outputs (up to float rounding) whose eligible convs run `conv_hybrid`: lax.conv
-forward, space-to-depth matmul backward. Everything else is unchanged, so layer taps, guided
-rules and the incremental perturbation path (flax interceptors / jaxpr rewrites) still work.
+YNNPACK, see `jaxsal.cpu`). The gradient and CAM methods apply this by default as a rule on
+the traced function (`conv_rule`, used by `jaxsal.gradient.rules.rewrite`): every eligible
+`conv_general_dilated` of any apply_fn keeps its forward and gets the matmul input gradient.
+`fast_apply(apply_fn)` is the older per-model form (flax `nn.Conv` only), kept for callers.
 """
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-__all__ = ["fast_apply", "conv_s2d", "conv_hybrid", "conv_eligible"]
+__all__ = ["fast_apply", "conv_s2d", "conv_hybrid", "conv_eligible", "conv_rule",
+           "conv_rule_eligible"]
 
 
 def as_pair(v, default=1):
@@ -111,6 +113,76 @@ def _hybrid_bwd(strides, pads, precision, res, dy):
 
 
 _conv_hybrid.defvjp(_hybrid_fwd, _hybrid_bwd)
+
+
+def conv_rule_eligible(params: dict, x_aval, k_aval, min_stride: int = 2) -> bool:
+    """True for a `conv_general_dilated` equation (its params and operand avals) that
+    `conv_rule` serves exactly: 2-D, stride >= min_stride on some axis, no dilation or groups,
+    non-negative padding, float32 operands and result. Anything else keeps XLA's gradient."""
+    strides = tuple(params.get("window_strides", ()))
+    if len(strides) != 2 or max(strides) < min_stride:
+        return False
+    if any(d != 1 for d in params.get("lhs_dilation", (1, 1))) \
+            or any(d != 1 for d in params.get("rhs_dilation", (1, 1))):
+        return False
+    if params.get("feature_group_count", 1) != 1 or params.get("batch_group_count", 1) != 1:
+        return False
+    if getattr(x_aval, "dtype", None) != jnp.float32 or getattr(k_aval, "dtype", None) != jnp.float32:
+        return False
+    pet = params.get("preferred_element_type")
+    if pet is not None and jnp.dtype(pet) != jnp.float32:
+        return False
+    pads = params.get("padding", ())
+    try:
+        return len(pads) == 2 and all(int(lo) >= 0 and int(hi) >= 0 for lo, hi in pads)
+    except (TypeError, ValueError):
+        return False
+
+
+def _perm(spec):
+    """(N|O, C|I, S0, S1) spec -> permutation to NHWC (lhs/out) order."""
+    return (spec[0], spec[2], spec[3], spec[1])
+
+
+@functools.lru_cache(maxsize=256)
+def _rule_for(items: tuple):
+    params = dict(items)
+    dn = params["dimension_numbers"]
+    x_perm, o_perm = _perm(dn.lhs_spec), _perm(dn.out_spec)
+    k_perm = (dn.rhs_spec[2], dn.rhs_spec[3], dn.rhs_spec[1], dn.rhs_spec[0])  # -> HWIO
+    x_inv = tuple(int(i) for i in np.argsort(x_perm))
+    strides = tuple(params["window_strides"])
+    pads = tuple(tuple(int(q) for q in p) for p in params["padding"])
+    precision = params.get("precision")
+
+    def conv(x, k):
+        return lax.conv_general_dilated_p.bind(x, k, **params)
+
+    @jax.custom_vjp
+    def f(x, k):
+        return conv(x, k)
+
+    def fwd(x, k):
+        return conv(x, k), (x, k)
+
+    def bwd(res, dy):
+        x, k = res
+        xn, kn = jnp.transpose(x, x_perm), jnp.transpose(k, k_perm)
+        dxn = jax.vjp(lambda u: conv_s2d(u, kn, strides, pads, precision), xn)[1](
+            jnp.transpose(dy, o_perm))[0]
+        dk = jax.vjp(lambda kk: conv(x, kk), k)[1](dy)[0]
+        return jnp.transpose(dxn, x_inv), dk
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def conv_rule(params: dict):
+    """`f(x, kernel)`: the `conv_general_dilated` equation with these params, same forward
+    (the very primitive), input gradient through `conv_s2d`'s matmuls in NHWC order (operands
+    transposed as the dimension numbers say), kernel gradient XLA's own. Check
+    `conv_rule_eligible` first. Reverse mode only (custom VJP)."""
+    return _rule_for(tuple(sorted(params.items())))
 
 
 def conv_eligible(module, x, min_stride: int = 2) -> bool:

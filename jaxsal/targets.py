@@ -120,9 +120,17 @@ def resolve_actions(target: Target, out, actions=None):
 
 
 def check_actions(actions, n: int, num_actions: int | None):
-    """Host-side check of user actions: shape (N,), integers in [0, num_actions)."""
+    """Check user actions: shape (N,), integers in [0, num_actions). Traced actions (under
+    jit/vmap) get the shape and dtype checks only: their values are not known yet."""
     import numpy as np
 
+    if isinstance(actions, jax.core.Tracer):
+        a = actions if actions.ndim else jnp.full((n,), actions)
+        if a.shape != (n,):
+            raise SaliencyInputError(f"actions must have shape (N,) = ({n},), got {a.shape}")
+        if not jnp.issubdtype(a.dtype, jnp.integer):
+            raise SaliencyInputError(f"actions must be integers, got dtype {a.dtype}")
+        return a.astype(jnp.int32)
     a = np.asarray(actions)
     if a.ndim == 0:
         a = np.full((n,), int(a))

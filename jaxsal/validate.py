@@ -1,6 +1,7 @@
 """Input checks shared by every method: shape, layout, dtype, finiteness -> SaliencyInputError."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -24,11 +25,12 @@ def check_obs(obs, layout: str = "NHWC"):
             f"or (N, C, H, W) for layout='NCHW'; got shape {shape}.{hint}")
     if shape[0] == 0:
         raise SaliencyInputError("obs is empty (N = 0)")
-    dtype = np.dtype(getattr(obs, "dtype", np.asarray(obs).dtype))
+    dtype = np.dtype(obs.dtype if hasattr(obs, "dtype") else np.asarray(obs).dtype)
     if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer) or dtype == np.bool_):
         raise SaliencyInputError(f"obs must be uint8, integer, bool or float, got dtype {dtype}")
     x = jnp.asarray(obs, jnp.float32)
-    if np.issubdtype(dtype, np.floating) and not bool(jnp.isfinite(x).all()):
+    traced = isinstance(x, jax.core.Tracer)  # under jit/vmap: no values to check (see README)
+    if np.issubdtype(dtype, np.floating) and not traced and not bool(jnp.isfinite(x).all()):
         raise SaliencyInputError("obs contains NaN or inf values; clean the input first")
     return x
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("captum")  # the bench extra installs both; torch alone (the loaders extra) is not enough
+captum = pytest.importorskip("captum")  # the bench extra installs both; torch alone (the loaders extra) is not enough
 
 import jax  # noqa: E402
 

@@ -1,5 +1,6 @@
 """Gradient and CAM saliency methods (registered with jaxsal.explain)."""
-from jaxsal.gradient.cam import g1gradcam, g2gradcam, gradcam, gradcam_pp, guided_gradcam
+from jaxsal.gradient.family import (g1gradcam, g2gradcam, gradcam, gradcam_pp, guided_gradcam,
+                                    register_cam)
 from jaxsal.gradient.guided import deconvnet, guided_backprop
 from jaxsal.gradient.layers import layer_calls
 from jaxsal.gradient.rules import with_rule
@@ -7,4 +8,4 @@ from jaxsal.gradient.vanilla import grad_x_input, gradient, integrated_gradients
 
 __all__ = ["gradient", "grad_x_input", "smoothgrad", "integrated_gradients", "guided_backprop",
            "deconvnet", "gradcam", "gradcam_pp", "g1gradcam", "g2gradcam", "guided_gradcam",
-           "with_rule", "layer_calls"]
+           "with_rule", "layer_calls", "register_cam"]

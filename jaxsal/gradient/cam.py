@@ -1,4 +1,7 @@
-"""CAM family: Grad-CAM, Grad-CAM++, G1/G2 Grad-CAM (Paper A), Guided Grad-CAM.
+"""CAM family math and its table of variants: Grad-CAM, Grad-CAM++, G1/G2 Grad-CAM (Paper A),
+Guided Grad-CAM. A variant is a `CamSpec` (channel-weight function + which gradient, whether
+maps are max-normalised, whether they multiply guided backprop); `jaxsal.register_cam` adds
+one and registers it with `jaxsal.explain` (the engine is jaxsal.gradient.family).
 
 All share one base: the named layer's activations A (N, h, w, K) and the gradient g of the
 per-sample target w.r.t. A (plain, or through guided ReLUs for G1/G2); only the channel
@@ -23,10 +26,25 @@ frame t's CAM with guided backprop on that frame's input channels (frame-major s
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
+import chex
 import jax
 import jax.numpy as jnp
 
-from jaxsal.registry import register
+
+class CamSpec(NamedTuple):
+    """One CAM variant: w = weights(A, g) (N,h,w,K),(N,h,w,K) -> (N,K), g = dY/dA through
+    `rule` ReLUs ("plain" or "guided"); `normalise`: each map / its max (per state, over its
+    frames); `guided_input`: max(CAM, 0) * max(guided backprop, 0) at input resolution."""
+    weights: Callable
+    rule: str = "plain"
+    normalise: bool = False
+    guided_input: bool = False
+
+
+CAMS: dict[str, CamSpec] = {}
+"""name -> CamSpec of every registered CAM variant (filled by jaxsal.register_cam)."""
 
 
 def gradcam_weights(A, g):
@@ -71,54 +89,26 @@ def normalise_max(m):
     return jnp.where(mx > 0, m / jnp.where(mx > 0, mx, 1.0), 0.0)
 
 
-def _family(name, apply_fn, params, obs, **kw):
-    from jaxsal.gradient.family import compute
-    return compute((name,), apply_fn, params, obs, **kw)[name]
+def cam_maps(spec: CamSpec, A, g, guided_x, hw, k: int, per_frame: bool):
+    """The maps of one variant from the tapped activations A, their gradient g (spec.rule) and,
+    for guided_input variants, the guided input gradient (N, H, W, C) in NHWC.
 
-
-@register("gradcam")
-def gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-            batch_size=None, layer=None, per_frame=False, layer_activation=None):
-    """Grad-CAM maps (N, H, W) of the named layer (default: last conv-like layer); per-frame
-    maps (N, H, W, T) with per_frame=True on a time-distributed layer (module docstring)."""
-    return _family("gradcam", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
-
-
-@register("gradcam_pp")
-def gradcam_pp(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-               batch_size=None, layer=None, per_frame=False, layer_activation=None):
-    """Grad-CAM++ maps (N, H, W) of the named layer ((N, H, W, T) per frame, as gradcam)."""
-    return _family("gradcam_pp", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
-
-
-@register("g1gradcam")
-def g1gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-              batch_size=None, layer=None, per_frame=False, layer_activation=None):
-    """G1Grad-CAM (Paper A): Grad-CAM with guided-ReLU gradients, each map divided by its max
-    ((N, H, W, T) per frame, as gradcam, divided by the max over the state's frames)."""
-    return _family("g1gradcam", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
-
-
-@register("g2gradcam")
-def g2gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-              batch_size=None, layer=None, per_frame=False, layer_activation=None):
-    """G2Grad-CAM (Paper A): max(G1, 0) * max(guided backprop, 0), per frame then summed."""
-    return _family("g2gradcam", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
-
-
-@register("guided_gradcam")
-def guided_gradcam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
-                   key=None, batch_size=None, layer=None, per_frame=False,
-                   layer_activation=None):
-    """Guided Grad-CAM: max(Grad-CAM, 0) * max(guided backprop, 0), per frame then summed."""
-    return _family("guided_gradcam", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
-                   layer_activation=layer_activation)
+    k = 1: (N, H, W) ((N, H, W, C) with per_frame for guided_input variants). k > 1 (a trunk
+    run on k frames per state): per-frame maps (N, H, W, k) with per_frame, else the frame sum.
+    """
+    chex.assert_rank(A, 4)  # trace-time: channels-last layer output (N*k, h, w, K)
+    chex.assert_equal_shape([A, g])
+    c = upsample(cam_map(A, spec.weights(A, g)), hw)
+    if k > 1:
+        c = to_frames(c, k)
+    if not spec.guided_input:
+        if k > 1 and not per_frame:
+            c = c.sum(-1)
+        return normalise_max(c) if spec.normalise else c
+    if spec.normalise:
+        c = normalise_max(c)
+    gb = jax.nn.relu(guided_x)
+    c = jax.nn.relu(c)
+    c = jnp.repeat(c, gb.shape[-1] // k, axis=-1) if k > 1 else c[..., None]
+    prod = c * gb
+    return prod if per_frame else prod.sum(-1)

@@ -103,7 +103,7 @@ def as_float(x):
 def _check_obs_lazy(obs, layout):
     """Validate obs; float input -> float32 array, integer/bool input kept as is (cast per chunk,
     so 100k uint8 frames never exist as one float32 copy)."""
-    if np.ndim(obs) != 4 or not isinstance(obs, (np.ndarray, jax.Array)):
+    if np.ndim(obs) != 4 or not isinstance(obs, (np.ndarray, jax.Array, jax.core.Tracer)):
         return check_obs(obs, layout)
     dtype = np.dtype(obs.dtype)
     if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
@@ -159,8 +159,8 @@ def finish(attr, layout, per_frame):
 def run_chunks(fn, statics, arrays, rows_per_state: int, rows: int):
     """fn(statics, *chunk_arrays) over chunks of states (<= rows model rows); concat outputs."""
     size = batching.chunk_size(arrays[0].shape[0], max(1, rows // max(1, rows_per_state)), 1)
-    return batching.concat([jax.tree.map(lambda o: o[:m], fn(statics, *chunk))
-                            for chunk, m in batching.iter_chunks(arrays, size)])
+    return batching.run(lambda chunk: fn(statics, *chunk), list(arrays), size,
+                        traced=batching.is_traced(statics, arrays))
 
 
 def sample_groups(total: int, rows: int):
@@ -180,10 +180,9 @@ def as_key(key, method):
     try:
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
             return key
-        k = np.asarray(key)
-        if k.shape != (2,) or k.dtype != np.uint32:
+        if tuple(np.shape(key)) != (2,) or np.dtype(key.dtype) != np.uint32:
             raise TypeError
-        return jnp.asarray(k)
+        return jnp.asarray(key)
     except (TypeError, AttributeError):
         raise SaliencyInputError(
             f"key must be a JAX PRNG key such as jax.random.PRNGKey(0) or jax.random.key(0), "

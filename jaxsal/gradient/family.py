@@ -1,5 +1,6 @@
 """One engine for every single-backward method: plain, guided and deconvnet gradients at the
-input and at a tapped layer, computed together in one jitted function per chunk.
+input and at a tapped layer, computed together in one jitted function per chunk. CAM variants
+come from the table jaxsal.gradient.cam.CAMS; `register_cam` adds one and registers it.
 
 Asking for several methods at once (e.g. gradcam + gradcam_pp + guided_backprop + g2gradcam)
 shares the work: one plain and/or one guided backward gives all the maps; XLA shares the
@@ -20,28 +21,36 @@ from jaxsal.gradient.common import (as_float, finish, objective, params_signatur
                                     run_chunks)
 from jaxsal.gradient.cam_site import CAM_ACTIVATIONS, cam_site
 from jaxsal.gradient.layers import get_activation, resolve_tap, tap
-from jaxsal.gradient.rules import with_rule
+from jaxsal.gradient.rules import rewrite
+from jaxsal.registry import register
 from jaxsal.validate import to_nhwc
 
-FAMILY = ("gradient", "grad_x_input", "guided_backprop", "deconvnet", "gradcam", "gradcam_pp",
-          "g1gradcam", "g2gradcam", "guided_gradcam")
-LAYER_METHODS = ("gradcam", "gradcam_pp", "g1gradcam", "g2gradcam", "guided_gradcam")
-PER_FRAME_METHODS = ("gradient", "grad_x_input", "guided_backprop", "deconvnet", "g2gradcam",
-                     "guided_gradcam")
-# (rule, where) gradients each method needs; where is "x" (input) or "layer".
-_NEEDS = {
-    "gradient": {("plain", "x")}, "grad_x_input": {("plain", "x")},
-    "guided_backprop": {("guided", "x")}, "deconvnet": {("deconvnet", "x")},
-    "gradcam": {("plain", "layer")}, "gradcam_pp": {("plain", "layer")},
-    "g1gradcam": {("guided", "layer")},
-    "g2gradcam": {("guided", "layer"), ("guided", "x")},
-    "guided_gradcam": {("plain", "layer"), ("guided", "x")},
-}
+INPUT_RULES = {"gradient": "plain", "grad_x_input": "plain", "guided_backprop": "guided",
+               "deconvnet": "deconvnet"}
+"""Input-gradient methods of the family and the ReLU rule of their backward pass."""
+LAYER_METHODS = cam.CAMS
+"""The CAM variants (name -> CamSpec), live: jaxsal.register_cam adds to it."""
+FAMILY: dict = dict.fromkeys(INPUT_RULES)
+"""Every single-backward method (input-gradient methods and CAM variants), live."""
 
 
-def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1):
+def _needs(m) -> set:
+    """(rule, where) gradients method m needs; where is "x" (input) or "layer"."""
+    if m in INPUT_RULES:
+        return {(INPUT_RULES[m], "x")}
+    spec = cam.CAMS[m]
+    return {(spec.rule, "layer")} | ({("guided", "x")} if spec.guided_input else set())
+
+
+def per_frame_ok(m) -> bool:
+    """Input-resolution maps (per_frame=True gives one per input channel)."""
+    return m in INPUT_RULES or cam.CAMS[m].guided_input
+
+
+def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1,
+           fast_conv=True):
     """The jitted per-chunk function; k = rows of the tapped layer per state (1: ordinary)."""
-    needs = set().union(*(_NEEDS[m] for m in methods))
+    needs = set().union(*(_needs(m) for m in methods))
     rules = sorted({r for r, _ in needs})
     tapped = tap(apply_fn, layer, activation) if layer is not None else None
 
@@ -61,7 +70,8 @@ def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1
                     y, A = tapped(p, xx, eps)
                     return objective(tgt, y, actions).sum(), A
                 argnums = (0, 1) if want_x else (0,)
-                grads, A = jax.grad(with_rule(f, rule), argnums, has_aux=True)(eps0, x, params)
+                grads, A = jax.grad(rewrite(f, rule, fast_conv), argnums, has_aux=True)(eps0, x,
+                                                                                      params)
                 res["A"] = A
                 res[(rule, "layer")] = grads[0]
                 if want_x:
@@ -69,66 +79,33 @@ def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1
             else:
                 def f(xx, p):
                     return objective(tgt, apply_fn(p, xx), actions).sum()
-                res[(rule, "x")] = jax.grad(with_rule(f, rule))(x, params)
+                res[(rule, "x")] = jax.grad(rewrite(f, rule, fast_conv))(x, params)
         out = {}
         for m in methods:
-            if m == "gradient":
-                out[m] = finish(res[("plain", "x")], layout, per_frame)
-            elif m == "grad_x_input":
-                out[m] = finish(x * res[("plain", "x")], layout, per_frame)
-            elif m in ("guided_backprop", "deconvnet"):
-                out[m] = finish(res[("guided" if m == "guided_backprop" else "deconvnet", "x")],
-                                layout, per_frame)
-            elif k > 1:
-                out[m] = _frame_cam(m, res, hw, k, layout, per_frame)
-            elif m == "gradcam":
-                g = res[("plain", "layer")]
-                out[m] = cam.upsample(cam.cam_map(res["A"], cam.gradcam_weights(res["A"], g)), hw)
-            elif m == "gradcam_pp":
-                g = res[("plain", "layer")]
-                out[m] = cam.upsample(cam.cam_map(res["A"], cam.gradcam_pp_weights(res["A"], g)), hw)
-            elif m in ("g1gradcam", "g2gradcam", "guided_gradcam"):
-                rule = "plain" if m == "guided_gradcam" else "guided"
-                g = res[(rule, "layer")]
-                c = cam.upsample(cam.cam_map(res["A"], cam.gradcam_weights(res["A"], g)), hw)
-                if m == "g1gradcam":
-                    out[m] = cam.normalise_max(c)
-                    continue
-                if m == "g2gradcam":
-                    c = cam.normalise_max(c)
-                gb = jax.nn.relu(to_nhwc(res[("guided", "x")], layout))
-                prod = jax.nn.relu(c)[..., None] * gb
-                out[m] = prod if per_frame else prod.sum(-1)
+            if m in INPUT_RULES:
+                g = res[(INPUT_RULES[m], "x")]
+                out[m] = finish(x * g if m == "grad_x_input" else g, layout, per_frame)
+                continue
+            spec = cam.CAMS[m]
+            gx = to_nhwc(res[("guided", "x")], layout) if spec.guided_input else None
+            out[m] = cam.cam_maps(spec, res["A"], res[(spec.rule, "layer")], gx, hw, k, per_frame)
         return out
 
     return fn
 
 
-def _frame_cam(m, res, hw, k, layout, per_frame):
-    """CAM method m on a time-distributed layer (N*k rows): per-frame maps (N, H, W, k), or
-    the frame sum (N, H, W); g2gradcam/guided_gradcam as (N, H, W, C) / summed over C."""
-    rule = "guided" if m in ("g1gradcam", "g2gradcam") else "plain"
-    weights = cam.gradcam_pp_weights if m == "gradcam_pp" else cam.gradcam_weights
-    A, g = res["A"], res[(rule, "layer")]
-    c = cam.to_frames(cam.upsample(cam.cam_map(A, weights(A, g)), hw), k)
-    if m in ("gradcam", "gradcam_pp"):
-        return c if per_frame else c.sum(-1)
-    if m == "g1gradcam":
-        return cam.normalise_max(c if per_frame else c.sum(-1))
-    if m == "g2gradcam":
-        c = cam.normalise_max(c)
-    gb = jax.nn.relu(to_nhwc(res[("guided", "x")], layout))
-    prod = jax.nn.relu(jnp.repeat(c, gb.shape[-1] // k, axis=-1)) * gb
-    return prod if per_frame else prod.sum(-1)
-
-
 def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
-            batch_size=None, layer=None, per_frame=False, layer_activation=None):
-    """Maps of several single-backward methods at once: dict name -> (N, H, W[, C])."""
+            batch_size=None, layer=None, per_frame=False, layer_activation=None,
+            fast_conv=True):
+    """Maps of several single-backward methods at once: dict name -> (N, H, W[, C]).
+
+    fast_conv (default True): strided convs' input gradient as matmuls (jaxsal.fastconv, same
+    maps up to float rounding); False keeps XLA's transposed convs."""
     methods = tuple(dict.fromkeys(methods))
     bad = [m for m in methods if m not in FAMILY]
     if bad:
-        raise SaliencyInputError(f"not a single-backward gradient method: {bad}; these are {FAMILY}")
+        raise SaliencyInputError(f"not a single-backward gradient method: {bad}; these are "
+                                 f"{tuple(FAMILY)}")
     prep = prepare(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                    batch_size=batch_size)
     uses_layer = any(m in LAYER_METHODS for m in methods)
@@ -140,24 +117,25 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
     lname, k = (_resolve_cached(apply_fn, params, as_float(prep.x[:1]), layer, layer_activation)
                 if uses_layer else (None, 1))
     if per_frame and k == 1:
-        nope = [m for m in methods if m not in PER_FRAME_METHODS]
+        nope = [m for m in methods if not per_frame_ok(m)]
         if nope:
             raise SaliencyInputError(
                 f"{nope} give layer-resolution maps only; per_frame=True is for input-resolution "
-                f"methods {PER_FRAME_METHODS}, or CAM methods on a layer run once per frame "
+                f"methods {tuple(m for m in FAMILY if per_frame_ok(m))}, or CAM methods on a layer run once per frame "
                 f"(time-distributed trunk, output (N*T, h, w, K)); layer {lname!r} runs once "
                 "per state")
-    if k > 1 and prep.hwc[2] % k and any(m in ("g2gradcam", "guided_gradcam") for m in methods):
+    if k > 1 and prep.hwc[2] % k and any(m in cam.CAMS and cam.CAMS[m].guided_input
+                                          for m in methods):
         raise SaliencyInputError(
             f"layer {lname!r} runs {k} times per state but the input has {prep.hwc[2]} channels, "
             f"not a multiple of {k}: g2gradcam/guided_gradcam cannot assign input channels to "
             "frames (frame-major stacks of k frames x C/k channels)")
     has_actions = prep.actions is not None
     key = ("family", apply_fn, prep.target_key, methods, lname, layer_activation, layout,
-           bool(per_frame), prep.hwc[:2], has_actions) + ((k,) if k > 1 else ())
+           bool(per_frame), prep.hwc[:2], has_actions, bool(fast_conv)) + ((k,) if k > 1 else ())
     fn = batching.cached_jit(key, lambda: _build(apply_fn, prep.target, methods, lname,
                                                  layer_activation, layout, bool(per_frame),
-                                                 prep.hwc[:2], k))
+                                                 prep.hwc[:2], k, bool(fast_conv)))
     arrays = [prep.x] + ([prep.actions] if has_actions else [])
     return run_chunks(fn, params, arrays, k, prep.rows)
 
@@ -175,3 +153,45 @@ def _resolve_cached(apply_fn, params, x1, layer, activation=None):
     if k not in _LAYER_CACHE:
         _LAYER_CACHE[k] = resolve_tap(apply_fn, params, x1, layer, activation)
     return _LAYER_CACHE[k]
+
+
+def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: bool = False,
+                 guided_input: bool = False, doc: str | None = None):
+    """Add a CAM variant (its channel weights w = weights(A, g) -> (N, K)) and register it as
+    `jaxsal.explain(method=name)`. Usable as a decorator on the weight function. rule: the
+    ReLU rule of dY/dA ("plain"/"guided"); normalise: maps / their max; guided_input: times
+    guided backprop (input resolution). Returns the registered method."""
+    if weights is None:
+        return lambda w: register_cam(name, w, rule=rule, normalise=normalise,
+                                      guided_input=guided_input, doc=doc)
+    if rule not in ("plain", "guided"):
+        raise ValueError(f"rule must be 'plain' or 'guided', got {rule!r}")
+    cam.CAMS[name] = cam.CamSpec(weights, rule, bool(normalise), bool(guided_input))
+    FAMILY[name] = None
+
+    def method(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+               key=None, batch_size=None, layer=None, per_frame=False, layer_activation=None,
+               fast_conv=True):
+        return compute((name,), apply_fn, params, obs, target=target, actions=actions,
+                       layout=layout, batch_size=batch_size, layer=layer, per_frame=per_frame,
+                       layer_activation=layer_activation, fast_conv=fast_conv)[name]
+
+    method.__name__ = method.__qualname__ = name
+    method.__module__ = getattr(weights, "__module__", __name__)  # who defined the variant
+    method.__doc__ = doc or (weights.__doc__ or f"CAM variant {name!r}")
+    return register(name)(method)
+
+
+gradcam = register_cam("gradcam", cam.gradcam_weights, doc=(
+    "Grad-CAM maps (N, H, W) of the named layer (default: last conv-like layer); per-frame maps "
+    "(N, H, W, T) with per_frame=True on a time-distributed layer (see jaxsal.gradient.cam)."))
+gradcam_pp = register_cam("gradcam_pp", cam.gradcam_pp_weights, doc=(
+    "Grad-CAM++ maps (N, H, W) of the named layer ((N, H, W, T) per frame, as gradcam)."))
+g1gradcam = register_cam("g1gradcam", cam.gradcam_weights, rule="guided", normalise=True, doc=(
+    "G1Grad-CAM (Paper A): Grad-CAM with guided-ReLU gradients, each map divided by its max "
+    "((N, H, W, T) per frame, as gradcam, divided by the max over the state's frames)."))
+g2gradcam = register_cam("g2gradcam", cam.gradcam_weights, rule="guided", normalise=True,
+                         guided_input=True, doc=(
+    "G2Grad-CAM (Paper A): max(G1, 0) * max(guided backprop, 0), per frame then summed."))
+guided_gradcam = register_cam("guided_gradcam", cam.gradcam_weights, guided_input=True, doc=(
+    "Guided Grad-CAM: max(Grad-CAM, 0) * max(guided backprop, 0), per frame then summed."))

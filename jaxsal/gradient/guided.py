@@ -5,25 +5,27 @@ The rules act on any apply_fn via `jaxsal.gradient.rules.with_rule`. Signed maps
 """
 from __future__ import annotations
 
+from jaxsal.gradient.family import compute
 from jaxsal.registry import register
 
 
 def _family(name, apply_fn, params, obs, **kw):
-    from jaxsal.gradient.family import compute
     return compute((name,), apply_fn, params, obs, **kw)[name]
 
 
 @register("guided_backprop")
 def guided_backprop(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
-                    key=None, batch_size=None, per_frame=False):
+                    key=None, batch_size=None, per_frame=False, fast_conv=True):
     """Guided-backprop input attributions: (N, H, W) summed over frames, or (N, H, W, C)."""
     return _family("guided_backprop", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, per_frame=per_frame)
+                   layout=layout, batch_size=batch_size, per_frame=per_frame,
+                   fast_conv=fast_conv)
 
 
 @register("deconvnet")
 def deconvnet(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-              batch_size=None, per_frame=False):
+              batch_size=None, per_frame=False, fast_conv=True):
     """Deconvnet input attributions: (N, H, W) summed over frames, or (N, H, W, C)."""
     return _family("deconvnet", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, per_frame=per_frame)
+                   layout=layout, batch_size=batch_size, per_frame=per_frame,
+                   fast_conv=fast_conv)

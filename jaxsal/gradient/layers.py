@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsal.batching import is_traced
 from jaxsal.errors import SaliencyInputError
 
 ACTIVATIONS: dict[str, Callable] = {"relu": jax.nn.relu, "leaky_relu": jax.nn.leaky_relu,
@@ -139,11 +140,14 @@ def resolve_tap(apply_fn, params, x, layer: str | None, activation=None) -> tupl
     k comes from the output's leading dimension at N and 2N states (k*N and 2k*N). For k > 1
     the rows must be state-major (row n*k + t is frame t of state n, as `reshape(N*T, ...)`
     of an (N, T, ...) batch gives): checked numerically by tapping N states and the same N
-    states followed by N different ones, since a time-major trunk would mix states silently.
+    states followed by N different ones, since a time-major trunk would mix states silently
+    (eager calls only: under jit/vmap there are no values to check).
     """
     name, k = _resolve(apply_fn, params, x, layer)
     if k == 1:
         return name, 1
+    if is_traced(params, x):  # values unknown under jit/vmap: the shape check above only
+        return name, k
     x = jnp.asarray(x, jnp.float32)
     scale = max(float(jnp.abs(x).max()), 1.0)
     other = x + scale * jnp.asarray(np.random.default_rng(0).uniform(0.1, 0.6, x.shape), x.dtype)

@@ -1,10 +1,15 @@
-"""Backward rules on any JAX function: rewrite its ReLUs into guided or deconvnet ReLUs.
+"""Backward rules on any JAX function: guided/deconvnet ReLUs and matmul strided-conv gradients.
 
 The function is traced to a jaxpr and re-evaluated with every ReLU (`jax.nn.relu` /
 flax `nn.relu`, seen as a `custom_jvp_call` whose inner jaxpr is `max(x, 0)`, or a bare
 `max(x, 0)`) replaced by a custom-VJP ReLU: same forward values, new backward. The result
 is an ordinary JAX function, so it composes with `jit`, `vmap` and `grad`. Other
 activations (leaky ReLU, GELU, ...) keep their ordinary gradients.
+
+The same pass rewrites every eligible strided `conv_general_dilated` (any apply_fn, any
+layout) into `jaxsal.fastconv.conv_rule`: same forward, input gradient as space-to-depth
+matmuls (~2.4x faster for the Nature CNN's conv1 on XLA:CPU). `rewrite(fn, rule, fast_conv)`
+is what the gradient and CAM methods differentiate; fast_conv=True is their default.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxsal.fastconv import conv_rule, conv_rule_eligible
 try:
     from jax.extend import core as jcore
     jcore.Literal  # noqa: B018 (older JAX lacks it here)
@@ -110,8 +117,13 @@ def _contains_relu(closed) -> bool:
     return False
 
 
-def _eval(jaxpr, consts, args, rule: str, stats: dict):
-    """Evaluate a jaxpr, replacing ReLUs with `rule_relu(rule, .)`."""
+def _conv_ok(eqn) -> bool:
+    return conv_rule_eligible(eqn.params, eqn.invars[0].aval, eqn.invars[1].aval)
+
+
+def _eval(jaxpr, consts, args, rule: str, stats: dict, conv: bool = False):
+    """Evaluate a jaxpr, replacing ReLUs with `rule_relu(rule, .)` (rule "plain": kept) and,
+    with conv=True, eligible strided convs with `conv_rule`."""
     env = {}
     zeros = _zero_consts(jaxpr, consts)
 
@@ -125,19 +137,24 @@ def _eval(jaxpr, consts, args, rule: str, stats: dict):
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         invals = [read(v) for v in eqn.invars]
-        k = _relu_operand(eqn, zeros)
-        if k is not None and eqn.invars[k].aval.shape == eqn.outvars[0].aval.shape:
+        k = _relu_operand(eqn, zeros) if rule != "plain" else None
+        if conv and name == "conv_general_dilated" and _conv_ok(eqn):
+            stats["convs"] = stats.get("convs", 0) + 1
+            outs = [conv_rule(eqn.params)(*invals)]
+        elif k is not None and eqn.invars[k].aval.shape == eqn.outvars[0].aval.shape:
             stats["relus"] += 1
             outs = [rule_relu(rule, invals[k])]
-        elif name == "custom_jvp_call" and _is_relu_jaxpr(eqn.params["call_jaxpr"]):
+        elif rule != "plain" and name == "custom_jvp_call" \
+                and _is_relu_jaxpr(eqn.params["call_jaxpr"]):
             stats["relus"] += 1
             outs = [rule_relu(rule, invals[0])]
         elif name in _CALLS:
             sub = eqn.params["jaxpr"]
-            outs = _eval(sub.jaxpr, sub.consts, invals, rule, stats)
-        elif name == "custom_jvp_call" and _contains_relu(eqn.params["call_jaxpr"]):
+            outs = _eval(sub.jaxpr, sub.consts, invals, rule, stats, conv)
+        elif rule != "plain" and name == "custom_jvp_call" \
+                and _contains_relu(eqn.params["call_jaxpr"]):
             sub = eqn.params["call_jaxpr"]
-            outs = _eval(sub.jaxpr, sub.consts, invals, rule, stats)
+            outs = _eval(sub.jaxpr, sub.consts, invals, rule, stats, conv)
         else:
             bound = eqn.primitive.get_bind_params(eqn.params)
             if isinstance(bound, tuple):  # older JAX: (subfuns, params)
@@ -154,30 +171,45 @@ def _eval(jaxpr, consts, args, rule: str, stats: dict):
     return [read(v) for v in jaxpr.outvars]
 
 
-def with_rule(fn, rule: str):
-    """fn with every ReLU's backward replaced by `rule` ("plain" returns fn unchanged).
+def rewrite(fn, rule: str = "plain", fast_conv: bool = True):
+    """fn with every ReLU's backward replaced by `rule` and, with fast_conv, every eligible
+    strided conv's input gradient run as matmuls. ("plain", False) returns fn unchanged.
 
     Same forward values; the returned function takes and returns the same pytrees as fn.
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if rule == "plain":
+    if rule == "plain" and not fast_conv:
         return fn
 
     def wrapped(*args):
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
         stats = {"relus": 0}
         flat = jax.tree.leaves(args)
-        outs = _eval(closed.jaxpr, closed.consts, flat, rule, stats)
+        outs = _eval(closed.jaxpr, closed.consts, flat, rule, stats, bool(fast_conv))
         return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
     return wrapped
 
 
+def with_rule(fn, rule: str):
+    """fn with every ReLU's backward replaced by `rule` ("plain" returns fn unchanged)."""
+    return rewrite(fn, rule, fast_conv=False)
+
+
 def count_relus(fn, *args) -> int:
     """How many ReLUs `with_rule` would rewrite in fn at these arguments (for checks/tests)."""
+    return _count(fn, args, "guided", False)["relus"]
+
+
+def count_convs(fn, *args) -> int:
+    """How many strided convs `rewrite(fn, fast_conv=True)` would rewrite at these arguments."""
+    return _count(fn, args, "plain", True).get("convs", 0)
+
+
+def _count(fn, args, rule, conv):
     closed = jax.make_jaxpr(fn)(*args)
     stats = {"relus": 0}
-    jax.eval_shape(lambda *a: _eval(closed.jaxpr, closed.consts, jax.tree.leaves(a), "guided", stats),
-                   *args)
-    return stats["relus"]
+    jax.eval_shape(lambda *a: _eval(closed.jaxpr, closed.consts, jax.tree.leaves(a), rule, stats,
+                                    conv), *args)
+    return stats

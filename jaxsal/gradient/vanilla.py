@@ -15,6 +15,8 @@ from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
 from jaxsal.gradient.common import (as_float, as_key, choose_actions, finish, objective,
                                     prepare, sample_groups, state_index)
+from jaxsal.gradient.rules import RULES, rewrite
+from jaxsal.gradient.family import compute
 from jaxsal.registry import register
 from jaxsal.validate import check_obs, check_positive_int
 
@@ -25,37 +27,44 @@ IG_RULES = ("riemann_right", "riemann_middle", "riemann_left", "riemann_trapezoi
 
 
 def _family(name, apply_fn, params, obs, **kw):
-    from jaxsal.gradient.family import compute
     return compute((name,), apply_fn, params, obs, **kw)[name]
 
 
 @register("gradient")
 def gradient(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-             batch_size=None, per_frame=False):
+             batch_size=None, per_frame=False, fast_conv=True):
     """Vanilla gradient dy/dx (Simonyan 2014), signed: (N, H, W) summed over frames or (N, H, W, C)."""
     return _family("gradient", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, per_frame=per_frame)
+                   layout=layout, batch_size=batch_size, per_frame=per_frame,
+                   fast_conv=fast_conv)
 
 
 @register("grad_x_input")
 def grad_x_input(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
-                 key=None, batch_size=None, per_frame=False):
+                 key=None, batch_size=None, per_frame=False, fast_conv=True):
     """Gradient x input, x * dy/dx on the observation's own value scale, signed."""
     return _family("grad_x_input", apply_fn, params, obs, target=target, actions=actions,
-                   layout=layout, batch_size=batch_size, per_frame=per_frame)
+                   layout=layout, batch_size=batch_size, per_frame=per_frame,
+                   fast_conv=fast_conv)
+
+
+def check_rule(rule):
+    """A backward rule name for SmoothGrad / IG: plain, guided or deconvnet."""
+    if rule not in RULES:
+        raise SaliencyInputError(f"rule must be one of {RULES}, got {rule!r}")
+    return rule
 
 
 def _loop(fn, params, statics_per_group, arrays, size, finalize):
     """States in chunks of `size` (outer), sample groups (inner, accumulated), then
     finalize(chunk_arrays, accumulated) per chunk: memory is bounded by the chunk."""
-    outs = []
-    for chunk, m in batching.iter_chunks(arrays, size):
-        acc = None
-        for statics in statics_per_group:
-            part = fn(params, statics, *chunk)
-            acc = part if acc is None else jax.tree.map(jnp.add, acc, part)
-        outs.append(jax.tree.map(lambda o: o[:m], finalize(chunk, acc)))
-    return batching.concat(outs)
+    traced = batching.is_traced(params, arrays, statics_per_group)
+
+    def chunk_fn(chunk):
+        acc = batching.accumulate(lambda st: fn(params, st, *chunk), statics_per_group, traced)
+        return finalize(chunk, acc)
+
+    return batching.run(chunk_fn, list(arrays), size, traced)
 
 
 def _states_per_chunk(n, rows, s):
@@ -64,15 +73,18 @@ def _states_per_chunk(n, rows, s):
 
 @register("smoothgrad", stochastic=True)
 def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
-               batch_size=None, per_frame=False, n_samples=50, sigma=0.15, variant="mean"):
+               batch_size=None, per_frame=False, n_samples=50, sigma=0.15, variant="mean",
+               rule="plain", fast_conv=True):
     """SmoothGrad (Smilkov 2017): gradients of n_samples noisy copies x + N(0, s^2).
 
     s = sigma * (max(x) - min(x)) per state (the paper's noise level; 0.15 default).
     variant "mean": mean gradient; "sg2": mean squared gradient (SmoothGrad^2); "vargrad":
     variance of the gradients. Noise for state i, sample j comes from fold_in(fold_in(key, i), j),
-    so results do not depend on batch_size.
+    so results do not depend on batch_size. rule="guided"/"deconvnet" takes each gradient
+    through guided/deconvnet ReLUs (guided SmoothGrad); fast_conv as for `gradient`.
     """
     key = as_key(key, "smoothgrad")
+    rule = check_rule(rule)
     n_samples = check_positive_int("n_samples", n_samples)
     if not isinstance(sigma, (int, float)) or isinstance(sigma, bool) or not np.isfinite(sigma) \
             or sigma < 0:
@@ -96,23 +108,27 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
             rng = x.reshape(x.shape[0], -1)
             scale = sigma * (rng.max(1) - rng.min(1))
 
+            def draw(kk):  # drawn in NHWC order: the same noise for either layout
+                e = jax.random.normal(kk, hwc, x.dtype)
+                return e if layout == "NHWC" else jnp.transpose(e, (2, 0, 1))
+
             def noise(i):
                 ki = jax.random.fold_in(k, i)
-                return jax.vmap(lambda jj: jax.random.normal(jax.random.fold_in(ki, jj),
-                                                             x.shape[1:], x.dtype))(j)
+                return jax.vmap(lambda jj: draw(jax.random.fold_in(ki, jj)))(j)
             eps = jax.vmap(noise)(idx) * scale.reshape((-1, 1) + (1,) * (x.ndim - 1))
             xn = (x[:, None] + eps).reshape((-1,) + x.shape[1:])
             an = jnp.repeat(a, s)
 
-            def f(xx):
-                return objective(tgt, apply_fn(params, xx), an).sum()
-            g = jax.grad(f)(xn).reshape((x.shape[0], s) + x.shape[1:])
+            def f(xx, p):
+                return objective(tgt, apply_fn(p, xx), an).sum()
+            g = jax.grad(rewrite(f, rule, fast_conv))(xn, params).reshape((x.shape[0], s) + x.shape[1:])
             w = valid.reshape((1, s) + (1,) * (x.ndim - 1))
             return (g * w).sum(1), (g * g * w).sum(1)
         return fn
 
-    fn = batching.cached_jit(("smoothgrad", apply_fn, prep.target_key, s, n_samples, float(sigma)),
-                             build)
+    hwc = prep.hwc
+    fn = batching.cached_jit(("smoothgrad", apply_fn, prep.target_key, s, n_samples, float(sigma),
+                              rule, bool(fast_conv), layout), build)
 
     def finalize(chunk, acc):
         s1, s2 = acc
@@ -176,15 +192,18 @@ def _blur(x, sigma, layout):
 def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=None,
                          layout="NHWC", key=None, batch_size=None, per_frame=False, steps=50,
                          baseline="black", method="riemann_right", blur_sigma=5.0,
-                         return_error=False):
+                         return_error=False, rule="plain", fast_conv=True):
     """Integrated Gradients (Sundararajan 2017): (x - x0) * sum_k w_k dy/dx(x0 + a_k (x - x0)).
 
     baseline: "black" (zeros), "blur" (spatial Gaussian blur of x, blur_sigma px), "uniform"
     (U(min x, max x) per state, needs key) or an array broadcastable to obs. method: the
     quadrature (default right Riemann, alpha in (0, 1]). return_error=True also returns the
     per-state completeness error sum(attributions) - (y(x) - y(x0)), shape (N,).
+    rule="guided"/"deconvnet": path gradients through guided/deconvnet ReLUs (guided IG; then
+    completeness does not hold). fast_conv as for `gradient`.
     """
     steps = check_positive_int("steps", steps)
+    rule = check_rule(rule)
     alphas, weights = ig_alphas(steps, method)
     prep = prepare(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                    batch_size=batch_size)
@@ -212,7 +231,7 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
             raise SaliencyInputError(f"baseline array of shape {b} does not broadcast to obs "
                                      f"shape {tuple(x.shape)} (same layout as obs)")
         arr = jnp.asarray(baseline, jnp.float32)
-        if not bool(jnp.isfinite(arr).all()):
+        if not batching.is_traced(arr) and not bool(jnp.isfinite(arr).all()):
             raise SaliencyInputError("baseline contains NaN or inf values")
         if len(b) == x.ndim and b[0] == n and n > 1:
             kind, base_arr = "per_state", jnp.broadcast_to(arr, x.shape)
@@ -253,9 +272,9 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
             xs = (x0[:, None] + al.reshape(shp) * d[:, None]).reshape((-1,) + x.shape[1:])
             an = jnp.repeat(a, s)
 
-            def f(xx):
-                return objective(tgt, apply_fn(params, xx), an).sum()
-            g = jax.grad(f)(xs).reshape((x.shape[0], s) + x.shape[1:])
+            def f(xx, p):
+                return objective(tgt, apply_fn(p, xx), an).sum()
+            g = jax.grad(rewrite(f, rule, fast_conv))(xs, params).reshape((x.shape[0], s) + x.shape[1:])
             return (g * wt.reshape(shp)).sum(1)
         return fn
 
@@ -273,7 +292,7 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
         return fin
 
     ck = (apply_fn, prep.target_key, kind, bsig, layout)
-    fn = batching.cached_jit(("ig", s) + ck, build)
+    fn = batching.cached_jit(("ig", s, rule, bool(fast_conv)) + ck, build)
     fin = batching.cached_jit(("ig_finish", bool(per_frame), bool(return_error)) + ck,
                               build_finish)
     statics = [(jnp.asarray(alphas[i * s:(i + 1) * s]), jnp.asarray(weights[i * s:(i + 1) * s]),

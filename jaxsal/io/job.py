@@ -134,7 +134,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     action and the model's output vector (`jaxsal.load_outputs`); with target="q_action" the
     actions come from `source.actions(start, stop)` (e.g. a Dopamine buffer's action file).
     """
-    from agents.checkpoint import params_checksum as checksum_of
+    from jaxsal.provenance import params_checksum as checksum_of
 
     import jaxsal
     from jaxsal.explain import explain

@@ -4,7 +4,8 @@ Every method describes one perturbation by an integer index (a grid position, a 
 sample) and a pure `perturb(consts, state, idx) -> x'`; the engine builds the perturbed inputs
 on device for a chunk of states x a chunk of indices, runs them through the model as one batch
 of at most `batch_size` rows and scores them. The Python loop runs over chunks only, never over
-single masks or positions; each chunk shape compiles once (last chunks are padded).
+single masks or positions; each chunk shape compiles once (last chunks are padded). Traced
+(inside the caller's jit/vmap/scan) the chunks run in lax.map (jaxsal.batching.run).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import targets as T
-from jaxsal.batching import _pad, batch_sharding, cached_jit, chunk_size, default_rows, map_batched
+from jaxsal.batching import pad_rows, cached_jit, chunk_size, default_rows, is_traced, map_batched, run
 from jaxsal.errors import SaliencyInputError
 from jaxsal.validate import check_obs, check_positive_int, to_nhwc
 
@@ -49,12 +50,15 @@ def resolve_obs_max(obs, obs_max=None) -> float:
                 or not math.isfinite(float(obs_max)) or float(obs_max) <= 0:
             raise SaliencyInputError(f"obs_max must be a positive finite number, got {obs_max!r}")
         return float(obs_max)
-    dtype = np.dtype(getattr(obs, "dtype", np.asarray(obs).dtype))
+    dtype = np.dtype(obs.dtype if hasattr(obs, "dtype") else np.asarray(obs).dtype)
     if dtype == np.bool_:
         return 1.0
     if np.issubdtype(dtype, np.integer):
         return 255.0
-    return 1.0 if float(jnp.max(jnp.asarray(obs))) <= 1.0 else 255.0
+    top = jnp.max(jnp.asarray(obs))
+    if is_traced(top):  # decided on the values, as eagerly, but inside the caller's program
+        return jnp.where(top <= 1.0, 1.0, 255.0).astype(jnp.float32)
+    return 1.0 if float(top) <= 1.0 else 255.0
 
 
 def resolve_fill(fill, x, obs_max: float):
@@ -79,7 +83,7 @@ def resolve_fill(fill, x, obs_max: float):
         raise SaliencyInputError(
             f"fill must be a finite number (fraction of the value range: 0 black, 0.5 grey) or "
             f"'black'/'grey'/'mean', got {fill!r}")
-    return jnp.full((n, 1, 1, c), float(fill) * obs_max, jnp.float32)
+    return jnp.full((n, 1, 1, c), float(fill) * obs_max, jnp.float32)  # obs_max may be traced
 
 
 def rows_of(batch_size) -> int:
@@ -200,17 +204,21 @@ def perturbation_scores(prep: Prepared, apply_fn, params, *, name, perturb, scor
     chunks of S states x K indices with S*K <= batch_size rows (K <= n_pert); results stay on device.
     """
     base_key = ("pert", name, apply_fn, prep.layout, cache_key)
-    if box is not None and base_key not in _NON_LOCAL:
-        scores, leaked = _run_chunks(prep, params, n_pert, consts, states, cached_jit(
-            base_key + ("incremental",),
-            lambda: _build_runner(apply_fn, prep.layout, perturb, score, box)))
-        if not bool(leaked):
-            return scores
-        _NON_LOCAL.add(base_key)  # the model is not local: plain path from now on
+    traced = is_traced(params, prep.x, consts, states, prep.out0)
     if jax.default_backend() == "cpu":
         fn = _split_runner(base_key, apply_fn, prep.layout, perturb, score)
     else:
         fn = cached_jit(base_key, lambda: _build_runner(apply_fn, prep.layout, perturb, score))
+    if box is not None and (traced or base_key not in _NON_LOCAL):
+        scores, leaked = _run_chunks(prep, params, n_pert, consts, states, cached_jit(
+            base_key + ("incremental",),
+            lambda: _build_runner(apply_fn, prep.layout, perturb, score, box)))
+        if traced:  # no host round trip inside the caller's program: branch on device
+            return jax.lax.cond(leaked, lambda: _run_chunks(prep, params, n_pert, consts, states,
+                                                            fn)[0], lambda: scores)
+        if not bool(leaked):
+            return scores
+        _NON_LOCAL.add(base_key)  # the model is not local: plain path from now on
     return _run_chunks(prep, params, n_pert, consts, states, fn)[0]
 
 
@@ -251,26 +259,32 @@ def _run_chunks(prep, params, n_pert, consts, states, fn):
     consts = {} if consts is None else consts
     k = min(n_pert, prep.rows)
     k = int(math.ceil(n_pert / math.ceil(n_pert / k)))  # balance the index chunks
+    n_k = int(math.ceil(n_pert / k))
     s = chunk_size(n, prep.rows, rows_per_state=k)
-    sharding = batch_sharding()
-    idx_all = jnp.arange(n_pert, dtype=jnp.int32)
-    rows_out, leaks = [], []
-    for s0 in range(0, n, s):
-        chunk = jax.tree.map(lambda v: _pad(v[s0:s0 + s], s), st)
-        if sharding is not None:
-            chunk = jax.tree.map(lambda v: jax.device_put(v, sharding), chunk)
-        m = min(s, n - s0)
-        cols = []
-        for k0 in range(0, n_pert, k):
-            idx = _pad(idx_all[k0:k0 + k], k)
-            res = fn(params, consts, chunk, idx)
-            if isinstance(res, tuple):
-                res, leak = res
-                leaks.append(leak)
-            cols.append(res[:m, :min(k, n_pert - k0)])
-        rows_out.append(cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=1))
-    scores = rows_out[0] if len(rows_out) == 1 else jnp.concatenate(rows_out, axis=0)
-    return scores, (jnp.any(jnp.stack(leaks)) if leaks else False)
+    idx = pad_rows(jnp.arange(n_pert, dtype=jnp.int32), n_k * k).reshape(n_k, k)
+    traced = is_traced(params, st, consts)
+
+    def chunk_fn(chunk):
+        """(S, n_pert) scores of a chunk of states and its (S,) leak flags."""
+        if traced and n_k > 1:
+            res = jax.lax.map(lambda i: fn(params, consts, chunk, i), idx)
+            sc, leak = res if isinstance(res, tuple) else (res, jnp.zeros(n_k, bool))
+            sc = jnp.moveaxis(sc, 0, 1).reshape(sc.shape[1], n_k * k)
+            leak = jnp.any(leak)
+        else:
+            cols, leaks = [], []
+            for j in range(n_k):
+                res = fn(params, consts, chunk, idx[j])
+                if isinstance(res, tuple):
+                    res, lk = res
+                    leaks.append(lk)
+                cols.append(res)
+            sc = cols[0] if n_k == 1 else jnp.concatenate(cols, axis=1)
+            leak = jnp.any(jnp.stack(leaks)) if leaks else jnp.bool_(False)
+        return sc[:, :n_pert], jnp.broadcast_to(leak, sc.shape[:1])
+
+    scores, leaks = run(chunk_fn, st, s, traced)
+    return scores, jnp.any(leaks)
 
 
 def use_incremental(incremental, box_hw, image_hw) -> bool:

@@ -86,6 +86,34 @@ def _check_segments(segments, n, hw):
     return np.stack([np.unique(si, return_inverse=True)[1].reshape(hw) for si in s]).astype(np.int32)
 
 
+def _traced_segments(prep, segments, segmentation, segment_on, opts, max_segments, shape):
+    """(labels (N, H, W) int32 from a host callback, static d_max) for a traced call."""
+    if max_segments is None:
+        if segments is not None or segmentation != "slic":
+            raise SaliencyInputError(
+                "LIME under jit/vmap needs a static bound on the superpixels per state: pass "
+                "max_segments= (e.g. 2000), or call it eagerly")
+        max_segments = 2 * int(opts.get("n_segments", SEGMENTATIONS["slic"]["n_segments"]))
+    max_segments = check_positive_int("max_segments", max_segments)
+    n, h, w = shape
+
+    def host(x, top, given):
+        if segments is None:
+            segs = segment(np.asarray(x), segmentation, segment_on, float(top), **opts)
+        else:
+            segs = _check_segments(np.asarray(given), n, (h, w))
+        if segs.max() >= max_segments:
+            raise SaliencyInputError(f"LIME: a state has {int(segs.max()) + 1} superpixels, more "
+                                     f"than max_segments={max_segments}; raise max_segments")
+        return segs.astype(np.int32)
+
+    given = jnp.zeros((n, h, w), jnp.int32) if segments is None else jnp.asarray(segments)
+    out = jax.pure_callback(host, jax.ShapeDtypeStruct((n, h, w), jnp.int32), prep.x,
+                            jnp.asarray(prep.obs_max, jnp.float32), given,
+                            vmap_method="sequential")
+    return out, max_segments
+
+
 def lime_samples(key, n_samples: int, n_features: int):
     """(n_samples, n_features) {0,1} samples, each on with probability 1/2 (lime_image); row 0
     is all ones (the unperturbed state). Column j depends only on (key, j), so a state's
@@ -124,7 +152,7 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC
          batch_size=None, segmentation: str = "slic", n_samples: int | None = None,
          kernel_width: float = 0.25, fill=0.0, ridge_alpha: float = 1.0, segments=None,
          segment_on: str = "stack", segmentation_options: dict | None = None, obs_max=None,
-         return_coefficients: bool = False):
+         return_coefficients: bool = False, max_segments: int | None = None):
     """LIME maps (N, H, W): each pixel gets its superpixel's signed ridge coefficient.
 
     Samples z in {0,1}^d switch superpixels off (set to `fill`, fraction of the value range,
@@ -135,6 +163,11 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC
     "felzenszwalb" (scale 21, sigma 0.5, min_size 4; 1000); `segmentation_options` override
     them, or pass `segments` (N, H, W) labels. The samples come from `key` and are shared by
     every state. return_coefficients=True also returns (coef (N, d_max), segments).
+
+    Under jit/vmap the segmentation runs on the host through `jax.pure_callback` and the
+    number of superpixels must be bounded statically: `max_segments` (default under a trace:
+    2 x SLIC's n_segments; required for quickshift/felzenszwalb). A state with more segments
+    raises at run time. The bound does not change the maps (unused columns get zero weight).
     """
     prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                      batch_size=batch_size, obs_max=obs_max)
@@ -149,14 +182,18 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC
     n_samples = check_positive_int("n_samples", n_samples)
     kernel_width = C.check_positive_float("kernel_width", kernel_width)
     ridge_alpha = C.check_positive_float("ridge_alpha", ridge_alpha, allow_zero=True)
-    if segments is None:
-        segs = segment(np.asarray(prep.x), segmentation, segment_on, prep.obs_max,
-                       **(segmentation_options or {}))
+    opts = dict(segmentation_options or {})
+    if C.is_traced(prep.x, prep.obs_max, segments):
+        segs, d_max = _traced_segments(prep, segments, segmentation, segment_on, opts,
+                                       max_segments, (n, h, w))
     else:
-        segs = _check_segments(segments, n, (h, w))
-    d_max = int(segs.max()) + 1
-    valid = jnp.asarray(np.arange(d_max)[None, :] <= segs.reshape(n, -1).max(-1)[:, None],
-                        jnp.float32)
+        if segments is None:
+            segs = segment(np.asarray(prep.x), segmentation, segment_on, prep.obs_max, **opts)
+        else:
+            segs = _check_segments(segments, n, (h, w))
+        d_max = int(segs.max()) + 1
+    valid = (jnp.arange(d_max)[None, :] <= jnp.asarray(segs).reshape(n, -1).max(-1)[:, None]
+             ).astype(jnp.float32)
     z = lime_samples(key, n_samples, d_max)
     segs_j = jnp.asarray(segs)
     fillv = C.resolve_fill(fill, prep.x, prep.obs_max)

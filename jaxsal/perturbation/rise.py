@@ -115,7 +115,7 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC
         if len(mshape) != 3 or mshape[1:] != (h, w):
             raise SaliencyInputError(f"masks must have shape (n_masks, {h}, {w}), got {mshape}")
         masks = jnp.asarray(masks, jnp.float32)
-        if not bool(jnp.isfinite(masks).all()):
+        if not C.is_traced(masks) and not bool(jnp.isfinite(masks).all()):
             raise SaliencyInputError("masks contain NaN or inf values")
     m = masks.shape[0]
     fillv = C.resolve_fill(fill, prep.x, prep.obs_max)

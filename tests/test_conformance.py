@@ -1,0 +1,128 @@
+"""Conformance of every registered method, built from the registry: a method registered
+without a case here fails `test_every_registered_method_has_a_case`.
+
+For each method, through `chex.variants` (eager and under `jax.jit`): output shape, jit ==
+eager, chunked (batch_size, lax.map when traced) == unchunked; eagerly batched == per-example
+and NCHW == NHWC; then
+determinism under a fixed key, `jax.vmap` over a leading axis of batches == a loop, and the
+call inside `jax.lax.scan` == a loop. A tiny flax CNN (a strided conv so the matmul-gradient
+rule applies, ReLUs so guided rules bite, named layers for the CAM methods) keeps compiles short.
+"""
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import parameterized
+
+import jaxsal
+
+N, H, W, C, A = 3, 16, 16, 2, 3
+
+
+class Tiny(nn.Module):
+    @nn.compact
+    def __call__(self, obs):
+        x = jnp.asarray(obs, jnp.float32) / 255.0
+        x = nn.relu(nn.Conv(4, (3, 3), (2, 2), padding="VALID", name="conv1")(x))
+        x = nn.relu(nn.Conv(4, (2, 2), (1, 1), padding="VALID", name="conv2")(x))
+        return nn.Dense(A, name="q")(x.reshape(x.shape[0], -1))
+
+
+MODEL = Tiny()
+PARAMS = MODEL.init(jax.random.PRNGKey(0), jnp.zeros((1, H, W, C)))
+KEY = jax.random.PRNGKey(7)
+
+# method -> options of its conformance case (small sample counts; the method's own
+# definition and defaults are tested against references elsewhere)
+CASES = {
+    "gradient": {}, "grad_x_input": {}, "guided_backprop": {}, "deconvnet": {},
+    "smoothgrad": {"n_samples": 4, "key": KEY},
+    "integrated_gradients": {"steps": 4},
+    "gradcam": {"layer": "conv2"}, "gradcam_pp": {"layer": "conv2"}, "g1gradcam": {},
+    "g2gradcam": {}, "guided_gradcam": {"layer": "conv1"},
+    "occlusion": {"patch": 4, "stride": 4},
+    "noise_sensitivity": {"radius": 1.0, "stride": 4},
+    "sarfa": {"radius": 1.0, "stride": 4},
+    "rise": {"n_masks": 16, "grid": 4, "key": KEY},
+    "lime": {"n_samples": 24, "segmentation_options": {"n_segments": 6}, "key": KEY},
+}
+STOCHASTIC = {"smoothgrad", "rise", "lime"}
+POSITION_KEYED = {"smoothgrad"}
+"""Noise of state i comes from fold_in(key, i) (i = its row in the call): a one-state call
+reproduces row 0 of the batch, not every row."""
+
+
+def _obs(n=N, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, 256, (n, H, W, C)), jnp.uint8)
+
+
+def _explain(method, p, o, **kw):
+    return jaxsal.explain(MODEL.apply, p, o, method=method, **{**CASES[method], **kw})
+
+
+def _close(got, want, what):
+    got, want = np.asarray(got), np.asarray(want)
+    assert np.abs(want).max() > 0 or what == "lime", f"{what}: all-zero maps test nothing"
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5 * max(1e-6, np.abs(want).max()),
+                               err_msg=what)
+
+
+def _shipped():
+    """Methods jaxsal registers (other tests register stand-ins from their own modules)."""
+    from jaxsal.registry import METHODS
+    return {m for m in jaxsal.methods() if METHODS[m].__module__.startswith("jaxsal.")}
+
+
+def test_every_registered_method_has_a_case():
+    missing = sorted(_shipped() - set(CASES))
+    assert not missing, f"methods registered without a conformance case: {missing}"
+    assert not set(CASES) - _shipped(), "cases for methods that are not registered"
+
+
+METHODS = [(m, m) for m in sorted(CASES)]
+
+
+class Conformance(chex.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.named_parameters(*METHODS)
+    def test_shapes_batching_chunking_layout(self, method):
+        obs = _obs()
+        eager = _explain(method, PARAMS, obs)
+        chex.assert_shape(eager, (N, H, W))
+        run = self.variant(lambda p, o: _explain(method, p, o))
+        got = run(PARAMS, obs)
+        chex.assert_shape(got, (N, H, W))
+        _close(got, eager, f"{method}: jit (or eager) == eager")
+        chunked = self.variant(lambda p, o: _explain(method, p, o, batch_size=2))(PARAMS, obs)
+        _close(chunked, eager, f"{method}: batch_size=2 == unchunked")  # traced: lax.map chunks
+        if self.id().endswith("__with_jit"):
+            return  # the rest compares eager calls only
+        rows = 1 if method in POSITION_KEYED else N
+        one = jnp.concatenate([run(PARAMS, obs[i:i + 1]) for i in range(rows)])
+        _close(one, eager[:rows], f"{method}: batched == per-example")
+        nchw = jaxsal.explain(lambda q, x: MODEL.apply(q, jnp.transpose(x, (0, 2, 3, 1))), PARAMS,
+                              jnp.transpose(obs, (0, 3, 1, 2)), method=method, layout="NCHW",
+                              **CASES[method])
+        _close(nchw, eager, f"{method}: NCHW == NHWC")
+
+    @parameterized.named_parameters(*METHODS)
+    def test_deterministic_vmap_and_scan(self, method):
+        batches = jnp.stack([_obs(seed=1), _obs(seed=2)])
+        loop = jnp.stack([_explain(method, PARAMS, b) for b in batches])
+        _close(_explain(method, PARAMS, batches[0]), loop[0], f"{method}: same key, same maps")
+        if method in STOCHASTIC:
+            other = _explain(method, PARAMS, batches[0], key=jax.random.PRNGKey(8))
+            assert not np.allclose(np.asarray(other), np.asarray(loop[0])), "key is ignored"
+
+        def step(carry, o):
+            return carry + 1, _explain(method, PARAMS, o)
+
+        @jax.jit  # one compile for both
+        def both(bs):
+            return jax.vmap(lambda o: _explain(method, PARAMS, o))(bs), jax.lax.scan(step, 0, bs)[1]
+        vm, scanned = both(batches)
+        chex.assert_shape(vm, (2, N, H, W))
+        _close(vm, loop, f"{method}: vmap == loop")
+        _close(scanned, loop, f"{method}: inside lax.scan == loop")
