@@ -79,7 +79,8 @@ def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out
     agent = load(str(out_dir / f"{name}.json"))
     result = evaluate_agent(agent, episodes=episodes, epsilon=epsilon)
     frames_per_step = 1 if cfg["game"] in MINATAR_GAMES else 4
-    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in cfg.items() if k not in ("time_limit",))
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in cfg.items()
+                     if k not in ("time_limit",) and v != "")
     card.update({
         "algorithm": algorithm_name(pqn),
         "env_steps_trained": int(state["step"]),
