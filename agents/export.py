@@ -92,9 +92,12 @@ def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out
         "training_curve": f"experiments/results/training/{name}.png",
     })
     (out_dir / f"{name}.json").write_text(json.dumps(card, indent=1))
+    # the curve goes beside the shipped agents' curves only when the agent is shipped; an export
+    # elsewhere (e.g. agents/train_gpu.sh) keeps it beside its card
+    curves = CURVES_DIR if out_dir == Path(SHIPPED_DIR) else out_dir
     if (run_dir / "returns.csv").exists():
-        plot_curve(run_dir / "returns.csv", CURVES_DIR / f"{name}.png", f"{name}: training returns")
-        (CURVES_DIR / f"{name}.csv").write_bytes((run_dir / "returns.csv").read_bytes())
+        plot_curve(run_dir / "returns.csv", curves / f"{name}.png", f"{name}: training returns")
+        (curves / f"{name}.csv").write_bytes((run_dir / "returns.csv").read_bytes())
     return card
 
 
