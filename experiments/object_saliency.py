@@ -33,15 +33,22 @@ METHODS = {"gradient": {}, "grad_x_input": {}, "integrated_gradients": {}, "guid
 REFERENCE = "occlusion"
 
 
-def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0):
-    """95% percentile bootstrap interval of the mean (NaNs dropped); (nan, nan) when empty."""
+BLOCK = 25        # states per bootstrap block: consecutive states are autocorrelated (as Paper B's statistics)
+RESAMPLES = 10_000
+
+
+def bootstrap_ci(values, block_len: int = BLOCK, n_boot: int = RESAMPLES, seed: int = 0):
+    """95% block-bootstrap interval of the mean over states in play order (NaNs dropped); (nan, nan) when empty.
+
+    Resampling blocks of consecutive states, not single states, keeps the interval honest when
+    neighbouring frames are near copies of each other (jaxsal.metrics.statistics)."""
+    from jaxsal.metrics.statistics import block_bootstrap_ci
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
     if v.size == 0:
         return [float("nan"), float("nan")]
-    idx = np.random.default_rng(seed).integers(0, v.size, (n_boot, v.size))
-    means = v[idx].mean(1)
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+    _, lo, hi = block_bootstrap_ci(v, block_len, n_boot, seed=seed)
+    return [lo, hi]
 
 
 def explain_all(agent, obs, methods, params=None):
@@ -104,7 +111,8 @@ def study_game(game, agent_name, n_states, methods, seed=0, early_params=None, n
     summary = {"game": game, "agent": agent_name, "agent_return": agent.card.get("eval", {}).get("mean_return"),
                "states": int(len(obs)), "policy": f"greedy, epsilon 0.05, ale-py with EnvPool preprocessing, {num_envs} envs x {steps} steps "
                          f"subsampled evenly",
-               "classes": list(boxes.classes), "methods": {m: class_table(s, boxes, rnd_shares) for m, s in shares.items()}}
+               "classes": list(boxes.classes),
+               "interval": f"95% percentile block bootstrap of the mean over states in play order, blocks of {BLOCK}, {RESAMPLES} resamples", "methods": {m: class_table(s, boxes, rnd_shares) for m, s in shares.items()}}
     # pointing game
     point = {}
     union_area = np.asarray(boxes.masks("union").any(1).mean((-2, -1)))

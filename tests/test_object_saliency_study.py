@@ -24,3 +24,14 @@ def test_top_class_is_the_largest_lift_over_chance():
     maps[1, 60:62, 60:62] = 2000.0      # most mass on the small class: lift ~0.8
     np.testing.assert_array_equal(top_class(object_attribution(maps, ob)), [0, 1])
     assert top_class(object_attribution(np.zeros((2, 84, 84)), ob)).tolist() == [-1, -1]
+
+
+def test_bootstrap_ci_resamples_blocks_of_consecutive_states():
+    # 400 states in 16 runs of 25 identical values: only 16 independent draws, so the interval
+    # must be as wide as the spread of 16 run means, not of 400 states.
+    runs = np.random.default_rng(1).normal(0.0, 1.0, 16)
+    v = np.repeat(runs, 25)
+    lo, hi = bootstrap_ci(v)
+    se_runs = runs.std(ddof=1) / np.sqrt(16)
+    assert hi - lo > 2.5 * se_runs          # ~3.9 se for a 95% interval
+    assert hi - lo > 3 * (2 * 1.96 * v.std() / np.sqrt(400))
