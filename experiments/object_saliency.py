@@ -7,7 +7,7 @@ For each game with an object table (jaxsal.objects) and a shipped agent: play th
 ale-py with EnvPool's preprocessing (agents.ale.collect_objects, epsilon 0.05 so that play
 does not loop), explain every state with each method and measure
   - each method's mean share of positive attribution per object class (over the states that
-    show the class) with a 95% bootstrap interval, against the class's area share (chance) and
+    show the class) with a 95% block-bootstrap interval, against the class's area share (chance) and
     against the share of a uniform random map on the same states;
   - the object pointing game: how often the map's maximum is on an object, and on which class;
   - how the shares change from a random-init agent (same network) to an early snapshot
@@ -194,7 +194,7 @@ def write_readme(out_dir):
     """experiments/results/objects/README.md from every game's summary.json."""
     lines = ["# Object-level saliency: what the shipped agents look at", "",
              "`python -m experiments.object_saliency` (see its docstring). Shares of positive attribution per object",
-             "class (mean over states showing the class, 95% bootstrap interval), chance = the class's area share,",
+             "class (mean over states showing the class, 95% block-bootstrap interval over 25-state blocks), chance = the class's area share,",
              "random = a uniform random map on the same states.", ""]
     for f in sorted(Path(out_dir).glob("*/summary.json")):
         s = json.loads(f.read_text())
