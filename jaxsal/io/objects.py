@@ -32,9 +32,14 @@ import dataclasses
 import json
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from jaxsal.errors import SaliencyInputError
+
+if TYPE_CHECKING:
+    from jaxsal.objects import ObjectBoxes
 
 OBJECTS = "_objects"
 FORMAT_HELP = ("an .npz with boxes (N, F, K, 4) int16 (y0, x0, y1, x1), labels (N, F, K) int8 (-1 = none) and "
@@ -52,7 +57,7 @@ def beside(input_path) -> Path:
     """Where `--objects` without a FILE looks for the boxes of an input buffer."""
     p = Path(input_path)
     if p.is_dir() or p.suffix not in (".npy", ".npz"):
-        return p.parent / f"{p.name.rstrip('/')}.objects.npz"
+        return p.parent / f"{p.name}.objects.npz"
     return p.with_suffix(".objects.npz")
 
 
@@ -64,7 +69,7 @@ def _fingerprint(path: Path) -> str:
 @dataclasses.dataclass
 class ObjectsInput:
     """The boxes of a job's frames: an ObjectBoxes aligned with the input, where it came from."""
-    boxes: "object"          # jaxsal.objects.ObjectBoxes
+    boxes: "ObjectBoxes"
     path: str | None = None
     game: str | None = None
     checksum: str | None = None
