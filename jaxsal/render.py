@@ -387,7 +387,8 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
         frames = as_layout(_Array(frames), "NHWC").read(start, min(stop, len(frames)))
     maps = {k: load_maps(out, k, allow_incomplete=True)[start:stop] for k in names}
     _check_maps(maps, len(frames))
-    ob = _job_boxes(out, manifest, objects)[start:start + len(frames)] if boxes else None
+    ob = _job_boxes(out, manifest, objects) if boxes else None   # None: a job without --objects
+    ob = ob[start:start + len(frames)] if ob is not None else None
     if scheme not in SCHEMES:
         raise SaliencyInputError(f"--scheme must be one of {SCHEMES}, got {scheme!r}")
     scales = {k: Scale(np.stack([flat_map(x) for x in m]), scheme) for k, m in maps.items()}
