@@ -285,6 +285,12 @@ def cmd_explain(args) -> int:
     check_specs(specs)
     if (args.input is None) == (args.play is None):
         raise CLIError("give exactly one of --input PATH or --play STEPS")
+    if args.objects is not None and args.play is not None:
+        from jaxsal.io.objects import RECORD_HINT
+        raise CLIError("--objects needs frames with known boxes; --play records with EnvPool, which has no RAM. "
+                       f"Record with ale-py instead: {RECORD_HINT}, then jaxsal explain --input DIR/obs.npy --objects")
+    if args.store == "shares" and args.objects is None:
+        raise CLIError("--store shares keeps only the object shares: add --objects [FILE]")
     if args.play is not None and args.num_processes > 1:
         raise CLIError("--play records one rollout: run it with one process, then explain its "
                        "OUT/input/obs.npy with --input on several processes")
@@ -304,6 +310,7 @@ def cmd_explain(args) -> int:
     source = as_layout(source, agent.layout)  # (N, 84, 84, 4) or (N, 4, 84, 84): the model's layout
     _check_frames(agent, source.shape)
     _check_actions(agent, source, _num_actions(agent, source.shape))
+    objects, store_maps = _objects_for(args, agent, source)
     if args.limit is not None:
         source = _Limited(source, args.limit)
     _check_pixels(agent, source, args.chunk)
@@ -313,10 +320,26 @@ def cmd_explain(args) -> int:
                       batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
                       agent={"name": agent.name, "card": agent.card}, input_id=input_id,
                       process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet,
-                      layout=agent.layout, extra_meta={"input_layout": source.describe().get("layout", agent.layout)})
+                      layout=agent.layout, extra_meta={"input_layout": source.describe().get("layout", agent.layout)},
+                      objects=objects, store_maps=store_maps)
     for line in _summary_lines(summary):
         _say(line, args.quiet)
+    if objects is not None and summary["complete"]:
+        from jaxsal.io.objects import summary_lines
+
+        for line in summary_lines(out, [a for a, _ in pairs]):
+            _say(line, args.quiet)
     return 0
+
+
+def _objects_for(args, agent, source):
+    """--objects [FILE] / --store: the boxes of the input's frames (jaxsal.io.objects) and whether
+    the maps are stored too."""
+    from jaxsal.io.layout import to_nhwc_shape
+    from jaxsal.io.objects import for_job
+
+    return for_job(args.objects, args.store, args.input, agent.card.get("game"), len(source),
+                   to_nhwc_shape(source.shape, agent.layout), args.limit)
 
 
 class _Limited:
@@ -376,7 +399,8 @@ def cmd_render(args) -> int:
     t = time.perf_counter()
     res = render_dir(args.dir, methods=args.methods.split(",") if args.methods else None, gallery=args.out,
                      frames=frames, start=start, stop=stop, grid_frames=args.grid_frames, videos=videos,
-                     scheme=args.scheme, fps=args.fps, scale=args.scale, greydanus=grey)
+                     scheme=args.scheme, fps=args.fps, scale=args.scale, greydanus=grey,
+                     objects=args.objects, boxes=not args.no_boxes)
     _say(f"rendered {len(res['pngs'])} PNG(s) and {len(res['videos'])} video(s) in "
          f"{time.perf_counter() - t:.1f}s; open {res['html']}", args.quiet)
     return 0
@@ -501,11 +525,15 @@ def _explain_epilog() -> str:
             "  jaxsal agents --layers SPEC   (e.g. jaxsal agents --layers breakout), pick one with\n"
             "  --option gradcam.layer=conv1\n"
             "outputs: DIR/METHOD/chunk_*.npy maps (jaxsal.load_maps), DIR/_outputs per-frame action and\n"
-            "  Q-values/logits (jaxsal.load_outputs), DIR/manifest.json (resolved options)\n"
+            "  Q-values/logits (jaxsal.load_outputs), DIR/manifest.json (resolved options), with --objects\n"
+            "  DIR/_objects/METHOD/chunk_*.npz per-frame object shares (jaxsal.load_object_shares)\n"
             "examples:\n"
             "  jaxsal explain --agent my_agent.py:load --methods gradcam,gradient --input buffer.npz --out maps/\n"
             "  jaxsal explain --agent runs/x/dqn_atari_jax.cleanrl_model --methods gradcam --input replay/ "
-            "--out maps/")
+            "--out maps/\n"
+            "  python -m agents.record_objects --agent pong --steps 500 --out buf/\n"
+            "  jaxsal explain --agent pong --methods gradient,gradcam --input buf/obs.npy --objects --store shares "
+            "--out shares/")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -536,6 +564,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="stored map dtype")
     e.add_argument("--seed", type=int, default=0, help="PRNG seed of stochastic methods and --play")
     e.add_argument("--limit", type=int, help="only the first N frames of the input")
+    e.add_argument("--objects", nargs="?", const="auto", metavar="FILE",
+                   help="also store per-frame object shares (per class: positive and absolute mass, chance, "
+                        "per stacked frame; jaxsal.load_object_shares) from the boxes in FILE (.npz: boxes, "
+                        "labels, classes; see jaxsal.io.objects), or without FILE from INPUT.objects.npz beside "
+                        "the input (python -m agents.record_objects writes both)")
+    e.add_argument("--store", choices=["maps", "shares"], default="maps",
+                   help="maps (default; with --objects also the shares) or shares: only the object shares, "
+                        "a few numbers per frame instead of the maps")
     e.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     e.add_argument("--coordinator", help="HOST:PORT of process 0 for a multi-process job")
     e.add_argument("--num-processes", type=int, default=1)
@@ -557,6 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--grid-frames", type=int, default=6)
     r.add_argument("--fps", type=int, default=15)
     r.add_argument("--scale", type=int, default=3, help="pixel upscaling of the pictures")
+    r.add_argument("--objects", metavar="FILE", help="the objects file of a job run with --objects, if it moved "
+                                                     "(or boxes to draw on a job without them)")
+    r.add_argument("--no-boxes", action="store_true", help="do not draw the object boxes of a job run with --objects")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(fn=cmd_render)
 

@@ -10,6 +10,10 @@ Colour scales are fixed over everything rendered together (a whole video, a whol
   (sigma 2 px at 84x84), then on the heat scale: readable blobs instead of signed speckle.
 - "heat" on signed maps drops the negative values; the scale says how much of |m| it drops.
 - Greydanus 2018: actor saliency added to the blue channel, critic saliency to the red one.
+
+Jobs run with `--objects` have boxes per stacked frame: grids and videos outline the newest
+frame's objects on the frame and on every overlay (class colours, legend below), the
+per-stacked-frame view each frame's own objects.
 """
 from __future__ import annotations
 
@@ -178,9 +182,19 @@ def _check_maps(maps: dict, n: int):
 
 
 # --------------------------------------------------------------------------- pictures
+def _outlined(tile: np.ndarray, scale: int, boxes, i: int, frame: int = -1) -> np.ndarray:
+    """An upscaled tile with stacked frame `frame`'s object boxes of state i (ObjectBoxes) outlined."""
+    if boxes is None:
+        return tile
+    from jaxsal.objects.draw import outline
+
+    return outline(tile, boxes.boxes[i, frame], boxes.labels[i, frame], scale)
+
+
 def composite(frames, maps: dict, scales: dict, i: int, scale: int = 3, labels: bool = True,
-              greydanus: tuple | None = None) -> np.ndarray:
-    """One row: frame | overlay per method (| Greydanus actor/critic view), RGB uint8."""
+              greydanus: tuple | None = None, boxes=None) -> np.ndarray:
+    """One row: frame | overlay per method (| Greydanus actor/critic view), RGB uint8; with
+    `boxes` (jaxsal.objects.ObjectBoxes aligned with `frames`) the newest frame's objects outlined."""
     f = last_frame(frames[i])
     tiles = [("frame", _grey_rgb(f))]
     for k, m in maps.items():
@@ -191,21 +205,32 @@ def composite(frames, maps: dict, scales: dict, i: int, scale: int = 3, labels: 
             f, _resize(flat_map(maps[a][i]), f.shape), _resize(flat_map(maps[c][i]), f.shape),
             scales[a], scales[c])))
     scale = _eff_scale(scale, f.shape[0])
-    out = [_label(_up(t, scale), name) if labels else _up(t, scale) for name, t in tiles]
+    ups = [(name, _outlined(_up(t, scale), scale, boxes, i)) for name, t in tiles]
+    out = [_label(t, name) if labels else t for name, t in ups]
     return np.concatenate(out, 1)
 
 
+def _box_legend(boxes, width: int) -> np.ndarray:
+    if boxes is None:
+        return np.zeros((0, width, 3), np.uint8)
+    from jaxsal.objects.draw import class_legend
+
+    return class_legend(boxes.classes, width)
+
+
 def grid_png(path, frames, maps: dict, indices, scheme: str = "auto", scale: int = 3,
-             scales: dict | None = None, captions: dict | None = None) -> Path:
+             scales: dict | None = None, captions: dict | None = None, boxes=None) -> Path:
     """PNG grid: one row per chosen frame, columns frame | overlay per method; each row says its
-    frame (and, given `captions`, the action and its Q-value); a colour bar per method below."""
+    frame (and, given `captions`, the action and its Q-value); a colour bar per method below.
+    `boxes` (ObjectBoxes aligned with `frames`): object outlines and a class legend."""
     scales = scales or {k: Scale(np.stack([flat_map(m[i]) for i in indices]), scheme) for k, m in maps.items()}
     rows = []
     for i in indices:
-        row = composite(frames, maps, scales, int(i), scale=scale)
+        row = composite(frames, maps, scales, int(i), scale=scale, boxes=boxes)
         rows.append(_label(row, (captions or {}).get(int(i), f"frame {int(i)}")))
     grid = np.concatenate(rows, 0)
-    return _save_png(path, np.concatenate([grid, legend(scales, grid.shape[1])], 0))
+    return _save_png(path, np.concatenate([grid, _box_legend(boxes, grid.shape[1]),
+                                           legend(scales, grid.shape[1])], 0))
 
 
 def legend(scales: dict, width: int) -> np.ndarray:
@@ -232,27 +257,32 @@ def _text_row(text: str, width: int, height: int = 12) -> np.ndarray:
 
 
 def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int = 3,
-              scales: dict | None = None) -> Path:
+              scales: dict | None = None, boxes=None) -> Path:
     """Per-stacked-frame view of state i: columns = the stacked frames (oldest to newest),
     rows = the raw frames, then each method's map over every frame (its per-frame map when
-    it has one, else the state's map)."""
+    it has one, else the state's map); `boxes`: each stacked frame's own objects outlined."""
     stack = _planes(frames[i])
     c = stack.shape[-1]
     scale = _eff_scale(scale, stack.shape[0])
-    rows = [np.concatenate([_label(_up(_grey_rgb(stack[..., j]), scale), f"t-{c - 1 - j}")
-                            for j in range(c)], 1)]
+    if boxes is not None and boxes.boxes.shape[1] != c:
+        boxes = None  # boxes for another stack depth: nothing to align them with
+    rows = [np.concatenate([_label(_outlined(_up(_grey_rgb(stack[..., j]), scale), scale, boxes, i, j),
+                                   f"t-{c - 1 - j}") for j in range(c)], 1)]
     width = rows[0].shape[1]
     for k, m in maps.items():
         mi = np.asarray(m[i], np.float64)
         sc = (scales or {}).get(k) or Scale(mi, scheme)
         if mi.ndim == 3 and mi.shape[-1] == c:  # the four frames' own maps
-            tiles = [_up(sc.overlay(stack[..., j], _resize(mi[..., j], stack.shape[:2])), scale) for j in range(c)]
+            tiles = [_outlined(_up(sc.overlay(stack[..., j], _resize(mi[..., j], stack.shape[:2])), scale), scale,
+                               boxes, i, j) for j in range(c)]
             rows.append(_label(np.concatenate(tiles, 1), f"{k}: each stacked frame's own map"))
         else:  # one map for the whole stack: shown once, over the newest frame, never repeated
-            tile = _up(sc.overlay(stack[..., -1], _resize(flat_map(mi), stack.shape[:2])), scale)
+            tile = _outlined(_up(sc.overlay(stack[..., -1], _resize(flat_map(mi), stack.shape[:2])), scale), scale,
+                             boxes, i)
             pad = np.full((tile.shape[0], width - tile.shape[1], 3), 255, np.uint8)
             rows.append(_label(np.concatenate([pad, tile], 1),
                                f"{k}: one map for the stack (per-frame maps: --option {k}.per_frame=true)"))
+    rows.append(_box_legend(boxes, width))
     return _save_png(path, np.concatenate(rows, 0))
 
 
@@ -265,7 +295,7 @@ def _save_png(path, img) -> Path:
 
 def video(path, frames, maps: dict, scheme: str = "auto", fps: int = 15, scale: int = 3,
           greydanus: tuple | None = None, scales: dict | None = None, captions: dict | None = None,
-          first: int = 0) -> Path:
+          first: int = 0, boxes=None) -> Path:
     """MP4 or GIF (by suffix) of frame | overlays for every frame, colour scale fixed over the video;
     each frame is captioned with its index (and the action and Q-value given `captions`), with the
     colour bars below."""
@@ -275,9 +305,9 @@ def video(path, frames, maps: dict, scheme: str = "auto", fps: int = 15, scale: 
     scales = scales or {k: Scale(np.stack([flat_map(x) for x in m]), scheme) for k, m in maps.items()}
 
     def frame_img(i):
-        row = composite(frames, maps, scales, i, scale=scale, greydanus=greydanus)
+        row = composite(frames, maps, scales, i, scale=scale, greydanus=greydanus, boxes=boxes)
         row = _label(row, (captions or {}).get(i, f"frame {first + i}"))
-        return np.concatenate([row, legend(scales, row.shape[1])], 0)
+        return np.concatenate([row, _box_legend(boxes, row.shape[1]), legend(scales, row.shape[1])], 0)
     imgs = (frame_img(i) for i in range(n))
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix.lower() == ".gif":
@@ -304,11 +334,14 @@ def video(path, frames, maps: dict, scheme: str = "auto", fps: int = 15, scale: 
 # --------------------------------------------------------------------------- gallery
 def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, stop: int | None = None,
                grid_frames: int = 6, videos=("mp4", "gif"), scheme: str = "auto", fps: int = 15,
-               scale: int = 3, greydanus: tuple | None = None, max_video_frames: int = 1000) -> dict:
+               scale: int = 3, greydanus: tuple | None = None, max_video_frames: int = 1000,
+               objects=None, boxes: bool = True) -> dict:
     """Render a `jaxsal explain` output directory: PNG grid, per-frame views, videos, index.html.
 
     `frames` (N, H, W, C) defaults to the job's input, reopened from the manifest. Only
-    frames [start, stop) are read. Returns {"html": path, "pngs": [...], "videos": [...]}.
+    frames [start, stop) are read. A job run with --objects gets its object boxes drawn
+    (`boxes=False`: not), read from the objects file it used (`objects=PATH` if it moved).
+    Returns {"html": path, "pngs": [...], "videos": [...]}.
     """
     from jaxsal.io import open_source
     from jaxsal.io.layout import as_layout
@@ -317,6 +350,9 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     out = Path(out)
     manifest = read_manifest(out)
     cfg = manifest["config"]
+    if cfg.get("store") == "shares":
+        raise SaliencyInputError(f"{out} stored only object shares (--store shares), no maps to render; rerun "
+                                 "`jaxsal explain` without --store shares into a new --out to see the maps")
     names = list(cfg["methods"]) if methods is None else list(methods)
     for k in names:
         if k not in cfg["methods"]:
@@ -351,6 +387,8 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
         frames = as_layout(_Array(frames), "NHWC").read(start, min(stop, len(frames)))
     maps = {k: load_maps(out, k, allow_incomplete=True)[start:stop] for k in names}
     _check_maps(maps, len(frames))
+    ob = _job_boxes(out, manifest, objects) if boxes else None   # None: a job without --objects
+    ob = ob[start:start + len(frames)] if ob is not None else None
     if scheme not in SCHEMES:
         raise SaliencyInputError(f"--scheme must be one of {SCHEMES}, got {scheme!r}")
     scales = {k: Scale(np.stack([flat_map(x) for x in m]), scheme) for k, m in maps.items()}
@@ -358,18 +396,51 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     gallery.mkdir(parents=True, exist_ok=True)
     idx = np.unique(np.linspace(0, len(frames) - 1, min(grid_frames, len(frames))).round().astype(int))
     captions = _captions(out, start, stop, load_outputs)
-    pngs = [grid_png(gallery / "grid.png", frames, maps, idx, scale=scale, scales=scales, captions=captions)]
+    pngs = [grid_png(gallery / "grid.png", frames, maps, idx, scale=scale, scales=scales, captions=captions,
+                     boxes=ob)]
     for i in idx[:3]:
         pngs.append(stack_png(gallery / f"stack_{start + i:06d}.png", frames, maps, int(i), scale=scale,
-                              scales=scales))
+                              scales=scales, boxes=ob))
     vids = []
     for ext in videos:
         vids.append(video(gallery / f"episode.{ext}", frames, maps, fps=fps, scale=2 if ext == "gif" else scale,
-                          greydanus=greydanus, scales=scales, captions=captions, first=start))
+                          greydanus=greydanus, scales=scales, captions=captions, first=start, boxes=ob))
     summaries = [json.loads(p.read_text()) for p in sorted(out.glob("summary-p*.json"))]
     page = gallery / "index.html"
     page.write_text(_html(manifest, names, scales, pngs, vids, start, stop, summaries))
     return {"html": page, "pngs": pngs, "videos": vids}
+
+
+def _job_boxes(out, manifest, path=None):
+    """The ObjectBoxes of a job's frames (all N), or None for a job without --objects and no `path`.
+    The job's own objects file, or `path`, which must be the file the job used (same checksum)."""
+    from jaxsal.io.objects import check_aligned, read_objects
+
+    cfg = manifest["config"]
+    if "objects" not in cfg and path is None:
+        return None
+    where = path or (manifest.get("objects_source") or {}).get("path")
+    if not where or not Path(where).exists():
+        raise SaliencyInputError(f"the object boxes of {out} ({where}) are not available; pass the objects file "
+                                 "(render --objects FILE) or render without boxes (--no-boxes)")
+    ob = read_objects(where)
+    n = int(cfg["n"])
+    if "objects" in cfg:
+        want = cfg["objects"]["checksum"].split("[:")[0]  # a --limit job records the file's checksum[:n]
+        if ob.checksum != want:
+            raise SaliencyInputError(f"{where} is not the objects file {out} was computed with (its checksum "
+                                     "differs); pass that file with --objects FILE, or --no-boxes")
+        ob = ob.limited(n)
+    frame_shape = (n, ob.boxes.height, ob.boxes.width, ob.boxes.boxes.shape[1])
+    check_aligned(ob, n, (cfg.get("frame_shape") and _nhwc_frame(cfg)) or frame_shape)
+    return ob.boxes
+
+
+def _nhwc_frame(cfg) -> tuple:
+    """The job's (H, W, C) frame shape, whatever layout the model read it in."""
+    from jaxsal.io.layout import to_nhwc_shape
+
+    return to_nhwc_shape((int(cfg["n"]),) + tuple(cfg["frame_shape"]), cfg.get("layout", "NHWC"))
 
 
 class _Array:

@@ -146,6 +146,14 @@ if __name__ == "__main__":
             time.sleep(float(os.environ["JAXSAL_TEST_SLOW_WRITE"]))
             _write(*a, **k)
         store.write_chunk = slow_write
+        from jaxsal.io import objects as _objects
+
+        _write_shares = _objects.write_shares
+
+        def slow_write_shares(*a, **k):
+            time.sleep(float(os.environ["JAXSAL_TEST_SLOW_WRITE"]))
+            _write_shares(*a, **k)
+        _objects.write_shares = slow_write_shares
     if os.environ.get("JAXSAL_TEST_RSS"):  # report peak resident memory (KiB) of the job at exit
         import atexit
 

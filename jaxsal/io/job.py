@@ -123,7 +123,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             chunk: int = 512, batch_size: int | None = 256, dtype: str = "float32", seed: int = 0,
             agent: dict | None = None, params_checksum: str | None = None,
             input_id: dict | None = None, process_id: int = 0, num_processes: int = 1,
-            quiet: bool = False, extra_meta: dict | None = None, layout: str | None = None) -> dict:
+            quiet: bool = False, extra_meta: dict | None = None, layout: str | None = None,
+            objects=None, store_maps: bool = True) -> dict:
     """Explain every frame of `source` with every method into `out`; resumes a stopped job.
 
     `source` is a reader from `jaxsal.io.open_source` (or anything with len/read/fingerprint/
@@ -133,6 +134,9 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     the model's ("NHWC"/"NCHW"; frames are read in it). Every chunk also stores the explained
     action and the model's output vector (`jaxsal.load_outputs`); with target="q_action" the
     actions come from `source.actions(start, stop)` (e.g. a Dopamine buffer's action file).
+    `objects` (a `jaxsal.io.objects.ObjectsInput` aligned with `source`) adds per-frame object
+    shares per method (DIR/_objects, `jaxsal.load_object_shares`); `store_maps=False` then keeps
+    only those shares, not the maps.
     """
     from jaxsal.provenance import params_checksum as checksum_of
 
@@ -154,6 +158,13 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         raise SaliencyInputError("--target q_action needs the actions taken in each state: use a Dopamine "
                                  "replay directory (its $store$_action_ckpt files), or another target")
     n = len(source)
+    if not store_maps and objects is None:
+        raise SaliencyInputError("storing no maps leaves nothing to store: --store shares needs --objects")
+    if objects is not None:
+        from jaxsal.io.layout import to_nhwc_shape
+        from jaxsal.io.objects import check_aligned
+
+        check_aligned(objects, n, to_nhwc_shape(source.shape, layout or "NHWC"))
     config = {
         "methods": {s.alias: {"method": s.method, "options": _jsonable(s.options)} for s in specs},
         "target": target, "dtype": dtype, "chunk": chunk, "n": n, "seed": seed,
@@ -164,24 +175,40 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     }
     if layout not in (None, "NHWC"):
         config["layout"] = layout
+    if objects is not None:  # only then: configs of jobs without objects stay as they were
+        config["objects"] = objects.config()
+        if not store_maps:
+            config["store"] = "shares"
     meta = {"version": jaxsal.__version__, "created": store.stamp(), "input_source": source.describe(),
             "agent_card": (agent or {}).get("card"),
             "resolved": resolved_options(apply_fn, params, source, specs, target, layout),
             "outputs": f"{OUTPUTS}/chunk_XXXXXXX.npz: per frame the explained action and the model's output",
+            **({"objects_source": objects.describe()} if objects is not None else {}),
             **(extra_meta or {})}
     out = Path(out)
     manifest = store.open_job(out, config, meta)
     for s in specs:  # each method's directory describes itself too
         store.write_method_meta(out, s.alias, manifest)
+    if objects is not None:
+        from jaxsal.io import objects as objs
+
+        objs.write_meta(out, objects, store_maps)
+
+    def method_done(alias, i):
+        """A method's chunk is done when everything it stores for the chunk exists."""
+        return ((not store_maps or store.chunk_path(out, alias, i).exists())
+                and (objects is None or objs.objects_path(out, alias, i).exists()))
 
     if num_processes == 1:  # nobody else writes here: drop temp files left by a killed run
         for s in specs:
             for tmp in (out / s.alias).glob(".chunk_*.tmp") if (out / s.alias).exists() else ():
                 tmp.unlink(missing_ok=True)
+        if objects is not None:
+            objs.drop_temp_files(out, [s.alias for s in specs])
     n_chunks = -(-n // chunk)
     mine = [i for i in range(n_chunks) if i % num_processes == process_id]
     rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
-    todo = [i for i in mine if any(not store.chunk_path(out, s.alias, i).exists() for s in specs)
+    todo = [i for i in mine if any(not method_done(s.alias, i) for s in specs)
             or not store.outputs_path(out, i).exists()]
     total = sum(rows(i) for i in mine)
     done_before = total - sum(rows(i) for i in todo)
@@ -215,10 +242,11 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
 
     def save(item):
         i, results, outputs = item
-        for alias, maps in results:
-            path = store.chunk_path(out, alias, i)
-            if not path.exists():
+        for alias, maps, shares in results:
+            if maps is not None and not store.chunk_path(out, alias, i).exists():
                 store.write_chunk(out, alias, i, maps)
+            if shares is not None and not objs.objects_path(out, alias, i).exists():
+                objs.write_shares(out, alias, i, shares)
         if not store.outputs_path(out, i).exists():
             store.write_outputs(out, i, outputs)
 
@@ -265,18 +293,20 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             outputs = {k: np.asarray(v)[:m] for k, v in forward(params, x, acts).items()}
             results = []
             for s, kw in calls:
-                if store.chunk_path(out, s.alias, i).exists():
+                if method_done(s.alias, i):
                     continue
                 ts = time.perf_counter()
                 try:
                     maps = explain(apply_fn, params, x, method=s.method, batch_size=batch_size, **kw_acts, **kw)
-                    maps = np.asarray(maps[:m]).astype(dtype)
+                    shares = None if objects is None else objs.chunk_shares(
+                        maps, objects.boxes[i * chunk:i * chunk + m], m)  # from the float32 maps
+                    maps = np.asarray(maps[:m]).astype(dtype) if store_maps else None
                 except SaliencyInputError as e:  # say which frames, keep it one line
                     raise SaliencyInputError(f"{s.alias}, frames {i * chunk}:{i * chunk + m}: {e}") from None
                 seconds[s.alias] += time.perf_counter() - ts
                 if not first_chunk_s.get(s.alias):
                     first_chunk_s[s.alias] = (m, time.perf_counter() - ts)  # includes compilation
-                results.append((s.alias, maps))
+                results.append((s.alias, maps, shares))
             writer.put((i, results, outputs))
             computed += m
             if bar is not None:
@@ -292,7 +322,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     if writer.error is not None:
         raise writer.error
     wall = time.perf_counter() - t0
-    complete = all(not store.missing_chunks(out, s.alias, n_chunks) for s in specs) and not any(
+    complete = all(method_done(s.alias, i) for s in specs for i in range(n_chunks)) and not any(
         not store.outputs_path(out, i).exists() for i in range(n_chunks))
     summary = {
         "frames": n, "frames_this_process": total, "frames_computed": computed,

@@ -193,6 +193,10 @@ class MapArray:
         if method not in cfg["methods"]:
             raise SaliencyInputError(f"{out} has no maps for method {method!r}; it holds "
                                      f"{', '.join(cfg['methods'])}")
+        if cfg.get("store") == "shares":
+            raise SaliencyInputError(f"{out} stored only object shares (--store shares), no maps: read them with "
+                                     f"jaxsal.load_object_shares('{out}', {method!r}), or rerun `jaxsal explain` "
+                                     "without --store shares into a new --out for the maps")
         self.out, self.method = Path(out), method
         self.chunk = int(cfg["chunk"])
         n = int(cfg["n"])

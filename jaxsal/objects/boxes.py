@@ -67,10 +67,12 @@ class ObjectBoxes:
             return m.any(axis=1)
         return m[:, frame]
 
-    def save(self, path):
-        """One .npz (boxes, labels, class names, frame size)."""
+    def save(self, path, game: str | None = None):
+        """One .npz (boxes, labels, class names, frame size, optionally the game; no pickle): the
+        objects file `jaxsal explain --objects FILE` reads (format: `jaxsal.io.objects`)."""
+        extra = {"game": np.asarray(game)} if game else {}
         np.savez_compressed(path, boxes=self.boxes, labels=self.labels, classes=np.asarray(self.classes),
-                            size=np.asarray([self.height, self.width]))
+                            size=np.asarray([self.height, self.width]), **extra)
 
     @classmethod
     def load(cls, path):

@@ -1,0 +1,324 @@
+"""Object shares in batch jobs: `jaxsal explain --objects` stores, per frame, how much of each map
+falls on each game object class, next to (or instead of) the maps.
+
+Boxes come from an objects file aligned with the input buffer (frame i of the buffer <-> state i
+of the file), the `.npz` that `jaxsal.objects.ObjectBoxes.save` writes (no pickle):
+
+    boxes    (N, F, K, 4) int16   per state, per stacked frame (oldest first, as the frame stack's
+                                  channels), up to K boxes as half-open (y0, x0, y1, x1) pixel rows
+                                  and columns of the agent's frame (e.g. 84x84)
+    labels   (N, F, K)    int8    class index of each box, -1 = padding (unused slot)
+    classes  (C,)         str     class names, e.g. ["ball", "player", "enemy"]
+    size     (2,)         int     frame height and width (optional, default 84x84)
+    game     ()           str     game name (optional; checked against the agent's game)
+
+Frames played by jaxsal from ale-py carry RAM-derived boxes (`python -m agents.record_objects`
+writes DIR/obs.npy and DIR/obs.objects.npz); `--objects` without a FILE takes the file beside the
+input: `buf.npy` -> `buf.objects.npz`, a shard directory `replay/` -> `replay.objects.npz`.
+
+Per method and chunk the job writes DIR/_objects/<method>/chunk_XXXXXXX.npz (atomically, like
+the maps, so a killed job resumes without losing or repeating frames) with, for C classes and F
+stacked frames: `positive`, `absolute`, `chance` (n, C) float32 (`jaxsal.metrics.object_attribution`),
+`present` (n, C) bool (the class is on screen), `pointing` (n, C) bool (the map's maximum lies on
+the class, `jaxsal.metrics.object_pointing`) and `per_frame_positive/absolute/chance` (n, F, C):
+for per-frame maps (`--option M.per_frame=true`) frame f's map on frame f's objects over the whole
+map's mass (these sum over f to `positive`); for maps summed over the stack, the map's share on
+frame f's objects alone (which frame's object positions the map covers; they need not sum to the
+union's share). `jaxsal.load_object_shares(DIR, method)` reads them back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from jaxsal.errors import SaliencyInputError
+
+if TYPE_CHECKING:
+    from jaxsal.objects import ObjectBoxes
+
+OBJECTS = "_objects"
+FORMAT_HELP = ("an .npz with boxes (N, F, K, 4) int16 (y0, x0, y1, x1), labels (N, F, K) int8 (-1 = none) and "
+               "classes (C,) str; see `jaxsal.io.objects` or the README section 'Object shares in batch jobs'")
+RECORD_HINT = "python -m agents.record_objects --agent NAME --steps N --out DIR (writes DIR/obs.npy and its boxes)"
+SHARE_KEYS = ("positive", "absolute", "chance", "present", "pointing",
+              "per_frame_positive", "per_frame_absolute", "per_frame_chance")
+
+
+def objects_path(out, alias: str, index: int) -> Path:
+    return Path(out) / OBJECTS / alias / f"chunk_{index:07d}.npz"
+
+
+def beside(input_path) -> Path:
+    """Where `--objects` without a FILE looks for the boxes of an input buffer."""
+    p = Path(input_path)
+    if p.is_dir() or p.suffix not in (".npy", ".npz"):
+        return p.parent / f"{p.name}.objects.npz"
+    return p.with_suffix(".objects.npz")
+
+
+def _fingerprint(path: Path) -> str:
+    from jaxsal.io.readers import _fingerprint_files
+    return _fingerprint_files([path])
+
+
+@dataclasses.dataclass
+class ObjectsInput:
+    """The boxes of a job's frames: an ObjectBoxes aligned with the input, where it came from."""
+    boxes: "ObjectBoxes"
+    path: str | None = None
+    game: str | None = None
+    checksum: str | None = None
+
+    @property
+    def classes(self) -> tuple:
+        return self.boxes.classes
+
+    def limited(self, n: int) -> "ObjectsInput":
+        """The boxes of the first n states (for `--limit`)."""
+        return dataclasses.replace(self, boxes=self.boxes[:n], checksum=f"{self.checksum}[:{n}]")
+
+    def config(self) -> dict:
+        """What decides the shares (compared when a job is resumed)."""
+        return {"checksum": self.checksum, "classes": list(self.classes), "frames": int(self.boxes.boxes.shape[1])}
+
+    def describe(self) -> dict:
+        return {"path": self.path, "game": self.game, "classes": list(self.classes),
+                "files": f"{OBJECTS}/<method>/chunk_XXXXXXX.npz: per-frame object shares (jaxsal.load_object_shares)"}
+
+
+def read_objects(path, game: str | None = None) -> ObjectsInput:
+    """Read and check an objects file (format in the module doc); errors name the fix."""
+    from jaxsal.objects import ObjectBoxes
+
+    p = Path(path)
+    if not p.exists():
+        raise SaliencyInputError(f"objects file {p} does not exist; give --objects FILE ({FORMAT_HELP}), or "
+                                 f"record frames with their boxes: {RECORD_HINT}")
+    try:
+        z = np.load(p, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise SaliencyInputError(f"objects file {p} is not a readable .npz ({str(e).splitlines()[0]}); "
+                                 f"expected {FORMAT_HELP}") from None
+    with z:
+        missing = [k for k in ("boxes", "labels", "classes") if k not in z.files]
+        if missing:
+            raise SaliencyInputError(f"objects file {p} has no {', '.join(missing)} (it holds "
+                                     f"{', '.join(z.files) or 'nothing'}); expected {FORMAT_HELP}")
+        try:
+            boxes, labels, classes = z["boxes"], z["labels"], z["classes"]
+            size = tuple(int(v) for v in z["size"]) if "size" in z.files else (84, 84)
+            file_game = str(z["game"]) if "game" in z.files else None
+        except ValueError as e:  # object arrays need pickle, which we never load
+            raise SaliencyInputError(f"objects file {p}: {str(e).splitlines()[0]}; store classes as a str "
+                                     f"array (np.asarray(names)), not objects") from None
+    if boxes.ndim != 4 or boxes.shape[-1] != 4 or labels.shape != boxes.shape[:3]:
+        raise SaliencyInputError(f"objects file {p}: boxes must be (N, F, K, 4) and labels (N, F, K), got "
+                                 f"{boxes.shape} and {labels.shape}")
+    if classes.ndim != 1 or classes.dtype.kind not in "US" or len(classes) == 0:
+        raise SaliencyInputError(f"objects file {p}: classes must be a non-empty 1-D str array, got "
+                                 f"{classes.dtype} {classes.shape}")
+    if not np.issubdtype(boxes.dtype, np.integer) or not np.issubdtype(labels.dtype, np.integer):
+        raise SaliencyInputError(f"objects file {p}: boxes and labels must be integer arrays, got "
+                                 f"{boxes.dtype} and {labels.dtype}")
+    if labels.size and (labels.max() >= len(classes) or labels.min() < -1):
+        raise SaliencyInputError(f"objects file {p}: labels must be -1 (none) or 0..{len(classes) - 1} "
+                                 f"(one per class name), found {int(labels.min())}..{int(labels.max())}")
+    used = labels >= 0
+    b = boxes[used]
+    if b.size and (b[:, :2].min() < 0 or b[:, 2].max() > size[0] or b[:, 3].max() > size[1]
+                   or (b[:, 2] < b[:, 0]).any() or (b[:, 3] < b[:, 1]).any()):
+        raise SaliencyInputError(f"objects file {p}: boxes must be half-open (y0, x0, y1, x1) inside the "
+                                 f"{size[0]}x{size[1]} frame with y0 <= y1 and x0 <= x1")
+    if game and file_game and _norm(game) != _norm(file_game):
+        raise SaliencyInputError(f"objects file {p} holds boxes of {file_game!r} but the agent plays {game!r}: "
+                                 "give the boxes recorded with this buffer")
+    ob = ObjectBoxes(boxes.astype(np.int16), labels.astype(np.int8), tuple(str(c) for c in classes), *size)
+    return ObjectsInput(ob, str(p.absolute()), file_game or game, _fingerprint(p))
+
+
+def _norm(game: str) -> str:
+    return game.lower().replace("_", "").replace("-", "").replace(" ", "")
+
+
+def find_objects(objects_arg: str, input_path, game: str | None) -> ObjectsInput:
+    """The boxes of `--objects [FILE]`: FILE, or (no FILE) the file beside the input buffer."""
+    if objects_arg != "auto":
+        return read_objects(objects_arg, game)
+    if input_path is None:
+        raise SaliencyInputError(
+            "--objects needs frames with known boxes; --play records with EnvPool, which has no RAM. Record "
+            f"with ale-py instead: {RECORD_HINT}, then jaxsal explain --input DIR/obs.npy --objects")
+    path = beside(input_path)
+    if path.exists():
+        return read_objects(path, game)
+    from jaxsal.objects import games
+
+    if game and _norm(game) not in games():
+        raise SaliencyInputError(
+            f"no boxes for {input_path} ({path.name} not found) and game {game!r} has no object table "
+            f"(games with one: {', '.join(games())}); give --objects FILE with your own boxes ({FORMAT_HELP})")
+    raise SaliencyInputError(
+        f"no boxes for {input_path}: {path} not found. A replay buffer has no RAM, so give --objects FILE "
+        f"({FORMAT_HELP}) or record frames with their boxes: {RECORD_HINT}")
+
+
+def check_aligned(objects: ObjectsInput, n: int, frame_shape_nhwc) -> None:
+    """The boxes must describe exactly the job's frames: same count, frame size and stack depth."""
+    ob, where = objects.boxes, objects.path or "the boxes"
+    if len(ob) != n:
+        raise SaliencyInputError(
+            f"{where} has boxes for {len(ob)} states but the input has {n} frames: the objects file must hold "
+            "one row per buffer frame, in the buffer's order (record them together, or slice both the same way)")
+    h, w, f = (int(v) for v in frame_shape_nhwc[-3:])
+    if (ob.height, ob.width) != (h, w):
+        raise SaliencyInputError(f"{where} has boxes for {ob.height}x{ob.width} frames but the frames are {h}x{w}; "
+                                 "boxes must be in the agent's (preprocessed) frame pixels")
+    if ob.boxes.shape[1] != f:
+        raise SaliencyInputError(
+            f"{where} has boxes for {ob.boxes.shape[1]} stacked frame(s) per state but the frames stack {f}; "
+            f"save (N, {f}, K, 4) boxes, one set per stacked frame (oldest first), e.g. np.repeat the newest "
+            "frame's boxes if only those are known")
+
+
+def chunk_shares(maps, boxes, rows: int | None = None) -> dict:
+    """One chunk's maps (n, H, W) or per-frame (n, H, W, F) on device, boxes (ObjectBoxes of the
+    first `rows` of those states, default all) -> the arrays stored per chunk (module doc) for
+    those rows, as numpy. The boxes are padded to the maps' rows (a job pads every chunk to the
+    same size), so the last, shorter chunk reuses the compiled programs."""
+    from jaxsal.metrics import object_attribution, object_pointing
+    from jaxsal.objects import ObjectBoxes
+
+    rows = len(boxes) if rows is None else rows
+    pad = maps.shape[0] - len(boxes)
+    if pad > 0:
+        boxes = ObjectBoxes.concatenate([boxes, boxes[np.full(pad, len(boxes) - 1)]])
+    elif pad < 0:
+        raise SaliencyInputError(f"{maps.shape[0]} maps but boxes for {len(boxes)} states")
+    masks = boxes.masks()                                     # (n, F, C, H, W) bool, built once
+    res = object_attribution(maps, masks, classes=boxes.classes)
+    hits, _ = object_pointing(maps, masks, classes=boxes.classes)
+    out = {"positive": res.positive, "absolute": res.absolute, "chance": res.chance, "present": res.present,
+           "pointing": hits}
+    if maps.ndim == 4:
+        out.update(per_frame_positive=res.per_frame_positive, per_frame_absolute=res.per_frame_absolute,
+                   per_frame_chance=res.per_frame_chance)
+    else:
+        per = [object_attribution(maps, masks, classes=boxes.classes, frame=f) for f in range(masks.shape[1])]
+        for k in ("positive", "absolute", "chance"):
+            out[f"per_frame_{k}"] = np.stack([np.asarray(getattr(r, k)) for r in per], 1)
+    return {k: np.asarray(v, bool if k in ("present", "pointing") else np.float32)[:rows] for k, v in out.items()}
+
+
+def write_shares(out, alias: str, index: int, shares: dict):
+    """One chunk's object shares of one method, atomically (an .npz, no pickle)."""
+    from jaxsal.io.store import _atomic_write
+
+    path = objects_path(out, alias, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, lambda f: np.savez(f, **{k: np.ascontiguousarray(v) for k, v in shares.items()}))
+
+
+def drop_temp_files(out, aliases):
+    """Temp files a killed single-process run left in the shares directories."""
+    for a in aliases:
+        d = Path(out) / OBJECTS / a
+        for tmp in d.glob(".chunk_*.tmp") if d.exists() else ():
+            tmp.unlink(missing_ok=True)
+
+
+def load_object_shares(out, method: str, allow_incomplete: bool = False) -> dict:
+    """Per-frame object shares of `method` in a `jaxsal explain --objects` output directory:
+    {"classes": (C names), "frame": (N,), "positive"/"absolute"/"chance": (N, C) float32,
+    "present"/"pointing": (N, C) bool, "per_frame_positive"/"_absolute"/"_chance": (N, F, C)}
+    (meanings in `jaxsal.io.objects`). Column c is class `classes[c]`. With allow_incomplete,
+    the frames of the chunks finished so far (in order; "frame" says which)."""
+    from jaxsal.io.store import read_manifest
+
+    cfg = read_manifest(out)["config"]
+    if "objects" not in cfg:
+        raise SaliencyInputError(f"{out} has no object shares: rerun `jaxsal explain` with --objects into a new --out")
+    if method not in cfg["methods"]:
+        raise SaliencyInputError(f"{out} has no object shares for method {method!r}; it holds "
+                                 f"{', '.join(cfg['methods'])}")
+    n, chunk = int(cfg["n"]), int(cfg["chunk"])
+    n_chunks = -(-n // chunk)
+    done = [i for i in range(n_chunks) if objects_path(out, method, i).exists()]
+    if len(done) < n_chunks and not allow_incomplete:
+        raise SaliencyInputError(
+            f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks of {method!r} shares missing); "
+            "rerun the same `jaxsal explain` command, or pass allow_incomplete=True for the finished chunks")
+    classes = tuple(cfg["objects"]["classes"])
+    parts: dict = {"frame": []}
+    for i in done:
+        with np.load(objects_path(out, method, i), allow_pickle=False) as z:
+            for k in SHARE_KEYS:
+                parts.setdefault(k, []).append(z[k])
+        parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
+    c, f = len(classes), int(cfg["objects"]["frames"])
+    empty = {"frame": (0,), **{k: (0, f, c) if k.startswith("per_frame") else (0, c) for k in SHARE_KEYS}}
+    res = {k: (np.concatenate(parts[k]) if parts.get(k) else
+               np.zeros(empty[k], bool if k in ("present", "pointing") else np.int64 if k == "frame" else np.float32))
+           for k in empty}
+    res["classes"] = classes
+    return res
+
+
+def mean_shares(shares: dict) -> dict:
+    """{class: {"positive", "absolute", "chance", "pointing", "states"}}: means over the frames that show
+    the class (and whose map has mass), from `load_object_shares`'s dict."""
+    out = {}
+    for i, c in enumerate(shares["classes"]):
+        here = shares["present"][:, i]
+        row = {}
+        for k in ("positive", "absolute", "chance", "pointing"):
+            v = np.asarray(shares[k][here, i], np.float64)
+            row[k] = float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+        row["states"] = int(here.sum())
+        out[c] = row
+    return out
+
+
+def summary_lines(out, methods) -> list[str]:
+    """A few lines for the end of a job: each method's mean positive share per class vs chance."""
+    lines = ["object shares (positive mass on the class, mean over frames showing it; chance = area share):"]
+    for m in methods:
+        try:
+            table = mean_shares(load_object_shares(out, m, allow_incomplete=True))
+        except SaliencyInputError:
+            continue
+        cells = ", ".join(f"{c} {r['positive']:.2f} (chance {r['chance']:.2f})" for c, r in table.items()
+                          if r["states"])
+        lines.append(f"  {m}: {cells or 'no class on screen'}")
+    return lines
+
+
+def write_meta(out, objects: ObjectsInput, store_maps: bool):
+    """DIR/_objects/meta.json: where the boxes came from and what each stored array means."""
+    from jaxsal.io.store import _atomic_write
+
+    d = Path(out) / OBJECTS
+    d.mkdir(parents=True, exist_ok=True)
+    meta = {**objects.describe(), "maps_stored": store_maps, "keys": list(SHARE_KEYS),
+            "doc": "see the docstring of jaxsal.io.objects; load with jaxsal.load_object_shares(DIR, METHOD)"}
+    _atomic_write(d / "meta.json", json.dumps(meta, indent=2, sort_keys=True).encode())
+
+
+def for_job(objects_arg, store: str, input_path, game, n_frames: int, frame_shape_nhwc, limit=None):
+    """`jaxsal explain`'s --objects [FILE] and --store maps|shares -> (ObjectsInput or None, store_maps).
+    The boxes are checked against the whole input, then cut to `--limit` like the frames."""
+    if store not in ("maps", "shares"):
+        raise SaliencyInputError(f"--store must be maps or shares, got {store!r}")
+    if objects_arg is None:
+        if store == "shares":
+            raise SaliencyInputError("--store shares keeps only the object shares: add --objects [FILE]")
+        return None, True
+    objects = find_objects(objects_arg, input_path, game)
+    check_aligned(objects, n_frames, frame_shape_nhwc)
+    if limit is not None and limit < n_frames:
+        objects = objects.limited(limit)
+    return objects, store == "maps"
