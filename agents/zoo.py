@@ -1,6 +1,6 @@
 """Agent zoo: build networks by game/architecture and load the shipped trained agents.
 
-    agent = agents.load("breakout")
+    agent = jaxsal_agents.load("breakout")
     q = agent.apply_fn(agent.params, obs)      # obs (N, 84, 84, 4) uint8 -> Q (N, A)
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from agents import networks
-from agents.checkpoint import load_params
-from agents.envs import MINATAR_GAMES, check_game
-from agents.errors import AgentLoadError
+from . import networks
+from .checkpoint import load_params
+from .envs import MINATAR_GAMES, check_game
+from .errors import AgentLoadError
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 MINATAR_SHAPES = {"minatar-breakout": (4, 3), "minatar-spaceinvaders": (6, 4),
