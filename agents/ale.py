@@ -166,7 +166,7 @@ class AleAtariEnv:
         return boxes_from_ram(self.game, self.rams())
 
 
-class _Recording:
+class Recording:
     """Wraps an AleAtariEnv so that every observation handed out has its RAM recorded."""
 
     def __init__(self, env):
@@ -192,7 +192,7 @@ def collect_objects(agent, steps: int, game: str | None = None, epsilon: float =
     from jaxsal.objects import boxes_from_ram
 
     env = env or AleAtariEnv(game or agent.game, num_envs, train=False, seed=seed)
-    rec = _Recording(env)
+    rec = Recording(env)
     batch = collect(agent, steps, epsilon=epsilon, seed=seed, env=rec)
     rams = np.stack(rec.rams[:len(batch) // env.num_envs])            # (T, E, F, 2, 128)
     rams = np.swapaxes(rams, 0, 1).reshape((-1,) + rams.shape[2:])   # env-major, as the Batch

@@ -55,10 +55,10 @@ def _probe_index(total: int, n: int) -> np.ndarray:
 def probe_states_with_objects(game: str, n: int = 16, steps: int = 64, seed: int = 0, num_envs: int = 8):
     """`probe_states` played on ale-py (EnvPool's preprocessing, jaxsal_agents.ale) so that the RAM is
     known: (probe (n, 84, 84, 4) uint8, jaxsal.objects.ObjectBoxes of the probes)."""
-    from .ale import AleAtariEnv, _Recording
+    from .ale import AleAtariEnv, Recording
     from jaxsal.objects import boxes_from_ram
 
-    rec = _Recording(AleAtariEnv(game, num_envs, train=False, seed=seed))
+    rec = Recording(AleAtariEnv(game, num_envs, train=False, seed=seed))
     probe = probe_states(rec, n, steps, seed)
     rams = np.concatenate(rec.rams[:steps], 0)          # same time-major order as probe_states
     return probe, boxes_from_ram(game, rams[_probe_index(rams.shape[0], n)])
