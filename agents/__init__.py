@@ -1,6 +1,7 @@
 """Example agents for jaxsal: Flax networks, EnvPool/gymnax environments, PQN training, shipped agents."""
-from agents.collect import Batch, collect
-from agents.errors import AgentInputError, AgentLoadError
-from agents.zoo import Agent, available, build_model, load
+from .collect import Batch, collect
+from .errors import AgentInputError, AgentLoadError
+from .zoo import Agent, available, build_model, load, random_agent
 
-__all__ = ["Agent", "Batch", "collect", "AgentInputError", "AgentLoadError", "available", "build_model", "load"]
+__all__ = ["Agent", "Batch", "collect", "AgentInputError", "AgentLoadError", "available", "build_model", "load",
+           "random_agent"]

@@ -1,6 +1,6 @@
 """Adopt the agents that agents/train_gpu.sh brought back: cards, parameters and curves.
 
-    python -m agents.adopt_gpu DIR [--force]
+    python -m jaxsal_agents.adopt_gpu DIR [--force]
 
 DIR holds <name>.tgz files (each: <name>.msgpack, <name>.json with a 30-game evaluation,
 returns.csv, the training log). An agent replaces the shipped one when its evaluated mean
@@ -18,8 +18,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from agents.export import CURVES_DIR, plot_curve
-from agents.zoo import SHIPPED_DIR, load
+from .export import CURVES_DIR, plot_curve
+from .zoo import SHIPPED_DIR, load
 
 
 def read_bundle(path: Path) -> dict:

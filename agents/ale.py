@@ -5,7 +5,7 @@ our own player. `AleAtariEnv` repeats EnvPool's Atari logic step for step (frame
 last two raw frames max-pooled, ALE's grey palette, INTER_AREA resize to 84x84, 4-frame stack,
 0..noop_max-1 no-ops then FIRE on reset, episodic-life resets, auto-reset on the step after
 `done`), so for the same actions and no-op counts its observations equal EnvPool's bit for bit
-(tests/test_ale_player.py). It has `agents.envs.AtariEnv`'s API, and `rams()` gives, for the
+(tests/test_ale_player.py). It has `jaxsal_agents.envs.AtariEnv`'s API, and `rams()` gives, for the
 current observations, the RAM of the raw frames pooled into each stacked frame: (E, F, 2, 128).
 
     env = AleAtariEnv("pong", num_envs=2)
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.area_resize import resize_area
-from agents.envs import check_game
+from .area_resize import resize_area
+from .envs import check_game
 
 ROM_NAMES = {"pong": "pong", "breakout": "breakout", "mspacman": "ms_pacman",
              "spaceinvaders": "space_invaders", "frostbite": "frostbite", "seaquest": "seaquest"}
@@ -114,7 +114,7 @@ class _OneEnv:
 
 
 class AleAtariEnv:
-    """`agents.envs.AtariEnv`'s API on ale-py (EnvPool's preprocessing), with `rams()`."""
+    """`jaxsal_agents.envs.AtariEnv`'s API on ale-py (EnvPool's preprocessing), with `rams()`."""
 
     def __init__(self, game: str, num_envs: int = 1, train: bool = False, seed: int = 0, frame_stack: int = 4,
                  noop_max: int = 30, max_episode_steps: int = 27000):
@@ -166,7 +166,7 @@ class AleAtariEnv:
         return boxes_from_ram(self.game, self.rams())
 
 
-class _Recording:
+class Recording:
     """Wraps an AleAtariEnv so that every observation handed out has its RAM recorded."""
 
     def __init__(self, env):
@@ -186,13 +186,13 @@ class _Recording:
 
 def collect_objects(agent, steps: int, game: str | None = None, epsilon: float = 0.0, num_envs: int = 1,
                     seed: int = 0, env: AleAtariEnv | None = None):
-    """`agents.collect` on ale-py: (Batch, ObjectBoxes) with one row of boxes per state, in the
+    """`jaxsal_agents.collect` on ale-py: (Batch, ObjectBoxes) with one row of boxes per state, in the
     Batch's env-major order."""
-    from agents.collect import collect
+    from .collect import collect
     from jaxsal.objects import boxes_from_ram
 
     env = env or AleAtariEnv(game or agent.game, num_envs, train=False, seed=seed)
-    rec = _Recording(env)
+    rec = Recording(env)
     batch = collect(agent, steps, epsilon=epsilon, seed=seed, env=rec)
     rams = np.stack(rec.rams[:len(batch) // env.num_envs])            # (T, E, F, 2, 128)
     rams = np.swapaxes(rams, 0, 1).reshape((-1,) + rams.shape[2:])   # env-major, as the Batch

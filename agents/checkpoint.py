@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from flax import serialization
 
-from agents.errors import AgentLoadError
+from .errors import AgentLoadError
 
 
 def _complete_steps(ckpt_dir: Path) -> list[Path]:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.envs import make_env
+from .envs import make_env
 
 
 @dataclasses.dataclass
@@ -36,7 +36,7 @@ def _q(out):
 
 def collect(agent, steps: int, game: str | None = None, epsilon: float = 0.0, num_envs: int = 1,
             seed: int = 0, until_done: bool = False, env=None) -> Batch:
-    """Play `agent` (an `agents.Agent`) for `steps` steps per env with epsilon-greedy actions.
+    """Play `agent` (a `jaxsal_agents.Agent`) for `steps` steps per env with epsilon-greedy actions.
 
     Evaluation settings (true game, no reward clipping, no episodic life). With
     `until_done=True` collection stops early once every env has finished one full game.

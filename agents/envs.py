@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.errors import AgentLoadError
+from .errors import AgentLoadError
 
 ATARI_GAMES = {
     "pong": "Pong-v5",

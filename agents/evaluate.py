@@ -1,6 +1,6 @@
 """Evaluate a shipped agent under the baselines protocol and write the result on its card.
 
-    python -m agents.evaluate breakout --episodes 30
+    python -m jaxsal_agents.evaluate breakout --episodes 30
 
 Protocol (Atari): greedy (epsilon 0) unless --epsilon; full games with all lives; unclipped
 rewards; FIRE pressed after each lost life (EnvPool's episodic-life reset, as in training);
@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.envs import MINATAR_GAMES, make_env
-from agents.zoo import SHIPPED_DIR, Agent, load
+from .envs import MINATAR_GAMES, make_env
+from .zoo import SHIPPED_DIR, Agent, load
 
 PROTOCOL = ("greedy, full games (all lives), unclipped rewards, FIRE pressed after each lost life, "
             "up to 30 no-op starts, at most 27000 agent steps per game")

@@ -1,6 +1,6 @@
 """Turn a training run into a shipped agent: evaluate, export float16 msgpack, write the JSON card.
 
-    python -m agents.export --run-dir runs/breakout --name breakout --episodes 10
+    python -m jaxsal_agents.export --run-dir runs/breakout --name breakout --episodes 10
 
 The card records game, algorithm, frames trained, mean ± std return over full games, the
 evaluation protocol and the command that trained it; a training-curve PNG goes beside it in
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.checkpoint import export_params, restore_train_state
-from agents.envs import MINATAR_GAMES, make_env
-from agents.train import PQNConfig, initial_state, make_optimizer
-from agents.evaluate import evaluate_agent
-from agents.zoo import SHIPPED_DIR, build_model
+from .checkpoint import export_params, restore_train_state
+from .envs import MINATAR_GAMES, make_env
+from .train import PQNConfig, initial_state, make_optimizer
+from .evaluate import evaluate_agent
+from .zoo import SHIPPED_DIR, build_model
 
 CURVES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "results" / "training"
 
@@ -75,7 +75,7 @@ def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out
     card = {"name": name, "game": cfg["game"], "arch": cfg["arch"], "layer_norm": cfg["layer_norm"],
             "num_actions": probe_env.num_actions, "obs_shape": list(probe_env.obs_shape)}
     (out_dir / f"{name}.json").write_text(json.dumps(card))
-    from agents.zoo import load
+    from .zoo import load
     agent = load(str(out_dir / f"{name}.json"))
     result = evaluate_agent(agent, episodes=episodes, epsilon=epsilon)
     frames_per_step = 1 if cfg["game"] in MINATAR_GAMES else 4
@@ -87,7 +87,7 @@ def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out
         "frames_trained": int(state["step"]) * frames_per_step,
         "planned_env_steps": cfg["steps"],
         "eval": result,
-        "trained_with": f"python -m agents.train {flags}",
+        "trained_with": f"python -m jaxsal_agents.train {flags}",
         "params_sha256": sha, "dtype": "float16",
         "training_curve": f"experiments/results/training/{name}.png",
     })
@@ -107,7 +107,7 @@ def _ci(e: dict) -> str:
 
 def cards_markdown() -> str:
     """A Markdown table of the shipped agents' cards (for the README)."""
-    from agents.zoo import available
+    from .zoo import available
 
     rows = ["| name | game | network | algorithm | frames trained | return: mean ± std (95% CI), games |",
             "| --- | --- | --- | --- | ---: | ---: |"]

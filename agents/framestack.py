@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.errors import AgentInputError
+from .errors import AgentInputError
 
 BUGS = ("misaligned", "reuse", "no_update", "reversed")
 
@@ -133,7 +133,7 @@ MINATAR_NO_TRAIL = {"minatar-breakout": (0, 1, 3)}  # paddle, ball, brick (trail
 def make_stacked_env(game: str, num_envs: int = 8, train: bool = True, seed: int = 0,
                      num_frames: int = 4, bug: str | None = None, drop_trail: bool = False):
     """A frame-stacked env whose stacking we control: MinAtar (gymnax) or Atari (EnvPool, 1 frame)."""
-    from agents.envs import AtariEnv, MinAtarEnv, check_game, is_minatar
+    from .envs import AtariEnv, MinAtarEnv, check_game, is_minatar
 
     game = check_game(game)
     if is_minatar(game):

@@ -1,13 +1,13 @@
 """Build `.gpu_bundle/`: what a GPU machine without network needs to train the Atari agents.
 
-    python -m agents.gpu_bundle            # here, where PyPI is reachable; then carry .gpu_bundle
+    python -m jaxsal_agents.gpu_bundle            # here, where PyPI is reachable; then carry .gpu_bundle
 
 The lent GPU machines have Python 3.12 with jax (CUDA), flax, optax, orbax, scikit-image and
 torch, but no EnvPool, and no network. EnvPool's wheel (53 MB) and its asset wheel (90 MB)
 exceed what may travel with the working tree (64 MiB), so this downloads the cp312 wheels from
 PyPI, unpacks them into `.gpu_bundle/site/` (put on PYTHONPATH there), and keeps only what
 Atari needs: EnvPool's core and Atari family (its entry module rewritten to register Atari
-alone) and the ROMs of our games (~14 MB in all). `python -m agents.gpu_bundle --check` imports EnvPool from the
+alone) and the ROMs of our games (~14 MB in all). `python -m jaxsal_agents.gpu_bundle --check` imports EnvPool from the
 bundle and steps every game (run it with a Python 3.12).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from agents.envs import ATARI_GAMES
+from .envs import ATARI_GAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / ".gpu_bundle"
@@ -86,7 +86,7 @@ def check():
     """Import EnvPool from wherever it is on the path and step every Atari game once."""
     import numpy as np
 
-    from agents.envs import make_env
+    from .envs import make_env
     for game in ATARI_GAMES:
         env = make_env(game, 2, train=True)
         obs = env.reset()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from agents.errors import AgentInputError
+from .errors import AgentInputError
 
 
 def check_frames(x, height: int | None = 84, width: int | None = 84, channels: int | None = None,

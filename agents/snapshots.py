@@ -1,7 +1,7 @@
 """Saliency snapshots during training: maps on a fixed probe set every K updates.
 
     snaps = SaliencySnapshots(probe_states(env, 16), "runs/x/snapshots", every=10, num_frames=4)
-    agents.train.train(cfg, callback=snaps)        # or train_ppo.train(cfg, callback=snaps)
+    jaxsal_agents.train.train(cfg, callback=snaps)        # or train_ppo.train(cfg, callback=snaps)
     render_strips(snaps.out_dir, "strips.png", returns_csv="runs/x/returns.csv")
 
 Each snapshot computes Grad-CAM, G1Grad-CAM, G2Grad-CAM, Guided Backprop and the vanilla
@@ -53,12 +53,12 @@ def _probe_index(total: int, n: int) -> np.ndarray:
 
 
 def probe_states_with_objects(game: str, n: int = 16, steps: int = 64, seed: int = 0, num_envs: int = 8):
-    """`probe_states` played on ale-py (EnvPool's preprocessing, agents.ale) so that the RAM is
+    """`probe_states` played on ale-py (EnvPool's preprocessing, jaxsal_agents.ale) so that the RAM is
     known: (probe (n, 84, 84, 4) uint8, jaxsal.objects.ObjectBoxes of the probes)."""
-    from agents.ale import AleAtariEnv, _Recording
+    from .ale import AleAtariEnv, Recording
     from jaxsal.objects import boxes_from_ram
 
-    rec = _Recording(AleAtariEnv(game, num_envs, train=False, seed=seed))
+    rec = Recording(AleAtariEnv(game, num_envs, train=False, seed=seed))
     probe = probe_states(rec, n, steps, seed)
     rams = np.concatenate(rec.rams[:steps], 0)          # same time-major order as probe_states
     return probe, boxes_from_ram(game, rams[_probe_index(rams.shape[0], n)])
@@ -249,7 +249,7 @@ def for_run(game: str, run_dir, every: int, seed: int = 0, n_probes: int = 16,
     4-frame grey stacks; MinAtar frames are not stacked).
     Games with an object table (jaxsal.objects) take their probes from ale-py with the same
     preprocessing, so the snapshots also record object shares."""
-    from agents.envs import check_game, is_minatar, make_env
+    from .envs import check_game, is_minatar, make_env
     from jaxsal.objects import TABLES
 
     if check_game(game) in TABLES:
@@ -263,7 +263,7 @@ def for_run(game: str, run_dir, every: int, seed: int = 0, n_probes: int = 16,
 
 
 def main(argv=None):
-    """python -m agents.snapshots RUN_DIR [--out strips.png]: render a run's snapshot strips."""
+    """python -m jaxsal_agents.snapshots RUN_DIR [--out strips.png]: render a run's snapshot strips."""
     import argparse
 
     p = argparse.ArgumentParser(description=main.__doc__)

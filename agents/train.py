@@ -9,7 +9,7 @@ a CSV log of full-game returns. CPU note: conv gradients inside `lax.scan` are ~
 on XLA:CPU (jax-ml/jax#12868), so the minibatch updates are unrolled inside one jit and the
 outer loop is Python.
 
-    python -m agents.train --game minatar-breakout --steps 500000 --run-dir runs/minatar-breakout
+    python -m jaxsal_agents.train --game minatar-breakout --steps 500000 --run-dir runs/minatar-breakout
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from agents.checkpoint import restore_train_state, save_train_state
-from agents.envs import make_env
-from agents.zoo import build_model
+from .checkpoint import restore_train_state, save_train_state
+from .envs import make_env
+from .zoo import build_model
 
 
 @dataclasses.dataclass
@@ -163,7 +163,7 @@ def initial_state(cfg: PQNConfig, model, tx, obs_shape) -> dict:
 def warm_start(cfg: PQNConfig, state: dict, log) -> dict:
     """Start from exported parameters (a shipped name or card) when the checkpoint is gone:
     params and counters come back from the card; the optimiser state starts afresh."""
-    from agents.zoo import load
+    from .zoo import load
 
     agent = load(cfg.init_from)
     params = jax.tree.map(jnp.asarray, agent.params)
@@ -301,7 +301,7 @@ def parse_config(cls, argv, doc: str):
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default)
     parser.add_argument("--snapshot-every", type=int, default=0,
-                        help="updates between saliency snapshots in RUN_DIR/snapshots (agents.snapshots); 0: off")
+                        help="updates between saliency snapshots in RUN_DIR/snapshots (jaxsal_agents.snapshots); 0: off")
     args = vars(parser.parse_args(argv))
     every = args.pop("snapshot_every")
     return cls(**args), every
@@ -313,7 +313,7 @@ def main(argv=None):
     cfg, every = parse_config(PQNConfig, argv, __doc__)
     callback = None
     if every:
-        from agents.snapshots import for_run
+        from .snapshots import for_run
         callback = for_run(cfg.game, cfg.run_dir, every, seed=cfg.seed)
     train(cfg, log=lambda m: print(m, flush=True), callback=callback)
 

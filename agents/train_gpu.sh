@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Train the shipped Atari agents on a lent GPU machine (no network) and bring back their params.
 #
-# Here, once (PyPI reachable):   .venv/bin/python -m agents.gpu_bundle     # EnvPool for cp312, ~14 MB
+# Here, once (PyPI reachable):   .venv/bin/python -m jaxsal_agents.gpu_bundle     # EnvPool for cp312, ~14 MB
 # There, as ONE command, carrying .gpu_bundle:
 #   bash agents/train_gpu.sh 6                # minutes of training (all agents in parallel)
 #   bash agents/train_gpu.sh --quick          # any machine: 2 agents, 40 s, small batches
-# Back here:  .venv/bin/python -m agents.adopt_gpu DIR   # DIR: where the $OUT files landed
+# Back here:  .venv/bin/python -m jaxsal_agents.adopt_gpu DIR   # DIR: where the $OUT files landed
 #
 # Every agent continues from its shipped (committed) parameters (`--init-from`), so repeated GPU
 # sessions add up; all run at once, sharing the GPU (each a tenth of its memory) and the CPU
@@ -26,8 +26,9 @@ say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 PY=${PYTHON:-python3}
 [ -d .gpu_bundle/site ] && export PYTHONPATH="$PWD/.gpu_bundle/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH="${PYTHONPATH:-$PWD}" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+source agents/checkout_env.sh   # not pip-installed there: agents/ importable as jaxsal_agents
 $PY -c "import envpool, flax, optax, orbax.checkpoint" 2>>"$LOG" || {
-  say "missing packages (EnvPool comes from .gpu_bundle: run python -m agents.gpu_bundle here and carry it)"; exit 2; }
+  say "missing packages (EnvPool comes from .gpu_bundle: run python -m jaxsal_agents.gpu_bundle here and carry it)"; exit 2; }
 say "backend: $($PY -c 'import jax; print(jax.default_backend(), jax.devices())' 2>>"$LOG")"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >>"$LOG" 2>&1
 
@@ -49,7 +50,7 @@ for spec in "${AGENTS[@]}"; do
   name=$1 game=$2 arch=$3; shift 3
   init=""
   [ -f "agents/shipped/$name.json" ] && init="--init-from $name"
-  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 $PY -m agents.train --game "$game" --arch "$arch" $SIZE --steps 10000000 \
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 $PY -m jaxsal_agents.train --game "$game" --arch "$arch" $SIZE --steps 10000000 \
     --env-threads $THREADS --ckpt-every 50 --time-limit "$SECS" --run-dir "$RUNS/$name" $init "$@" \
     > "$RUNS/$name.log" 2>&1 &
   pids+=($!)
@@ -61,7 +62,7 @@ for spec in "${AGENTS[@]}"; do
   tail -n 2 "$RUNS/$name.log" | tee -a "$LOG"
   out="$RUNS/export/$name"
   mkdir -p "$out"
-  if $PY -m agents.export --run-dir "$RUNS/$name" --name "$name" --episodes $EPISODES --out-dir "$out" \
+  if $PY -m jaxsal_agents.export --run-dir "$RUNS/$name" --name "$name" --episodes $EPISODES --out-dir "$out" \
       >>"$RUNS/$name.log" 2>&1; then
     cp "$RUNS/$name/returns.csv" "$RUNS/$name.log" "$out/"
     tar -czf "$DEST/$name.tgz" -C "$out" .

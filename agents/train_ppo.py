@@ -1,11 +1,11 @@
 """PPO (Schulman et al. 2017), CleanRL-style: read it top to bottom.
 
 Actor-critic on Atari (EnvPool) or MinAtar (gymnax); GAE, clipped surrogate, value loss,
-entropy bonus. Resumable like agents.train (orbax checkpoint + CSV of full-game returns).
+entropy bonus. Resumable like jaxsal_agents.train (orbax checkpoint + CSV of full-game returns).
 Minibatch updates are unrolled inside one jit and the outer loop is Python (the XLA:CPU
 conv-gradient-in-scan trap, jax-ml/jax#12868).
 
-    python -m agents.train_ppo --game minatar-breakout --steps 500000 --run-dir runs/ppo-minatar-breakout
+    python -m jaxsal_agents.train_ppo --game minatar-breakout --steps 500000 --run-dir runs/ppo-minatar-breakout
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from agents.checkpoint import restore_train_state, save_train_state
-from agents.envs import make_env
-from agents.train import parse_config
-from agents.zoo import build_model
+from .checkpoint import restore_train_state, save_train_state
+from .envs import make_env
+from .train import parse_config
+from .zoo import build_model
 
 
 @dataclasses.dataclass
@@ -172,7 +172,7 @@ def main(argv=None):
     cfg, every = parse_config(PPOConfig, argv, __doc__)
     callback = None
     if every:
-        from agents.snapshots import for_run
+        from .snapshots import for_run
         callback = for_run(cfg.game, cfg.run_dir, every, seed=cfg.seed, target="policy_logit")
     train(cfg, log=lambda m: print(m, flush=True), callback=callback)
 

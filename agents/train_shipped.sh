@@ -13,6 +13,9 @@
 set -u
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+$PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('jaxsal_agents') is None)" || {
+  echo "$PY cannot import jaxsal_agents (the installed name of agents/): run $PY -m pip install -e . (or make venv)"
+  exit 2; }
 RUNS=${RUNS:-$HOME/jaxsal-runs}
 LIMIT=${LIMIT:-7200}
 mkdir -p "$RUNS"
@@ -36,12 +39,12 @@ for name in "${NAMES[@]}"; do
   [ -n "${EXPORT_ONLY:-}" ] && continue
   init=""
   [ -f "agents/shipped/$name.json" ] && init="--init-from $name"
-  nice -n 5 $PY -m agents.train --game "$game" --arch "$arch" --steps 5000000 --num-envs 32 --rollout 32 \
+  nice -n 5 $PY -m jaxsal_agents.train --game "$game" --arch "$arch" --steps 5000000 --num-envs 32 --rollout 32 \
     --minibatches 8 --epochs 2 --ckpt-every 25 --time-limit "$LIMIT" --run-dir "$RUNS/$name" $init "$@" \
     >> "$RUNS/$name.log" 2>&1 &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
 for name in "${NAMES[@]}"; do
-  nice -n 5 $PY -m agents.export --run-dir "$RUNS/$name" --name "$name" --episodes 30
+  nice -n 5 $PY -m jaxsal_agents.export --run-dir "$RUNS/$name" --name "$name" --episodes 30
 done

@@ -1,6 +1,6 @@
 """Agent zoo: build networks by game/architecture and load the shipped trained agents.
 
-    agent = agents.load("breakout")
+    agent = jaxsal_agents.load("breakout")
     q = agent.apply_fn(agent.params, obs)      # obs (N, 84, 84, 4) uint8 -> Q (N, A)
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from agents import networks
-from agents.checkpoint import load_params
-from agents.envs import MINATAR_GAMES, check_game
-from agents.errors import AgentLoadError
+from . import networks
+from .checkpoint import load_params
+from .envs import ATARI_GAMES, MINATAR_GAMES, check_game
+from .errors import AgentLoadError
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 MINATAR_SHAPES = {"minatar-breakout": (4, 3), "minatar-spaceinvaders": (6, 4),
@@ -104,3 +104,20 @@ def load(name: str, params_path: str | None = None) -> Agent:
     template = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template)
     params = load_params(params_path or card_path.with_suffix(".msgpack"), template)
     return Agent(name=card_path.stem, model=model, params=params, card=card)
+
+
+def random_agent(game: str = "breakout", seed: int = 0) -> Agent:
+    """An untrained, randomly initialised DQN agent for `game` (LayerNorm, as the shipped ones):
+    `jaxsal demo`'s fallback when no trained agent ships, so the pipeline still runs end to end."""
+    game = check_game(game)
+    if game in MINATAR_GAMES:
+        channels, num_actions = MINATAR_SHAPES[game]
+        obs_shape = [10, 10, channels]
+    else:
+        num_actions = {"breakout": 4, "pong": 6}.get(game, 18) if game in ATARI_GAMES else 4
+        obs_shape = [84, 84, 4]
+    model = build_model(game, "dqn", num_actions)
+    params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
+    card = {"game": game, "arch": "dqn", "num_actions": num_actions, "obs_shape": obs_shape,
+            "layer_norm": True, "note": "random init (untrained)"}
+    return Agent(name=f"{game}-random-init", model=model, params=params, card=card)

@@ -61,7 +61,7 @@ def jaxsal_fn(apply_fn, kw: dict):
 
 def build(num_actions: int = 6, seed: int = 0):
     """Flax NatureDQN (random init) and the torch copy with identical weights."""
-    from agents.networks import NatureDQN
+    from jaxsal_agents.networks import NatureDQN
     from experiments.peers.torch_nature import from_flax
     m = NatureDQN(num_actions)
     params = m.init(jax.random.PRNGKey(seed), np.zeros((1, 84, 84, 4), np.uint8))

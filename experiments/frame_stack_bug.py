@@ -17,9 +17,9 @@ statistic chosen on seeds 0-2), kept to reproduce its results:
     python -m experiments.frame_stack_bug --steps 96000 --every 4   # the 4x budget (results/.../gpu_96k)
     python -m experiments.frame_stack_bug --large          # >= 6 seeds, 10x the steps (GPU or patience)
 
-Trains PQN agents (agents.train) on frame-stacked MinAtar Breakout whose trail channel is
+Trains PQN agents (jaxsal_agents.train) on frame-stacked MinAtar Breakout whose trail channel is
 dropped (so the ball's direction is only in the stack): the correct stack and each bug of
-agents.framestack, >= 3 seeds each (seed s of every variant starts from the same weights and
+jaxsal_agents.framestack, >= 3 seeds each (seed s of every variant starts from the same weights and
 the same env seed). A SaliencySnapshots callback computes Grad-CAM, G1Grad-CAM, G2Grad-CAM,
 Guided Backprop and gradient maps on a fixed probe set every K updates, and the per-stacked-
 frame attribution shares of gradient x input maps (jaxsal.frame_stats).
@@ -74,7 +74,7 @@ def make_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--game", default="minatar-breakout")
     p.add_argument("--bugs", default=",".join(DEFAULT_BUGS),
-                   help="comma-separated bugs of agents.framestack.BUGS (misaligned, reuse, no_update, reversed)")
+                   help="comma-separated bugs of jaxsal_agents.framestack.BUGS (misaligned, reuse, no_update, reversed)")
     p.add_argument("--seeds", type=int, default=6, help="seeds per variant (>= --dev-seeds + 3 to get a held-out set)")
     p.add_argument("--steps", type=int, default=24_000, help="env steps per run")
     p.add_argument("--num-envs", type=int, default=32)
@@ -111,10 +111,10 @@ _MODELS: dict = {}
 
 def run_one(args, bug, seed, runs_dir, log=print):
     """Train one variant/seed with snapshots; returns its snapshot rows (cached on disk)."""
-    from agents.framestack import make_stacked_env
-    from agents.networks import MinAtarDQN
-    from agents.snapshots import SaliencySnapshots, probe_states
-    from agents.train import PQNConfig, train
+    from jaxsal_agents.framestack import make_stacked_env
+    from jaxsal_agents.networks import MinAtarDQN
+    from jaxsal_agents.snapshots import SaliencySnapshots, probe_states
+    from jaxsal_agents.train import PQNConfig, train
 
     name = f"{bug or 'correct'}_s{seed}"
     run_dir = Path(runs_dir) / name
@@ -147,7 +147,7 @@ def run_one(args, bug, seed, runs_dir, log=print):
 
 def run_shares(snap_dir):
     """(T, M, N, k) per-frame attribution shares of a run's saved snapshots, in step order."""
-    from agents.snapshots import load_snapshots
+    from jaxsal_agents.snapshots import load_snapshots
 
     snaps = load_snapshots(snap_dir)
     return [s for s, _ in snaps], np.stack([a["frame_shares"] for _, a in snaps])
@@ -221,7 +221,7 @@ def figure(results, bugs, seeds, steps, runs_dir, path, state=0, cols=5):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agents.snapshots import load_snapshots, probe_image
+    from jaxsal_agents.snapshots import load_snapshots, probe_image
 
     variants = [None] + list(bugs)
     fig = plt.figure(figsize=(3.2 * 2 + 1.3 * cols, 1.6 * len(variants) + 0.6))
@@ -272,7 +272,7 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
             train=not args.analyse_only, analysis=not args.no_analysis, time_limit=args.time_limit,
             env_threads=args.env_threads, log=log)
         return summary if summary is not None else {"analysed": False}
-    from agents.framestack import check_bug
+    from jaxsal_agents.framestack import check_bug
     if args.large:
         args.seeds, args.steps = max(args.seeds, 5), args.steps * 10
     bugs = [check_bug(b.strip()) for b in args.bugs.split(",") if b.strip()]
@@ -324,7 +324,7 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
         "held_out": held_out,
         "per_bug": per_bug, "snapshot_steps": steps,
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "runs_dir", "fresh")},
-        "env": f"{args.game}, {args.frames}-frame stack built by agents.framestack"
+        "env": f"{args.game}, {args.frames}-frame stack built by jaxsal_agents.framestack"
                + ("" if args.keep_trail else ", trail channel dropped"),
         "wall_s": round(time.time() - t0, 1), "platform": platform.platform(),
     }

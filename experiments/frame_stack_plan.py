@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 
 # --- the statistic (jaxsal.frame_stats.stack_age_gain), frozen -------------------------------
-FRAME_METHODS = ("grad_x_input", "gradient", "guided_backprop")   # averaged, as in agents.snapshots
+FRAME_METHODS = ("grad_x_input", "gradient", "guided_backprop")   # averaged, as in jaxsal_agents.snapshots
 SNAPSHOT_METHODS = ("gradcam", "g1gradcam", "g2gradcam", "guided_backprop", "gradient")
 TARGET = "q_chosen"           # the explained output: Q of the greedy action
 WINDOW = 4                    # snapshots in the causal trailing mean
 BASELINE = "first snapshot (after update 1)"
-N_PROBES = 16                 # probe states: agents.snapshots.probe_states(env, 16, steps=64, seed=0)
+N_PROBES = 16                 # probe states: jaxsal_agents.snapshots.probe_states(env, 16, steps=64, seed=0)
 PROBE_STEPS = 64
 PROBE_ENV_SEED = 10_000       # the probe env's seed, the same for every variant and seed
 PROBE_POLICY_SEED = 0
@@ -44,7 +44,7 @@ LEARNED_FACTOR = 2.0          # "correct agent learned": its seed-mean final ret
 class Study:
     name: str
     game: str
-    variants: tuple            # "correct" first, then bug names of agents.framestack.BUGS
+    variants: tuple            # "correct" first, then bug names of jaxsal_agents.framestack.BUGS
     seeds: tuple
     steps: int                 # env steps per run (all envs together)
     num_envs: int
@@ -52,7 +52,7 @@ class Study:
     lr: float
     epochs: int
     minibatches: int
-    arch: str                  # "minatar" (agents.networks.MinAtarDQN) or "dueling" (Nature-CNN dueling)
+    arch: str                  # "minatar" (jaxsal_agents.networks.MinAtarDQN) or "dueling" (Nature-CNN dueling)
     target_every: int          # 0: PQN without target net; K: Double-DQN target synced every K updates
     frames: int
     drop_trail: bool

@@ -7,7 +7,7 @@
 
 Every number (variants, seeds, budget, snapshot and checkpoint schedules, the statistic's and
 the rule's parameters) comes from experiments.frame_stack_plan; nothing here can change them.
-Each run trains PQN (agents.train) on its own (possibly buggy) stack with SaliencySnapshots
+Each run trains PQN (jaxsal_agents.train) on its own (possibly buggy) stack with SaliencySnapshots
 (Grad-CAM, G1Grad-CAM, G2Grad-CAM, Guided Backprop, gradient + per-frame shares) and is
 resumable: an interrupted run continues from its orbax checkpoint and its snapshot rows
 (`--time-limit` stops a run cleanly after a checkpoint), a finished one is skipped
@@ -58,7 +58,7 @@ def shard_runs(runs, shard: str | None):
 
 
 def default_env_fn(study: plan.Study, bug):
-    from agents.framestack import make_stacked_env
+    from jaxsal_agents.framestack import make_stacked_env
 
     def env_fn(game, num_envs, train=True, seed=0):
         return make_stacked_env(game, num_envs, train=train, seed=seed, num_frames=study.frames,
@@ -74,10 +74,10 @@ def build_model(study: plan.Study, env):
     key = (study.arch, study.game, env.num_actions, env.obs_shape)
     if key not in _MODELS:
         if study.arch == "minatar":
-            from agents.networks import MinAtarDQN
+            from jaxsal_agents.networks import MinAtarDQN
             _MODELS[key] = MinAtarDQN(env.num_actions, env.obs_shape[-1])
         else:
-            from agents.zoo import build_model as zoo_model
+            from jaxsal_agents.zoo import build_model as zoo_model
             _MODELS[key] = zoo_model(study.game, study.arch, env.num_actions, layer_norm=True)
     return _MODELS[key]
 
@@ -86,8 +86,8 @@ def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=def
               time_limit: float = 0.0, env_threads: int = 0, log=print) -> dict:
     """Train (or resume, or skip if done) one registered run; returns its done record
     {"rows", "steps", "wall_s"} or, if stopped by `time_limit`, {"rows", "steps", "done": False}."""
-    from agents.snapshots import SaliencySnapshots, probe_states
-    from agents.train import PQNConfig, train
+    from jaxsal_agents.snapshots import SaliencySnapshots, probe_states
+    from jaxsal_agents.train import PQNConfig, train
 
     bug = None if variant == "correct" else variant
     run_dir = Path(runs_dir) / run_name(variant, seed)
@@ -118,7 +118,7 @@ def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=def
 
 def load_run(study: plan.Study, variant: str, seed: int, runs_dir):
     """(rows with both statistics, steps reached, finished?) of a run on disk, or None."""
-    from agents.snapshots import load_snapshots
+    from jaxsal_agents.snapshots import load_snapshots
     from experiments.frame_stack_bug import add_statistic
 
     run_dir = Path(runs_dir) / run_name(variant, seed)
@@ -224,7 +224,7 @@ def figure(study: plan.Study, runs: dict, runs_dir, path, state: int = 0, cols: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agents.snapshots import load_snapshots
+    from jaxsal_agents.snapshots import load_snapshots
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     nrow = len(study.variants) * len(FIGURE_METHODS)

@@ -20,6 +20,7 @@ LOG="$DEST/gpu_benchmark.log"
 say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 
 $PY -c "import jaxsal" 2>/dev/null || { say "pip install -e .[test]"; $PY -m pip install -q -e '.[test]' >>"$LOG" 2>&1; }
+source agents/checkout_env.sh   # when not installed: agents/ importable under its installed name jaxsal_agents
 BACKEND=$($PY -c "import jax; print(jax.default_backend())" 2>/dev/null)
 if [ "$BACKEND" != "gpu" ] && [ $QUICK = 0 ]; then
   JAXV=$($PY -c "import jax; print(jax.__version__)")

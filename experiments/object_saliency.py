@@ -4,7 +4,7 @@
     python -m experiments.object_saliency --game pong --states 64 --early-params runs/pong/early.msgpack
 
 For each game with an object table (jaxsal.objects) and a shipped agent: play the agent on
-ale-py with EnvPool's preprocessing (agents.ale.collect_objects, epsilon 0.05 so that play
+ale-py with EnvPool's preprocessing (jaxsal_agents.ale.collect_objects, epsilon 0.05 so that play
 does not loop), explain every state with each method and measure
   - each method's mean share of positive attribution per object class (over the states that
     show the class) with a 95% block-bootstrap interval, against the class's area share (chance) and
@@ -94,12 +94,12 @@ def study_game(game, agent_name, n_states, methods, seed=0, early_params=None, n
     import jax
     import jax.numpy as jnp
 
-    import agents
-    from agents.ale import collect_objects
+    import jaxsal_agents
+    from jaxsal_agents.ale import collect_objects
     from jaxsal.metrics import object_attribution, object_pointing
 
     t0 = time.time()
-    agent = agents.load(agent_name)
+    agent = jaxsal_agents.load(agent_name)
     steps = max(3 * -(-n_states // num_envs), 300)    # play long enough to pass the game's start, then subsample
     batch, boxes = collect_objects(agent, steps, num_envs=num_envs, epsilon=0.05, seed=seed)
     idx = np.linspace(0, len(batch) - 1, n_states).round().astype(int)
@@ -142,7 +142,7 @@ def study_game(game, agent_name, n_states, methods, seed=0, early_params=None, n
     init_params = agent.model.init(jax.random.PRNGKey(seed + 1), jnp.zeros((1, 84, 84, 4), jnp.uint8))
     stages = {"random_init": init_params}
     if early_params:
-        stages["early"] = agents.load(agent_name, params_path=early_params).params
+        stages["early"] = jaxsal_agents.load(agent_name, params_path=early_params).params
     stages["trained"] = agent.params
     grad_methods = {m: o for m, o in methods.items() if m != REFERENCE}   # occlusion is the slow one
     over = {}
@@ -218,7 +218,7 @@ def write_readme(out_dir):
 
 
 def main(argv=None):
-    import agents
+    import jaxsal_agents
     import jaxsal
     from jaxsal.objects import TABLES
 
@@ -236,15 +236,15 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown methods {unknown}; choose from {list(METHODS)}")
     methods = {m: METHODS[m] for m in a.methods.split(",")}
-    games = a.game or [g for g in TABLES if g in agents.available()]
+    games = a.game or [g for g in TABLES if g in jaxsal_agents.available()]
     if not games:
         p.error("no game has both an object table and a shipped agent")
     for g in games:
         name = a.agent or g
         if g not in TABLES:
             p.error(f"no object table for {g}; tables: {sorted(TABLES)}")
-        if name not in agents.available():
-            p.error(f"no shipped agent {name!r}; shipped: {agents.available()}")
+        if name not in jaxsal_agents.available():
+            p.error(f"no shipped agent {name!r}; shipped: {jaxsal_agents.available()}")
         summary, obs, maps, boxes = study_game(g, name, a.states, methods, a.seed, a.early_params)
         out = Path(a.out) / g
         out.mkdir(parents=True, exist_ok=True)

@@ -209,7 +209,7 @@ def rise_step(steps, returns, level: float = RISE_RETURN, games: int = 20):
 def snapshot_look(run_dir) -> dict:
     """Claim 3 over a training run's snapshots: per snapshot, CAM shares on ball/paddle (rows),
     each marked before/after the return rises."""
-    from agents.snapshots import load_snapshots, read_returns
+    from jaxsal_agents.snapshots import load_snapshots, read_returns
 
     run_dir = Path(run_dir)
     probe = np.load(run_dir / "snapshots" / "probe.npy", allow_pickle=False)
@@ -294,8 +294,8 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
     p.add_argument("--split-attention-lstm", type=int, default=512)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    from agents.snapshots import probe_states_with_objects
-    from agents.zoo import load
+    from jaxsal_agents.snapshots import probe_states_with_objects
+    from jaxsal_agents.zoo import load
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -317,9 +317,9 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
                        "random_init": {"objects": cam_look(cams_r, obs, boxes), "rows": cam_look(cams_r, obs)}}
     res["snapshots"] = {d: snapshot_look(d) for d in a.run_dir}
     if a.split_attention_frames:
-        from agents.framestack import make_stacked_env
-        from agents.networks import SplitAttentionDQN
-        from agents.snapshots import probe_states
+        from jaxsal_agents.framestack import make_stacked_env
+        from jaxsal_agents.networks import SplitAttentionDQN
+        from jaxsal_agents.snapshots import probe_states
 
         env = make_stacked_env("breakout", 8, train=False, seed=10_000, num_frames=a.split_attention_frames)
         sobs = probe_states(env, min(8, a.probes), seed=0).astype(np.float32)

@@ -29,7 +29,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-import agents
+import jaxsal_agents
 import jaxsal
 from experiments import paper_b_charts as charts
 from experiments import paper_b_stats as S
@@ -90,15 +90,15 @@ def load_agent(game: str, agent_file: str | None):
     if agent_file:
         path = Path(agent_file)
         card = path.with_suffix(".json") if path.suffix == ".msgpack" else path
-        agent = agents.load(str(card), params_path=str(path) if path.suffix == ".msgpack" else None)
+        agent = jaxsal_agents.load(str(card), params_path=str(path) if path.suffix == ".msgpack" else None)
         return agent, str(card), agent.card
-    if game in agents.available():
-        agent = agents.load(game)
+    if game in jaxsal_agents.available():
+        agent = jaxsal_agents.load(game)
         return agent, game, agent.card
     raise NoAgent(
-        f"paper_b: no trained agent for {game!r} (shipped: {agents.available()}). Train and export one:\n"
-        f"  python -m agents.train --game {game} --steps 5000000 --run-dir runs/{game}\n"
-        f"  python -m agents.export --run-dir runs/{game} --name {game}\n"
+        f"paper_b: no trained agent for {game!r} (shipped: {jaxsal_agents.available()}). Train and export one:\n"
+        f"  python -m jaxsal_agents.train --game {game} --steps 5000000 --run-dir runs/{game}\n"
+        f"  python -m jaxsal_agents.export --run-dir runs/{game} --name {game}\n"
         f"or pass --agent-file CARD.json")
 
 
@@ -260,7 +260,7 @@ def run_game(game, args):
     agent_return = card.get("eval", {}).get("mean_return")
     print(f"[{game}] agent {agent_name} (return {agent_return}); collecting {args.states} greedy states",
           flush=True)
-    batch = agents.collect(agent, args.states, game=game, epsilon=0.0, seed=args.seed)
+    batch = jaxsal_agents.collect(agent, args.states, game=game, epsilon=0.0, seed=args.seed)
     obs = np.asarray(batch.obs)
     n_sanity = 0 if args.skip_sanity else min(len(obs), args.sanity_states)
     available = set(jaxsal.methods())

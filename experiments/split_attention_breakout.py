@@ -1,6 +1,6 @@
 """Paper A's split-attention agent trained on Atari Breakout under PQN, with saliency snapshots.
 
-EnvPool Breakout gives single 84x84 grey frames (`frame_stack=1`); `agents.framestack` stacks
+EnvPool Breakout gives single 84x84 grey frames (`frame_stack=1`); `jaxsal_agents.framestack` stacks
 them on the host into (84, 84, 10) stacks, oldest frame first, which is the layout
 `SplitAttentionDQN` reads (one channel per frame, its shared Nature CNN runs on each).
 Every `--snapshot-every` updates `SaliencySnapshots` computes Grad-CAM, G1Grad-CAM,
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.framestack import make_stacked_env
-from agents.networks import SplitAttentionDQN
-from agents.snapshots import METHODS, SaliencySnapshots, probe_states, render_strips
-from agents.train import PQNConfig, train
+from jaxsal_agents.framestack import make_stacked_env
+from jaxsal_agents.networks import SplitAttentionDQN
+from jaxsal_agents.snapshots import METHODS, SaliencySnapshots, probe_states, render_strips
+from jaxsal_agents.train import PQNConfig, train
 
 PAPER_A = {"frames": 10, "lstm_features": 512}
 

@@ -63,7 +63,7 @@ def _block(out):
 
 
 def _model(num_actions: int = 6):
-    from agents.networks import NatureDQN
+    from jaxsal_agents.networks import NatureDQN
     m = NatureDQN(num_actions)
     params = m.init(jax.random.PRNGKey(0), np.zeros((1, 84, 84, 4), np.uint8))
     return m.apply, params

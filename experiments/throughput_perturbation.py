@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import agents
+import jaxsal_agents
 import jaxsal
 
 OUT = Path(__file__).parent / "results" / "throughput_perturbation"
@@ -70,7 +70,7 @@ def main(argv=None):
     ap.add_argument("--layer-norm", action="store_true", help="the LayerNorm DQN (shipped agents)")
     args = ap.parse_args(argv)
 
-    model = agents.build_model("breakout", "dqn", 4, layer_norm=args.layer_norm)
+    model = jaxsal_agents.build_model("breakout", "dqn", 4, layer_norm=args.layer_norm)
     obs = np.random.default_rng(0).integers(0, 256, (args.states, 84, 84, 4), dtype=np.uint8)
     params = model.init(jax.random.PRNGKey(0), obs[:1])
     roof_rows = args.batch_size or jaxsal.batching.default_rows()

@@ -1,4 +1,4 @@
-"""Training speed: agents.train (PQN, JAX) against a CleanRL-style PyTorch PQN, same settings.
+"""Training speed: jaxsal_agents.train (PQN, JAX) against a CleanRL-style PyTorch PQN, same settings.
 
     python -m experiments.train_speed                 # ~6 min on 2 cores; needs the bench extra
     python -m experiments.train_speed --quick         # a few updates per side (checks the script)
@@ -26,14 +26,14 @@ SETTINGS = {"game": "breakout", "num_envs": 32, "rollout": 32, "minibatches": 8,
 
 
 def jaxsal_child(updates: int) -> dict:
-    """Run agents.train for `updates` updates in a temporary run directory."""
+    """Run jaxsal_agents.train for `updates` updates in a temporary run directory."""
     import jaxsal.cpu
     jaxsal.cpu.use_fast_kernels()
     import jax
     import jax.numpy as jnp
 
-    from agents.train import PQNConfig, make_act, make_optimizer, make_update, train
-    from agents.zoo import build_model
+    from jaxsal_agents.train import PQNConfig, make_act, make_optimizer, make_update, train
+    from jaxsal_agents.zoo import build_model
 
     s = SETTINGS
     batch = s["num_envs"] * s["rollout"]
@@ -120,7 +120,7 @@ def markdown(res: dict) -> str:
         f"# Training speed ({m['date_utc']})", "",
         f"PQN on EnvPool Breakout, {SETTINGS['num_envs']} envs x {SETTINGS['rollout']} steps per update, "
         f"{SETTINGS['minibatches']} minibatches, {SETTINGS['epochs']} epochs, Nature CNN with LayerNorm; "
-        f"{res['updates']} updates per run, timed after the first. jaxsal: `agents.train` (XLA:CPU, YNNPACK kernels). "
+        f"{res['updates']} updates per run, timed after the first. jaxsal: `jaxsal_agents.train` (XLA:CPU, YNNPACK kernels). "
         f"Reference: `experiments/peers/cleanrl_pqn.py`, CleanRL's pqn_atari_envpool.py structure in "
         f"PyTorch ({s.get('torch', '?')}, 2 threads). Machine: {m.get('cpu', '?')}, {m['cpu_count']} cores, "
         f"load average at start {m['load_avg_1_5_15']}, at end {res['load_end']}. "

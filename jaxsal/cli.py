@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import shutil
 import sys
@@ -99,24 +98,25 @@ def load_agent(name: str, model: str | None = None, layout: str | None = None):
         return load_function_spec(name, layout)
     if Path(name).suffix in FILE_SUFFIXES:
         return as_agent(load_file(name), layout=layout, where=f"--agent {name}")
-    import agents
+    from jaxsal.plugins import agent_provider
 
+    provider = agent_provider()  # shipped names and cards come from the installed agents package
     if name.endswith(".msgpack"):
         card = Path(name).with_suffix(".json")
         if not card.exists():
             raise CLIError(f"--agent {name}: no agent card {card.name} beside it; give --agent CARD.json "
                            f"--model {name}, or a shipped agent name with --model")
-        a = agents.load(str(card), params_path=model or name)
+        a = provider.load(str(card), params_path=model or name)
     else:
-        if not name.endswith(".json") and name not in agents.available():
-            raise CLIError(f"unknown agent {name!r}: give a shipped name ({', '.join(agents.available())}), "
+        if not name.endswith(".json") and name not in provider.available():
+            raise CLIError(f"unknown agent {name!r}: give a shipped name ({', '.join(provider.available())}), "
                            "a card .json, a checkpoint (.cleanrl_model/.pth/.zip) or path/to/file.py:FUNCTION")
-        a = agents.load(name, params_path=model)
+        a = provider.load(name, params_path=model)
     return as_agent(a, default_name=a.name, layout=layout, where=f"--agent {name}")
 
 
 def _game_agent(agent):
-    """An agent object for agents.collect (NHWC EnvPool frames), whatever the model's layout."""
+    """An agent object for the provider's collect (NHWC frames), whatever the model's layout."""
     import types
 
     fn = agent.apply_fn
@@ -144,22 +144,6 @@ def _num_actions(agent, shape):
         return None
 
 
-def random_agent(game: str = "breakout", seed: int = 0):
-    """An untrained, randomly initialised Nature-DQN agent (the demo's fallback)."""
-    import jax
-    import jax.numpy as jnp
-
-    from agents import Agent, build_model
-    from agents.envs import ATARI_GAMES
-
-    num_actions = {"breakout": 4, "pong": 6}.get(game, 18) if game in ATARI_GAMES else 4
-    model = build_model(game, "dqn", num_actions)
-    params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 84, 84, 4), jnp.float32))
-    card = {"game": game, "arch": "dqn", "num_actions": num_actions, "obs_shape": [84, 84, 4],
-            "layer_norm": True, "note": "random init (untrained)"}
-    return Agent(name=f"{game}-random-init", model=model, params=params, card=card)
-
-
 def _check_frames(agent, shape):
     """Frames (in the model's layout) must have the shape the agent's card says."""
     from jaxsal.io.layout import to_nhwc_shape
@@ -175,14 +159,14 @@ def _check_frames(agent, shape):
 
 def _check_actions(agent, source, num_actions):
     """Dopamine buffers store the actions taken: more actions than the agent has is a mismatch."""
-    from jaxsal.io.readers import DopamineSource, _load_gz_array
+    from jaxsal.io.readers import DopamineSource, load_gz_array
 
     if not isinstance(source, DopamineSource) or num_actions is None:
         return
     for part in source.parts:
         path = part.action_path
         if path.exists():
-            actions = _load_gz_array(path)
+            actions = load_gz_array(path)
             if actions.size and int(actions.max()) >= num_actions:
                 raise CLIError(f"{path.name} uses action {int(actions.max())} but agent {agent.name!r} "
                                f"has only {num_actions} actions: agent and buffer are for different games")
@@ -198,10 +182,10 @@ def _check_pixels(agent, source, rows: int):
 
 def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, until_done: bool = False,
          quiet: bool = False):
-    """Play `steps` steps with EnvPool and save the frames as out/input/obs.npy (reused on rerun)."""
-    from agents import collect
-    from agents.envs import check_game, make_env
+    """Play `steps` steps with the agents provider's game (EnvPool / gymnax) and save the frames as
+    out/input/obs.npy (reused on rerun)."""
     from jaxsal.io import open_source
+    from jaxsal.plugins import agent_provider
     from jaxsal.io.store import MANIFEST
 
     path = out / "input" / "obs.npy"
@@ -210,8 +194,9 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
         return open_source(path)
     if steps < 1:
         raise CLIError(f"--play needs a positive number of steps, got {steps}")
-    game = check_game(game or agent.card.get("game") or "breakout")
-    env = make_env(game, 1, train=False, seed=seed)
+    provider = agent_provider()
+    game = provider.check_game(game or agent.card.get("game") or "breakout")
+    env = provider.make_env(game, seed=seed)
     shape = (1,) + tuple(env.obs_shape)
     model_shape = shape if agent.layout == "NHWC" else (1, shape[3], shape[1], shape[2])
     n_act = _num_actions(agent, model_shape)
@@ -220,7 +205,7 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
                        f"{env.num_actions}: choose the agent trained on {game}")
     _check_frames(agent, model_shape)
     t = time.perf_counter()
-    batch = collect(_game_agent(agent), steps, env=env, seed=seed, until_done=until_done)
+    batch = provider.collect(_game_agent(agent), steps, env=env, seed=seed, until_done=until_done)
     _say(f"played {len(batch)} steps of {game} in {time.perf_counter() - t:.1f}s "
          f"(returns of finished games: {batch.episode_returns or 'none finished'})", quiet)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,14 +248,6 @@ def _summary_lines(summary: dict) -> list[str]:
              f"output: {summary['out']}" + ("" if summary["complete"] else " (incomplete: other processes "
                                                                               "still running, or rerun)")]
     return lines
-
-
-def _fast(apply_fn):
-    """The agent's apply_fn with jaxsal.fastconv's strided convs (same maps up to float rounding,
-    faster input gradients); a no-op for models without flax convs. Safe here: this process owns
-    the function, so no caller's jit cache can pick up the rewritten trace."""
-    from jaxsal.fastconv import fast_apply
-    return fast_apply(apply_fn)
 
 
 def cmd_explain(args) -> int:
@@ -316,7 +293,7 @@ def cmd_explain(args) -> int:
     _check_pixels(agent, source, args.chunk)
     _say(f"explaining {len(source)} frames of {source.describe().get('path') or 'the rollout'} with "
          f"{', '.join(a for a, _ in pairs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
-    summary = run_job(_fast(agent.apply_fn), agent.params, source, out, specs, target=args.target, chunk=args.chunk,
+    summary = run_job(agent.apply_fn, agent.params, source, out, specs, target=args.target, chunk=args.chunk,
                       batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
                       agent={"name": agent.name, "card": agent.card}, input_id=input_id,
                       process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet,
@@ -430,17 +407,18 @@ def cmd_layers(spec: str, layout: str | None) -> int:
 
 
 def cmd_agents(args) -> int:
-    import agents
+    from jaxsal.plugins import agent_provider
 
     if args.layers:
         return cmd_layers(args.layers, args.layout)
 
-    names = agents.available()
+    provider = agent_provider()
+    names = provider.available()
     if not names:
-        print("no shipped agents yet (agents/shipped/ is empty); use --agent CARD.json --model PARAMS.msgpack")
+        print(f"the agents provider {provider.name!r} ships no agents yet; use --agent CARD.json --model PARAMS.msgpack")
         return 0
     for name in names:
-        card = json.loads((Path(agents.zoo.SHIPPED_DIR) / f"{name}.json").read_text())
+        card = provider.card(name)
         ev = card.get("eval") or {}
         ret = (f" return={ev['mean_return']:.1f}+-{ev.get('std_return', 0):.1f} over {ev.get('episodes')} games"
                if "mean_return" in ev else "")
@@ -451,8 +429,8 @@ def cmd_agents(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    import agents
     from jaxsal.io import MethodSpec, run_job
+    from jaxsal.plugins import agent_provider
     from jaxsal.io.store import MANIFEST, read_manifest
     from jaxsal.render import render_dir
 
@@ -464,12 +442,13 @@ def cmd_demo(args) -> int:
     if args.agent:
         agent = load_agent(args.agent, None, args.layout)
         _say(f"loaded agent {agent.name} ({agent.layout})", args.quiet)
-    elif "breakout" in agents.available():
-        agent = as_agent(agents.load("breakout"), default_name="breakout")
+    elif "breakout" in agent_provider().available():
+        agent = as_agent(agent_provider().load("breakout"), default_name="breakout")
         _say(f"loaded the shipped Breakout agent ({agent.card.get('algorithm', agent.card.get('arch'))})",
              args.quiet)
     else:
-        agent = as_agent(random_agent("breakout", args.seed), default_name="breakout-random-init")
+        agent = as_agent(agent_provider().random_agent("breakout", args.seed),
+                         default_name="breakout-random-init")
         _say("the shipped Breakout agent is not available yet (agents/shipped/breakout.json); using an "
              "UNTRAINED random-init agent, so the maps show the pipeline, not a trained policy", args.quiet)
     if args.methods:
@@ -497,7 +476,7 @@ def cmd_demo(args) -> int:
 
     source = as_layout(play(agent, args.steps, out, game=args.game, seed=args.seed, until_done=True,
                             quiet=args.quiet), agent.layout)
-    summary = run_job(_fast(agent.apply_fn), agent.params, source, out, specs, chunk=args.chunk, layout=agent.layout,
+    summary = run_job(agent.apply_fn, agent.params, source, out, specs, chunk=args.chunk, layout=agent.layout,
                       batch_size=args.batch_size, seed=args.seed, agent={"name": agent.name, "card": agent.card},
                       input_id={"play": args.steps, "game": args.game or agent.card.get("game") or "breakout",
                                 "seed": args.seed, "until_done": True},
@@ -646,10 +625,9 @@ def main(argv=None) -> int:
 
 
 def _is_user_error(e: Exception) -> bool:
-    from agents.errors import AgentInputError, AgentLoadError
     from jaxsal.errors import SaliencyInputError
 
-    return isinstance(e, (CLIError, SaliencyInputError, AgentLoadError, AgentInputError, OSError))
+    return isinstance(e, (CLIError, SaliencyInputError, OSError))  # provider errors: jaxsal.plugins
 
 
 def _message(e: Exception) -> str:

@@ -16,8 +16,8 @@ from jaxsal.errors import SaliencyInputError
 
 TARGET_NAMES = ("q_chosen", "q_action", "advantage", "value", "policy_logit", "log_prob",
                 "softmax_chosen")
-_LOGIT_KEYS = ("logits", "policy_logits", "pi", "policy")
-_Q_KEYS = ("q", "q_values")
+LOGIT_KEYS = ("logits", "policy_logits", "pi", "policy")  # dict outputs: keys read as policy logits
+Q_KEYS = ("q", "q_values")                                  # and as Q-values
 
 
 def _pick(out, keys, what):
@@ -39,12 +39,12 @@ def _pick(out, keys, what):
 
 def q_of(out):
     """The Q-vector (N, A) of an output pytree."""
-    return _pick(out, _Q_KEYS + _LOGIT_KEYS, "a Q-vector")
+    return _pick(out, Q_KEYS + LOGIT_KEYS, "a Q-vector")
 
 
 def logits_of(out):
     """The policy logits (N, A) of an output pytree."""
-    return _pick(out, _LOGIT_KEYS + _Q_KEYS, "policy logits")
+    return _pick(out, LOGIT_KEYS + Q_KEYS, "policy logits")
 
 
 def value_of(out):

@@ -5,9 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-import agents
-from agents.checkpoint import export_params, load_params, restore_train_state, save_train_state
-from agents.zoo import build_model
+import jaxsal_agents
+from jaxsal_agents.checkpoint import export_params, load_params, restore_train_state, save_train_state
+from jaxsal_agents.zoo import build_model
 
 
 def _params(num_actions=4):
@@ -28,9 +28,9 @@ def test_corrupt_file_is_clear_error(tmp_path):
     _, params = _params()
     bad = tmp_path / "bad.msgpack"
     bad.write_bytes(b"\x00not msgpack at all" * 10)
-    with pytest.raises(agents.AgentLoadError, match="corrupt"):
+    with pytest.raises(jaxsal_agents.AgentLoadError, match="corrupt"):
         load_params(bad, params)
-    with pytest.raises(agents.AgentLoadError, match="does not exist"):
+    with pytest.raises(jaxsal_agents.AgentLoadError, match="does not exist"):
         load_params(tmp_path / "missing.msgpack", params)
 
 
@@ -38,7 +38,7 @@ def test_mismatched_checkpoint_is_clear_error(tmp_path):
     _, params6 = _params(6)
     _, params4 = _params(4)
     export_params(tmp_path / "p6.msgpack", params6)
-    with pytest.raises(agents.AgentLoadError, match="does not match the model.*wrong shape"):
+    with pytest.raises(jaxsal_agents.AgentLoadError, match="does not match the model.*wrong shape"):
         load_params(tmp_path / "p6.msgpack", params4)
 
 
@@ -56,13 +56,13 @@ def test_train_state_round_trip(tmp_path):
 
 
 def test_unknown_agent_name_lists_shipped():
-    with pytest.raises(agents.AgentLoadError, match="unknown agent 'nope'"):
-        agents.load("nope")
+    with pytest.raises(jaxsal_agents.AgentLoadError, match="unknown agent 'nope'"):
+        jaxsal_agents.load("nope")
 
 
-@pytest.mark.parametrize("name", agents.available())
+@pytest.mark.parametrize("name", jaxsal_agents.available())
 def test_every_shipped_agent_loads_and_acts(name):
-    agent = agents.load(name)
+    agent = jaxsal_agents.load(name)
     card = agent.card
     for key in ("game", "arch", "num_actions", "obs_shape", "frames_trained", "eval", "trained_with"):
         assert key in card, key
@@ -80,7 +80,7 @@ def test_every_shipped_agent_loads_and_acts(name):
 
 
 def test_required_agents_are_shipped():
-    names = set(agents.available())
+    names = set(jaxsal_agents.available())
     required = {"breakout", "pong", "breakout-dddqn", "minatar-breakout", "minatar-spaceinvaders",
                 "minatar-asterix", "minatar-freeway"}
     assert required <= names, required - names

@@ -3,9 +3,9 @@ import jax
 import numpy as np
 import pytest
 
-import agents
-from agents.envs import make_env
-from agents.zoo import Agent, build_model
+import jaxsal_agents
+from jaxsal_agents.envs import make_env
+from jaxsal_agents.zoo import Agent, build_model
 
 
 @pytest.mark.parametrize("game", ["pong", "breakout", "mspacman", "spaceinvaders", "frostbite", "seaquest"])
@@ -51,7 +51,7 @@ def test_minatar_env(game, channels, actions):
 
 
 def test_unknown_game_is_clear_error():
-    with pytest.raises(agents.AgentLoadError, match="unknown game 'pacman'.*breakout"):
+    with pytest.raises(jaxsal_agents.AgentLoadError, match="unknown game 'pacman'.*breakout"):
         make_env("pacman")
 
 
@@ -59,12 +59,12 @@ def test_collect_returns_replay_batch():
     model = build_model("breakout", "dqn", 4)
     params = model.init(jax.random.PRNGKey(0), np.zeros((1, 84, 84, 4), np.uint8))
     agent = Agent("random-init", model, params, {"game": "breakout", "num_actions": 4})
-    batch = agents.collect(agent, 20, num_envs=2, epsilon=0.5)
+    batch = jaxsal_agents.collect(agent, 20, num_envs=2, epsilon=0.5)
     assert len(batch) == 40
     assert batch.obs.shape == (40, 84, 84, 4) and batch.obs.dtype == np.uint8
     assert batch.actions.shape == batch.rewards.shape == batch.dones.shape == (40,)
     assert batch.outputs.shape == (40, 4)
     # outputs are the agent's output on the stored observations (env 0's 5th step)
     np.testing.assert_allclose(batch.outputs[4], model.apply(params, batch.obs[4:5])[0], rtol=1e-4, atol=1e-4)
-    greedy = agents.collect(agent, 10, epsilon=0.0)
+    greedy = jaxsal_agents.collect(agent, 10, epsilon=0.0)
     np.testing.assert_array_equal(greedy.actions, greedy.outputs.argmax(-1))

@@ -1,11 +1,11 @@
-"""agents.evaluate: the protocol's summary (mean, std, 95% CI) and the card it writes."""
+"""jaxsal_agents.evaluate: the protocol's summary (mean, std, 95% CI) and the card it writes."""
 import json
 
 import numpy as np
 import pytest
 
-import agents
-from agents.evaluate import evaluate_agent, play_games, summarise, update_card
+import jaxsal_agents
+from jaxsal_agents.evaluate import evaluate_agent, play_games, summarise, update_card
 
 
 def test_summary_ci_is_student_t_of_the_mean():
@@ -25,17 +25,17 @@ def test_summary_ci_is_student_t_of_the_mean():
 
 
 def test_play_games_one_game_per_env_unclipped():
-    agent = agents.load("breakout")
+    agent = jaxsal_agents.load("breakout")
     rets = play_games(agent, episodes=2, seed=5, max_steps=400)
     assert len(rets) == 2 and all(r >= 0 for r in rets)
 
 
 def test_evaluate_updates_the_card(tmp_path):
-    agent = agents.load("minatar-breakout")
+    agent = jaxsal_agents.load("minatar-breakout")
     card = dict(agent.card)
     (tmp_path / "a.json").write_text(json.dumps(card))
-    (tmp_path / "a.msgpack").write_bytes((agents.zoo.SHIPPED_DIR / "minatar-breakout.msgpack").read_bytes())
-    res = evaluate_agent(agents.load(str(tmp_path / "a.json")), episodes=4)
+    (tmp_path / "a.msgpack").write_bytes((jaxsal_agents.zoo.SHIPPED_DIR / "minatar-breakout.msgpack").read_bytes())
+    res = evaluate_agent(jaxsal_agents.load(str(tmp_path / "a.json")), episodes=4)
     update_card(str(tmp_path / "a.json"), res)
     new = json.loads((tmp_path / "a.json").read_text())
     assert new["eval"]["episodes"] == 4 and len(new["eval"]["returns"]) == 4

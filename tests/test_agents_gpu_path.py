@@ -5,8 +5,8 @@ import tarfile
 
 import numpy as np
 
-from agents.adopt_gpu import adopt
-from agents.gpu_bundle import keep
+from jaxsal_agents.adopt_gpu import adopt
+from jaxsal_agents.gpu_bundle import keep
 
 
 def test_bundle_keeps_atari_and_our_roms_only():
@@ -28,9 +28,9 @@ def _bundle(path, name, card, params_bytes, rows):
 
 
 def test_adopt_replaces_only_a_better_agent(tmp_path):
-    import agents
+    import jaxsal_agents
 
-    src = agents.zoo.SHIPPED_DIR
+    src = jaxsal_agents.zoo.SHIPPED_DIR
     shipped, curves = tmp_path / "shipped", tmp_path / "curves"
     shipped.mkdir()
     curves.mkdir()
@@ -52,5 +52,5 @@ def test_adopt_replaces_only_a_better_agent(tmp_path):
     rows = (curves / "minatar-breakout.csv").read_text().splitlines()
     assert rows[0] == "step,return,wall_s" and len(rows) == 3
     assert (curves / "minatar-breakout.png").exists()
-    agent = agents.load(str(shipped / "minatar-breakout.json"))
+    agent = jaxsal_agents.load(str(shipped / "minatar-breakout.json"))
     assert np.isfinite(np.asarray(agent.apply_fn(agent.params, np.zeros((1, 10, 10, 4))))).all()

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents import AgentInputError, networks
+from jaxsal_agents import AgentInputError, networks
 
 KEY = jax.random.PRNGKey(0)
 OBS = jnp.asarray(np.random.default_rng(0).integers(0, 256, (3, 84, 84, 4)), jnp.uint8)

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from agents.train import PQNConfig, q_lambda_targets, train
-from agents.train_ppo import PPOConfig, train as train_ppo
+from jaxsal_agents.train import PQNConfig, q_lambda_targets, train
+from jaxsal_agents.train_ppo import PPOConfig, train as train_ppo
 
 
 def test_q_lambda_targets_match_slow_reference():
@@ -51,8 +51,8 @@ def test_double_dqn_bootstrap_matches_slow_reference():
     import jax
     import jax.numpy as jnp
 
-    from agents.train import bootstrap_values
-    from agents.zoo import build_model
+    from jaxsal_agents.train import bootstrap_values
+    from jaxsal_agents.zoo import build_model
 
     model = build_model("minatar-breakout", "dqn", 3)
     rng = np.random.default_rng(1)
@@ -94,8 +94,8 @@ def test_warm_start_from_exported_params(tmp_path):
 
     import jax
 
-    from agents.checkpoint import export_params
-    from agents.zoo import build_model, load
+    from jaxsal_agents.checkpoint import export_params
+    from jaxsal_agents.zoo import build_model, load
 
     model = build_model("minatar-breakout", "dqn", 3)
     params = model.init(jax.random.PRNGKey(7), np.zeros((1, 10, 10, 4), np.float32))
@@ -122,7 +122,7 @@ def test_sigterm_stops_after_the_update_with_a_checkpoint(tmp_path):
     import textwrap
 
     code = textwrap.dedent(f"""
-        from agents.train import PQNConfig, train
+        from jaxsal_agents.train import PQNConfig, train
         cfg = PQNConfig(game="minatar-breakout", steps=10**7, num_envs=8, rollout=4, minibatches=1,
                         epochs=1, ckpt_every=10**6, run_dir={str(tmp_path / 'run')!r})
         train(cfg, log=lambda m: print(m, flush=True),

@@ -133,7 +133,7 @@ def test_layer_activation_relu(head):
 
 
 def test_nature_dqn_default_and_early_layers():
-    from agents.networks import NatureDQN
+    from jaxsal_agents.networks import NatureDQN
     m = NatureDQN(4)
     x = obs((2, 84, 84, 4), lo=0, hi=255)
     p = m.init(jax.random.PRNGKey(0), x)
@@ -308,7 +308,7 @@ def test_time_distributed_errors(td):
 def test_split_attention_agent_per_frame_cam():
     """Paper A's split-attention agent: its shared trunk runs on N*T frames; one map per frame
     (the frame-summed default on this agent is checked by tests/test_snapshots.py's slow test)."""
-    from agents.networks import SplitAttentionDQN
+    from jaxsal_agents.networks import SplitAttentionDQN
     from jaxsal.gradient.layers import resolve_layer
     m = SplitAttentionDQN(3, frames=4, lstm_features=8)
     x = obs((2, 84, 84, 4), seed=7, lo=0, hi=255)

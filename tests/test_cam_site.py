@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxsal
-from agents.networks import NatureDQN, _Norm
+from jaxsal_agents.networks import NatureDQN, _Norm
 from jaxsal import SaliencyInputError
 from jaxsal.gradient.cam_site import cam_site
 

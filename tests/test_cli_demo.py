@@ -40,11 +40,11 @@ def test_demo_refuses_a_non_demo_directory(tmp_path, capsys):
 
 
 def test_agents_lists_shipped(capsys):
-    import agents
+    import jaxsal_agents
 
     assert main(["agents"]) == 0
     out = capsys.readouterr().out
-    for name in agents.available():
+    for name in jaxsal_agents.available():
         assert name in out
-    if not agents.available():
+    if not jaxsal_agents.available():
         assert "no shipped agents" in out

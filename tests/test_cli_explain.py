@@ -19,9 +19,9 @@ def agent_card(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def agent(agent_card):
-    import agents
+    import jaxsal_agents
 
-    return agents.load(str(agent_card))
+    return jaxsal_agents.load(str(agent_card))
 
 
 def _explain(card, inp, out, *extra, methods="standin_grad"):
@@ -62,7 +62,7 @@ def test_every_input_format(tmp_path, agent_card, agent):
 
 
 def test_metadata_and_array_like(tmp_path, agent_card, agent):
-    from agents.checkpoint import params_checksum
+    from jaxsal_agents.checkpoint import params_checksum
 
     x = frames(9)
     np.save(tmp_path / "x.npy", x)

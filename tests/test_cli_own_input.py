@@ -54,9 +54,9 @@ BAD_PIXELS = {"floats in [0, 1]": (lambda x: x.astype(np.float32) / 255.0, "0..2
 
 
 def test_off_scale_pixels_api(atari_card):
-    import agents
+    import jaxsal_agents
 
-    agent = agents.load(str(atari_card))
+    agent = jaxsal_agents.load(str(atari_card))
     x = frames(2, seed=1, size=84)
     for name, (bad, fragment) in BAD_PIXELS.items():
         with pytest.raises(jaxsal.SaliencyInputError, match=fragment):
@@ -84,9 +84,9 @@ def test_q_action_uses_the_dopamine_actions(tmp_path):
     out = tmp_path / "out"
     assert main(["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(tmp_path / "dop"),
                  "--out", str(out), "--quiet", "--target", "q_action", "--chunk", "4"]) == 0
-    import agents
+    import jaxsal_agents
 
-    agent = agents.load(str(card))
+    agent = jaxsal_agents.load(str(card))
     x = jaxsal.io.open_source(tmp_path / "dop").read(0, 9)
     want = jaxsal.explain(agent.apply_fn, agent.params, x, method="standin_grad", target="q_action", actions=actions)
     np.testing.assert_allclose(np.asarray(jaxsal.load_maps(out, "standin_grad")), np.asarray(want), rtol=0,

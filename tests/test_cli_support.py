@@ -94,8 +94,8 @@ def make_agent_files(directory, seed: int = 0, num_actions: int = 3, game: str =
 
     The default is a MinAtar Breakout net on (10, 10, 4) frames: small, so tests stay fast.
     """
-    from agents import build_model
-    from agents.checkpoint import export_params
+    from jaxsal_agents import build_model
+    from jaxsal_agents.checkpoint import export_params
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -157,7 +157,7 @@ if __name__ == "__main__":
     if os.environ.get("JAXSAL_TEST_RSS"):  # report peak resident memory (KiB) of the job at exit
         import atexit
 
-        import agents  # noqa: F401  (imports are not the job: reset the peak after them)
+        import jaxsal_agents  # noqa: F401  (imports are not the job: reset the peak after them)
         import jaxsal.io  # noqa: F401
 
         def _status(field):

@@ -16,7 +16,7 @@ _MAPS = textwrap.dedent("""
     from jaxsal import cpu
     used = cpu.use_fast_kernels()
     import jax, numpy as np, jaxsal
-    from agents.networks import NatureDQN
+    from jaxsal_agents.networks import NatureDQN
     from jaxsal.fastconv import fast_apply
     m = NatureDQN(6)
     p = m.init(jax.random.PRNGKey(0), np.zeros((1, 84, 84, 4), np.uint8))

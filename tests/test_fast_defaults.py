@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _nature():
-    from agents.networks import NatureDQN
+    from jaxsal_agents.networks import NatureDQN
     m = NatureDQN(6)
     p = m.init(jax.random.PRNGKey(0), np.zeros((1, 84, 84, 4), np.uint8))
     x = np.random.default_rng(0).integers(0, 256, (3, 84, 84, 4), dtype=np.uint8)

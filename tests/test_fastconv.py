@@ -69,7 +69,7 @@ class _Odd(nn.Module):
 
 
 def _nature(layer_norm=False):
-    from agents.networks import NatureDQN
+    from jaxsal_agents.networks import NatureDQN
     m = NatureDQN(5, layer_norm=layer_norm)
     x = np.random.default_rng(1).integers(0, 256, (6, 84, 84, 4), dtype=np.uint8)
     params = m.init(jax.random.PRNGKey(3), x[:1])

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from agents.framestack import FrameStackEnv
+from jaxsal_agents.framestack import FrameStackEnv
 from experiments import frame_stack_bug, frame_stack_plan as plan, frame_stack_study as fss
 
 

@@ -1,9 +1,9 @@
-"""agents.framestack: the correct stack and each bug, hand-derived on numbered frames; envs."""
+"""jaxsal_agents.framestack: the correct stack and each bug, hand-derived on numbered frames; envs."""
 import numpy as np
 import pytest
 
-from agents.errors import AgentInputError
-from agents.framestack import BUGS, FrameStackEnv, FrameStacker, make_stacked_env
+from jaxsal_agents.errors import AgentInputError
+from jaxsal_agents.framestack import BUGS, FrameStackEnv, FrameStacker, make_stacked_env
 
 
 def frame(v, n=2, c=1):
@@ -132,7 +132,7 @@ def test_env_wrapper_restarts_stacks_at_episode_start(after):
 
 
 def test_minatar_stacked_env_matches_raw_frames():
-    from agents.envs import MinAtarEnv
+    from jaxsal_agents.envs import MinAtarEnv
     env = make_stacked_env("minatar-breakout", 3, seed=5, num_frames=4, drop_trail=True)
     raw = MinAtarEnv("minatar-breakout", 3, seed=5)
     assert env.obs_shape == (10, 10, 12)
@@ -152,7 +152,7 @@ def test_minatar_stacked_env_matches_raw_frames():
 
 def test_atari_path_matches_envpool_stack():
     pytest.importorskip("envpool")
-    from agents.envs import AtariEnv
+    from jaxsal_agents.envs import AtariEnv
     ours = make_stacked_env("breakout", 1, train=False, seed=3, num_frames=4)
     ref = AtariEnv("breakout", 1, train=False, seed=3, frame_stack=4)
     assert ours.obs_shape == (84, 84, 4)

@@ -211,8 +211,8 @@ def test_no_update_premise_identical_slots_get_identical_first_layer_updates():
     import jax
     import jax.numpy as jnp
 
-    from agents.networks import MinAtarDQN
-    from agents.train import PQNConfig, make_optimizer
+    from jaxsal_agents.networks import MinAtarDQN
+    from jaxsal_agents.train import PQNConfig, make_optimizer
 
     model = MinAtarDQN(3, 12)
     params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 10, 12)))

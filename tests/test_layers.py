@@ -10,7 +10,7 @@ from _gradient_models import LinearConv, cleanrl_agent, init, obs
 
 
 def nature():
-    from agents.networks import NatureDQN
+    from jaxsal_agents.networks import NatureDQN
     m = NatureDQN(3)
     x = jnp.zeros((1, 84, 84, 4))
     return m, m.init(jax.random.PRNGKey(0), x), x

@@ -34,7 +34,7 @@ def test_paper_b_tiny_run(tmp_path):
 
 
 def test_game_without_agent_names_the_training_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(paper_b.agents, "available", lambda: ["breakout"])   # as before frostbite ships
-    with pytest.raises(SystemExit, match="python -m agents.train --game frostbite"):
+    monkeypatch.setattr(paper_b.jaxsal_agents, "available", lambda: ["breakout"])   # as before frostbite ships
+    with pytest.raises(SystemExit, match="python -m jaxsal_agents.train --game frostbite"):
         paper_b.main(["--game", "frostbite", "--states", "2", "--out", str(tmp_path)])
     assert not (tmp_path / "frostbite").exists()

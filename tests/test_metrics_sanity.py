@@ -7,7 +7,7 @@ import pytest
 
 import flax.linen as nn
 
-from agents.networks import NatureDQN, _Norm
+from jaxsal_agents.networks import NatureDQN, _Norm
 from jaxsal import SaliencyInputError
 from jaxsal.metrics import cascade, sanity_check
 from jaxsal.registry import METHODS, register

@@ -4,8 +4,8 @@ import pytest
 
 pytest.importorskip("ale_py")
 
-from agents.ale import AleAtariEnv, ROM_NAMES   # noqa: E402
-from agents.area_resize import resize_area      # noqa: E402
+from jaxsal_agents.ale import AleAtariEnv, ROM_NAMES   # noqa: E402
+from jaxsal_agents.area_resize import resize_area      # noqa: E402
 from jaxsal import objects                       # noqa: E402
 
 GAMES = ["pong", "breakout", "mspacman", "spaceinvaders", "frostbite"]

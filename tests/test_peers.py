@@ -32,7 +32,7 @@ def test_torch_copy_computes_the_same_q(models):
 
 
 def test_from_flax_rejects_layer_norm():
-    from agents.networks import NatureDQN
+    from jaxsal_agents.networks import NatureDQN
     m = NatureDQN(3, layer_norm=True)
     params = m.init(jax.random.PRNGKey(0), np.zeros((1, 84, 84, 4), np.uint8))
     with pytest.raises(ValueError, match="LayerNorm"):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.networks import NatureDQN
+from jaxsal_agents.networks import NatureDQN
 from jaxsal.perturbation import _common, noise_sensitivity, occlusion, sarfa
 from jaxsal.perturbation._incremental import incremental_apply
 from tests._perturbation_models import tiny_apply, tiny_obs, tiny_params

@@ -86,7 +86,7 @@ def test_only_relus_are_rewritten():
 
 
 def test_flax_conv_model_relus_found():
-    from agents.networks import NatureDQN
+    from jaxsal_agents.networks import NatureDQN
     m = NatureDQN(3)
     x = jnp.zeros((1, 84, 84, 4))
     p = m.init(jax.random.PRNGKey(0), x)

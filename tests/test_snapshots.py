@@ -1,4 +1,4 @@
-"""agents.snapshots: saliency snapshots on a probe set as a training callback."""
+"""jaxsal_agents.snapshots: saliency snapshots on a probe set as a training callback."""
 import csv
 
 import jax
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import jaxsal
-from agents.framestack import FrameStackEnv
-from agents.networks import MinAtarDQN
+from jaxsal_agents.framestack import FrameStackEnv
+from jaxsal_agents.networks import MinAtarDQN
 from jaxsal.frame_stats import frame_shares
-from agents.snapshots import (METHODS, SaliencySnapshots, load_snapshots, probe_states, read_returns,
+from jaxsal_agents.snapshots import (METHODS, SaliencySnapshots, load_snapshots, probe_states, read_returns,
                               render_strips)
 
 
@@ -92,13 +92,13 @@ def test_bad_every_is_clear(setup, tmp_path):
 
 
 def _cfg(tmp_path, d):
-    from agents.train import PQNConfig
+    from jaxsal_agents.train import PQNConfig
     return PQNConfig(game="minatar-breakout", steps=4 * 4 * 6, num_envs=4, rollout=4, minibatches=2,
                      epochs=1, run_dir=str(tmp_path / d), ckpt_every=1000)
 
 
 def test_callback_in_pqn_training_records_at_the_right_updates(setup, tmp_path):
-    from agents.train import train
+    from jaxsal_agents.train import train
     env, probe, model, _ = setup
     snaps = SaliencySnapshots(probe, tmp_path / "with" / "snapshots", every=2, num_frames=4)
     out = train(_cfg(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
@@ -113,8 +113,8 @@ def test_callback_in_pqn_training_records_at_the_right_updates(setup, tmp_path):
 
 @pytest.mark.slow
 def test_callback_changes_nothing_in_training(setup, tmp_path):
-    """agents.train.train with the snapshot callback gives bit-identical params to no callback."""
-    from agents.train import train
+    """jaxsal_agents.train.train with the snapshot callback gives bit-identical params to no callback."""
+    from jaxsal_agents.train import train
     env, probe, model, _ = setup
     snaps = SaliencySnapshots(probe, tmp_path / "with" / "snapshots", every=2, num_frames=4)
     a = train(_cfg(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
@@ -136,8 +136,8 @@ def test_snapshots_on_the_split_attention_agent_in_pqn_training(tmp_path):
     """Paper A's split-attention agent trains under PQN with the snapshot callback; its shared
     per-frame trunk runs the CNN on N*T frames, so the CAM maps are computed per (state, frame):
     the snapshot keeps their frame sum (N, H, W) and the per-frame G1Grad-CAM maps give shares."""
-    from agents.networks import SplitAttentionDQN
-    from agents.train import PQNConfig, train
+    from jaxsal_agents.networks import SplitAttentionDQN
+    from jaxsal_agents.train import PQNConfig, train
 
     def atari_env_fn(game="fake", num_envs=2, train=True, seed=0):
         return FrameStackEnv(AtariLikeEnv(num_envs, seed), num_frames=4)
@@ -182,12 +182,12 @@ def test_resumed_run_keeps_earlier_rows_and_replaces_redone_steps(setup, tmp_pat
 
 def test_snapshots_record_object_shares_for_games_with_a_table(tmp_path):
     pytest.importorskip("ale_py")
-    import agents
-    from agents.snapshots import probe_states_with_objects
+    import jaxsal_agents
+    from jaxsal_agents.snapshots import probe_states_with_objects
 
     probe, boxes = probe_states_with_objects("pong", 4, steps=6, num_envs=2)
     assert probe.shape == (4, 84, 84, 4) and len(boxes) == 4 and boxes.classes == ("ball", "player", "enemy")
-    agent = agents.load("pong")
+    agent = jaxsal_agents.load("pong")
     snaps = SaliencySnapshots(probe, tmp_path, every=1, num_frames=4, probe_objects=boxes)
     row = snaps.record(0, 0, agent.params, agent.apply_fn)
     for c in ("ball", "player", "enemy"):

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("envpool")
 
-from agents.snapshots import METHODS, load_snapshots  # noqa: E402
+from jaxsal_agents.snapshots import METHODS, load_snapshots  # noqa: E402
 from experiments.split_attention_breakout import main, parse, snapshot_callback  # noqa: E402
 
 TINY = ["--frames", "3", "--lstm-features", "4", "--num-envs", "2", "--rollout", "2",

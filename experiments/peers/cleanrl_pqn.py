@@ -1,5 +1,5 @@
 """A CleanRL-style PQN trainer in PyTorch (the structure of CleanRL's pqn_atari_envpool.py),
-used only as the speed reference for agents.train: same EnvPool Atari setup, same Nature CNN
+used only as the speed reference for jaxsal_agents.train: same EnvPool Atari setup, same Nature CNN
 with LayerNorm, RAdam, Q(lambda) targets, epsilon-greedy acting, and the same rollout,
 minibatch and epoch settings. Needs the `bench` extra (torch).
 
@@ -39,7 +39,7 @@ def run(game: str = "breakout", num_envs: int = 32, num_steps: int = 32, minibat
     """Train for `updates` iterations; returns env steps/s over the iterations after `warmup`."""
     import envpool
 
-    from agents.envs import ATARI_GAMES
+    from jaxsal_agents.envs import ATARI_GAMES
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)

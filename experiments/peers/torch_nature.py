@@ -1,4 +1,4 @@
-"""The Nature-CNN DQN in PyTorch with weights copied from a flax `agents.networks.NatureDQN`."""
+"""The Nature-CNN DQN in PyTorch with weights copied from a flax `jaxsal_agents.networks.NatureDQN`."""
 from __future__ import annotations
 
 import numpy as np

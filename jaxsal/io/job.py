@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxsal.batching import batch_sharding
+from jaxsal.batching import batch_sharding, pad_rows
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
 from jaxsal.registry import STOCHASTIC, accepted_options, get_method
@@ -66,12 +66,6 @@ def check_specs(specs: list[MethodSpec]):
 
 def _jsonable(x):
     return json.loads(json.dumps(x, default=lambda o: repr(o)))
-
-
-def _pad_rows(x: np.ndarray, size: int) -> np.ndarray:
-    if len(x) == size:
-        return x
-    return np.concatenate([x, np.repeat(x[-1:], size - len(x), axis=0)])
 
 
 class _Worker(threading.Thread):
@@ -234,8 +228,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     use_actions = target == "q_action"
 
     def load(i):
-        x = _pad_rows(np.asarray(source.read(i * chunk, i * chunk + rows(i))), pad_to)
-        acts = _pad_rows(np.asarray(source.actions(i * chunk, i * chunk + rows(i))), pad_to) if use_actions else None
+        x = pad_rows(np.asarray(source.read(i * chunk, i * chunk + rows(i))), pad_to)
+        acts = pad_rows(np.asarray(source.actions(i * chunk, i * chunk + rows(i))), pad_to) if use_actions else None
         return i, rows(i), (jax.device_put(x) if sharding is None else jax.device_put(x, sharding)), acts
 
     forward = _outputs_fn(apply_fn, target)
@@ -348,7 +342,7 @@ def _outputs_fn(apply_fn, target):
     target explains (the given one for q_action) and the model's output vector."""
     from jaxsal.batching import cached_jit
     from jaxsal.gradient.common import as_float
-    from jaxsal.targets import _LOGIT_KEYS, _Q_KEYS, logits_of, q_of, value_of
+    from jaxsal.targets import LOGIT_KEYS, Q_KEYS, logits_of, q_of, value_of
 
     tgt = get_target(target)
     key = target if isinstance(target, str) else ("callable", target)
@@ -358,9 +352,9 @@ def _outputs_fn(apply_fn, target):
             o = apply_fn(params, as_float(x))
             res = {}
             if isinstance(o, dict):
-                if any(k in o for k in _Q_KEYS):
+                if any(k in o for k in Q_KEYS):
                     res["q"] = q_of(o)
-                if any(k in o for k in _LOGIT_KEYS):
+                if any(k in o for k in LOGIT_KEYS):
                     res["logits"] = logits_of(o)
                 if "value" in o:
                     res["value"] = value_of(o)

@@ -259,7 +259,7 @@ class DopamineCheckpoint:
         self.action_path = d / f"$store$_action_ckpt.{k}.gz"
         self.add_count_path = d / f"add_count_ckpt.{k}.gz"
         self.invalid_path = d / f"invalid_range_ckpt.{k}.gz"
-        terminal = _load_gz_array(terminal_path).astype(bool).reshape(-1)
+        terminal = load_gz_array(terminal_path).astype(bool).reshape(-1)
         self._fh = None
         self._pos = 0  # next physical frame index of the open stream
         with _gz_open(obs_path) as f:
@@ -276,7 +276,7 @@ class DopamineCheckpoint:
         self._row = int(np.prod(shape[1:]))
         cap = shape[0]
         if self.add_count_path.exists():
-            add_count = int(np.asarray(_load_gz_array(self.add_count_path)).reshape(-1)[0])
+            add_count = int(np.asarray(load_gz_array(self.add_count_path)).reshape(-1)[0])
             if add_count < 0:
                 raise SaliencyInputError(f"{self.add_count_path}: negative add_count {add_count}")
         else:
@@ -288,7 +288,7 @@ class DopamineCheckpoint:
         self._phys = (self.cursor + np.arange(written)) % cap
         invalid = set()
         if self.invalid_path.exists():
-            invalid = {int(i) % cap for i in np.asarray(_load_gz_array(self.invalid_path)).reshape(-1)}
+            invalid = {int(i) % cap for i in np.asarray(load_gz_array(self.invalid_path)).reshape(-1)}
         keep = ~np.isin(self._phys, np.fromiter(invalid, np.int64, len(invalid)))
         self._keep = np.flatnonzero(keep)  # chronological positions of the states served
         if len(self._keep) == 0:
@@ -372,7 +372,7 @@ class DopamineCheckpoint:
             if not self.action_path.exists():
                 raise SaliencyInputError(f"missing Dopamine file {self.action_path}: the buffer's actions "
                                          "are needed for --target q_action")
-            a = _load_gz_array(self.action_path).reshape(-1)
+            a = load_gz_array(self.action_path).reshape(-1)
             if a.shape[0] != self._shape[0]:
                 raise SaliencyInputError(f"{self.action_path} has {a.shape[0]} entries but {self.path} has "
                                          f"{self._shape[0]} frames")
@@ -405,7 +405,8 @@ def _npy_header(f, path, kind: str = "a valid .npy array"):
     return shape, dtype, f.tell()
 
 
-def _load_gz_array(path: Path) -> np.ndarray:
+def load_gz_array(path: Path) -> np.ndarray:
+    """A gzipped .npy array of a Dopamine replay directory (actions, terminals, counters)."""
     if not Path(path).exists():
         raise SaliencyInputError(f"missing Dopamine file {path}")
     try:

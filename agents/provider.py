@@ -1,0 +1,33 @@
+"""This package's side of jaxsal's plugin boundary (`jaxsal.plugins`): the shipped agents and games.
+
+jaxsal never imports this package. pyproject.toml registers this module under the entry-point
+group `jaxsal.agents`, and `jaxsal agents`, `jaxsal demo`, `jaxsal explain --agent NAME` and
+`--play` reach the shipped agents and EnvPool/gymnax games only through the names below (the
+interface is documented in `jaxsal.plugins.AgentProvider`). `ERRORS` are the user errors this
+package raises; jaxsal turns them into its own `AgentProviderError` (one line, exit status 2).
+"""
+from __future__ import annotations
+
+import json
+
+from . import envs
+from .collect import collect
+from .envs import check_game
+from .errors import AgentInputError, AgentLoadError
+from .zoo import SHIPPED_DIR, available, load, random_agent
+
+ERRORS = (AgentLoadError, AgentInputError)
+
+__all__ = ["ERRORS", "available", "card", "check_game", "collect", "load", "make_env", "random_agent"]
+
+
+def card(name: str) -> dict:
+    """The JSON card of the shipped agent `name` (game, arch, training, 30-game evaluation)."""
+    if name not in available():
+        raise AgentLoadError(f"unknown agent {name!r}; shipped agents: {', '.join(available()) or 'none'}")
+    return json.loads((SHIPPED_DIR / f"{name}.json").read_text())
+
+
+def make_env(game: str, seed: int = 0):
+    """One evaluation env of `game` (true game, unclipped rewards) with `obs_shape`, `num_actions`."""
+    return envs.make_env(game, 1, train=False, seed=seed)

@@ -1,0 +1,124 @@
+"""The plugin boundary through which the `jaxsal` command reaches shipped agents and games.
+
+jaxsal computes saliency for any `apply_fn(params, obs)` and never imports an agents package:
+imports point one way (agents use jaxsal's public API, not the reverse). Packages that ship
+trained agents and playable games register a provider module under the entry-point group
+`jaxsal.agents`; this repository's `jaxsal_agents` does so in pyproject.toml:
+
+    [project.entry-points."jaxsal.agents"]
+    shipped = "jaxsal_agents.provider"
+
+A provider module has these names (see `AgentProvider` for what each returns):
+
+    available() -> list[str]                      shipped agent names
+    card(name) -> dict                            a shipped agent's JSON card
+    load(name_or_card, params_path=None)          an agent: apply_fn, params, name, card (+ layout, ...)
+    random_agent(game, seed) -> agent             an untrained agent (the demo's fallback)
+    check_game(game) -> str                       the canonical game name, or a user error
+    make_env(game, seed) -> env                   one env with obs_shape and num_actions
+    collect(agent, steps, env=, seed=, until_done=) -> batch with obs and episode_returns
+    ERRORS                                        the provider's user-error classes
+
+Set JAXSAL_AGENT_PROVIDER to an entry-point name or a module path to pick one when several are
+installed (or to use a provider that is importable but not installed).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from importlib.metadata import entry_points
+
+from jaxsal.errors import SaliencyInputError
+
+GROUP = "jaxsal.agents"
+ENV_VAR = "JAXSAL_AGENT_PROVIDER"
+_NAMES = ("available", "card", "load", "random_agent", "check_game", "make_env", "collect")
+
+
+class AgentProviderError(SaliencyInputError):
+    """A user error from the agents provider (unknown agent or game, bad card or parameters),
+    or no provider at all; the CLI prints it in one line and exits with status 2."""
+
+
+class AgentProvider:
+    """A provider module behind jaxsal's interface: each call translates the provider's own
+    user errors (`module.ERRORS`) into `AgentProviderError`, so jaxsal needs no agents types."""
+
+    def __init__(self, module, name: str):
+        missing = [n for n in _NAMES if not callable(getattr(module, n, None))]
+        if missing:
+            raise AgentProviderError(f"agent provider {name!r} ({module.__name__}) lacks {', '.join(missing)}; "
+                                     f"see jaxsal.plugins for the interface")
+        self.module, self.name = module, name
+        self.errors = tuple(getattr(module, "ERRORS", ()))
+
+    def _call(self, fn: str, *args, **kwargs):
+        try:
+            return getattr(self.module, fn)(*args, **kwargs)
+        except self.errors as e:
+            raise AgentProviderError(str(e)) from e
+
+    def available(self) -> list[str]:
+        """Names of the shipped agents."""
+        return list(self._call("available"))
+
+    def card(self, name: str) -> dict:
+        """The JSON card of a shipped agent."""
+        return self._call("card", name)
+
+    def load(self, name: str, params_path: str | None = None):
+        """A shipped agent by name, or an agent card (.json) with its parameters beside it or at
+        `params_path`; the result has apply_fn, params, name and card (jaxsal.agent_spec.as_agent)."""
+        return self._call("load", name, params_path=params_path)
+
+    def random_agent(self, game: str, seed: int = 0):
+        """An untrained agent for `game`."""
+        return self._call("random_agent", game, seed)
+
+    def check_game(self, game: str) -> str:
+        """The canonical name of `game`; an unknown game is an AgentProviderError naming the known ones."""
+        return self._call("check_game", game)
+
+    def make_env(self, game: str, seed: int = 0):
+        """One evaluation env of `game` with `obs_shape` (H, W, C) and `num_actions`."""
+        return self._call("make_env", game, seed)
+
+    def collect(self, agent, steps: int, env, seed: int = 0, until_done: bool = False):
+        """Greedy play of `agent` (apply_fn on NHWC frames, params, num_actions) in `env`: a batch
+        with `obs` (N, H, W, C) and `episode_returns`."""
+        return self._call("collect", agent, steps, env=env, seed=seed, until_done=until_done)
+
+
+_NO_PROVIDER = ("no agents provider is installed (entry-point group 'jaxsal.agents'), so shipped agents, "
+                "--play and `jaxsal demo` are unavailable; fix: install the checkout with `pip install -e .` "
+                "(it registers jaxsal_agents), or give --agent path/to/file.py:FUNCTION or a checkpoint "
+                "file and --input BUFFER")
+
+
+@functools.lru_cache(maxsize=None)
+def agent_provider() -> AgentProvider:
+    """The installed agents provider (cached). Raises AgentProviderError naming the fix when none
+    is installed, or when several are and JAXSAL_AGENT_PROVIDER does not pick one."""
+    eps = {ep.name: ep for ep in entry_points(group=GROUP)}
+    wanted = os.environ.get(ENV_VAR)
+    if wanted:
+        if wanted in eps:
+            return AgentProvider(eps[wanted].load(), wanted)
+        try:
+            return AgentProvider(importlib.import_module(wanted), wanted)
+        except ModuleNotFoundError as e:
+            raise AgentProviderError(f"{ENV_VAR}={wanted}: neither an installed provider ({', '.join(eps) or 'none'}) "
+                                     f"nor an importable module ({e.name!r} not found)") from None
+    if not eps:
+        raise AgentProviderError(_NO_PROVIDER)
+    if len(eps) > 1:
+        raise AgentProviderError(f"several agents providers are installed ({', '.join(sorted(eps))}); pick one "
+                                 f"with {ENV_VAR}=NAME")
+    (name, ep), = eps.items()
+    try:
+        module = ep.load()
+    except ModuleNotFoundError as e:
+        raise AgentProviderError(f"the agents provider {name!r} is registered as {ep.value} but {e.name!r} cannot "
+                                 "be imported; reinstall with `pip install -e .`") from None
+    return AgentProvider(module, name)

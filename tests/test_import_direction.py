@@ -1,0 +1,196 @@
+"""Imports point one way, and the agents package has one name.
+
+cli -> io (readers, jobs, loaders, plugins, render) -> methods (gradient, perturbation, explain,
+metrics) -> core (errors, registry, targets, batching, ...); jaxsal never imports the agents
+package (it reaches it through the `jaxsal.agents` entry point, jaxsal.plugins); the agents use
+only jaxsal's public names; no import cycles inside jaxsal; agents/ imports itself relatively
+and is installed as `jaxsal_agents`, the one name every other file uses. Read from the source
+(AST), so lazy imports inside functions count too.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENT_NAMES = ("agents", "jaxsal_agents")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+JAXSAL = {_module_name(p): p for p in sorted((ROOT / "jaxsal").rglob("*.py"))}
+
+
+def _imports(path: Path, package: str):
+    """(absolute module, imported names or None, line, level) of every import in the file."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, None, node.lineno, 0
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            yield base, [a.name for a in node.names], node.lineno, node.level
+
+
+def _package(mod: str, path: Path) -> str:
+    return mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+
+
+def _targets(mod: str, path: Path) -> set[str]:
+    """The jaxsal modules `mod` imports (a `from pkg import sub` counts as the submodule), plus
+    the packages above them that are not above `mod` (importing them runs their __init__)."""
+    above = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)}
+    out = set()
+    for base, names, _, _ in _imports(path, _package(mod, path)):
+        for t in [base] + [f"{base}.{n}" for n in names or ()]:
+            parts = t.split(".")
+            out |= {q for q in (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+                    if q in JAXSAL and q not in above and q != mod}
+    return out
+
+
+GRAPH = {m: _targets(m, p) for m, p in JAXSAL.items()}
+
+
+def test_jaxsal_never_imports_the_agents_package():
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {base}"
+           for m, p in JAXSAL.items() for base, _, line, _ in _imports(p, _package(m, p))
+           if base.split(".")[0] in AGENT_NAMES]
+    assert not bad, "jaxsal must reach agents only through jaxsal.plugins (entry point 'jaxsal.agents'):\n" \
+        + "\n".join(bad)
+
+
+def _layer(mod: str) -> int:
+    if mod == "jaxsal.cli":
+        return 3
+    if mod == "jaxsal" or mod.startswith(("jaxsal.io", "jaxsal.loaders", "jaxsal.render", "jaxsal.plugins",
+                                          "jaxsal.agent_spec")):
+        return 2  # the package front (jaxsal/__init__) re-exports io's load_maps and the loaders
+    if mod.startswith(("jaxsal.gradient", "jaxsal.perturbation", "jaxsal.explain", "jaxsal.metrics")):
+        return 1
+    return 0
+
+
+def test_imports_point_one_way_cli_io_methods_core():
+    names = {3: "cli", 2: "io", 1: "methods", 0: "core"}
+    bad = [f"{m} ({names[_layer(m)]}) imports {t} ({names[_layer(t)]})"
+           for m, ts in GRAPH.items() for t in sorted(ts) if _layer(t) > _layer(m)]
+    assert not bad, "imports must point cli -> io -> methods -> core:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles_inside_jaxsal():
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles inside jaxsal: {cycles}"
+
+
+def _private(base: str, names) -> list[str]:
+    return [p for p in base.split(".") if p.startswith("_")] + [n for n in names or () if n.startswith("_")]
+
+
+def test_no_private_names_across_jaxsal_packages():
+    """A `_name` (or `_module`) is imported only inside the package that defines it."""
+    bad = []
+    for m, p in JAXSAL.items():
+        own = _package(m, p)
+        for base, names, line, _ in _imports(p, own):
+            if not base.startswith("jaxsal"):
+                continue
+            defining = base if base in JAXSAL and JAXSAL[base].name == "__init__.py" else base.rpartition(".")[0]
+            if _private(base, names) and defining != own:
+                bad.append(f"{p.relative_to(ROOT)}:{line} imports {_private(base, names)} from {base}")
+    assert not bad, "\n".join(bad)
+
+
+AGENT_FILES = sorted((ROOT / "agents").glob("*.py"))
+
+
+def test_agents_import_each_other_relatively_and_only_public_jaxsal_names():
+    """Relative imports keep agents/ working under its folder name and its installed name
+    jaxsal_agents; jaxsal is used only through public names (no `_x`, not the CLI)."""
+    bad = []
+    for p in AGENT_FILES:
+        for base, names, line, level in _imports(p, "jaxsal_agents"):
+            where = f"agents/{p.name}:{line}"
+            if not level and base.split(".")[0] in AGENT_NAMES:
+                bad.append(f"{where}: absolute import of {base}; use a relative import (from .x import y)")
+            if base.split(".")[0] == "jaxsal" and (_private(base, names) or base.startswith("jaxsal.cli")):
+                bad.append(f"{where}: jaxsal internals {base} {names or ''}")
+            if level and _private(base.removeprefix("jaxsal_agents"), names):
+                bad.append(f"{where}: private name {_private(base, names)} from another module of agents/")
+    assert not bad, "\n".join(bad)
+
+
+def _code_files():
+    for folder in ("jaxsal", "tests", "experiments"):
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            if "results" not in p.relative_to(ROOT).parts:
+                yield p, p.read_text()
+    for p in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(p.read_text())["cells"]
+        yield p, "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    for p in [ROOT / "README.md", ROOT / "Makefile", ROOT / ".ci" / "run", *sorted(ROOT.glob("agents/*.sh")),
+              *sorted(ROOT.glob("experiments/*.sh"))]:
+        yield p, p.read_text()
+
+
+def test_one_name_for_the_agents_package_outside_it():
+    """Outside agents/ the package is `jaxsal_agents` only, so no process holds two copies of it
+    (two `Agent` classes): one run as the folder's name from a checkout, one under the installed
+    name. Scripts and README commands use the installed name too."""
+    pattern = re.compile(r"^\s*(import agents\b|from agents[. ]|import .*\bagents\b)|-m agents\.|\bagents\.[A-Za-z_]+\(",
+                         re.M)
+    bad = []
+    for p, text in _code_files():
+        for mt in pattern.finditer(text):
+            line = text[:mt.start()].count("\n") + 1
+            bad.append(f"{p.relative_to(ROOT)}:{line}: {text.splitlines()[line - 1].strip()}")
+    assert not bad, "use jaxsal_agents (the installed name of agents/):\n" + "\n".join(bad)
+
+
+def test_pyproject_installs_agents_as_jaxsal_agents_with_its_data_and_entry_point():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    st = cfg["tool"]["setuptools"]
+    folders = {_module_name(p.parent) for p in (ROOT / "jaxsal").rglob("__init__.py")}
+    assert set(st["packages"]) == folders | {"jaxsal_agents"}, "the explicit package list must match the folders"
+    assert st["package-dir"] == {"jaxsal_agents": "agents"}
+    assert st["package-data"]["jaxsal_agents"] == ["shipped/*.msgpack", "shipped/*.json"]
+    assert "agents" not in st["packages"] and "agents" not in st["package-data"]
+    assert cfg["project"]["entry-points"]["jaxsal.agents"] == {"shipped": "jaxsal_agents.provider"}
