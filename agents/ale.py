@@ -22,7 +22,7 @@ ROM_NAMES = {"pong": "pong", "breakout": "breakout", "mspacman": "ms_pacman",
              "spaceinvaders": "space_invaders", "frostbite": "frostbite", "seaquest": "seaquest"}
 
 
-def _ale_module():
+def ale_module():
     try:
         import ale_py
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -35,7 +35,7 @@ class _OneEnv:
     """One ALE emulator with EnvPool's reset/step logic (see the module doc)."""
 
     def __init__(self, game, seed, frame_stack, noop_max, max_episode_steps, episodic_life):
-        ale_py = _ale_module()
+        ale_py = ale_module()
         self.ale = ale_py.ALEInterface()
         self.ale.setLoggerMode(ale_py.LoggerMode.Error)
         self.ale.setInt("random_seed", int(seed) % (2 ** 31))

@@ -1,6 +1,6 @@
 """Record a buffer together with its ground-truth object boxes, for `jaxsal explain --objects`.
 
-    python -m agents.record_objects --agent pong --steps 500 --out buf/
+    python -m jaxsal_agents.record_objects --agent pong --steps 500 --out buf/
     jaxsal explain --agent pong --methods gradient,gradcam --input buf/obs.npy --objects --out maps/
 
 A replay buffer of preprocessed frames has no RAM, so its objects are unknown. This plays the
@@ -24,14 +24,14 @@ def _agent(name: str | None, game: str | None, random_init: bool, seed: int):
     import jax
     import jax.numpy as jnp
 
-    from agents import build_model, load
-    from agents.zoo import Agent
+    from . import build_model, load
+    from .zoo import Agent
 
     if not random_init:
         return load(name or game)
-    from agents.ale import ROM_NAMES, _ale_module
+    from .ale import ROM_NAMES, ale_module
 
-    ale_py = _ale_module()
+    ale_py = ale_module()
     ale = ale_py.ALEInterface()
     ale.setLoggerMode(ale_py.LoggerMode.Error)
     ale.loadROM(ale_py.roms.get_rom_path(ROM_NAMES[game]))
@@ -46,7 +46,7 @@ def _agent(name: str | None, game: str | None, random_init: bool, seed: int):
 def record(agent, steps: int, out, epsilon: float = 0.05, seed: int = 0, num_envs: int = 1) -> dict:
     """Play `agent` for `steps` steps per env on ale-py and write obs.npy, obs.objects.npz and
     actions.npy into `out` (module doc). Returns {"obs", "objects", "actions"} paths."""
-    from agents.ale import collect_objects
+    from .ale import collect_objects
 
     out = Path(out)
     paths = {"obs": out / "obs.npy", "objects": out / "obs.objects.npz", "actions": out / "actions.npy"}
@@ -65,7 +65,7 @@ def record(agent, steps: int, out, epsilon: float = 0.05, seed: int = 0, num_env
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agents.record_objects", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jaxsal_agents.record_objects", description=__doc__.split("\n")[0])
     p.add_argument("--agent", help="shipped agent name or card .json (default: the shipped agent of --game)")
     p.add_argument("--game", help="game (default: the agent's); needs an object table (jaxsal.objects.games())")
     p.add_argument("--random-init", action="store_true", help="an untrained network (games without an agent)")
@@ -75,14 +75,14 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="directory for obs.npy, obs.objects.npz, actions.npy")
     args = p.parse_args(argv)
-    from agents.errors import AgentLoadError
+    from .errors import AgentLoadError
     from jaxsal.objects import games
 
     if not (args.agent or args.game):
         p.error("give --agent NAME or --game GAME")
     game = args.game
     if game is None:
-        from agents import load
+        from . import load
 
         game = load(args.agent).game
     key = game.lower().replace("_", "").replace("-", "")

@@ -510,7 +510,7 @@ def _explain_epilog() -> str:
             "  jaxsal explain --agent my_agent.py:load --methods gradcam,gradient --input buffer.npz --out maps/\n"
             "  jaxsal explain --agent runs/x/dqn_atari_jax.cleanrl_model --methods gradcam --input replay/ "
             "--out maps/\n"
-            "  python -m agents.record_objects --agent pong --steps 500 --out buf/\n"
+            "  python -m jaxsal_agents.record_objects --agent pong --steps 500 --out buf/\n"
             "  jaxsal explain --agent pong --methods gradient,gradcam --input buf/obs.npy --objects --store shares "
             "--out shares/")
 
@@ -547,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also store per-frame object shares (per class: positive and absolute mass, chance, "
                         "per stacked frame; jaxsal.load_object_shares) from the boxes in FILE (.npz: boxes, "
                         "labels, classes; see jaxsal.io.objects), or without FILE from INPUT.objects.npz beside "
-                        "the input (python -m agents.record_objects writes both)")
+                        "the input (python -m jaxsal_agents.record_objects writes both)")
     e.add_argument("--store", choices=["maps", "shares"], default="maps",
                    help="maps (default; with --objects also the shares) or shares: only the object shares, "
                         "a few numbers per frame instead of the maps")

@@ -235,7 +235,7 @@ def test_errors_name_the_fix(job, tmp_path, capsys):
         (["explain", "--agent", AGENT, "--methods", "gradient", "--play", "5", "--objects", "--out",
           str(tmp_path / "o3")], "--play records with EnvPool"),
         (["explain", "--agent", AGENT, "--methods", "gradient", "--input", str(tmp_path / "lonely.npy"), "--objects",
-          "--out", str(tmp_path / "o4")], "python -m agents.record_objects"),
+          "--out", str(tmp_path / "o4")], "python -m jaxsal_agents.record_objects"),
     ]
     # the boxes a job used went away: render says how to go on
     moved = tmp_path / "moved"
@@ -259,10 +259,10 @@ def test_game_mismatch_and_the_recorded_buffer(tmp_path, capsys):
     """Frames recorded by agents.record_objects (ale-py, RAM boxes) go straight into explain --objects;
     an objects file of another game is refused."""
     pytest.importorskip("ale_py")
-    import agents
-    from agents.record_objects import main as record_main, record
+    import jaxsal_agents
+    from jaxsal_agents.record_objects import main as record_main, record
 
-    pong = agents.load("pong")
+    pong = jaxsal_agents.load("pong")
     paths = record(pong, 4, tmp_path / "buf", epsilon=0.0)
     got = objs.read_objects(paths["objects"], "pong")
     assert got.game == "pong" and got.classes == jaxsal.objects.table("pong").classes

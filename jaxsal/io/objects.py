@@ -12,7 +12,7 @@ of the file), the `.npz` that `jaxsal.objects.ObjectBoxes.save` writes (no pickl
     size     (2,)         int     frame height and width (optional, default 84x84)
     game     ()           str     game name (optional; checked against the agent's game)
 
-Frames played by jaxsal from ale-py carry RAM-derived boxes (`python -m agents.record_objects`
+Frames played by jaxsal from ale-py carry RAM-derived boxes (`python -m jaxsal_agents.record_objects`
 writes DIR/obs.npy and DIR/obs.objects.npz); `--objects` without a FILE takes the file beside the
 input: `buf.npy` -> `buf.objects.npz`, a shard directory `replay/` -> `replay.objects.npz`.
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 OBJECTS = "_objects"
 FORMAT_HELP = ("an .npz with boxes (N, F, K, 4) int16 (y0, x0, y1, x1), labels (N, F, K) int8 (-1 = none) and "
                "classes (C,) str; see `jaxsal.io.objects` or the README section 'Object shares in batch jobs'")
-RECORD_HINT = "python -m agents.record_objects --agent NAME --steps N --out DIR (writes DIR/obs.npy and its boxes)"
+RECORD_HINT = "python -m jaxsal_agents.record_objects --agent NAME --steps N --out DIR (writes DIR/obs.npy and its boxes)"
 SHARE_KEYS = ("positive", "absolute", "chance", "present", "pointing",
               "per_frame_positive", "per_frame_absolute", "per_frame_chance")
 
