@@ -72,7 +72,7 @@ class SnapshotBoard:
         self._w.close()
 
     def _frames(self, probe) -> list:
-        from agents.snapshots import probe_image
+        from .snapshots import probe_image
 
         out = []
         for obs in np.asarray(probe)[: self.states]:

@@ -101,7 +101,7 @@ class SaliencySnapshots:
             probe_objects.save(self.out_dir / "probe_objects.npz")
         self.board = None   # tensorboard=True: events in OUT_DIR/tensorboard; a path: there
         if tensorboard:
-            from agents.snapshot_board import SnapshotBoard
+            from .snapshot_board import SnapshotBoard
             log_dir = self.out_dir / "tensorboard" if tensorboard is True else Path(tensorboard)
             self.board = SnapshotBoard(log_dir, num_frames=num_frames)
 

@@ -317,7 +317,7 @@ def snapshot_callback(cfg, snap: dict, target="q_chosen"):
     """The SaliencySnapshots callback the snapshot flags ask for (agents.snapshots.for_run), or None."""
     if not snap["every"]:
         return None
-    from agents.snapshots import for_run
+    from .snapshots import for_run
     return for_run(cfg.game, cfg.run_dir, snap["every"], seed=cfg.seed, target=target,
                    tensorboard=snap["tensorboard"] or None)
 
