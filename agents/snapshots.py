@@ -17,6 +17,8 @@ Invaders, Frostbite) every snapshot also stores each method's object shares
 (jaxsal.metrics.object_attribution) and the row gets `object_share_<class>` (absolute share
 of the first of `object_methods`, mean over the probes showing the class) next to
 `object_chance_<class>`: the curve shows when the agent starts looking at the ball.
+With `tensorboard=True` (or a log directory) the maps, the stats row and the return curve
+also go to TensorBoard event files (agents.snapshot_board; `pip install 'jaxsal[tensorboard]'`).
 Agents whose CNN runs on each frame separately (SplitAttentionDQN) get CAM maps too (summed
 over frames); their per-frame CAM maps (N, H, W, T) can drive the shares:
 `frame_methods=("g1gradcam", ...)`.
@@ -69,7 +71,8 @@ class SaliencySnapshots:
 
     def __init__(self, probe, out_dir, every: int = 10, methods=METHODS, num_frames: int | None = None,
                  frame_methods=FRAME_METHODS, layer: str | None = None, save_maps: bool = True,
-                 at_start: bool = True, target="q_chosen", probe_objects=None, object_methods=("gradient",)):
+                 at_start: bool = True, target="q_chosen", probe_objects=None, object_methods=("gradient",),
+                 tensorboard=None):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int (updates between snapshots), got {every!r}")
         self.probe = np.asarray(probe)
@@ -96,8 +99,15 @@ class SaliencySnapshots:
              "object_methods": list(self.object_methods) if probe_objects is not None else None}))
         if probe_objects is not None:
             probe_objects.save(self.out_dir / "probe_objects.npz")
+        self.board = None   # tensorboard=True: events in OUT_DIR/tensorboard; a path: there
+        if tensorboard:
+            from .snapshot_board import SnapshotBoard
+            log_dir = self.out_dir / "tensorboard" if tensorboard is True else Path(tensorboard)
+            self.board = SnapshotBoard(log_dir, num_frames=num_frames)
 
     def __call__(self, *, step, update, params, apply_fn, returns=None, **_):
+        if self.board is not None:
+            self.board.returns(step, returns)     # the return curve, every update
         first = self.at_start and not self.rows   # the first call records the start of training
         if update % self.every and not first:
             return None
@@ -130,7 +140,14 @@ class SaliencySnapshots:
         # a run resumed from an older checkpoint redoes steps: their new row replaces the old one
         self.rows = [r for r in self.rows if int(r["step"]) < int(step)] + [row]
         self._write_csv()
+        if self.board is not None:
+            self.board.snapshot(step, row, {m: arrays[m] for m in self.methods}, self.probe)
         return row
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard event file (the snapshots themselves are already on disk)."""
+        if self.board is not None:
+            self.board.close()
 
     def _object_stats(self, arrays, maps) -> dict:
         """Object shares of every method into `arrays` (methods, N, C); row stats of the first
@@ -243,23 +260,24 @@ def render_strips(out_dir, out_png, returns_csv=None, state: int = 0, max_cols: 
 
 
 def for_run(game: str, run_dir, every: int, seed: int = 0, n_probes: int = 16,
-            target="q_chosen") -> SaliencySnapshots:
+            target="q_chosen", tensorboard=None) -> SaliencySnapshots:
     """The callback behind the trainers' `--snapshot-every K` flag: probes from a separate
     evaluation env of `game`, snapshots in RUN_DIR/snapshots (per-frame shares for Atari's
     4-frame grey stacks; MinAtar frames are not stacked).
     Games with an object table (jaxsal.objects) take their probes from ale-py with the same
-    preprocessing, so the snapshots also record object shares."""
+    preprocessing, so the snapshots also record object shares. `tensorboard` as in
+    SaliencySnapshots (the trainers' `--tensorboard`: RUN_DIR/snapshots/tensorboard)."""
     from .envs import check_game, is_minatar, make_env
     from jaxsal.objects import TABLES
 
     if check_game(game) in TABLES:
         probe, boxes = probe_states_with_objects(check_game(game), n_probes, seed=seed + 10_000)
         return SaliencySnapshots(probe, Path(run_dir) / "snapshots", every=every, num_frames=probe.shape[-1],
-                                 target=target, probe_objects=boxes)
+                                 target=target, probe_objects=boxes, tensorboard=tensorboard)
     env = make_env(game, 8, train=False, seed=seed + 10_000)
     return SaliencySnapshots(probe_states(env, n_probes, seed=seed), Path(run_dir) / "snapshots",
                              every=every, num_frames=None if is_minatar(game) else env.obs_shape[-1],
-                             target=target)
+                             target=target, tensorboard=tensorboard)
 
 
 def main(argv=None):

@@ -292,7 +292,8 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
 
 
 def parse_config(cls, argv, doc: str):
-    """A dataclass config (PQNConfig/PPOConfig) from command-line flags, plus --snapshot-every."""
+    """A dataclass config (PQNConfig/PPOConfig) from command-line flags, plus the snapshot flags
+    (--snapshot-every, --tensorboard) as a dict for `snapshot_callback`."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
@@ -302,20 +303,33 @@ def parse_config(cls, argv, doc: str):
             parser.add_argument(flag, type=type(f.default), default=f.default)
     parser.add_argument("--snapshot-every", type=int, default=0,
                         help="updates between saliency snapshots in RUN_DIR/snapshots (jaxsal_agents.snapshots); 0: off")
+    parser.add_argument("--tensorboard", action="store_true",
+                        help="also write the snapshots' maps and statistics and the return curve to TensorBoard "
+                             "(RUN_DIR/snapshots/tensorboard; needs pip install 'jaxsal[tensorboard]')")
     args = vars(parser.parse_args(argv))
-    every = args.pop("snapshot_every")
-    return cls(**args), every
+    snap = {"every": args.pop("snapshot_every"), "tensorboard": args.pop("tensorboard")}
+    if snap["tensorboard"] and snap["every"] < 1:
+        parser.error("--tensorboard logs the saliency snapshots: add --snapshot-every N (updates between them)")
+    return cls(**args), snap
+
+
+def snapshot_callback(cfg, snap: dict, target="q_chosen"):
+    """The SaliencySnapshots callback the snapshot flags ask for (jaxsal_agents.snapshots.for_run), or None."""
+    if not snap["every"]:
+        return None
+    from .snapshots import for_run
+    return for_run(cfg.game, cfg.run_dir, snap["every"], seed=cfg.seed, target=target,
+                   tensorboard=snap["tensorboard"] or None)
 
 
 def main(argv=None):
     import jaxsal.cpu
     jaxsal.cpu.use_fast_kernels()  # XLA:CPU's YNNPACK kernels: ~2.5x faster updates here
-    cfg, every = parse_config(PQNConfig, argv, __doc__)
-    callback = None
-    if every:
-        from .snapshots import for_run
-        callback = for_run(cfg.game, cfg.run_dir, every, seed=cfg.seed)
+    cfg, snap = parse_config(PQNConfig, argv, __doc__)
+    callback = snapshot_callback(cfg, snap)
     train(cfg, log=lambda m: print(m, flush=True), callback=callback)
+    if callback is not None:
+        callback.close()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import optax
 
 from .checkpoint import restore_train_state, save_train_state
 from .envs import make_env
-from .train import parse_config
+from .train import parse_config, snapshot_callback
 from .zoo import build_model
 
 
@@ -169,12 +169,11 @@ def train(cfg: PPOConfig, log=print, callback=None) -> dict:
 
 
 def main(argv=None):
-    cfg, every = parse_config(PPOConfig, argv, __doc__)
-    callback = None
-    if every:
-        from .snapshots import for_run
-        callback = for_run(cfg.game, cfg.run_dir, every, seed=cfg.seed, target="policy_logit")
+    cfg, snap = parse_config(PPOConfig, argv, __doc__)
+    callback = snapshot_callback(cfg, snap, target="policy_logit")
     train(cfg, log=lambda m: print(m, flush=True), callback=callback)
+    if callback is not None:
+        callback.close()
 
 
 if __name__ == "__main__":

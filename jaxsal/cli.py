@@ -157,11 +157,20 @@ def _check_frames(agent, shape):
                            f"{want} ({agent.layout}); was the buffer recorded for another game or preprocessing?")
 
 
-def _check_actions(agent, source, num_actions):
-    """Dopamine buffers store the actions taken: more actions than the agent has is a mismatch."""
+def _check_actions(agent, source, num_actions, target=None):
+    """Buffers store the actions taken: more actions than the agent has is a mismatch (checked for
+    Dopamine buffers always, for the actions `--target q_action` explains in any buffer)."""
     from jaxsal.io.readers import DopamineSource, load_gz_array
 
-    if not isinstance(source, DopamineSource) or num_actions is None:
+    if num_actions is None:
+        return
+    if target == "q_action" and hasattr(source, "actions"):
+        acts = np.asarray(source.actions(0, len(source)))
+        if acts.size and not 0 <= int(acts.min()) <= int(acts.max()) < num_actions:
+            raise CLIError(f"the buffer's actions range over {int(acts.min())}..{int(acts.max())} but agent "
+                           f"{agent.name!r} has {num_actions} actions (0..{num_actions - 1}): agent and buffer "
+                           "are for different games, or the actions are not per frame stack")
+    if not isinstance(source, DopamineSource):
         return
     for part in source.parts:
         path = part.action_path
@@ -286,7 +295,7 @@ def cmd_explain(args) -> int:
         input_id = None
     source = as_layout(source, agent.layout)  # (N, 84, 84, 4) or (N, 4, 84, 84): the model's layout
     _check_frames(agent, source.shape)
-    _check_actions(agent, source, _num_actions(agent, source.shape))
+    _check_actions(agent, source, _num_actions(agent, source.shape), args.target)
     objects, store_maps = _objects_for(args, agent, source)
     if args.limit is not None:
         source = _Limited(source, args.limit)
@@ -499,7 +508,8 @@ def _explain_epilog() -> str:
     return ("methods: " + ", ".join(sorted(m for m in METHODS if not m.startswith("standin"))) + "\n"
             "  options: --option METHOD.NAME=VALUE; each method's options and defaults:\n"
             "  python -c 'import jaxsal; print(jaxsal.method_options(\"rise\"))'\n"
-            "targets: " + ", ".join(TARGET_NAMES) + " (q_action uses a Dopamine buffer's actions)\n"
+            "targets: " + ", ".join(TARGET_NAMES) + " (q_action: the buffer's actions, an .npz's\n"
+            "  'actions' array of one integer per frame stack, or a Dopamine buffer's action files)\n"
             "layers: CAM methods tap the last conv layer by default; list an agent's layers with\n"
             "  jaxsal agents --layers SPEC   (e.g. jaxsal agents --layers breakout), pick one with\n"
             "  --option gradcam.layer=conv1\n"

@@ -1,4 +1,5 @@
-"""Kill-and-resume: a job SIGKILLed mid-way and rerun ends with exactly the files of an uninterrupted run."""
+"""Kill-and-resume: a job SIGKILLed mid-way and rerun ends with exactly the files of an uninterrupted run
+(maps and the per-frame outputs, byte for byte)."""
 import os
 import signal
 import subprocess
@@ -13,7 +14,8 @@ from tests.test_cli_support import ROOT, cli_env, frames, make_agent_files
 
 
 def _files(d):
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("chunk_*.npy"))}
+    """Every finished chunk's bytes: the maps of each method and the per-frame outputs (_outputs)."""
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("chunk_*.np[yz]"))}
 
 
 def test_sigkill_then_resume_gives_identical_output(tmp_path):
@@ -24,7 +26,8 @@ def test_sigkill_then_resume_gives_identical_output(tmp_path):
     # uninterrupted reference run
     assert main(args + ["--out", str(tmp_path / "ref")]) == 0
     ref = _files(tmp_path / "ref")
-    assert len(ref) == 16
+    assert len(ref) == 24                                    # 8 chunks x (2 methods + _outputs)
+    assert sum(k.startswith("_outputs/") for k in ref) == 8
 
     out = tmp_path / "killed"
     env = cli_env(JAXSAL_TEST_SLOW_WRITE="0.4")  # same XLA kernels as the reference: bytes compared
@@ -39,10 +42,15 @@ def test_sigkill_then_resume_gives_identical_output(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     partial = _files(out)
     assert 3 <= len(partial) < len(ref), len(partial)
+    assert any(k.startswith("_outputs/") for k in partial)   # chunk 0's outputs landed before the kill
     for name, data in partial.items():  # whatever exists is complete and already final
         assert data == ref[name], name
 
     assert main(args + ["--out", str(out)]) == 0
-    assert _files(out) == ref
+    assert _files(out) == ref          # maps and _outputs (action, Q-values per frame), byte for byte
     np.testing.assert_array_equal(np.asarray(jaxsal.load_maps(out, "standin_noise")),
                                   np.asarray(jaxsal.load_maps(tmp_path / "ref", "standin_noise")))
+    got, want = jaxsal.load_outputs(out), jaxsal.load_outputs(tmp_path / "ref")
+    assert set(got) == set(want) >= {"frame", "action", "q"} and len(want["action"]) == 24
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)

@@ -127,7 +127,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     wall time, output path). `extra_meta` adds provenance fields to the manifest. `layout` is
     the model's ("NHWC"/"NCHW"; frames are read in it). Every chunk also stores the explained
     action and the model's output vector (`jaxsal.load_outputs`); with target="q_action" the
-    actions come from `source.actions(start, stop)` (e.g. a Dopamine buffer's action file).
+    actions come from `source.actions(start, stop)` (a Dopamine buffer's action file, an .npz's
+    `actions` array).
     `objects` (a `jaxsal.io.objects.ObjectsInput` aligned with `source`) adds per-frame object
     shares per method (DIR/_objects, `jaxsal.load_object_shares`); `store_maps=False` then keeps
     only those shares, not the maps.
@@ -148,9 +149,13 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             raise SaliencyInputError(f"{name} must be a positive integer, got {v!r}")
     if not 0 <= process_id < num_processes:
         raise SaliencyInputError(f"process_id must be in [0, {num_processes}), got {process_id}")
-    if target == "q_action" and not hasattr(source, "actions"):
-        raise SaliencyInputError("--target q_action needs the actions taken in each state: use a Dopamine "
-                                 "replay directory (its $store$_action_ckpt files), or another target")
+    if target == "q_action":
+        if not hasattr(source, "actions"):
+            raise SaliencyInputError("--target q_action needs the actions taken in each state: save them in the "
+                                     ".npz next to the frames (np.savez(path, obs=frames, actions=actions), "
+                                     "one integer per frame stack), use a Dopamine replay directory (its "
+                                     "$store$_action_ckpt files), or choose another target")
+        source.actions(0, len(source))  # every part's actions read and checked before anything is written
     n = len(source)
     if not store_maps and objects is None:
         raise SaliencyInputError("storing no maps leaves nothing to store: --store shares needs --objects")

@@ -19,6 +19,7 @@ import numpy as np
 from jaxsal.errors import SaliencyInputError
 
 STACK = 4
+ACTIONS_KEY = "actions"  # the per-state actions in an .npz buffer, for --target q_action
 _DOPAMINE_OBS = re.compile(r"^\$store\$_observation_ckpt\.(\d+)\.gz$")
 
 
@@ -122,7 +123,10 @@ def _open_npy(path: Path) -> NpySource:
 
 
 class NpzSource:
-    """Key `obs` of an .npz archive, streamed from the zip member (stored or deflated)."""
+    """Key `obs` of an .npz archive, streamed from the zip member (stored or deflated).
+
+    An `actions` array in the same archive (integers, one per frame stack: shape (N,)) gives the
+    source an `actions(start, stop)` method, which `--target q_action` explains."""
 
     def __init__(self, path: Path, key: str = "obs"):
         self.path = str(path)
@@ -143,6 +147,32 @@ class NpzSource:
         _check_stack_shape(shape, dtype, f"{path}[{key!r}]")
         self._shape, self._dtype = tuple(shape), dtype
         self._row = int(np.prod(shape[1:])) * dtype.itemsize
+        self._actions = None
+        if ACTIONS_KEY + ".npy" in members:
+            self.actions = self._read_actions  # present only then: q_action checks hasattr(source, "actions")
+
+    def _read_actions(self, start: int, stop: int) -> np.ndarray:
+        """The actions taken in states [start, stop): array `actions` of the archive, checked once."""
+        if self._actions is None:
+            self._actions = self._load_actions()
+        return self._actions[start:stop]
+
+    def _load_actions(self) -> np.ndarray:
+        n, what = self._shape[0], f"{self.path}[{ACTIONS_KEY!r}]"
+        fix = (f"store one integer action per frame stack, np.savez(path, {self.key}=frames, "
+               f"{ACTIONS_KEY}=actions) with actions.shape == ({n},)")
+        try:
+            with self._zip.open(ACTIONS_KEY + ".npy") as f:
+                a = np.lib.format.read_array(f, allow_pickle=False)
+        except Exception as e:
+            raise SaliencyInputError(f"cannot read {what}: {e}; {fix}") from None
+        if a.shape != (n,):
+            raise SaliencyInputError(f"{what} has shape {a.shape} but {self.key!r} has {n} frame stacks: {fix}")
+        if not np.issubdtype(a.dtype, np.integer):
+            raise SaliencyInputError(f"{what} has dtype {a.dtype}, not integers: {fix}")
+        if n and int(a.min()) < 0:
+            raise SaliencyInputError(f"{what} holds a negative action ({int(a.min())}): {fix}")
+        return a.astype(np.int32)
 
     def _header(self):
         try:
@@ -431,7 +461,8 @@ class DopamineSource(ConcatSource):
 
 
 def open_source(path) -> "ArraySource | NpzSource | ConcatSource":
-    """Open an input buffer by path: .npy, .npz (key `obs`), a shard directory, or a Dopamine dir."""
+    """Open an input buffer by path: .npy, .npz (key `obs`, optionally `actions`), a shard
+    directory, or a Dopamine dir."""
     p = Path(path)
     if not p.exists():
         raise SaliencyInputError(f"input {path} does not exist")

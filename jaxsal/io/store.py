@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,17 @@ def write_outputs(out: Path, index: int, outputs: dict):
     """One chunk's explained actions and model outputs, atomically (an .npz, no pickle)."""
     path = outputs_path(out, index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, lambda f: np.savez(f, **{k: np.ascontiguousarray(v) for k, v in outputs.items()}))
+    _atomic_write(path, lambda f: _write_npz(f, outputs))
+
+
+def _write_npz(f, arrays: dict):
+    """An .npz that np.load reads, with a fixed timestamp on every member: the same arrays give the
+    same bytes (np.savez stamps the wall clock, so a resumed job's files would differ from a fresh
+    run's only in their dates)."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
+        for k, v in arrays.items():
+            with z.open(zipfile.ZipInfo(f"{k}.npy", date_time=(1980, 1, 1, 0, 0, 0)), "w", force_zip64=True) as m:
+                np.lib.format.write_array(m, np.ascontiguousarray(v), allow_pickle=False)
 
 
 def load_outputs(out, allow_incomplete: bool = False) -> dict:
