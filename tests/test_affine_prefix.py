@@ -89,16 +89,15 @@ def test_no_split_without_a_useful_affine_prefix():
     assert split_affine(lambda q, x: fn(q, x).sum(), p, (H, W, C)) is None  # no batch axis out
 
 
-CASES = [
-    ("integrated_gradients", {"steps": 5}),
-    ("integrated_gradients", {"steps": 5, "rule": "guided", "baseline": "uniform",
-                              "key": jax.random.PRNGKey(3)}),
-    ("integrated_gradients", {"steps": 4, "method": "riemann_trapezoid",
-                              "baseline": np.full((H, W, C), 40.0, np.float32)}),
-    ("smoothgrad", {"n_samples": 5, "key": jax.random.PRNGKey(0)}),
-    ("smoothgrad", {"n_samples": 5, "key": jax.random.PRNGKey(0), "rule": "guided"}),
-    ("smoothgrad", {"n_samples": 5, "key": jax.random.PRNGKey(0), "variant": "vargrad"}),
-]
+IG = ("integrated_gradients", {"steps": 5, "baseline": np.full((H, W, C), 40.0, np.float32)})
+IG_GUIDED = ("integrated_gradients", {"steps": 5, "rule": "guided", "baseline": "uniform",
+                                      "key": jax.random.PRNGKey(3)})
+SG = ("smoothgrad", {"n_samples": 5, "key": jax.random.PRNGKey(0)})
+SG_GUIDED = ("smoothgrad", {"n_samples": 5, "key": jax.random.PRNGKey(0), "rule": "guided"})
+SG_VAR = ("smoothgrad", {"n_samples": 5, "key": jax.random.PRNGKey(0), "variant": "vargrad"})
+CASES = [("scaled", *c) for c in (IG, IG_GUIDED, SG, SG_GUIDED, SG_VAR)] + [
+    ("layernorm", *IG), ("layernorm", *SG_GUIDED), ("nchw", *IG), ("nchw", *SG_GUIDED),
+    ("nonlinear_first", *IG), ("nonlinear_first", *SG)]
 
 
 def _same(fast, plain):
@@ -107,8 +106,7 @@ def _same(fast, plain):
     np.testing.assert_allclose(fast, plain, rtol=1e-4, atol=1e-4 * np.abs(plain).max())
 
 
-@pytest.mark.parametrize("method,kw", CASES)
-@pytest.mark.parametrize("model", ["scaled", "layernorm", "nchw", "nonlinear_first"])
+@pytest.mark.parametrize("model,method,kw", CASES)
 def test_fast_maps_equal_the_plain_path(model, method, kw):
     layout = "NCHW" if model == "nchw" else "NHWC"
     fn, p = {"scaled": lambda: _flax(Scaled()), "layernorm": lambda: _flax(LayerNormed()),

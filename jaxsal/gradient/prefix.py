@@ -90,9 +90,10 @@ def _flatten(closed, n_in) -> _Program:
 
         for eqn in jaxpr.eqns:
             ins = tuple(read(v) for v in eqn.invars)
-            if eqn.primitive.name in _CALLS:
-                sub = eqn.params["jaxpr"]
-                outs = walk(sub.jaxpr, sub.consts, ins)
+            sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")) \
+                if eqn.primitive.name in _CALLS else None
+            if sub is not None:
+                outs = walk(getattr(sub, "jaxpr", sub), getattr(sub, "consts", ()), ins)
             else:
                 outs = tuple(new_id() for _ in eqn.outvars)
                 eqns.append(_Eqn(eqn, ins, outs))
