@@ -152,9 +152,11 @@ def agreement(apply_fn, params, name, case, n_states: int = 4) -> dict:
     fn, kw = jaxsal_fn(apply_fn, kw)
     a = np.asarray(jaxsal.explain(fn, params, obs, **{**kw, **extra}))
     b = (peer_check or peer)(to_nchw(obs)).detach().numpy()
-    # the plain path: XLA's conv gradients and, for local perturbations, no incremental windows
+    # the plain path: XLA's conv gradients, every IG step / SmoothGrad sample whole (no affine-prefix
+    # split) and, for local perturbations, no incremental windows
     no_inc = {"incremental": False} if family in ("occlusion", "noise_sensitivity") else \
-        {} if family == "rise" else {"fast_conv": False}
+        {} if family == "rise" else {"fast_conv": False, **(
+            {"fast_prefix": False} if family in ("integrated_gradients", "smoothgrad") else {})}
     plain = np.asarray(jaxsal.explain(apply_fn, params, obs, **{**kw, **extra, **no_inc}))
     return {"corr_vs_peer": correlation(a, b), "corr_fast_vs_plain": correlation(a, plain),
             "max_abs_fast_vs_plain": float(np.abs(a - plain).max()), "compared": (

@@ -15,8 +15,9 @@ from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
 from jaxsal.gradient.common import (as_float, as_key, choose_actions, finish, objective,
                                     prepare, sample_groups, state_index)
-from jaxsal.gradient.rules import RULES, rewrite
 from jaxsal.gradient.family import compute
+from jaxsal.gradient.pathavg import interpolated_gradient, sample_gradient_sums
+from jaxsal.gradient.rules import RULES
 from jaxsal.registry import register
 from jaxsal.validate import check_obs, check_positive_int
 
@@ -74,7 +75,7 @@ def _states_per_chunk(n, rows, s):
 @register("smoothgrad", stochastic=True)
 def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
                batch_size=None, per_frame=False, n_samples=50, sigma=0.15, variant="mean",
-               rule="plain", fast_conv=True):
+               rule="plain", fast_conv=True, fast_prefix=True):
     """SmoothGrad (Smilkov 2017): gradients of n_samples noisy copies x + N(0, s^2).
 
     s = sigma * (max(x) - min(x)) per state (the paper's noise level; 0.15 default).
@@ -82,6 +83,9 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     variance of the gradients. Noise for state i, sample j comes from fold_in(fold_in(key, i), j),
     so results do not depend on batch_size. rule="guided"/"deconvnet" takes each gradient
     through guided/deconvnet ReLUs (guided SmoothGrad); fast_conv as for `gradient`.
+    fast_prefix (variant "mean"): the model's affine input prefix (e.g. a first conv) is
+    transposed once per state instead of once per sample, exactly (`jaxsal.gradient.pathavg`);
+    False runs every sample's full backward.
     """
     key = as_key(key, "smoothgrad")
     rule = check_rule(rule)
@@ -117,18 +121,16 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
                 return jax.vmap(lambda jj: draw(jax.random.fold_in(ki, jj)))(j)
             eps = jax.vmap(noise)(idx) * scale.reshape((-1, 1) + (1,) * (x.ndim - 1))
             xn = (x[:, None] + eps).reshape((-1,) + x.shape[1:])
-            an = jnp.repeat(a, s)
-
-            def f(xx, p):
-                return objective(tgt, apply_fn(p, xx), an).sum()
-            g = jax.grad(rewrite(f, rule, fast_conv))(xn, params).reshape((x.shape[0], s) + x.shape[1:])
-            w = valid.reshape((1, s) + (1,) * (x.ndim - 1))
-            return (g * w).sum(1), (g * g * w).sum(1)
+            s1, s2 = sample_gradient_sums(apply_fn, tgt, params, x, xn, valid, a,
+                                          squares=squares, rule=rule, fast_conv=fast_conv,
+                                          fast_prefix=fast_prefix)
+            return s1, (s2 if squares else jnp.zeros((), s1.dtype))
         return fn
 
     hwc = prep.hwc
+    squares = variant != "mean"
     fn = batching.cached_jit(("smoothgrad", apply_fn, prep.target_key, s, n_samples, float(sigma),
-                              rule, bool(fast_conv), layout), build)
+                              rule, bool(fast_conv), bool(fast_prefix), squares, layout), build)
 
     def finalize(chunk, acc):
         s1, s2 = acc
@@ -192,7 +194,7 @@ def _blur(x, sigma, layout):
 def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=None,
                          layout="NHWC", key=None, batch_size=None, per_frame=False, steps=50,
                          baseline="black", method="riemann_right", blur_sigma=5.0,
-                         return_error=False, rule="plain", fast_conv=True):
+                         return_error=False, rule="plain", fast_conv=True, fast_prefix=True):
     """Integrated Gradients (Sundararajan 2017): (x - x0) * sum_k w_k dy/dx(x0 + a_k (x - x0)).
 
     baseline: "black" (zeros), "blur" (spatial Gaussian blur of x, blur_sigma px), "uniform"
@@ -200,7 +202,9 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
     quadrature (default right Riemann, alpha in (0, 1]). return_error=True also returns the
     per-state completeness error sum(attributions) - (y(x) - y(x0)), shape (N,).
     rule="guided"/"deconvnet": path gradients through guided/deconvnet ReLUs (guided IG; then
-    completeness does not hold). fast_conv as for `gradient`.
+    completeness does not hold). fast_conv as for `gradient`. fast_prefix: the model's affine
+    input prefix (e.g. a first conv) runs on the two end points and is transposed once per state
+    instead of once per step, exactly (`jaxsal.gradient.pathavg`); False runs every step whole.
     """
     steps = check_positive_int("steps", steps)
     rule = check_rule(rule)
@@ -267,15 +271,8 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
             al, wt, k = statics
             x = as_float(x)
             x0 = make_x0(x, idx, extra, k)
-            d = x - x0
-            shp = (1, s) + (1,) * (x.ndim - 1)
-            xs = (x0[:, None] + al.reshape(shp) * d[:, None]).reshape((-1,) + x.shape[1:])
-            an = jnp.repeat(a, s)
-
-            def f(xx, p):
-                return objective(tgt, apply_fn(p, xx), an).sum()
-            g = jax.grad(rewrite(f, rule, fast_conv))(xs, params).reshape((x.shape[0], s) + x.shape[1:])
-            return (g * wt.reshape(shp)).sum(1)
+            return interpolated_gradient(apply_fn, tgt, params, x0, x, al, wt, a, rule=rule,
+                                         fast_conv=fast_conv, fast_prefix=fast_prefix)
         return fn
 
     def build_finish():
@@ -292,7 +289,7 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
         return fin
 
     ck = (apply_fn, prep.target_key, kind, bsig, layout)
-    fn = batching.cached_jit(("ig", s, rule, bool(fast_conv)) + ck, build)
+    fn = batching.cached_jit(("ig", s, rule, bool(fast_conv), bool(fast_prefix)) + ck, build)
     fin = batching.cached_jit(("ig_finish", bool(per_frame), bool(return_error)) + ck,
                               build_finish)
     statics = [(jnp.asarray(alphas[i * s:(i + 1) * s]), jnp.asarray(weights[i * s:(i + 1) * s]),
