@@ -163,8 +163,8 @@ def test_fast_prefix_is_an_option_of_ig_and_smoothgrad_only():
 
 def test_shipped_nature_cnn_fast_equals_plain():
     """The shipped Breakout agent (Nature CNN with LayerNorm): prefix x/255 -> conv1 -> bias."""
-    agents = pytest.importorskip("agents")
-    ag = agents.load("breakout")
+    jaxsal_agents = pytest.importorskip("jaxsal_agents")
+    ag = jaxsal_agents.load("breakout")
     sp = split_affine(ag.apply_fn, ag.params, (84, 84, 4))
     assert sp is not None and sp.costly == 1
     obs = np.random.default_rng(0).integers(0, 256, (2, 84, 84, 4), dtype=np.uint8)
