@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsal.gradient.rules import bind_eqn
+
 try:
     from jax.extend import core as jcore
     jcore.Literal  # noqa: B018 (older JAX lacks it here)
@@ -151,16 +153,6 @@ def _classify(prog: _Program):
     return kinds, eq_kinds, tuple(frontier)
 
 
-def _bind(eqn, invals):
-    bound = eqn.primitive.get_bind_params(eqn.params)
-    if isinstance(bound, tuple):  # older JAX: (subfuns, params)
-        subfuns, bound = bound
-        invals = [*subfuns, *invals]
-    with eqn.ctx.manager:
-        outs = eqn.primitive.bind(*invals, **bound)
-    return outs if eqn.primitive.multiple_results else [outs]
-
-
 def _run(prog: _Program, env: dict, keep: set, eq_kinds, want):
     """Evaluate the eqns whose kind is in `keep` on top of env; return the values of `want`."""
     def read(r):
@@ -168,7 +160,7 @@ def _run(prog: _Program, env: dict, keep: set, eq_kinds, want):
 
     for e, k in zip(prog.eqns, eq_kinds):
         if k in keep:
-            for o, val in zip(e.outs, _bind(e.eqn, [read(r) for r in e.ins])):
+            for o, val in zip(e.outs, bind_eqn(e.eqn, [read(r) for r in e.ins])):
                 env[o] = val
     return [read(r) for r in want]
 

@@ -121,6 +121,17 @@ def _conv_ok(eqn) -> bool:
     return conv_rule_eligible(eqn.params, eqn.invars[0].aval, eqn.invars[1].aval)
 
 
+def bind_eqn(eqn, invals) -> list:
+    """Run one jaxpr equation on concrete or traced values, as a list of outputs."""
+    bound = eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(bound, tuple):  # older JAX: (subfuns, params)
+        subfuns, bound = bound
+        invals = [*subfuns, *invals]
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*invals, **bound)
+    return outs if eqn.primitive.multiple_results else [outs]
+
+
 def _eval(jaxpr, consts, args, rule: str, stats: dict, conv: bool = False):
     """Evaluate a jaxpr, replacing ReLUs with `rule_relu(rule, .)` (rule "plain": kept) and,
     with conv=True, eligible strided convs with `conv_rule`."""
@@ -156,14 +167,7 @@ def _eval(jaxpr, consts, args, rule: str, stats: dict, conv: bool = False):
             sub = eqn.params["call_jaxpr"]
             outs = _eval(sub.jaxpr, sub.consts, invals, rule, stats, conv)
         else:
-            bound = eqn.primitive.get_bind_params(eqn.params)
-            if isinstance(bound, tuple):  # older JAX: (subfuns, params)
-                subfuns, bound = bound
-                invals = [*subfuns, *invals]
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*invals, **bound)
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
+            outs = bind_eqn(eqn, invals)
         if name == "broadcast_in_dim" and k is None and _is_zero_literal(eqn.invars[0]):
             zeros.add(eqn.outvars[0])
         for v, o in zip(eqn.outvars, outs):
