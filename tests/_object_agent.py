@@ -12,7 +12,12 @@ OTHER = (60, 50, 72, 62)    # an object it ignores
 
 
 def load():
-    y0, x0, y1, x1 = BOX
+    return one_object_agent(BOX)
+
+
+def one_object_agent(box):
+    """(apply_fn, params): Q_0 reads only the pixels of `box` (all 4 frames, nonlinearly); Q_1 is a constant below it."""
+    y0, x0, y1, x1 = box
     w = jax.random.normal(jax.random.PRNGKey(0), (y1 - y0, x1 - x0, 4))
 
     def apply_fn(params, obs):

@@ -9,6 +9,7 @@ import jaxsal
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics import object_attribution, object_pointing
 from jaxsal.objects import ObjectBoxes, boxes_to_masks, screen_to_obs
+from tests._object_agent import one_object_agent
 
 H = W = 84
 
@@ -122,18 +123,6 @@ def test_bad_input_names_the_fix():
         object_attribution(np.zeros((2, H, W)), ob, frame="newest")
 
 
-def _one_object_agent(box):
-    """Q_0 reads only the pixels of `box` (all 4 frames, nonlinearly); Q_1 is a constant below it."""
-    y0, x0, y1, x1 = box
-    w = jax.random.normal(jax.random.PRNGKey(0), (y1 - y0, x1 - x0, 4))
-
-    def apply_fn(params, obs):
-        x = jnp.asarray(obs, jnp.float32) / 255.0
-        q0 = jnp.tanh((x[:, y0:y1, x0:x1, :] * params).sum((1, 2, 3)) / 10.0) + 2.0
-        return jnp.stack([q0, jnp.full_like(q0, -5.0)], -1)
-    return apply_fn, w
-
-
 def test_synthetic_agent_reading_one_object():
     box = (10, 20, 22, 32)             # the object the agent reads: 12x12 px
     n = 6
@@ -141,7 +130,7 @@ def test_synthetic_agent_reading_one_object():
     b[:, :, 0], b[:, :, 1] = box, (60, 50, 72, 62)
     ob = ObjectBoxes(b, np.tile(np.array([0, 1], np.int8), (n, 4, 1)), ("target", "other"))
     obs = np.random.default_rng(0).integers(0, 256, (n, H, W, 4)).astype(np.uint8)
-    apply_fn, params = _one_object_agent(box)
+    apply_fn, params = one_object_agent(box)
     for method, opts in (("gradient", {}), ("occlusion", {"score": "drop"})):   # drop: Q_a(x) - Q_a(x')
         maps = jaxsal.explain(apply_fn, params, obs, method=method, **opts)
         res = object_attribution(maps, ob)
