@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxsal import batching
+from jaxsal.call import as_float, check_call, params_signature
 from jaxsal.errors import SaliencyInputError
 from jaxsal.gradient import cam
-from jaxsal.gradient.common import (as_float, finish, objective, params_signature, prepare,
-                                    run_chunks)
+from jaxsal.gradient.common import finish, objective, run_chunks
 from jaxsal.gradient.cam_site import CAM_ACTIVATIONS, cam_site
 from jaxsal.gradient.layers import get_activation, resolve_tap, tap
 from jaxsal.gradient.rules import rewrite
@@ -106,8 +106,8 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
     if bad:
         raise SaliencyInputError(f"not a single-backward gradient method: {bad}; these are "
                                  f"{tuple(FAMILY)}")
-    prep = prepare(apply_fn, params, obs, target=target, actions=actions, layout=layout,
-                   batch_size=batch_size)
+    prep = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
+                      batch_size=batch_size)
     uses_layer = any(m in LAYER_METHODS for m in methods)
     if uses_layer and isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
         layer, layer_activation = cam_site(apply_fn, params, as_float(prep.x[:1]), layer, layer_activation)

@@ -12,14 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import batching
+from jaxsal.call import as_float, check_call
 from jaxsal.errors import SaliencyInputError
-from jaxsal.gradient.common import (as_float, as_key, choose_actions, finish, objective,
-                                    prepare, sample_groups, state_index)
+from jaxsal.gradient.common import (as_key, choose_actions, finish, objective, sample_groups,
+                                    state_index)
 from jaxsal.gradient.family import compute
 from jaxsal.gradient.pathavg import interpolated_gradient, sample_gradient_sums
 from jaxsal.gradient.rules import RULES
 from jaxsal.registry import register
-from jaxsal.validate import check_obs, check_positive_int
+from jaxsal.validate import check_positive_int
 
 SMOOTHGRAD_VARIANTS = ("mean", "sg2", "vargrad")
 IG_BASELINES = ("black", "blur", "uniform")
@@ -96,8 +97,8 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
                                  f"value range), got {sigma!r}")
     if variant not in SMOOTHGRAD_VARIANTS:
         raise SaliencyInputError(f"variant must be one of {SMOOTHGRAD_VARIANTS}, got {variant!r}")
-    prep = prepare(apply_fn, params, obs, target=target, actions=actions, layout=layout,
-                   batch_size=batch_size)
+    prep = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
+                      batch_size=batch_size)
     acts = choose_actions(apply_fn, params, prep)
     n = prep.x.shape[0]
     s, groups = sample_groups(n_samples, prep.rows)
@@ -209,8 +210,8 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
     steps = check_positive_int("steps", steps)
     rule = check_rule(rule)
     alphas, weights = ig_alphas(steps, method)
-    prep = prepare(apply_fn, params, obs, target=target, actions=actions, layout=layout,
-                   batch_size=batch_size)
+    prep = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
+                      batch_size=batch_size)
     x = prep.x
     n = x.shape[0]
     ukey = jnp.zeros((2,), jnp.uint32)

@@ -346,7 +346,7 @@ def _outputs_fn(apply_fn, target):
     """Jitted chunk -> {"action": (n,), "q" or "logits": (n, A), ["value": (n,)]}: the action the
     target explains (the given one for q_action) and the model's output vector."""
     from jaxsal.batching import cached_jit
-    from jaxsal.gradient.common import as_float
+    from jaxsal.call import as_float
     from jaxsal.targets import LOGIT_KEYS, Q_KEYS, logits_of, q_of, value_of
 
     tgt = get_target(target)

@@ -1,4 +1,6 @@
-"""Shared engine of the perturbation methods: checks, clean forward, states x perturbations in chunks.
+"""Shared engine of the perturbation methods: clean forward, states x perturbations in chunks.
+
+Inputs are checked by jaxsal.call.check_call, the same step the gradient methods run first.
 
 Every method describes one perturbation by an integer index (a grid position, a mask, a LIME
 sample) and a pure `perturb(consts, state, idx) -> x'`; the engine builds the perturbed inputs
@@ -17,29 +19,42 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import targets as T
-from jaxsal.batching import pad_rows, cached_jit, chunk_size, default_rows, is_traced, map_batched, run
+from jaxsal.batching import pad_rows, cached_jit, chunk_size, is_traced, map_batched, run
+from jaxsal.call import Call, as_float, check_call
 from jaxsal.errors import SaliencyInputError
-from jaxsal.validate import check_obs, check_positive_int, to_nhwc
-
-"""Model rows (states x perturbations) per forward pass when `batch_size` is None."""
+from jaxsal.validate import check_positive_int, to_nhwc
 
 SCORES = ("one_minus", "drop", "output_l2", "chosen_action", "softmax_drop", "target")
 
 
-class Prepared(NamedTuple):
-    """A checked batch: NHWC float32 `x`, value range, target, clean output and fixed actions."""
+class CleanPass(NamedTuple):
+    """A checked call plus what perturbing needs: NHWC float32 `x`, the top of the value range,
+    the clean output and each state's fixed action."""
+    call: Call
     x: jax.Array
     obs_max: float
-    target: T.Target
-    target_key: object
     out0: object
     actions: jax.Array
-    layout: str
-    rows: int
 
     @property
     def shape(self):
         return self.x.shape
+
+    @property
+    def target(self):
+        return self.call.target
+
+    @property
+    def target_key(self):
+        return self.call.target_key
+
+    @property
+    def layout(self):
+        return self.call.layout
+
+    @property
+    def rows(self):
+        return self.call.rows
 
 
 def resolve_obs_max(obs, obs_max=None) -> float:
@@ -86,51 +101,22 @@ def resolve_fill(fill, x, obs_max: float):
     return jnp.full((n, 1, 1, c), float(fill) * obs_max, jnp.float32)  # obs_max may be traced
 
 
-def rows_of(batch_size) -> int:
-    """Model rows per forward pass: batch_size, or the backend's default when None."""
-    if batch_size is None:
-        return default_rows()
-    return check_positive_int("batch_size", batch_size)
-
-
 def _apply_layout(apply_fn, layout):
     if layout == "NHWC":
         return apply_fn
     return lambda p, x: apply_fn(p, jnp.transpose(x, (0, 3, 1, 2)))
 
 
-def _clean_forward(apply_fn, params, x, layout, rows):
-    fn = cached_jit(("pert-clean", apply_fn, layout), lambda: _apply_layout(apply_fn, layout))
-    try:
-        return map_batched(fn, params, x, batch_size=rows)
-    except SaliencyInputError:
-        raise
-    except Exception as e:  # surface model/shape errors clearly, not as a deep traceback
-        raise SaliencyInputError(
-            f"apply_fn(params, obs) failed on the observations (shape {tuple(x.shape)} NHWC, "
-            f"layout={layout!r}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
-            "Check that obs has the shape and layout the model expects.") from None
-
-
-def prepare(apply_fn, params, obs, *, layout="NHWC", target="q_chosen", actions=None,
-            batch_size=None, obs_max=None) -> Prepared:
-    """Validate the inputs, run the clean forward and fix each state's action once."""
-    if not callable(apply_fn):
-        raise SaliencyInputError(f"apply_fn must be callable apply_fn(params, obs), got {apply_fn!r}")
-    x = to_nhwc(check_obs(obs, layout), layout)
+def clean_pass(apply_fn, params, obs, *, layout="NHWC", target="q_chosen", actions=None,
+               batch_size=None, obs_max=None) -> CleanPass:
+    """Check the call, run the clean forward and fix each state's action once."""
+    call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
+                      batch_size=batch_size)
+    x = to_nhwc(as_float(call.x), layout)
     vmax = resolve_obs_max(obs, obs_max)
-    tgt = T.get_target(target)
-    rows = rows_of(batch_size)
-    out0 = _clean_forward(apply_fn, params, x, layout, rows)
-    if actions is not None:
-        try:
-            num_actions = int(T.q_of(out0).shape[-1])
-        except Exception:
-            num_actions = None
-        actions = T.check_actions(actions, x.shape[0], num_actions)
-    a = T.resolve_actions(tgt, out0, actions)
-    tkey = target if isinstance(target, str) else ("callable", target)
-    return Prepared(x, vmax, tgt, tkey, out0, a, layout, rows)
+    fn = cached_jit(("pert-clean", apply_fn, layout), lambda: _apply_layout(apply_fn, layout))
+    out0 = map_batched(fn, params, x, batch_size=call.rows)
+    return CleanPass(call, x, vmax, out0, T.resolve_actions(call.target, out0, call.actions))
 
 
 def _row_sq_norm(tree):
@@ -193,7 +179,7 @@ def _build_runner(apply_fn, layout, perturb, score, box=None):
     return run
 
 
-def perturbation_scores(prep: Prepared, apply_fn, params, *, name, perturb, score, n_pert: int,
+def perturbation_scores(prep: CleanPass, apply_fn, params, *, name, perturb, score, n_pert: int,
                         consts=None, states=None, cache_key=(), box=None):
     """(N, n_pert) scores of every state under every perturbation index 0..n_pert-1.
 

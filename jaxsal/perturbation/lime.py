@@ -169,8 +169,8 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC
     2 x SLIC's n_segments; required for quickshift/felzenszwalb). A state with more segments
     raises at run time. The bound does not change the maps (unused columns get zero weight).
     """
-    prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                     batch_size=batch_size, obs_max=obs_max)
+    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
+                        batch_size=batch_size, obs_max=obs_max)
     n, h, w, _ = prep.shape
     check_key(key, "lime")
     if segmentation not in SEGMENTATIONS and segments is None:

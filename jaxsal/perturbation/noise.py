@@ -76,8 +76,8 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
     `occlusion`; None = auto: on when the mask's nonzero box covers <= 1/4 of the image, e.g.
     the 27x27 px box of a Gaussian disk of radius 3).
     """
-    prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                     batch_size=batch_size, obs_max=obs_max)
+    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
+                        batch_size=batch_size, obs_max=obs_max)
     score = C.check_score(score, NOISE_SCORES)
     grid = disk_grid_scores(prep, apply_fn, params, name="noise_sensitivity", radius=radius,
                             stride=stride, perturbation=perturbation, blur_sigma=blur_sigma,

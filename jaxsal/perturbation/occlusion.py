@@ -45,8 +45,8 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
     the plain path. None (default, auto): on when the patch covers <= 1/4 of the image
     (measured ~2.2-2.5x faster for 2x2 on the Nature CNN on CPU); True/False force it.
     """
-    prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                     batch_size=batch_size, obs_max=obs_max)
+    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
+                        batch_size=batch_size, obs_max=obs_max)
     n, h, w, _ = prep.shape
     patch = C.check_fits("patch", patch, (h, w))
     stride = C.check_fits("stride", stride, (h, w))

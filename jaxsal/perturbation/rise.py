@@ -101,8 +101,8 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC
     state; pass `masks` (n, H, W) instead to reuse the same masks across models (key then unused;
     p_keep still normalises). batch_size bounds model rows (states x masks) per forward pass.
     """
-    prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                     batch_size=batch_size, obs_max=obs_max)
+    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
+                        batch_size=batch_size, obs_max=obs_max)
     n, h, w, _ = prep.shape
     p_keep = C.check_positive_float("p_keep", p_keep)
     if p_keep > 1:

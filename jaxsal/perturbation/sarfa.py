@@ -49,8 +49,8 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHW
     `occlusion`; None = auto: on when the mask's nonzero box covers <= 1/4 of the image, e.g.
     the 5x5 px box of the hard disk of radius 2).
     """
-    prep = C.prepare(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                     batch_size=batch_size, obs_max=obs_max)
+    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
+                        batch_size=batch_size, obs_max=obs_max)
     T.q_of(prep.out0)  # clear error now if the output has no Q-vector / logits
     score_fn = lambda o0, o1, a: sarfa_score(T.q_of(o0), T.q_of(o1), a)  # noqa: E731
     grid = disk_grid_scores(prep, apply_fn, params, name="sarfa", radius=radius, stride=stride,
