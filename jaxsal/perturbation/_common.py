@@ -40,21 +40,9 @@ class CleanPass(NamedTuple):
     def shape(self):
         return self.x.shape
 
-    @property
-    def target(self):
-        return self.call.target
-
-    @property
-    def target_key(self):
-        return self.call.target_key
-
-    @property
-    def layout(self):
-        return self.call.layout
-
-    @property
-    def rows(self):
-        return self.call.rows
+    def __getattr__(self, name):
+        """target, target_key, layout, rows, ...: the checked call's."""
+        return getattr(self.call, name)
 
 
 def resolve_obs_max(obs, obs_max=None) -> float:
