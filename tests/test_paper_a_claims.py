@@ -82,3 +82,39 @@ def test_rise_step_and_mean_ci():
     assert pac.rise_step(steps, np.ones(40)) is None
     ci = pac.mean_ci([1.0, 2.0, np.nan, 3.0], n_boot=200)
     assert ci["mean"] == pytest.approx(2.0) and ci["n"] == 3 and ci["ci95"][0] <= 2.0 <= ci["ci95"][1]
+
+
+def test_report_tables_and_figure_from_claims(tmp_path):
+    """The report turns a claims.json of main()'s structure into tables with every interval."""
+    import json
+
+    from experiments.paper_a_claims_report import report
+
+    ci = lambda m: {"mean": m, "ci95": [m - 0.1, m + 0.1], "n": 8}
+    res = {
+        "agent": "breakout-dddqn", "probes": 8, "random_inits": 2,
+        "edges": {k: {"trained": ci(0.3), "random_init": ci(0.1), "trained_minus_random": ci(0.2)}
+                  for k in ("neg_gbp_vs_abs_laplacian", "gbp_vs_laplacian", "abs_gbp_vs_sobel")},
+        "action_discriminativeness": {
+            net: {m: {"action_change": ci(0.2), "state_change": ci(0.5), "ratio": r}
+                  for m in ("gradient", "gradcam")} for net, r in (("trained", 0.4), ("random_init", 0.05))},
+        "cam_look": {net: {"rows": {"gradcam": {"ball_paddle_rows": {"share": ci(0.25), "chance": 0.1}}},
+                           "objects": {"gradcam": {"ball": {"share": 0.05, "chance": 0.01},
+                                                   "paddle": {"share": 0.1, "chance": 0.02}}}}
+                     for net in ("trained", "random_init")},
+        "snapshots": {"/runs/dddqn": {"rise_step": 300, "rise_level": 3.4, "snapshots": [
+            {"step": s, "method": m, "before_rise": s < 300, "share": 0.1 + s / 1e4, "chance": 0.1}
+            for s in (100, 200, 300, 400) for m in ("gradcam", "g1gradcam")]}},
+        "split_attention": {"params": "random init (seed 0)", "q": {"frame_shares": [0.5, 0.5]},
+                            "value": {"frame_shares": [0.25, 0.75]}, "advantage": {"frame_shares": [1.0, 0.0]},
+                            "value_attention": [0.4, 0.6], "advantage_attention": [0.9, 0.1]},
+    }
+    (tmp_path / "claims.json").write_text(json.dumps(res))
+    text = report(tmp_path).read_text()
+    assert "| max(-GBP, 0) vs |Laplacian| | 0.300 (0.200 to 0.400) | 0.100 (0.000 to 0.200) |" in text
+    assert "| gradcam | 0.200 (0.100 to 0.300) | 0.500 (0.400 to 0.600) | 0.40 | 0.05 |" in text
+    assert "ball 0.050 (0.010) / paddle 0.100 (0.020)" in text
+    assert "first reaches 3.4 at env step 300" in text
+    assert "| 200 | yes | 0.120 (0.100) | 0.120 (0.100) |" in text and "| 400 | no |" in text
+    assert "| GBP share, value | 0.250 | 0.750 |" in text
+    assert (tmp_path / "claims.png").stat().st_size > 10_000
