@@ -47,7 +47,7 @@ RISE_RETURN = 2 * 1.7          # the pre-registration's "learned" level (random 
 CAM_METHODS = ("g1gradcam", "gradcam")
 DISCRIM_METHODS = ("gradient", "grad_x_input", "guided_backprop", "gradcam", "g1gradcam", "g2gradcam")
 BRICKS_END_ROW = 38            # 84x84 Breakout: bricks end above this row (rows 23-37)
-WALL_COLS = 4                  # side walls: columns 0-3 and 80-83
+WALL_COLS = 5                  # side walls: columns 0-4 and 79-83 (84x84 frames)
 
 
 # ---------------------------------------------------------------- 1. edges
@@ -207,8 +207,10 @@ def rise_step(steps, returns, level: float = RISE_RETURN, games: int = 20):
 
 
 def snapshot_look(run_dir) -> dict:
-    """Claim 3 over a training run's snapshots: per snapshot, CAM shares on ball/paddle (rows),
-    each marked before/after the return rises."""
+    """Claim 3 over a training run's snapshots: per snapshot, CAM shares on the ball/paddle rows
+    and, when the probes have RAM boxes (snapshots/probe_objects.npz), on each object, each
+    marked before/after the return rises."""
+    from jaxsal.objects import ObjectBoxes
     from jaxsal_agents.snapshots import load_snapshots, read_returns
 
     run_dir = Path(run_dir)
@@ -216,13 +218,18 @@ def snapshot_look(run_dir) -> dict:
     steps, rets = read_returns(run_dir / "returns.csv") if (run_dir / "returns.csv").exists() else ([], [])
     rise = rise_step(steps, rets) if len(rets) else None
     rows = ball_paddle_rows(probe)
+    boxes_file = run_dir / "snapshots" / "probe_objects.npz"
+    boxes = ObjectBoxes.load(boxes_file) if boxes_file.exists() else None
     table = []
     for step, arr in load_snapshots(run_dir / "snapshots"):
         for m in CAM_METHODS:
             if m in arr:
                 share, chance = row_share(arr[m], rows)
-                table.append({"step": step, "method": m, "before_rise": rise is None or step < rise,
-                              "share": float(np.nanmean(share)), "chance": float(chance.mean())})
+                row = {"step": step, "method": m, "before_rise": rise is None or step < rise,
+                       "share": float(np.nanmean(share)), "chance": float(chance.mean())}
+                if boxes is not None:
+                    row["objects"] = cam_look({m: arr[m]}, probe, boxes)[m]
+                table.append(row)
     return {"rise_step": rise, "rise_level": RISE_RETURN, "snapshots": table}
 
 

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 EDGE_LABELS = {
-    "neg_gbp_vs_abs_laplacian": "max(-GBP, 0) vs |Laplacian|",
+    "neg_gbp_vs_abs_laplacian": "max(-GBP, 0) vs abs(Laplacian)",
     "gbp_vs_laplacian": "GBP vs Laplacian (signed)",
-    "abs_gbp_vs_sobel": "|GBP| vs Sobel magnitude",
+    "abs_gbp_vs_sobel": "abs(GBP) vs Sobel magnitude",
 }
 
 
@@ -65,16 +65,24 @@ def cam_table(res) -> list[str]:
     return lines
 
 
+def _obj(row, c) -> str:
+    o = (row.get("objects") or {}).get(c)
+    return "" if not o else f"{o['share']:.3f} ({o['chance']:.3f})"
+
+
 def snapshot_table(res) -> list[str]:
     lines = []
     for run, s in res.get("snapshots", {}).items():
         rise = s["rise_step"]
+        methods = sorted({r["method"] for r in s["snapshots"]})
+        has_obj = any("objects" in r for r in s["snapshots"])
+        cols = [f"{m} rows share (chance)" for m in methods]
+        if has_obj:
+            cols += [f"{m} {c} share (chance)" for m in methods for c in ("ball", "paddle")]
         lines += [f"Run `{Path(run).name}`: the return (mean of the last 20 games) first reaches "
                   f"{s['rise_level']:.1f} at env step {rise if rise is not None else 'never'}.", "",
-                  "| env step | before the rise | " + " | ".join(
-                      f"{m} share (chance)" for m in sorted({r['method'] for r in s['snapshots']})) + " |"]
-        methods = sorted({r["method"] for r in s["snapshots"]})
-        lines.append("|---|---|" + "---|" * len(methods))
+                  "| env step | before the rise | " + " | ".join(cols) + " |",
+                  "|---|---|" + "---|" * len(cols)]
         by_step: dict = {}
         for r in s["snapshots"]:
             by_step.setdefault(r["step"], {})[r["method"]] = r
@@ -82,6 +90,8 @@ def snapshot_table(res) -> list[str]:
             row = by_step[step]
             first = next(iter(row.values()))
             cells = [f"{row[m]['share']:.3f} ({row[m]['chance']:.3f})" if m in row else "" for m in methods]
+            if has_obj:
+                cells += [_obj(row[m], c) if m in row else "" for m in methods for c in ("ball", "paddle")]
             lines.append(f"| {step} | {'yes' if first['before_rise'] else 'no'} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
@@ -137,15 +147,20 @@ def figure(res, path: Path):
     if runs:
         ax = axes[2]
         run, s = runs[0]
+        ball = all("ball" in (r.get("objects") or {}) for r in s["snapshots"])
+
+        def val(r):   # the ball's object share (RAM boxes) where known, else the rows share
+            return (r["objects"]["ball"]["share"], r["objects"]["ball"]["chance"]) if ball \
+                else (r["share"], r["chance"])
         for m in sorted({r["method"] for r in s["snapshots"]}):
-            rows = sorted((r["step"], r["share"], r["chance"]) for r in s["snapshots"] if r["method"] == m)
+            rows = sorted((r["step"],) + val(r) for r in s["snapshots"] if r["method"] == m)
             ax.plot([r[0] for r in rows], [r[1] for r in rows], marker=".", label=m)
-        rows = sorted((r["step"], r["chance"]) for r in s["snapshots"])
+        rows = sorted((r["step"], val(r)[1]) for r in s["snapshots"])
         ax.plot([r[0] for r in rows], [r[1] for r in rows], color="gray", ls=":", label="chance")
         if s["rise_step"] is not None:
             ax.axvline(s["rise_step"], color="k", lw=0.8, ls="--", label="return rises")
         ax.set_xlabel("env steps")
-        ax.set_ylabel("share of |map| on ball/paddle rows")
+        ax.set_ylabel("share of |map| on the ball" if ball else "share of |map| on ball/paddle rows")
         ax.set_title(f"3. where CAMs look during training ({Path(run).name})", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()

@@ -63,7 +63,8 @@ def test_rows_and_shares_on_a_breakout_like_frame():
     obs[0, 60:62, 40:42, -1] = 100       # ball
     obs[0, 77:79, 30:46, -1] = 100       # paddle
     obs[0, 25:30, 4:80, -1] = 100        # bricks (above BRICKS_END_ROW): not counted
-    obs[0, :, 0:4, -1] = 100             # wall: not counted
+    obs[0, :79, 0:5, -1] = 100           # side walls as in 84x84 Breakout frames (5 px, to row 78):
+    obs[0, :79, 79:84, -1] = 100         # not counted
     rows = pac.ball_paddle_rows(obs)
     assert set(np.flatnonzero(rows[0])) == {59, 60, 61, 62, 76, 77, 78, 79}
     maps = np.zeros((1, 84, 84))
@@ -103,7 +104,8 @@ def test_report_tables_and_figure_from_claims(tmp_path):
                                                    "paddle": {"share": 0.1, "chance": 0.02}}}}
                      for net in ("trained", "random_init")},
         "snapshots": {"/runs/dddqn": {"rise_step": 300, "rise_level": 3.4, "snapshots": [
-            {"step": s, "method": m, "before_rise": s < 300, "share": 0.1 + s / 1e4, "chance": 0.1}
+            {"step": s, "method": m, "before_rise": s < 300, "share": 0.1 + s / 1e4, "chance": 0.1,
+             "objects": {"ball": {"share": 0.02, "chance": 0.01}, "paddle": {"share": 0.03, "chance": 0.02}}}
             for s in (100, 200, 300, 400) for m in ("gradcam", "g1gradcam")]}},
         "split_attention": {"params": "random init (seed 0)", "q": {"frame_shares": [0.5, 0.5]},
                             "value": {"frame_shares": [0.25, 0.75]}, "advantage": {"frame_shares": [1.0, 0.0]},
@@ -111,10 +113,11 @@ def test_report_tables_and_figure_from_claims(tmp_path):
     }
     (tmp_path / "claims.json").write_text(json.dumps(res))
     text = report(tmp_path).read_text()
-    assert "| max(-GBP, 0) vs |Laplacian| | 0.300 (0.200 to 0.400) | 0.100 (0.000 to 0.200) |" in text
+    assert "| max(-GBP, 0) vs abs(Laplacian) | 0.300 (0.200 to 0.400) | 0.100 (0.000 to 0.200) |" in text
     assert "| gradcam | 0.200 (0.100 to 0.300) | 0.500 (0.400 to 0.600) | 0.40 | 0.05 |" in text
     assert "ball 0.050 (0.010) / paddle 0.100 (0.020)" in text
     assert "first reaches 3.4 at env step 300" in text
-    assert "| 200 | yes | 0.120 (0.100) | 0.120 (0.100) |" in text and "| 400 | no |" in text
+    assert "| 200 | yes | 0.120 (0.100) | 0.120 (0.100) | 0.020 (0.010) | 0.030 (0.020) |" in text
+    assert "| 400 | no |" in text
     assert "| GBP share, value | 0.250 | 0.750 |" in text
     assert (tmp_path / "claims.png").stat().st_size > 10_000
