@@ -27,7 +27,6 @@ class Call(NamedTuple):
     hwc: tuple              # (H, W, C)
     layout: str
     rows: int               # model rows per compiled call
-    out: object             # shapes of apply_fn's output on one state (jax.ShapeDtypeStruct tree)
 
 
 def check_call(apply_fn, params, obs, *, target, actions, layout, batch_size) -> Call:
@@ -47,7 +46,7 @@ def check_call(apply_fn, params, obs, *, target, actions, layout, batch_size) ->
     elif tgt.name == "q_action":
         raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
     rows = batching.default_rows() if batch_size is None else int(batch_size)
-    return Call(x, tgt, key, actions, spatial_shape(x.shape, layout), layout, rows, out)
+    return Call(x, tgt, key, actions, spatial_shape(x.shape, layout), layout, rows)
 
 
 def as_float(x):

@@ -1,10 +1,9 @@
 """Shared plumbing of the gradient methods: target objective, fixed actions, chunked execution.
 
 Every method validates once (jaxsal.call.check_call, shared with the perturbation methods; the
-key here), then runs a
-cached jitted function per chunk of states in a Python loop (not lax.map: XLA:CPU conv
-gradients in loops are ~10x slower), padding the last chunk and sharding each chunk's
-batch axis over the local devices. Results stay on device.
+key here), then runs a cached jitted function per chunk of states in a Python loop (not lax.map:
+XLA:CPU conv gradients in loops are ~10x slower), padding the last chunk and sharding each
+chunk's batch axis over the local devices. Results stay on device.
 """
 from __future__ import annotations
 
