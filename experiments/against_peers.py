@@ -12,6 +12,8 @@ defaults, no opt-ins: `import jaxsal` turns on XLA:CPU's YNNPACK kernels, the gr
 methods rewrite strided convs' input gradient as space-to-depth matmuls, local perturbations
 recompute only the conv windows they touch. Then peak memory per method and side (fresh processes, `experiments.peak_memory`) and
 jaxsal's gradient maps/s at N = 1k, 10k, 100k. Writes experiments/results/against_peers.{json,md,png}.
+Where torch sees a GPU the peers run on it (`--torch-device`), with bigger forwards for the
+hand-written ones and the peak GPU memory of both sides beside the peak RSS.
 """
 from __future__ import annotations
 
@@ -50,7 +52,30 @@ def forward_equivalents(family: str) -> float:
 
 PERTURBATION = ("occlusion", "noise_sensitivity", "rise")
 PEER_ROWS = 128
-"""Rows per torch forward for the hand-written peers (best of 64-4096 measured on this machine)."""
+"""Rows per torch forward for the hand-written peers on CPU (best of 64-4096 measured here)."""
+PEER_ROWS_GPU = 4096
+"""... and on a GPU, where small forwards leave it idle."""
+
+
+def torch_device(name: str = "auto") -> str:
+    """'cuda' when asked for, or for 'auto' when torch sees a GPU; else 'cpu'."""
+    import torch
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--torch-device cuda: torch sees no GPU here (use auto or cpu)")
+    return name
+
+
+def peer_rows(device: str) -> int:
+    return PEER_ROWS_GPU if device == "cuda" else PEER_ROWS
+
+
+def sync(device: str):
+    """Wait for the GPU's queued torch work (timings of CUDA calls are otherwise launch times)."""
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
 
 
 def jaxsal_fn(apply_fn, kw: dict):
@@ -59,13 +84,13 @@ def jaxsal_fn(apply_fn, kw: dict):
     return apply_fn, dict(kw)
 
 
-def build(num_actions: int = 6, seed: int = 0):
-    """Flax NatureDQN (random init) and the torch copy with identical weights."""
+def build(num_actions: int = 6, seed: int = 0, device: str = "cpu"):
+    """Flax NatureDQN (random init) and the torch copy with identical weights (on `device`)."""
     from jaxsal_agents.networks import NatureDQN
     from experiments.peers.torch_nature import from_flax
     m = NatureDQN(num_actions)
     params = m.init(jax.random.PRNGKey(seed), np.zeros((1, 84, 84, 4), np.uint8))
-    return m.apply, params, from_flax(params)
+    return m.apply, params, from_flax(params).to(device)
 
 
 def noise_masks(h=84, w=84, radius=3.0, stride=3, blur_sigma=3.0):
@@ -81,7 +106,7 @@ def noise_masks(h=84, w=84, radius=3.0, stride=3, blur_sigma=3.0):
             np.asarray(D.blur_matrix(w, blur_sigma)), (gy, gx))
 
 
-def cases(torch_model, rise_key):
+def cases(torch_model, rise_key, device: str = "cpu"):
     """name -> (family, jaxsal explain kwargs, peer fn(x), peer label, agreement spec).
 
     agreement spec: (extra jaxsal kwargs, peer fn for the check) comparing what both define
@@ -90,15 +115,16 @@ def cases(torch_model, rise_key):
     from experiments.peers import methods as P
     from jaxsal.perturbation.rise import rise_masks
     nm, bh, bw, grid = noise_masks()
-    nm_t, bh_t, bw_t = (torch.from_numpy(np.array(a)) for a in (nm, bh, bw))
-    rmasks = torch.from_numpy(np.array(rise_masks(rise_key, 1000, (84, 84))))
+    nm_t, bh_t, bw_t = (torch.from_numpy(np.array(a)).to(device) for a in (nm, bh, bw))
+    rmasks = torch.from_numpy(np.array(rise_masks(rise_key, 1000, (84, 84)))).to(device)
+    rows = peer_rows(device)
     pgc = "pytorch-grad-cam" if P.pytorch_grad_cam_available() else \
         "torch hooks as pytorch-grad-cam (it does not import here)"
     tm = torch_model
     occ = functools.partial(P.occlusion, tm, patch=2, stride=2)
-    # torch's best chunk here: 64-256 rows per forward ran ~2.3x faster than 1,000-4,096 (RISE)
+    # torch's best chunk on CPU: 64-256 rows per forward ran ~2.3x faster than 1,000-4,096 (RISE)
     noise = functools.partial(P.noise_sensitivity, tm, masks=nm_t, bh=bh_t, bw=bw_t, grid_shape=grid,
-                              chunk=PEER_ROWS)
+                              chunk=rows)
     return {
         "gradient": ("gradient", dict(method="gradient"), functools.partial(P.gradient, tm),
                      "captum Saliency", ({}, None)),
@@ -124,7 +150,7 @@ def cases(torch_model, rise_key):
             "batched torch (written here)", (dict(return_grid=True), functools.partial(noise, return_grid=True))),
         "rise (1000 masks)": (
             "rise", dict(method="rise", n_masks=1000, key=rise_key),
-            functools.partial(P.rise, tm, masks=rmasks, chunk=PEER_ROWS), "batched torch (written here)",
+            functools.partial(P.rise, tm, masks=rmasks, chunk=rows), "batched torch (written here)",
             ({}, None)),
     }
 
@@ -145,13 +171,13 @@ def correlation(a, b) -> float:
     return min(out)
 
 
-def agreement(apply_fn, params, name, case, n_states: int = 4) -> dict:
+def agreement(apply_fn, params, name, case, n_states: int = 4, device: str = "cpu") -> dict:
     from experiments.peers.torch_nature import to_nchw
     family, kw, peer, label, (extra, peer_check) = case
     obs = _obs(n_states, 100)
     fn, kw = jaxsal_fn(apply_fn, kw)
     a = np.asarray(jaxsal.explain(fn, params, obs, **{**kw, **extra}))
-    b = (peer_check or peer)(to_nchw(obs)).detach().numpy()
+    b = (peer_check or peer)(to_nchw(obs, device)).detach().cpu().numpy()
     # the plain path: XLA's conv gradients, every IG step / SmoothGrad sample whole (no affine-prefix
     # split) and, for local perturbations, no incremental windows
     no_inc = {"incremental": False} if family in ("occlusion", "noise_sensitivity") else \
@@ -169,8 +195,11 @@ def _block(out):
     jax.tree.map(lambda t: t.block_until_ready() if hasattr(t, "block_until_ready") else t, out)
 
 
-def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, probe: int = 8):
-    """Interleaved timing of both sides on the same states; per-call budget caps the states."""
+def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, probe: int = 8,
+               device: str = "cpu"):
+    """Interleaved timing of both sides on the same states; per-call budget caps the states.
+    Both sides get host uint8 frames: jaxsal's call includes its transfer to the device; the
+    peer's tensor is put on its device before the clock starts (what a torch user holds)."""
     from experiments.peers.torch_nature import to_nchw
     family, kw, peer, label, _ = case
     fast, kw = jaxsal_fn(apply_fn, kw)
@@ -184,17 +213,18 @@ def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, 
     def run_t(x):
         t = time.perf_counter()
         peer(x)
+        sync(device)
         return time.perf_counter() - t
 
     p = min(probe, batch)
-    o, x = _obs(p, 1), to_nchw(_obs(p, 1))
+    o, x = _obs(p, 1), to_nchw(_obs(p, 1), device)
     first = run_j(o)                   # compiles
     run_t(x)                           # warms torch/captum up
     pj, pt = run_j(o) / p, run_t(x) / p
     per_call = budget / (2 * repeats)
     n = batch if max(pj, pt) * batch <= per_call else max(p, int(per_call / max(pj, pt)))
     n = min(n, batch)
-    o, x = _obs(n, 2), to_nchw(_obs(n, 2))
+    o, x = _obs(n, 2), to_nchw(_obs(n, 2), device)
     if n != p:
         run_j(o)                       # compile for this shape
         run_t(x)
@@ -218,15 +248,16 @@ def scaling(sizes, timeout: float = 1200) -> list:
     return rows if isinstance(rows, list) else [rows]
 
 
-def memory(names, table, timeout: float = 300) -> dict:
-    """Peak RSS per case and side, each in a fresh process (gradient family on 256 states,
-    perturbation methods on 2: their memory is set by the chunk, not by N)."""
+def memory(names, table, timeout: float = 300, device: str = "cpu") -> dict:
+    """Peak RSS (and on a GPU peak device memory) per case and side, each in a fresh process
+    (gradient family on 256 states, perturbation methods on 2: their memory is set by the
+    chunk, not by N)."""
     from experiments.peak_memory import run_child
     res = {}
     for name in names:
         n = 2 if table[name][0] in PERTURBATION else 256
-        res[name] = {side: run_child(["--case", name, "--side", side, "--n", n], timeout)
-                     for side in ("jaxsal", "peer")}
+        res[name] = {side: run_child(["--case", name, "--side", side, "--n", n, "--torch-device", device],
+                                     timeout) for side in ("jaxsal", "peer")}
         j, p = res[name]["jaxsal"], res[name]["peer"]
         print(f"memory {name:36s} n={n}: jaxsal peak {j.get('peak_rss_mb', -1):.0f} MB "
               f"(+{j.get('extra_mb', -1):.0f}), peer peak {p.get('peak_rss_mb', -1):.0f} MB "
@@ -234,13 +265,14 @@ def memory(names, table, timeout: float = 300) -> dict:
     return res
 
 
-def machine(torch_threads: int) -> dict:
+def machine(torch_threads: int, device: str = "cpu") -> dict:
     from experiments.throughput import machine_info
     info = machine_info()
     import torch
     info["torch"] = torch.__version__
     info["torch_threads"] = torch.get_num_threads()
     info["torch_interop_threads"] = torch.get_num_interop_threads()
+    info["torch_device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     for mod in ("captum", "pytorch_grad_cam"):
         try:
             m = __import__(mod)
@@ -275,7 +307,8 @@ def write(res: dict, out: Path):
          f"Nature-CNN DQN (6 actions, random init), identical weights in flax and torch, random uint8 "
          f"(N, 84, 84, 4) states. Machine: {info.get('cpu', '?')}, {info['cpu_count']} cores; "
          f"{load_note(res)} "
-         f"jax {info['jax']}, flax {info.get('flax')}, torch {info['torch']} "
+         f"jax {info['jax']}, flax {info.get('flax')}, torch {info['torch']} on "
+         f"{info.get('torch_device', 'cpu')} "
          f"({info['torch_threads']} intra-op / {info['torch_interop_threads']} inter-op threads), "
          f"captum {info.get('captum')}, pytorch-grad-cam {info.get('pytorch_grad_cam')}, Python "
          f"{info['python']}. jaxsal side: `jaxsal.explain(apply_fn, ...)` at its defaults "
@@ -319,14 +352,17 @@ def write(res: dict, out: Path):
         L += ["", "## Peak memory (fresh process per case and side)", "",
               "Peak RSS (VmHWM) of a fresh process that builds the model and explains N random "
               "states once (includes the framework runtime and jaxsal's compilation); `extra` = peak "
-              "minus the RSS just before the call's inputs were built.", "",
-              "| method | N | jaxsal peak MB | jaxsal extra MB | peer peak MB | peer extra MB |",
-              "|---|---|---|---|---|---|"]
+              "minus the RSS just before the call's inputs were built. On a GPU also the peak device "
+              "memory in use (jax: the allocator's peak_bytes_in_use; torch: max_memory_allocated).", "",
+              "| method | N | jaxsal peak MB | jaxsal extra MB | peer peak MB | peer extra MB | "
+              "jaxsal device peak MB | peer device peak MB |",
+              "|---|---|---|---|---|---|---|---|"]
         for name, m in res["memory"].items():
             j, p = m["jaxsal"], m["peer"]
             cell = lambda d, k: f"{d[k]:.0f}" if k in d else d.get("error", "-")  # noqa: E731
             L.append(f"| {name} | {j.get('n', p.get('n', '-'))} | {cell(j, 'peak_rss_mb')} | "
-                     f"{cell(j, 'extra_mb')} | {cell(p, 'peak_rss_mb')} | {cell(p, 'extra_mb')} |")
+                     f"{cell(j, 'extra_mb')} | {cell(p, 'peak_rss_mb')} | {cell(p, 'extra_mb')} | "
+                     f"{cell(j, 'device_peak_mb')} | {cell(p, 'device_peak_mb')} |")
     if res.get("scaling"):
         L += ["", "## jaxsal vanilla gradient at growing N (streamed, 1,024 states per call, "
               "plain apply_fn, default chunks; fresh process)", "",
@@ -429,10 +465,15 @@ def main(argv=None):
                     help="seconds of timed calls per case and batch (both sides, all repeats)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, default=2)
+    ap.add_argument("--torch-device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where the torch peers run (auto: the GPU when torch sees one)")
     ap.add_argument("--scaling", type=int, nargs="*", default=None,
                     help="also time jaxsal's gradient at these N (default 1000 10000 100000; "
                          "quick: 1000; none: skip)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="only add the peak-memory children to the results already under --out "
+                         "(a time-boxed run can time first and measure memory last)")
     ap.add_argument("--xla-defaults", action="store_true",
                     help="check that XLA:CPU runs its default kernels on the jaxsal side (set "
                          "JAXSAL_FAST_CPU=0 in the environment: `import jaxsal` reads it)")
@@ -460,12 +501,13 @@ def main(argv=None):
                          "run with JAXSAL_FAST_CPU=0 in the environment instead")
     batches = args.batches or ([1, 32, 256] if args.quick else [1, 256, 4096])
     budget = args.budget or (20.0 if args.quick else 60.0)
-    apply_fn, params, tmodel = build()
-    table = cases(tmodel, jax.random.PRNGKey(0))
+    device = torch_device(args.torch_device)
+    apply_fn, params, tmodel = build(device=device)
+    table = cases(tmodel, jax.random.PRNGKey(0), device)
     names = args.methods or list(table)
     cores = os.cpu_count() or 1
     peak = (args.peak_gflops or cores * 2.5 * 32) * 1e9
-    res = {"machine": machine(args.torch_threads), "batches": batches, "budget_s": budget,
+    res = {"machine": machine(args.torch_threads, device), "batches": batches, "budget_s": budget,
            "forward_flops": nature_forward_flops(6), "peak_flops": peak,
            "peak_note": "given" if args.peak_gflops else f"{cores} cores x 2.5 GHz x 32 FP32 FLOP/cycle, assumed",
            "peers": {n: table[n][3] for n in names}, "families": {n: table[n][0] for n in names},
@@ -476,22 +518,30 @@ def main(argv=None):
                "kernels (turned on by `import jaxsal`; JAXSAL_FAST_CPU=0 in the environment "
                "turns them off). The agreement table's `fast vs plain` compares with "
                "fast_conv=False and incremental=False.",
-               f"Peer noise sensitivity and RISE run {PEER_ROWS} rows per torch forward: measured "
-               "here, 64-256 rows ran RISE ~2.3x and noise sensitivity ~1.4x faster than "
-               "1,000-4,096 (an earlier version of this benchmark used 4,096).",
+               f"Peer noise sensitivity and RISE run {peer_rows(device)} rows per torch forward "
+               f"on {device}" + (": measured on the 2-core CPU, 64-256 rows ran RISE ~2.3x and noise "
+                                 "sensitivity ~1.4x faster than 1,000-4,096." if device == "cpu" else
+                                 " (small forwards leave a GPU idle)."),
                "Grad-CAM/Grad-CAM++ peers min-max scale each map (pytorch-grad-cam's output); "
                "jaxsal returns ReLU(sum_k w_k A^k) upsampled, so the comparison is by correlation.",
                "Occlusion is compared on the per-patch drop grid t(x) - t(x') (Captum's definition); "
                "timed with jaxsal's default score 1 - Q_a(x'), same cost. Noise sensitivity is "
                "compared on the score grid; the torch side uses jaxsal's masks and blur matrices."]}
     out = args.out
+    if args.memory_only:
+        res = json.loads((out / "against_peers.json").read_text())
+        names = args.methods or list(res["timing"])
+        res["memory"] = {**res.get("memory", {}), **memory(names, table, device=device)}
+        res["load_avg_end"] = list(os.getloadavg())
+        write(res, out)
+        return res
     prev = json.loads(args.agreement_from.read_text())["agreement"] if args.agreement_from else {}
     for name in names:
         if name in prev and "error" not in prev[name]:
             res["agreement"][name] = prev[name]
             continue
         try:
-            res["agreement"][name] = a = agreement(apply_fn, params, name, table[name])
+            res["agreement"][name] = a = agreement(apply_fn, params, name, table[name], device=device)
             print(f"agree {name:36s} corr vs peer {a['corr_vs_peer']:.6f}  fast vs plain "
                   f"{a['corr_fast_vs_plain']:.6f}", flush=True)
         except Exception as e:  # noqa: BLE001 (recorded, the benchmark goes on)
@@ -502,7 +552,7 @@ def main(argv=None):
         rows = []
         for b in batches:
             try:
-                r = bench_pair(apply_fn, params, table[name], b, budget, args.repeats)
+                r = bench_pair(apply_fn, params, table[name], b, budget, args.repeats, device=device)
                 print(f"{name:36s} batch {b:5d} ({r['measured_states']:4d} timed): jaxsal "
                       f"{r['jaxsal_maps_per_s']:9.1f}  peer {r['peer_maps_per_s']:9.1f} maps/s  "
                       f"ratio {r['ratio']:.2f}", flush=True)
@@ -514,7 +564,7 @@ def main(argv=None):
         res["load_avg_end"] = list(os.getloadavg())
         write(res, out)
     if not args.no_memory:
-        res["memory"] = memory(names, table)
+        res["memory"] = memory(names, table, device=device)
         res["load_avg_end"] = list(os.getloadavg())
         write(res, out)
     sizes = args.scaling if args.scaling is not None else (

@@ -1,56 +1,85 @@
 #!/usr/bin/env bash
-# One-shot GPU benchmark (issue 8): run as ONE command on a machine with an NVIDIA GPU: at most
-# 8 min of benchmark steps (4 + 2 + 2, each under its own timeout) plus the install.
+# One-shot GPU benchmark (issue 14) for a lent GPU machine WITHOUT network: at most 9 minutes
+# (run it with the device's timeout_s=600; every step has a time box and whatever a step
+# finished is kept, so a slow step costs its own results only).
 #
-#   bash experiments/gpu_benchmark.sh            # writes $OUT (or experiments/results) throughput_gpu*.{md,json}
-#   bash experiments/gpu_benchmark.sh --quick    # tiny sizes: checks the script end to end (any backend)
+# Here, once (PyPI reachable):   bash experiments/gpu_wheels.sh     # Captum, pytorch-grad-cam -> .whl/
+# There, as ONE command, carrying .whl:
+#   bash experiments/gpu_benchmark.sh           # $OUT/gpu_benchmark.tgz (results) + gpu_benchmark.log
+#   bash experiments/gpu_benchmark.sh --quick   # tiny sizes: the whole script end to end, any backend
+# Back here:  mkdir -p experiments/results/gpu && tar -xzf DIR/gpu_benchmark.tgz -C experiments/results/gpu
 #
-# Installs only what pyproject declares (pip install -e '.[test]') plus jax[cuda12] when jax's
-# backend is not already gpu. Every step has its own timeout, so one slow case cannot eat the
-# budget; a failed step is logged and the next one runs. Results: throughput_<tag>.{md,json}.
+# Installs nothing from the network. The machine's python3 brings jax (CUDA), flax, optax, chex,
+# orbax, scikit-image and torch; the checkout is imported in place (PYTHONPATH, agents/ under its
+# installed name jaxsal_agents: agents/checkout_env.sh); the wheels in .whl/ go into a temporary
+# directory with `pip install --no-index`. Steps, most important first, each under its own
+# timeout (a failed step is logged and the next one runs):
+#   1. jaxsal against Captum / pytorch-grad-cam / torch on the same GPU: maps/s per method at
+#      batch 256, 4,096 and 16,384, interleaved, after an agreement check (goal >= 3x)
+#   2. vanilla gradient at large batches, 16,384 rows per call (goal >= 1M maps/s)
+#   3. occlusion 2x2 / stride 2 at a large batch (goal >= 2,000 maps/s)
+#   4. `jaxsal explain` end to end on a 1M-frame replay buffer on disk (gradcam, gradient)
+#   5. peak GPU memory per method and side, each in a fresh process
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0
 [ "${1:-}" = "--quick" ] && QUICK=1
-PY=${PYTHON:-python}
-DEST=${OUT:-experiments/results}
+PY=${PYTHON:-python3}
+DEST=${OUT:-runs/gpu-bench}
+RES=$(mktemp -d "${TMPDIR:-/tmp}/jaxsal-gpu-bench.XXXXXX")
 mkdir -p "$DEST"
 LOG="$DEST/gpu_benchmark.log"
 : > "$LOG"
 say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
+export PYTHONUNBUFFERED=1
 
-$PY -c "import jaxsal" 2>/dev/null || { say "pip install -e .[test]"; $PY -m pip install -q -e '.[test]' >>"$LOG" 2>&1; }
-source agents/checkout_env.sh   # when not installed: agents/ importable under its installed name jaxsal_agents
-BACKEND=$($PY -c "import jax; print(jax.default_backend())" 2>/dev/null)
-if [ "$BACKEND" != "gpu" ] && [ $QUICK = 0 ]; then
-  JAXV=$($PY -c "import jax; print(jax.__version__)")
-  say "backend is '$BACKEND': pip install jax[cuda12]==$JAXV"
-  $PY -m pip install -q "jax[cuda12]==$JAXV" >>"$LOG" 2>&1 || say "jax[cuda12] install failed"
-  BACKEND=$($PY -c "import jax; print(jax.default_backend())" 2>/dev/null)
+if compgen -G ".whl/*.whl" >/dev/null; then
+  SITE=$(mktemp -d "${TMPDIR:-/tmp}/jaxsal-site.XXXXXX")
+  say "installing $(ls .whl | tr '\n' ' ')(no network: --no-index)"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl >>"$LOG" 2>&1 \
+    || { say "pip install --no-index of .whl/ failed (see the log)"; exit 2; }
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
-say "backend: $BACKEND; devices: $($PY -c 'import jax; print(jax.devices())' 2>/dev/null)"
+$PY -c "import jaxsal" 2>/dev/null || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source agents/checkout_env.sh   # agents/ importable as jaxsal_agents without installing
+export JAXSAL_AGENT_PROVIDER=${JAXSAL_AGENT_PROVIDER:-jaxsal_agents.provider}  # no entry points uninstalled
+$PY -c "import jaxsal, jaxsal_agents.networks, torch, captum" >>"$LOG" 2>&1 || {
+  say "missing packages (see the log): run 'bash experiments/gpu_wheels.sh' where PyPI is reachable and carry .whl"
+  exit 2; }
+BACKEND=$($PY -c "import jax; print(jax.default_backend())" 2>>"$LOG")
+say "backend: $BACKEND; jax devices: $($PY -c 'import jax; print(jax.devices())' 2>/dev/null); torch cuda: $($PY -c 'import torch; print(torch.cuda.is_available())' 2>/dev/null)"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$LOG" 2>&1
+[ "$BACKEND" = "gpu" ] || [ $QUICK = 1 ] || say "WARNING: jax's backend is '$BACKEND', not gpu: these are not GPU figures"
 
 if [ $QUICK = 1 ]; then
-  B1="2"; B2="4"; BIG="2"; BS="--batch-size 8"; BUDGET=1; T=300; REP=1
-else
-  B1="256 4096"; B2="32768 131072"; BIG="4096"; BS="--batch-size 16384"; BUDGET=12; T=120; REP=3
+  PEER_B="2 4"; PEER_BUDGET=1; GRAD_B="8"; OCC_B="2"; BS="--batch-size 8"; FRAMES=2048; REP=1
+  T_PEERS=300; T_GRAD=300; T_OCC=300; T_BUF=300; T_MEM=300
+  PEER_METHODS=("gradient" "gradcam conv3" "occlusion (2x2, stride 2)")
+else  # time boxes sum to 540 s
+  PEER_B="256 4096 16384"; PEER_BUDGET=2; GRAD_B="32768 131072"; OCC_B="4096"; BS="--batch-size 16384"
+  FRAMES=1048576; REP=2
+  T_PEERS=210; T_GRAD=60; T_OCC=60; T_BUF=170; T_MEM=40
+  PEER_METHODS=()
 fi
 TAG=${BACKEND:-unknown}
-step() {  # step NAME TIMEOUT ARGS... : one throughput run, results under its own tag
+PEAK=""
+[ "$BACKEND" = "gpu" ] && PEAK="--peak-gflops 67000"   # H200 FP32 (non-tensor) spec sheet, for the % peak column
+step() {  # step NAME TIMEOUT COMMAND...: one step, logged, under its own timeout
   local name=$1 t=$2; shift 2
-  say "step $name"
-  timeout "$t" $PY -m experiments.throughput --out "$DEST" --tag "${TAG}_$name" --repeats $REP "$@" \
-    >>"$LOG" 2>&1 || say "step $name failed or timed out (rc $?)"
+  say "step $name (timeout $t s)"
+  timeout "$t" "$@" >>"$LOG" 2>&1 || say "step $name failed or timed out (rc $?)"
 }
-# 1. gradient and CAM methods, IG, occlusion at Paper B's parameters (2x2, stride 2) both paths,
-#    noise sensitivity and RISE at batch 256 and 4096 (default rows per call: 4096 on accelerators)
-step main $((T * 2)) --batches $B1 --budget $BUDGET --methods gradient guided_backprop gradcam \
-  gradcam_pp "integrated_gradients (steps=50)" "occlusion (2x2/2)" "occlusion (2x2/2, plain path)" \
-  "noise_sensitivity (r3/3)" "rise (1000 masks)"
-# 2. vanilla gradient at large batches and 16k rows per call: aims at >= 1M maps/s on an H200
-step gradient_large $T --batches $B2 --budget $BUDGET $BS --methods gradient
-# 3. occlusion with more rows per call (Paper B parameters; goal >= 2,000 maps/s on an H200)
-step occlusion_large $T --batches $BIG --budget $BUDGET $BS --methods "occlusion (2x2/2)" \
-  "occlusion (2x2/2, plain path)"
-say "done: $(ls "$DEST"/throughput_"${TAG}"_*.md 2>/dev/null | tr '\n' ' ')"
+# jax and torch share the GPU in the peer steps: jax takes at most 45% of its memory up front
+step peers $T_PEERS env XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 $PY -m experiments.against_peers \
+  --out "$RES/peers" --batches $PEER_B --budget $PEER_BUDGET --repeats $REP --torch-threads "$(nproc)" \
+  --no-memory --scaling $PEAK ${PEER_METHODS:+--methods "${PEER_METHODS[@]}"}
+step gradient_large $T_GRAD $PY -m experiments.throughput --out "$RES" --tag "${TAG}_gradient_large" \
+  --batches $GRAD_B --budget 6 --repeats $REP $BS --methods gradient
+step occlusion_large $T_OCC $PY -m experiments.throughput --out "$RES" --tag "${TAG}_occlusion_large" \
+  --batches $OCC_B --budget 6 --repeats $REP $BS --methods "occlusion (2x2/2)" "occlusion (2x2/2, plain path)"
+step buffer_1m $T_BUF $PY -m experiments.buffer_end_to_end --out "$RES" --tag "$TAG" --frames $FRAMES \
+  --methods gradcam gradient --timeout $(( (T_BUF - 20) / 2 ))
+step peer_memory $T_MEM env XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 $PY -m experiments.against_peers \
+  --out "$RES/peers" --memory-only --torch-threads "$(nproc)" ${PEER_METHODS:+--methods "${PEER_METHODS[@]}"}
+tar -czf "$DEST/gpu_benchmark.tgz" -C "$RES" . && say "done: $DEST/gpu_benchmark.tgz holds $(cd "$RES" && find . -type f | sort | tr '\n' ' ')"
+rm -rf "$RES"

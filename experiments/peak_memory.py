@@ -33,12 +33,25 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def child_case(case: str, side: str, n: int) -> dict:
-    """One against_peers case on n random states in this (fresh) process: peak RSS."""
+def _device_peak_mb(side: str, device: str) -> dict:
+    """Peak accelerator memory in use by this process's side, where there is one (else {})."""
+    if side == "peer":
+        if device != "cuda":
+            return {}
+        import torch
+        return {"device_peak_mb": torch.cuda.max_memory_allocated() / 2**20}
+    import jax
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return {"device_peak_mb": stats["peak_bytes_in_use"] / 2**20} if "peak_bytes_in_use" in stats else {}
+
+
+def child_case(case: str, side: str, n: int, device: str = "cpu") -> dict:
+    """One against_peers case on n random states in this (fresh) process: peak RSS (and peak
+    device memory on an accelerator)."""
     import jax
     from experiments import against_peers as A
-    apply_fn, params, tmodel = A.build()
-    table = A.cases(tmodel, jax.random.PRNGKey(0))
+    apply_fn, params, tmodel = A.build(device=device)
+    table = A.cases(tmodel, jax.random.PRNGKey(0), device)
     family, kw, peer, label, _ = table[case]
     base = _rss_mb()
     obs = A._obs(n, 2)
@@ -49,9 +62,11 @@ def child_case(case: str, side: str, n: int) -> dict:
         A._block(jaxsal.explain(fn, params, obs, **kw))
     else:
         from experiments.peers.torch_nature import to_nchw
-        peer(to_nchw(obs))
+        peer(to_nchw(obs, device))
+        A.sync(device)
     return {"case": case, "side": side, "n": n, "seconds_incl_compile": time.perf_counter() - t,
-            "base_rss_mb": base, "peak_rss_mb": _peak_mb(), "extra_mb": _peak_mb() - base}
+            "base_rss_mb": base, "peak_rss_mb": _peak_mb(), "extra_mb": _peak_mb() - base,
+            **_device_peak_mb(side, device)}
 
 
 def child_scaling(sizes, chunk: int = 1024, seed: int = 5) -> list:
@@ -98,11 +113,12 @@ def main(argv=None):
     ap.add_argument("--side", choices=["jaxsal", "peer"], default="jaxsal")
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--scaling", type=int, nargs="*")
+    ap.add_argument("--torch-device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args(argv)
     if args.scaling:
         out = child_scaling(args.scaling)
     else:
-        out = child_case(args.case, args.side, args.n)
+        out = child_case(args.case, args.side, args.n, args.torch_device)
     print(json.dumps(out))
 
 

@@ -4,7 +4,8 @@ batched torch versions of noise sensitivity and RISE (Captum has neither).
 
 Every function takes (model, x NCHW float tensor on the 0-255 scale, **options), picks the
 argmax action with one no-grad forward (what a user does to get Captum's `target`), and returns
-a float tensor: maps (N, H, W) summed over the stacked frames, or the score grid where noted.
+a float tensor on x's device: maps (N, H, W) summed over the stacked frames, or the score grid
+where noted (the model and the mask/blur tensors must be on that device too).
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def _pgc(cls_name, model, x, layer):
     import pytorch_grad_cam
     from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
     a = chosen_actions(model, x)
+    x = x.detach().requires_grad_(True)  # the weights are frozen: the graph starts at the input
     with getattr(pytorch_grad_cam, cls_name)(model=model, target_layers=[getattr(model, layer)]) as cam:
         out = cam(input_tensor=x, targets=[ClassifierOutputTarget(int(i)) for i in a])
     return torch.from_numpy(out)
@@ -127,7 +129,7 @@ def noise_sensitivity(model, x, masks, bh, bw, grid_shape, chunk: int = 4096,
     k = masks.shape[0]
     a = chosen_actions(model, x)
     blurred = torch.einsum("hi,ncij,wj->nchw", bh, x, bw)
-    scores = torch.empty(n, k)
+    scores = torch.empty(n, k, device=x.device)
     per = max(1, chunk // k)  # states per forward
     with torch.no_grad():
         for s in range(0, n, per):
@@ -148,11 +150,11 @@ def rise(model, x, masks, p_keep: float = 0.5, chunk: int = 4096):
     n, c, h, w = x.shape
     m = masks.shape[0]
     a = chosen_actions(model, x)
-    out = torch.empty(n, h * w)
+    out = torch.empty(n, h * w, device=x.device)
     flat = masks.reshape(m, h * w)
     with torch.no_grad():
         for s in range(n):
-            sc = torch.empty(m)
+            sc = torch.empty(m, device=x.device)
             for j in range(0, m, chunk):
                 mk = masks[j:j + chunk]
                 q = model(x[s:s + 1] * mk[:, None])

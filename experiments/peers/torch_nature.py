@@ -59,6 +59,7 @@ def from_flax(params, num_actions: int | None = None) -> TorchNatureDQN:
     return m.eval()
 
 
-def to_nchw(obs_nhwc) -> torch.Tensor:
-    """uint8/float NHWC frames -> float32 NCHW tensor on the 0-255 scale."""
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(obs_nhwc, np.float32).transpose(0, 3, 1, 2)))
+def to_nchw(obs_nhwc, device=None) -> torch.Tensor:
+    """uint8/float NHWC frames -> float32 NCHW tensor on the 0-255 scale (on `device`, default CPU)."""
+    x = torch.from_numpy(np.ascontiguousarray(np.asarray(obs_nhwc, np.float32).transpose(0, 3, 1, 2)))
+    return x if device is None else x.to(device)
