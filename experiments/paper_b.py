@@ -141,8 +141,10 @@ def method_result(cache: Path, label, agent, obs, method, opts, key, n_sanity, d
         layers = group_norms(agent.params, LAYERS)
         for d in range(draws):
             print(f"[{label}] sanity check on {n_sanity} states, draw {d + 1}/{draws}", flush=True)
+            # the maps of the first n_sanity states are the original maps of every draw (rows
+            # keep their keys: explain's maps of a prefix of the states are the prefix of its maps)
             r = sanity_check(agent.model, agent.params, obs[:n_sanity], method=method, layers=layers,
-                             key=key, draw=d, metrics=METRICS, **opts)
+                             key=key, draw=d, metrics=METRICS, original=maps[:n_sanity], **opts)
             sanity[d] = {g: {k: np.asarray(v) for k, v in res.items()} for g, res in r.items()}
     np.savez(f, maps=np.asarray(maps), **timing,
              **{f"sanity/{d}/{g}/{k}": v for d, r in sanity.items() for g, res in r.items()

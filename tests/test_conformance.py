@@ -102,6 +102,9 @@ class Conformance(chex.TestCase):
         rows = 1 if method in POSITION_KEYED else N
         one = jnp.concatenate([run(PARAMS, obs[i:i + 1]) for i in range(rows)])
         _close(one, eager[:rows], f"{method}: batched == per-example")
+        # the maps of a prefix of the states are the prefix of the maps (experiments.paper_b's
+        # sanity check reuses them as its original maps)
+        _close(run(PARAMS, obs[:2]), eager[:2], f"{method}: prefix of the batch == batch of the prefix")
         nchw = jaxsal.explain(lambda q, x: MODEL.apply(q, jnp.transpose(x, (0, 2, 3, 1))), PARAMS,
                               jnp.transpose(obs, (0, 3, 1, 2)), method=method, layout="NCHW",
                               **CASES[method])

@@ -187,3 +187,21 @@ def test_sanity_norms_option_and_draws(ln_dqn):
     assert np.abs(np.asarray(auto["maps"]["q"]) - np.asarray(other["maps"]["q"])).max() > 0
     with pytest.raises(SaliencyInputError, match="draw"):
         sanity_check(model, params, obs, layers=("q",), draw=-1, **kw)
+
+
+def test_given_original_maps_are_used_as_computed(dqn):
+    """original= (the caller's maps of the same states) gives the same result as recomputing them;
+    maps of other states are refused."""
+    model, params, obs = dqn
+    kw = dict(method="_t_grad", layers=("q", "conv1"), key=jax.random.PRNGKey(6), return_maps=True)
+    plain = sanity_check(model, params, obs, **kw)
+    SEEN_ACTIONS.clear()
+    given = sanity_check(model, params, obs, original=plain["maps"]["original"], **kw)
+    assert len(SEEN_ACTIONS) == 2                  # the two randomised models only
+    for layer in ("q", "conv1", "random_uniform"):
+        for m in ("spearman", "ssim", "hog"):
+            np.testing.assert_array_equal(given[layer][m], plain[layer][m])
+    with pytest.raises(SaliencyInputError, match="2 maps for 3 states"):
+        sanity_check(model, params, obs, original=plain["maps"]["original"][:2], **kw)
+    with pytest.raises(SaliencyInputError, match="shape"):
+        sanity_check(model, params, obs, original=plain["maps"]["original"][:, :40], **kw)

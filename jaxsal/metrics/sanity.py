@@ -110,7 +110,7 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
                  target="q_chosen", actions=None, apply_fn=None, layout: str = "NHWC",
                  batch_size: int | None = None, metrics=METRICS, similarity_batch_size: int = 256,
                  return_maps: bool = False, norms: str = "with_layer", draw: int = 0,
-                 **method_options):
+                 original=None, **method_options):
     """Cascading randomisation sanity check of `method` on states `obs`.
 
     model: a flax module (its `init` gives the fresh weights, `apply` the agent) or an
@@ -125,7 +125,9 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
     norms: "with_layer" (default) randomises a layer's `<layer>_norm` with it (LayerNorm: reset
     to identity), "keep" leaves it trained (module docstring says why the default). draw: index
     of an independent randomisation draw (other re-initialised weights and baselines, same
-    method key); draw 0 is the key's own.
+    method key); draw 0 is the key's own. original: the method's maps of `obs` under `params`
+    when the caller already has them (same options and key; e.g. one set shared by every draw),
+    used instead of recomputing them.
     """
     if key is None:
         raise SaliencyInputError("sanity_check needs key=jax.random.PRNGKey(seed): it seeds the "
@@ -183,10 +185,19 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
         m = explain(apply_fn, p, x, method=method, **opts)
         return check_maps(m, f"{method} maps")
 
-    original = maps_of(params)
+    if original is None:
+        original = maps_of(params)
+    else:
+        original = check_maps(jnp.asarray(original, jnp.float32), "original maps")
+        if original.shape[0] != x.shape[0]:
+            raise SaliencyInputError(f"original maps are {original.shape[0]} maps for {x.shape[0]} states: "
+                                     "pass the maps of `obs` itself")
     result, all_maps = {}, {"original": original}
     for layer, p in cascade(params, fresh, layers):
         m = maps_of(p)
+        if m.shape != original.shape:
+            raise SaliencyInputError(f"original maps have shape {tuple(original.shape)}, but {method} "
+                                     f"gives {tuple(m.shape)} on these states: pass the maps of `obs` itself")
         all_maps[layer] = m
         result[layer] = similarity(original, m, metrics, batch_size=similarity_batch_size)
     result["random_uniform"] = similarity(
