@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One-shot GPU benchmark (issue 14) for a lent GPU machine WITHOUT network: at most 9 minutes
-# (run it with the device's timeout_s=600; every step has a time box and whatever a step
-# finished is kept, so a slow step costs its own results only).
+# One-shot GPU benchmark (issue 14) for a lent GPU machine WITHOUT network: about 5 minutes
+# (the time boxes sum to 310 s; whatever a step finished is kept, so a slow step costs its own
+# results only). It comes first on a lent machine; agents/train_gpu.sh gets the rest.
 #
 # Here, once (PyPI reachable):   bash experiments/gpu_wheels.sh     # Captum, pytorch-grad-cam -> .whl/
 # There, as ONE command, carrying .whl:
@@ -16,10 +16,11 @@
 # timeout (a failed step is logged and the next one runs):
 #   1. jaxsal against Captum / pytorch-grad-cam / torch on the same GPU: maps/s per method at
 #      batch 256, 4,096 and 16,384, interleaved, after an agreement check (goal >= 3x)
-#   2. vanilla gradient at large batches, 16,384 rows per call (goal >= 1M maps/s)
+#   2. vanilla gradient at large batches, 16,384 rows per call (goal >= 1M maps/s), and its peak
+#      GPU memory (one method per process)
 #   3. occlusion 2x2 / stride 2 at a large batch (goal >= 2,000 maps/s)
 #   4. `jaxsal explain` end to end on a 1M-frame replay buffer on disk (gradcam, gradient)
-#   5. peak GPU memory per method and side, each in a fresh process
+#   5. peak GPU memory per method and side, each in a fresh process (as many as fit its time box)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0
@@ -55,10 +56,10 @@ if [ $QUICK = 1 ]; then
   PEER_B="2 4"; PEER_BUDGET=1; GRAD_B="8"; OCC_B="2"; BS="--batch-size 8"; FRAMES=2048; REP=1
   T_PEERS=300; T_GRAD=300; T_OCC=300; T_BUF=300; T_MEM=300
   PEER_METHODS=("gradient" "gradcam conv3" "occlusion (2x2, stride 2)")
-else  # time boxes sum to 540 s
-  PEER_B="256 4096 16384"; PEER_BUDGET=2; GRAD_B="32768 131072"; OCC_B="4096"; BS="--batch-size 16384"
+else  # time boxes sum to 310 s
+  PEER_B="256 4096 16384"; PEER_BUDGET=1; GRAD_B="32768 131072"; OCC_B="4096"; BS="--batch-size 16384"
   FRAMES=1048576; REP=2
-  T_PEERS=210; T_GRAD=60; T_OCC=60; T_BUF=170; T_MEM=40
+  T_PEERS=130; T_GRAD=30; T_OCC=30; T_BUF=100; T_MEM=20
   PEER_METHODS=()
 fi
 TAG=${BACKEND:-unknown}
@@ -74,11 +75,11 @@ step peers $T_PEERS env XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 $PY -m experiments.a
   --out "$RES/peers" --batches $PEER_B --budget $PEER_BUDGET --repeats $REP --torch-threads "$(nproc)" \
   --no-memory --scaling $PEAK ${PEER_METHODS:+--methods "${PEER_METHODS[@]}"}
 step gradient_large $T_GRAD $PY -m experiments.throughput --out "$RES" --tag "${TAG}_gradient_large" \
-  --batches $GRAD_B --budget 6 --repeats $REP $BS --methods gradient
+  --batches $GRAD_B --budget 3 --repeats $REP $BS --methods gradient
 step occlusion_large $T_OCC $PY -m experiments.throughput --out "$RES" --tag "${TAG}_occlusion_large" \
-  --batches $OCC_B --budget 6 --repeats $REP $BS --methods "occlusion (2x2/2)" "occlusion (2x2/2, plain path)"
+  --batches $OCC_B --budget 3 --repeats $REP $BS --methods "occlusion (2x2/2)" "occlusion (2x2/2, plain path)"
 step buffer_1m $T_BUF $PY -m experiments.buffer_end_to_end --out "$RES" --tag "$TAG" --frames $FRAMES \
-  --methods gradcam gradient --timeout $(( (T_BUF - 20) / 2 ))
+  --methods gradcam gradient --timeout $(( (T_BUF - 10) / 2 ))
 step peer_memory $T_MEM env XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 $PY -m experiments.against_peers \
   --out "$RES/peers" --memory-only --torch-threads "$(nproc)" ${PEER_METHODS:+--methods "${PEER_METHODS[@]}"}
 tar -czf "$DEST/gpu_benchmark.tgz" -C "$RES" . && say "done: $DEST/gpu_benchmark.tgz holds $(cd "$RES" && find . -type f | sort | tr '\n' ' ')"

@@ -98,6 +98,12 @@ def bench_case(apply_fn, params, kw: dict, batch: int, budget: float, probe: int
             "first_call_s": t1 - t0}
 
 
+def device_peak_mb():
+    """Peak accelerator memory in use by this process so far (MB), where the backend reports it."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return round(stats["peak_bytes_in_use"] / 2**20, 1) if "peak_bytes_in_use" in stats else None
+
+
 def machine_info() -> dict:
     info = {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
@@ -136,8 +142,8 @@ def write(results: dict, out_dir: Path, tag: str):
              "state once for all its maps). `measured` < batch: timed on fewer states to fit the "
              "time budget.", "",
              "| method | batch | measured | maps/s (best) | maps/s (median) | best s | "
-             "first call s (16 states, incl. compile) |",
-             "|---|---|---|---|---|---|---|"]
+             "first call s (16 states, incl. compile) | device peak MB so far |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, rows in results["cases"].items():
         for r in rows:
             if "error" in r:
@@ -145,7 +151,7 @@ def write(results: dict, out_dir: Path, tag: str):
                 continue
             lines.append(f"| {name} | {r['batch']} | {r['measured_states']} | "
                          f"{r['maps_per_s']:.1f} | {r['median_maps_per_s']:.1f} | {r['seconds']:.2f} | "
-                         f"{r['first_call_s']:.1f} |")
+                         f"{r['first_call_s']:.1f} | {r.get('device_peak_mb_so_far', '-')} |")
     if results.get("notes"):
         lines += ["", *(f"- {n}" for n in results["notes"])]
     (out_dir / f"throughput_{tag}.md").write_text("\n".join(lines) + "\n")
@@ -191,6 +197,8 @@ def main(argv=None):
                                repeats=args.repeats)
             except Exception as e:  # noqa: BLE001 (recorded, the benchmark goes on)
                 r = {"batch": b, "error": f"{type(e).__name__}: {e}"[:200]}
+            if device_peak_mb() is not None:   # process-wide: one case per process gives its own peak
+                r["device_peak_mb_so_far"] = device_peak_mb()
             rows.append(r)
             print(f"{name:40s} batch {b:5d}: " + (f"{r['maps_per_s']:9.1f} maps/s "
                   f"({r['measured_states']} states in {r['seconds']:.2f}s)" if "error" not in r

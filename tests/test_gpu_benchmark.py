@@ -63,3 +63,13 @@ def test_buffer_end_to_end_explains_every_frame(tmp_path):
     assert run["frames"] == 300 and run["all_finite"] and run["maps_per_s"] > 0
     assert json.loads((tmp_path / "res" / "buffer_end_to_end_t.json").read_text())["frames"] == 300
     assert not list(tmp_path.glob("jaxsal-e2e-*"))   # buffer and maps removed
+
+
+def test_throughput_writes_maps_per_s_and_the_device_memory_column(tmp_path):
+    from experiments import throughput
+    res = throughput.main(["--batches", "2", "--methods", "gradient", "--budget", "1", "--repeats", "1",
+                           "--out", str(tmp_path), "--tag", "t"])
+    (row,) = res["cases"]["gradient"]
+    assert row["maps_per_s"] > 0 and row["first_call_s"] > 0
+    md = (tmp_path / "throughput_t.md").read_text()
+    assert "device peak MB so far" in md and "| gradient | 2 | 2 |" in md
