@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import jaxsal  # before any JAX computation (library default: XLA:CPU's fast kernels)
+from experiments.throughput import machine_info
 
 FRAME_BYTES = 84 * 84 * 4
 MAP_BYTES = 84 * 84 * 2  # float16 maps
@@ -99,16 +100,11 @@ def explain_once(buffer: Path, method: str, out: Path, agent: str, batch_size: i
             "all_finite": bool(finite), "maps_gb": size / 1e9, "command": " ".join(cmd[1:])}
 
 
-def device_info() -> dict:
-    import jax
-    return {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "jax": jax.__version__}
-
-
 def write(res: dict, out: Path, tag: str):
     out.mkdir(parents=True, exist_ok=True)
     (out / f"buffer_end_to_end_{tag}.json").write_text(json.dumps(res, indent=2))
     L = [f"# `jaxsal explain` end to end on a {res['frames']:,}-frame buffer ({res['machine']['backend']}, "
-         f"{res['machine']['device']}, {res['date_utc']})", "",
+         f"{res['machine']['devices'][0]}, {res['machine']['date_utc']})", "",
          f"uint8 (N, 84, 84, 4) .npy buffer ({res['buffer_gb']:.1f} GB) in {res['dir']} (written in "
          f"{res['write_s']:.0f} s, not counted); agent `{res['agent']}`; one fresh "
          "`python -m jaxsal.cli explain --dtype float16` process per method: the wall time includes "
@@ -138,16 +134,15 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.frames < 1:
         ap.error("--frames must be >= 1")
-    import datetime as _dt
     root, frames, note = place(args.frames, args.dir)
     if note:
         print(f"buffer_end_to_end: {note}", file=sys.stderr, flush=True)
     # a time box's SIGTERM still removes the buffer and the maps (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="jaxsal-e2e-", dir=root))
-    info = device_info()
+    info = machine_info()
     tag = args.tag or info["backend"]
-    res = {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "machine": info,
+    res = {"machine": info,
            "frames": frames, "frames_asked": args.frames, "note": note, "dir": str(root), "agent": args.agent,
            "buffer_gb": frames * FRAME_BYTES / 1e9, "runs": []}
     try:

@@ -43,7 +43,6 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 $PY -c "import jaxsal" 2>/dev/null || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 source agents/checkout_env.sh   # agents/ importable as jaxsal_agents without installing
-export JAXSAL_AGENT_PROVIDER=${JAXSAL_AGENT_PROVIDER:-jaxsal_agents.provider}  # no entry points uninstalled
 $PY -c "import jaxsal, jaxsal_agents.networks, torch, captum" >>"$LOG" 2>&1 || {
   say "missing packages (see the log): run 'bash experiments/gpu_wheels.sh' where PyPI is reachable and carry .whl"
   exit 2; }

@@ -40,9 +40,9 @@ def _device_peak_mb(side: str, device: str) -> dict:
             return {}
         import torch
         return {"device_peak_mb": torch.cuda.max_memory_allocated() / 2**20}
-    import jax
-    stats = jax.local_devices()[0].memory_stats() or {}
-    return {"device_peak_mb": stats["peak_bytes_in_use"] / 2**20} if "peak_bytes_in_use" in stats else {}
+    from experiments.throughput import device_peak_mb
+    peak = device_peak_mb()
+    return {} if peak is None else {"device_peak_mb": peak}
 
 
 def child_case(case: str, side: str, n: int, device: str = "cpu") -> dict:

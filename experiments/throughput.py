@@ -197,8 +197,9 @@ def main(argv=None):
                                repeats=args.repeats)
             except Exception as e:  # noqa: BLE001 (recorded, the benchmark goes on)
                 r = {"batch": b, "error": f"{type(e).__name__}: {e}"[:200]}
-            if device_peak_mb() is not None:   # process-wide: one case per process gives its own peak
-                r["device_peak_mb_so_far"] = device_peak_mb()
+            peak = device_peak_mb()   # process-wide: one case per process gives its own peak
+            if peak is not None:
+                r["device_peak_mb_so_far"] = peak
             rows.append(r)
             print(f"{name:40s} batch {b:5d}: " + (f"{r['maps_per_s']:9.1f} maps/s "
                   f"({r['measured_states']} states in {r['seconds']:.2f}s)" if "error" not in r
