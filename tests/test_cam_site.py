@@ -1,4 +1,6 @@
 """CAM activation choice: module output vs post-ReLU, against a hand-split Nature DQN with LayerNorm."""
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -91,3 +93,18 @@ def test_cam_site_finds_the_norm_or_the_layer_itself():
     np.testing.assert_array_equal(post, same)
     with pytest.raises(SaliencyInputError, match="layer_activation"):
         jaxsal.explain(m.apply, p, x, method="gradcam", layer_activation="post_tanh")
+
+
+def test_post_relu_site_is_traced_once_per_model_and_shape(ln_dqn, monkeypatch):
+    """Repeated calls reuse the resolved post-ReLU site (it traces the model): per-call cost
+    stays that of the module site (the Paper B timing showed 13 ms/map on 4 states without it)."""
+    site = sys.modules[cam_site.__module__]
+    model, params, obs = ln_dqn
+    seen = []
+    real = site.layer_calls
+    monkeypatch.setattr(site, "layer_calls", lambda *a: seen.append(1) or real(*a))
+    kw = dict(method="gradcam", layer="conv2", layer_activation="post_relu")
+    first = jaxsal.explain(model.apply, params, obs, **kw)
+    again = jaxsal.explain(model.apply, params, obs, **kw)
+    assert len(seen) <= 1
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(again))

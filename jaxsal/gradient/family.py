@@ -110,12 +110,13 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
                       batch_size=batch_size)
     uses_layer = any(m in LAYER_METHODS for m in methods)
     if uses_layer and isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
-        layer, layer_activation = cam_site(apply_fn, params, as_float(prep.x[:1]), layer, layer_activation)
+        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, as_float(prep.x[:1]),
+                                                    layer, layer_activation)
     get_activation(layer_activation)
     if not uses_layer and (layer is not None or layer_activation is not None):
         raise SaliencyInputError(f"layer= / layer_activation= apply to CAM methods only, not {methods}")
-    lname, k = (_resolve_cached(apply_fn, params, as_float(prep.x[:1]), layer, layer_activation)
-                if uses_layer else (None, 1))
+    lname, k = (_structure_cached(resolve_tap, apply_fn, params, as_float(prep.x[:1]), layer,
+                                  layer_activation) if uses_layer else (None, 1))
     if per_frame and k == 1:
         nope = [m for m in methods if not per_frame_ok(m)]
         if nope:
@@ -143,15 +144,16 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
 _LAYER_CACHE: dict = {}
 
 
-def _resolve_cached(apply_fn, params, x1, layer, activation=None):
-    """resolve_tap's (name, rows per state), cached per model structure and input shape."""
-    k = (apply_fn, layer, activation, tuple(x1.shape), params_signature(params))
+def _structure_cached(fn, apply_fn, params, x1, layer, activation=None):
+    """fn(apply_fn, params, x1, layer, activation) (resolve_tap, cam_site: each traces the model),
+    cached per model structure and input shape, so repeated calls skip the tracing."""
+    k = (fn, apply_fn, layer, activation, tuple(x1.shape), params_signature(params))
     try:
         hash(k)
     except TypeError:
-        return resolve_tap(apply_fn, params, x1, layer, activation)
+        return fn(apply_fn, params, x1, layer, activation)
     if k not in _LAYER_CACHE:
-        _LAYER_CACHE[k] = resolve_tap(apply_fn, params, x1, layer, activation)
+        _LAYER_CACHE[k] = fn(apply_fn, params, x1, layer, activation)
     return _LAYER_CACHE[k]
 
 
