@@ -32,6 +32,7 @@ import numpy as np
 import jaxsal_agents
 import jaxsal
 from experiments import paper_b_charts as charts
+from experiments import paper_b_report as R
 from experiments import paper_b_stats as S
 from jaxsal.metrics import deletion, insertion, sanity_check
 from jaxsal.metrics.sanity import group_norms
@@ -307,9 +308,9 @@ def run_game(game, args):
             sig += S.significance_matrix(labels, pairs, higher_is_better=(mode == "insertion"))
     (out / "significance.md").write_text("\n".join(sig) + "\n")
 
-    tag = f"{game}, agent {agent_name} (return {agent_return})"
+    tag = f"{game}, agent {agent_name} (return {R.fmt_return(agent_return)})"
     summary = [f"# Paper B on {game}: {len(obs)} states", "",
-               f"Agent: {agent_name}, mean return {agent_return} (its card). AUC = mean of the 85-point "
+               f"Agent: {agent_name}, mean return {R.fmt_return(agent_return)} (its card). AUC = mean of the 85-point "
                f"curve (84 px per step), mean over states [95 % block-bootstrap CI, blocks of {args.block_len} "
                f"states, {S.N_RESAMPLES} resamples]; `*` = differs from the random map ({S.TEST}, alpha "
                f"{S.ALPHA}). Best mean per column in bold (insertion: highest; deletion: lowest)."]
@@ -359,7 +360,7 @@ def replot(game, out):
     """Redraw the charts of a finished run from its CSV files."""
     d = Path(out) / game
     meta = json.loads((d / "meta.json").read_text())
-    tag = f"{game}, agent {meta['agent']} (return {meta['agent_return']})"
+    tag = f"{game}, agent {meta['agent']} (return {R.fmt_return(meta['agent_return'])})"
     if (d / "sanity.csv").exists():
         rows = read_csv(d / "sanity.csv")
         charts.sanity_chart(d / "sanity.png", rows, families({r["method"] for r in rows}), LAYERS, METRICS,
@@ -403,8 +404,7 @@ def main(argv=None):
         if unknown:
             p.error(f"unknown method labels {sorted(unknown)}; choose from {[m[0] for m in METHODS]}")
     if args.report:
-        from experiments import paper_b_report
-        paper_b_report.write(Path(args.out))
+        R.write(Path(args.out))
         return
     for game in args.game:
         if args.replot:

@@ -63,11 +63,16 @@ def _ci(r):
     return f"{float(r['mean']):.2f} [{float(r['low']):.2f}, {float(r['high']):.2f}]"
 
 
+def fmt_return(r) -> str:
+    """A card's mean return as a table shows it: one decimal, or 'unknown'."""
+    return "unknown" if r is None else f"{float(r):.1f}"
+
+
 def _candidates(meta):
     frames = meta.get("agent_frames_trained")
     fr = f"{frames / 1e6:.1f}M frames" if frames else "frames unknown"
     ln = "LayerNorm in every layer" if meta.get("layer_norm") else "no LayerNorm"
-    return f"our agent: return {meta.get('agent_return')}, {fr}, {ln}; Paper B: {PAPER_B_AGENT}"
+    return f"our agent: return {fmt_return(meta.get('agent_return'))}, {fr}, {ln}; Paper B: {PAPER_B_AGENT}"
 
 
 def _sanity_verdict(row, want: str):
@@ -178,7 +183,7 @@ def write(root: Path):
     for g in GAMES:
         if g in done:
             m = json.loads((root / g / "meta.json").read_text())
-            lines.append(f"| {g} | {m['agent']} | {m['agent_return']} | {m['states']} | {m['sanity_states']} | "
+            lines.append(f"| {g} | {m['agent']} | {fmt_return(m['agent_return'])} | {m['states']} | {m['sanity_states']} | "
                          f"{m['sanity_draws']} | {m['block_len']} |")
         else:
             lines.append(f"| {g} | not run: `python -m experiments.paper_b --game {g}` | | | | | |")
@@ -208,7 +213,12 @@ def write(root: Path):
         lines += ["", "## Runtime per map", "",
                   "Steady state (second call, 4 states) per method; the 1-min load average when it was timed "
                   "says how quiet the machine was. Paper B's runtimes are not in shared/spec/methods.md: the "
-                  "column is left for the reviewer to fill from the paper.", ""] + rt
+                  "column is left for the reviewer to fill from the paper (Paper B's code computes them in "
+                  "`insertion_metric/times.py` from per-state times saved during its insertion run, on its own "
+                  "hardware). The `*_post_relu` CAM rows of the mspacman and breakout runs (started before commit f8ea59d) include about 50 ms "
+                  "per call of model tracing (the post-ReLU site was resolved on every call; now cached): at 4 "
+                  "states that is ~13 ms/map, while their first call on all states shows the real cost, "
+                  "the same as the module-output CAMs.", ""] + rt
     lines += ["", "## Per game", ""]
     for g in done:
         lines += [f"- `{g}/`: summary.md (all tables), significance.md (every pair of methods), sanity.png, "

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+import jaxsal_agents
+
 from experiments import paper_b
 
 
@@ -26,9 +28,10 @@ def test_paper_b_tiny_run(tmp_path):
     assert {r["metric"] for r in sanity} == {"spearman", "ssim_flat", "ssim", "hog"}
     meta = json.loads((out / "meta.json").read_text())
     assert (meta["agent"], meta["states"], meta["sanity_states"], meta["sanity_draws"]) == ("breakout", 6, 4, 2)
-    assert meta["agent_return"] == 11.6
+    card_return = jaxsal_agents.load("breakout").card["eval"]["mean_return"]
+    assert meta["agent_return"] == card_return
     readme = (tmp_path / "README.md").read_text()
-    assert "| breakout | breakout | 11.6 | 6 | 4 | 2 | 2 |" in readme
+    assert f"| breakout | breakout | {card_return:.1f} | 6 | 4 | 2 | 2 |" in readme
     assert "not run: `python -m experiments.paper_b --game mspacman`" in readme
     paper_b.main(["--game", "breakout", "--out", str(tmp_path), "--replot"])
 
