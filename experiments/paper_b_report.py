@@ -128,6 +128,14 @@ def _best(auc, pairs, mode, sub, score, pool):
     return ranked, rows, lead
 
 
+def _sign_verdict(paper_b_above: bool, row) -> str:
+    """An auc.csv row against the random map vs Paper B's sign: agree = same sign and
+    significant, disagree = opposite sign and significant, else inconclusive."""
+    if row["significant"] != "True":
+        return "inconclusive"
+    return "agree" if (float(row["diff_vs_random"]) > 0) == paper_b_above else "disagree"
+
+
 def game_findings(game, d: Path) -> list[dict]:
     meta = json.loads((d / "meta.json").read_text())
     auc, pairs = _read(d / "auc.csv"), _read(d / "pairwise.csv")
@@ -173,8 +181,7 @@ def game_findings(game, d: Path) -> list[dict]:
                 continue
             sign_b = theirs > PAPER_B_RANDOM
             diff = float(r["diff_vs_random"])
-            sig = r["significant"] == "True"
-            v = "inconclusive" if not sig else ("agree" if (diff > 0) == sign_b else "disagree")
+            v = _sign_verdict(sign_b, r)
             out.append({"game": game, "finding": f"{m} {'above' if sign_b else 'below'} the random map "
                         f"(black/Q: {theirs} vs {PAPER_B_RANDOM}; absolute AUCs not comparable)",
                         "ours": f"{_ci(r)}; minus random {diff:+.2f}, Holm p {float(r['p_holm']):.3g}",
@@ -231,7 +238,7 @@ def direction_table(game, d: Path) -> tuple[list[str], dict]:
                 continue
             b_up = b[m] > b["random"]
             diff, sig = float(r["diff_vs_random"]), r["significant"] == "True"
-            v = "inconclusive" if not sig else ("agree" if (diff > 0) == b_up else "disagree")
+            v = _sign_verdict(b_up, r)
             counts[v] += 1
             cells.append(f"B {'+' if b_up else '-'} ({b[m] - b['random']:+.2f}); ours {diff:+.2f}"
                          f"{' *' if sig else ''}: {v}")

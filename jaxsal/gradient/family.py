@@ -109,14 +109,14 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
     prep = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
     uses_layer = any(m in LAYER_METHODS for m in methods)
+    x1 = as_float(prep.x[:1])
     if uses_layer and isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
-        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, as_float(prep.x[:1]),
-                                                    layer, layer_activation)
+        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, x1, layer, layer_activation)
     get_activation(layer_activation)
     if not uses_layer and (layer is not None or layer_activation is not None):
         raise SaliencyInputError(f"layer= / layer_activation= apply to CAM methods only, not {methods}")
-    lname, k = (_structure_cached(resolve_tap, apply_fn, params, as_float(prep.x[:1]), layer,
-                                  layer_activation) if uses_layer else (None, 1))
+    lname, k = (_structure_cached(resolve_tap, apply_fn, params, x1, layer, layer_activation)
+                if uses_layer else (None, 1))
     if per_frame and k == 1:
         nope = [m for m in methods if not per_frame_ok(m)]
         if nope:
