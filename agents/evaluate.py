@@ -42,7 +42,8 @@ def play_games(agent: Agent, episodes: int = 30, epsilon: float = 0.0, seed: int
     A game cut at `max_steps` agent steps counts with the return reached so far.
     """
     game = agent.game
-    kwargs = {} if game in MINATAR_GAMES else {"max_episode_steps": max_steps}
+    kwargs = {} if game in MINATAR_GAMES else {"max_episode_steps": max_steps,
+                                                "frame_stack": int(agent.card.get("obs_shape", [4])[-1])}
     env = make_env(game, episodes, train=False, seed=seed, **kwargs)
     policy = jax.jit(lambda p, o: greedy_actions(agent.apply_fn(p, o)))
     rng = np.random.default_rng(seed)

@@ -291,9 +291,10 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
                        "share": {k: v / steady for k, v in clock.items()}}}
 
 
-def parse_config(cls, argv, doc: str):
-    """A dataclass config (PQNConfig/PPOConfig) from command-line flags, plus the snapshot flags
-    (--snapshot-every, --tensorboard) as a dict for `snapshot_callback`."""
+def parse_config(cls, argv, doc: str, snapshots: bool = True, extra=None):
+    """A dataclass config (PQNConfig/PPOConfig/...) from command-line flags, plus the snapshot flags
+    (--snapshot-every, --tensorboard) as a dict for `snapshot_callback` (`snapshots=False`: none;
+    `extra(parser)` adds more flags, returned in the dict)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
@@ -301,6 +302,12 @@ def parse_config(cls, argv, doc: str):
             parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=f.default)
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default)
+    if extra is not None:
+        extra(parser)
+    if not snapshots:
+        args = vars(parser.parse_args(argv))
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in args.items() if k in names}), {k: v for k, v in args.items() if k not in names}
     parser.add_argument("--snapshot-every", type=int, default=0,
                         help="updates between saliency snapshots in RUN_DIR/snapshots (jaxsal_agents.snapshots); 0: off")
     parser.add_argument("--tensorboard", action="store_true",
