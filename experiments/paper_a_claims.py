@@ -256,6 +256,40 @@ def split_attention_streams(apply_fn, params, obs) -> dict:
     return res
 
 
+def split_attention_claim(a, out: Path) -> dict:
+    """Claim 4 on the shipped agent `a.split_attention_agent` (trained, with a random init of the same
+    network beside it) or, without one, on a random-init agent of `a.split_attention_frames` frames."""
+    from jaxsal_agents.framestack import make_stacked_env
+    from jaxsal_agents.networks import SplitAttentionDQN
+    from jaxsal_agents.snapshots import probe_states
+    from jaxsal_agents.zoo import load
+
+    if a.split_attention_agent:
+        agent = load(a.split_attention_agent)
+        model, frames = agent.model, int(agent.card["obs_shape"][-1])
+    else:
+        agent, frames = None, a.split_attention_frames
+        model = None
+    env = make_stacked_env("breakout", 8, train=False, seed=10_000, num_frames=frames)
+    sobs = probe_states(env, min(8, a.probes), seed=0).astype(np.float32)
+    model = model or SplitAttentionDQN(env.num_actions, frames=frames, lstm_features=a.split_attention_lstm)
+    rand = random_inits(model, sobs, [0])[0]
+
+    def summary(streams):
+        return {k: (v if not isinstance(v, dict) else {"frame_shares": v["frame_shares"]}) for k, v in streams.items()}
+    random_streams = split_attention_streams(model.apply, rand, sobs)
+    if agent is None:
+        figure_streams(random_streams, sobs, out / "split_attention_streams.png")
+        return {"params": "random init (seed 0)", **summary(random_streams)}
+    trained = split_attention_streams(agent.model.apply, agent.params, sobs)
+    figure_streams(trained, sobs, out / "split_attention_streams.png")
+    figure_streams(random_streams, sobs, out / "split_attention_streams_random_init.png")
+    return {"params": f"shipped `{a.split_attention_agent}` ({agent.card.get('algorithm', '')}; "
+                      f"return {agent.card['eval']['mean_return']:.1f})",
+            "agent": a.split_attention_agent, "agent_return": agent.card["eval"]["mean_return"],
+            "probes": int(len(sobs)), "trained": summary(trained), "random_init": summary(random_streams)}
+
+
 # ---------------------------------------------------------------- CLI
 def random_inits(model, obs, seeds):
     import jax
@@ -299,6 +333,11 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
     p.add_argument("--split-attention-frames", type=int, default=10,
                    help="claim 4 on a random-init split-attention agent of this many frames (0: skip)")
     p.add_argument("--split-attention-lstm", type=int, default=512)
+    p.add_argument("--split-attention-agent", default="",
+                   help="claim 4 on this shipped split-attention agent (e.g. breakout-split-attention), "
+                        "beside a random-init network of the same shape")
+    p.add_argument("--only-split-attention", action="store_true",
+                   help="compute claim 4 only and update it in OUT/claims.json, keeping claims 1-3")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     from jaxsal_agents.snapshots import probe_states_with_objects
@@ -306,6 +345,12 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.only_split_attention:
+        res = json.loads((out / "claims.json").read_text()) if (out / "claims.json").exists() else {}
+        res["split_attention"] = split_attention_claim(a, out)
+        (out / "claims.json").write_text(json.dumps(res, indent=1, default=float))
+        log(f"updated claim 4 in {out / 'claims.json'}")
+        return res
     agent = load(a.agent)
     obs, boxes = probe_states_with_objects(agent.card["game"], a.probes, seed=10_000)
     obs = obs.astype(np.float32)
@@ -323,20 +368,8 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
     res["cam_look"] = {"trained": {"objects": cam_look(cams, obs, boxes), "rows": cam_look(cams, obs)},
                        "random_init": {"objects": cam_look(cams_r, obs, boxes), "rows": cam_look(cams_r, obs)}}
     res["snapshots"] = {d: snapshot_look(d) for d in a.run_dir}
-    if a.split_attention_frames:
-        from jaxsal_agents.framestack import make_stacked_env
-        from jaxsal_agents.networks import SplitAttentionDQN
-        from jaxsal_agents.snapshots import probe_states
-
-        env = make_stacked_env("breakout", 8, train=False, seed=10_000, num_frames=a.split_attention_frames)
-        sobs = probe_states(env, min(8, a.probes), seed=0).astype(np.float32)
-        model = SplitAttentionDQN(env.num_actions, frames=a.split_attention_frames, lstm_features=a.split_attention_lstm)
-        sp = random_inits(model, sobs, [0])[0]
-        streams = split_attention_streams(model.apply, sp, sobs)
-        figure_streams(streams, sobs, out / "split_attention_streams.png")
-        res["split_attention"] = {"params": "random init (seed 0)",
-                                  **{k: (v if not isinstance(v, dict) else {"frame_shares": v["frame_shares"]})
-                                     for k, v in streams.items()}}
+    if a.split_attention_frames or a.split_attention_agent:
+        res["split_attention"] = split_attention_claim(a, out)
     (out / "claims.json").write_text(json.dumps(res, indent=1, default=float))
     log(f"wrote {out / 'claims.json'}")
     return res

@@ -101,13 +101,16 @@ def split_table(res) -> list[str]:
     sa = res.get("split_attention")
     if not sa:
         return []
-    t = len(sa["q"]["frame_shares"])
+    nets = [(n, sa[n]) for n in ("trained", "random_init") if n in sa] or [("", sa)]
+    t = len(nets[0][1]["q"]["frame_shares"])
     lines = [f"Parameters: {sa['params']}.", "",
-             "| stream | " + " | ".join(f"frame {k}" for k in range(t)) + " |", "|---|" + "---|" * t]
-    for name in ("q", "value", "advantage"):
-        lines.append(f"| GBP share, {name} | " + " | ".join(f"{x:.3f}" for x in sa[name]["frame_shares"]) + " |")
-    for name in ("value_attention", "advantage_attention"):
-        lines.append(f"| {name.replace('_', ' ')} weight | " + " | ".join(f"{x:.3f}" for x in sa[name]) + " |")
+             "| network | stream | " + " | ".join(f"frame {k}" for k in range(t)) + " |", "|---|---|" + "---|" * t]
+    for net, s in nets:
+        label = net.replace("_", " ") or "-"
+        for name in ("q", "value", "advantage"):
+            lines.append(f"| {label} | GBP share, {name} | " + " | ".join(f"{x:.3f}" for x in s[name]["frame_shares"]) + " |")
+        for name in ("value_attention", "advantage_attention"):
+            lines.append(f"| {label} | {name.replace('_', ' ')} weight | " + " | ".join(f"{x:.3f}" for x in s[name]) + " |")
     return lines
 
 

@@ -119,5 +119,12 @@ def test_report_tables_and_figure_from_claims(tmp_path):
     assert "first reaches 3.4 at env step 300" in text
     assert "| 200 | yes | 0.120 (0.100) | 0.120 (0.100) | 0.020 (0.010) | 0.030 (0.020) |" in text
     assert "| 400 | no |" in text
-    assert "| GBP share, value | 0.250 | 0.750 |" in text
+    assert "| - | GBP share, value | 0.250 | 0.750 |" in text
+    one = {k: res["split_attention"][k] for k in ("q", "value", "advantage", "value_attention", "advantage_attention")}
+    res["split_attention"] = {"params": "shipped `sa`", "trained": one,
+                              "random_init": dict(one, value_attention=[0.5, 0.5])}
+    (tmp_path / "claims.json").write_text(json.dumps(res))
+    text = report(tmp_path).read_text()
+    assert "| trained | GBP share, value | 0.250 | 0.750 |" in text
+    assert "| random init | value attention weight | 0.500 | 0.500 |" in text
     assert (tmp_path / "claims.png").stat().st_size > 10_000
