@@ -2,7 +2,7 @@
 teacher's Q-values on the states its own play reaches.
 
 Why: Paper A's split-attention agent (10 frames through one CNN, four bidirectional LSTMs of 512,
-18.5M parameters) costs about 50x the Nature CNN per sample, too slow to learn Breakout from reward on
+18.5M parameters) costs about 25x the Nature CNN's multiply-adds per state, too slow to learn Breakout from reward on
 2 CPU cores. The shipped `breakout` DQN already plays, so the student regresses its Q-values.
 Readable top to bottom: config -> loss -> update -> behaviour policy -> loop -> export.
 
