@@ -236,7 +236,7 @@ def distill(cfg: DistillConfig, log=print, env_fn=None, model=None, teacher=None
 def export(run_dir, name: str, episodes: int = 30, out_dir=SHIPPED_DIR) -> dict:
     """Evaluate the run's student (float16-rounded, as users get it) and write params + card."""
     from .evaluate import evaluate_agent
-    from .export import plot_curve, CURVES_DIR
+    from .export import write_card
 
     run_dir = Path(run_dir)
     cfg = DistillConfig(**json.loads((run_dir / "config.json").read_text()))
@@ -266,14 +266,8 @@ def export(run_dir, name: str, episodes: int = 30, out_dir=SHIPPED_DIR) -> dict:
         "params_sha256": sha, "dtype": "float16",
         "training_curve": f"experiments/results/training/{name}.png",
     })
-    (out_dir / f"{name}.json").write_text(json.dumps(card, indent=1))
-    curves = CURVES_DIR if out_dir == Path(SHIPPED_DIR) else out_dir
-    if (run_dir / "returns.csv").exists():
-        plot_curve(run_dir / "returns.csv", curves / f"{name}.png",
-                   f"{name}: returns while distilling (DAgger behaviour, eps {cfg.epsilon})")
-        (curves / f"{name}.csv").write_bytes((run_dir / "returns.csv").read_bytes())
-    return card
-
+    return write_card(card, out_dir, run_dir,
+                      f"{name}: returns while distilling (DAgger behaviour, eps {cfg.epsilon})")
 
 def main(argv=None):
     import jaxsal.cpu

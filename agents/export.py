@@ -91,12 +91,18 @@ def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out
         "params_sha256": sha, "dtype": "float16",
         "training_curve": f"experiments/results/training/{name}.png",
     })
+    return write_card(card, out_dir, run_dir, f"{name}: training returns")
+
+
+def write_card(card: dict, out_dir: Path, run_dir: Path, curve_title: str) -> dict:
+    """Write the card beside its params and the run's return curve (PNG + CSV). The curve goes beside
+    the shipped agents' curves only when the agent is shipped; an export elsewhere (e.g.
+    agents/train_gpu.sh) keeps it beside its card."""
+    name = card["name"]
     (out_dir / f"{name}.json").write_text(json.dumps(card, indent=1))
-    # the curve goes beside the shipped agents' curves only when the agent is shipped; an export
-    # elsewhere (e.g. agents/train_gpu.sh) keeps it beside its card
     curves = CURVES_DIR if out_dir == Path(SHIPPED_DIR) else out_dir
     if (run_dir / "returns.csv").exists():
-        plot_curve(run_dir / "returns.csv", curves / f"{name}.png", f"{name}: training returns")
+        plot_curve(run_dir / "returns.csv", curves / f"{name}.png", curve_title)
         (curves / f"{name}.csv").write_bytes((run_dir / "returns.csv").read_bytes())
     return card
 
