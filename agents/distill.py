@@ -269,6 +269,7 @@ def export(run_dir, name: str, episodes: int = 30, out_dir=SHIPPED_DIR) -> dict:
     return write_card(card, out_dir, run_dir,
                       f"{name}: returns while distilling (DAgger behaviour, eps {cfg.epsilon})")
 
+
 def main(argv=None):
     import jaxsal.cpu
     jaxsal.cpu.use_fast_kernels()
