@@ -264,7 +264,6 @@ def export(run_dir, name: str, episodes: int = 30, out_dir=SHIPPED_DIR) -> dict:
         "gradient_steps": int(state["update"]) * cfg.updates, "eval": result,
         "trained_with": f"python -m jaxsal_agents.distill {flags}",
         "params_sha256": sha, "dtype": "float16",
-        "training_curve": f"experiments/results/training/{name}.png",
     })
     return write_card(card, out_dir, run_dir,
                       f"{name}: returns while distilling (DAgger behaviour, eps {cfg.epsilon})")

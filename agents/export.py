@@ -89,7 +89,6 @@ def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out
         "eval": result,
         "trained_with": f"python -m jaxsal_agents.train {flags}",
         "params_sha256": sha, "dtype": "float16",
-        "training_curve": f"experiments/results/training/{name}.png",
     })
     return write_card(card, out_dir, run_dir, f"{name}: training returns")
 
@@ -97,13 +96,18 @@ def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out
 def write_card(card: dict, out_dir: Path, run_dir: Path, curve_title: str) -> dict:
     """Write the card beside its params and the run's return curve (PNG + CSV). The curve goes beside
     the shipped agents' curves only when the agent is shipped; an export elsewhere (e.g.
-    agents/train_gpu.sh) keeps it beside its card."""
+    agents/train_gpu.sh) keeps it beside its card. The card's `training_curve` names where it went
+    (repository-relative for a shipped agent, else beside the card)."""
     name = card["name"]
-    (out_dir / f"{name}.json").write_text(json.dumps(card, indent=1))
-    curves = CURVES_DIR if out_dir == Path(SHIPPED_DIR) else out_dir
+    shipped = Path(out_dir).resolve() == Path(SHIPPED_DIR).resolve()
+    curves = CURVES_DIR if shipped else Path(out_dir)
+    card = dict(card)
+    card.pop("training_curve", None)
     if (run_dir / "returns.csv").exists():
         plot_curve(run_dir / "returns.csv", curves / f"{name}.png", curve_title)
         (curves / f"{name}.csv").write_bytes((run_dir / "returns.csv").read_bytes())
+        card["training_curve"] = (f"experiments/results/training/{name}.png" if shipped else f"{name}.png")
+    (Path(out_dir) / f"{name}.json").write_text(json.dumps(card, indent=1))
     return card
 
 

@@ -84,3 +84,31 @@ def test_required_agents_are_shipped():
     required = {"breakout", "pong", "breakout-dddqn", "minatar-breakout", "minatar-spaceinvaders",
                 "minatar-asterix", "minatar-freeway"}
     assert required <= names, required - names
+
+
+def test_write_card_names_where_the_curve_went(tmp_path, monkeypatch):
+    """An export outside the shipped folder keeps its curve beside the card, and the card says so;
+    a shipped export points at experiments/results/training/."""
+    import json
+
+    from jaxsal_agents import export
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "returns.csv").write_text("step,return,wall_s\n100,1.0,1.0\n200,3.0,2.0\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    card = export.write_card({"name": "a", "training_curve": "stale.png"}, out, run, "a")
+    assert card["training_curve"] == "a.png" and (out / "a.png").exists() and (out / "a.csv").exists()
+    assert json.loads((out / "a.json").read_text())["training_curve"] == "a.png"
+
+    shipped, curves = tmp_path / "shipped", tmp_path / "curves"
+    shipped.mkdir(), curves.mkdir()
+    monkeypatch.setattr(export, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(export, "CURVES_DIR", curves)
+    card = export.write_card({"name": "b"}, shipped, run, "b")
+    assert card["training_curve"] == "experiments/results/training/b.png" and (curves / "b.png").exists()
+    assert not (shipped / "b.png").exists()
+
+    card = export.write_card({"name": "c"}, out, tmp_path / "no-run", "c")   # no curve: no field
+    assert "training_curve" not in card
