@@ -197,7 +197,7 @@ def distill(cfg: DistillConfig, log=print, env_fn=None, model=None, teacher=None
     writer = csv.writer(csv_file)
     if new_csv:
         writer.writerow(["step", "return", "wall_s", "student_share"])
-    t0, recent, parts = time.time(), [], {}
+    t0, step0, recent, parts = time.time(), step, [], {}
     with StopRequest() as stop:
         while step < cfg.steps:
             for _ in range(cfg.collect):
@@ -225,7 +225,7 @@ def distill(cfg: DistillConfig, log=print, env_fn=None, model=None, teacher=None
                 log(f"update {upd} step {step} beta {beta_at(cfg, step):.2f} loss {float(parts['loss']):.4f} "
                     f"mse {float(parts['mse']):.4f} agreement {float(parts['agreement']):.2f} "
                     f"student-only games (last 40) {np.mean(own) if own else float('nan'):.1f} "
-                    f"{step / max(1e-9, time.time() - t0):.0f} steps/s")
+                    f"{(step - step0) / max(1e-9, time.time() - t0):.0f} steps/s since start")
                 if out_of_time or stop.requested:
                     log(f"stopped at update {upd} (step {step}) with a checkpoint; rerun the same command to resume")
                     break
