@@ -2,6 +2,7 @@
 
     python -m experiments.train_speed                 # ~6 min on 2 cores; needs the bench extra
     python -m experiments.train_speed --quick         # a few updates per side (checks the script)
+    python -m experiments.train_speed --report        # rewrite speed.md from speed.json and the cards
 
 Each side trains Breakout from scratch in its own fresh process, in the order A B A B, so a
 drift of the machine shows as a difference between the two runs of one side. Reported: env
@@ -9,6 +10,11 @@ steps/s after the first (compiling) update, the share of wall time in acting, en
 the update, the trainer's FLOP/s (XLA's cost analysis of the compiled act and update) against
 the float32 matmul peak measured in the same run, and the machine and its load. Writes
 experiments/results/training/speed.{json,md}. Run it on a quiet machine: no other work.
+
+Returns per CPU-hour: each shipped PQN agent trained with these settings, its 30-game return
+over the CPU-hours its env steps cost at each side's measured speed (2 cores). Derived, not
+timed: the agents trained on shared cores, and the reference was not trained to the end; it
+runs the same algorithm with the same settings, so its return per env step is taken as equal.
 """
 from __future__ import annotations
 
@@ -18,11 +24,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import re
 import time
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "results" / "training"
 SETTINGS = {"game": "breakout", "num_envs": 32, "rollout": 32, "minibatches": 8, "epochs": 2}
+RANDOM_RETURN = {"pong": -20.7, "breakout": 1.7, "mspacman": 307.3, "spaceinvaders": 148.0, "frostbite": 65.2}
+"""Random-policy returns (Mnih et al. 2015; ../shared/spec/agents.md): what a CPU-hour's gain is measured from."""
 
 
 def jaxsal_child(updates: int) -> dict:
@@ -105,7 +114,38 @@ def machine() -> dict:
     return info
 
 
-def markdown(res: dict) -> str:
+def shipped_pqn_runs() -> list[dict]:
+    """Shipped agents trained by jaxsal_agents.train with SETTINGS' batch layout: name, env steps, return."""
+    from jaxsal_agents.zoo import SHIPPED_DIR, available
+
+    out = []
+    for name in available():
+        card = json.loads((SHIPPED_DIR / f"{name}.json").read_text())
+        cmd = card.get("trained_with", "")
+        flags = dict(re.findall(r"--([a-z-]+) (\S+)", cmd))
+        same = all(flags.get(k.replace("_", "-")) == str(v) for k, v in SETTINGS.items() if k != "game")
+        if ".train " not in cmd + " " or not same or name.startswith("minatar"):
+            continue
+        out.append({"name": name, "game": card["game"], "env_steps": card["env_steps_trained"],
+                    "return": card["eval"]["mean_return"], "warm_start": "--init-from" in cmd})
+    return out
+
+
+def returns_per_cpu_hour(res: dict, runs: list[dict]) -> list[str]:
+    """Markdown rows: (return - random) / CPU-hours at each side's measured env steps/s, all cores busy."""
+    s, cores = res["summary"], res["machine"]["cpu_count"]
+    rows = ["| agent | env steps | 30-game return | random | CPU-hours, jaxsal | gain per CPU-hour, jaxsal | "
+            "CPU-hours, reference | gain per CPU-hour, reference |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        h = {side: r["env_steps"] / s[f"{side}_steps_per_s"] / 3600 * cores for side in ("jaxsal", "torch")}
+        gain = r["return"] - RANDOM_RETURN[r["game"]]
+        note = " (warm start: steps include the earlier run's)" if r["warm_start"] else ""
+        rows.append(f"| `{r['name']}`{note} | {r['env_steps']:,} | {r['return']:.1f} | {RANDOM_RETURN[r['game']]} | "
+                    f"{h['jaxsal']:.2f} | {gain / h['jaxsal']:.1f} | {h['torch']:.2f} | {gain / h['torch']:.1f} |")
+    return rows
+
+
+def markdown(res: dict, runs: list[dict] | None = None) -> str:
     m = res["machine"]
     rows = ["| run | side | env steps/s | act | env | update | GFLOP/s | % of matmul peak |",
             "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -127,7 +167,15 @@ def markdown(res: dict) -> str:
         f"Float32 matmul peak measured in the same run: {res['matmul_peak_gflops']:.0f} GFLOP/s (1024^3, XLA).", "",
         *rows, "",
         f"Mean: jaxsal {s['jaxsal_steps_per_s']:.0f} env steps/s, reference {s['torch_steps_per_s']:.0f} "
-        f"({s['ratio']:.2f}x); {s['flops_per_step'] / 1e6:.0f} MFLOP per env step (XLA's count: acting + update).", ""])
+        f"({s['ratio']:.2f}x); {s['flops_per_step'] / 1e6:.0f} MFLOP per env step (XLA's count: acting + update).", "",
+        "## Returns per CPU-hour", "",
+        f"Shipped PQN agents trained with these settings: the 30-game return's gain over a random policy "
+        f"(Mnih et al. 2015) per CPU-hour, the CPU-hours being what their env steps "
+        f"cost at each side's mean speed above ({m['cpu_count']} cores busy). Derived, not timed: the agents "
+        "trained on shared cores, the speed is Breakout's (env stepping is about a fifth of the time, so other "
+        "games differ a little), and the reference was not trained to the end: it runs the same algorithm with the "
+        "same settings, so its return per env step is taken as equal and the ratio is the speed ratio.", "",
+        *returns_per_cpu_hour(res, shipped_pqn_runs() if runs is None else runs), ""])
 
 
 def main(argv=None):
@@ -136,7 +184,13 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--child", choices=["jaxsal", "torch"])
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--report", action="store_true", help="rewrite speed.md from speed.json (no timing)")
     a = p.parse_args(argv)
+    if a.report:
+        res = json.loads((Path(a.out) / "speed.json").read_text())
+        (Path(a.out) / "speed.md").write_text(markdown(res))
+        print(markdown(res))
+        return
     if a.child:
         print(json.dumps((jaxsal_child if a.child == "jaxsal" else torch_child)(a.updates)))
         return

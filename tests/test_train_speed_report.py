@@ -1,0 +1,17 @@
+"""experiments.train_speed's returns-per-CPU-hour table: which agents enter it and its arithmetic."""
+from experiments import train_speed
+
+
+def test_gain_per_cpu_hour_arithmetic():
+    res = {"summary": {"jaxsal_steps_per_s": 500.0, "torch_steps_per_s": 250.0}, "machine": {"cpu_count": 2}}
+    runs = [{"name": "b", "game": "breakout", "env_steps": 900_000, "return": 21.7, "warm_start": False}]
+    row = train_speed.returns_per_cpu_hour(res, runs)[-1]
+    # 900k steps at 500/s = 0.5 h on 2 cores = 1 CPU-hour (reference: 2); gain 21.7 - 1.7 = 20
+    assert row == "| `b` | 900,000 | 21.7 | 1.7 | 1.00 | 20.0 | 2.00 | 10.0 |"
+
+
+def test_only_pqn_agents_with_the_timed_settings_enter():
+    names = {r["name"] for r in train_speed.shipped_pqn_runs()}
+    assert {"breakout", "pong", "breakout-dddqn"} <= names
+    assert not any(n.startswith("minatar") for n in names)      # other network and batch layout
+    assert "breakout-split-attention" not in names               # distilled, not trained by PQN
