@@ -39,7 +39,9 @@ def play_games(agent: Agent, episodes: int = 30, epsilon: float = 0.0, seed: int
                max_steps: int = 27000) -> list[float]:
     """Full-game returns of `episodes` games played in parallel (no clipping, all lives).
 
-    A game cut at `max_steps` agent steps counts with the return reached so far.
+    A game cut at `max_steps` agent steps counts with the return reached so far. The network runs
+    only on the games still going (padded to a power of two, so at most log2(episodes) shapes
+    compile): the last long game of a large agent costs one state per step, not `episodes`.
     """
     game = agent.game
     kwargs = {} if game in MINATAR_GAMES else {"max_episode_steps": max_steps,
@@ -50,7 +52,7 @@ def play_games(agent: Agent, episodes: int = 30, epsilon: float = 0.0, seed: int
     obs, returns, done = env.reset(), [None] * episodes, np.zeros(episodes, bool)
     running = np.zeros(episodes)
     for _ in range(max_steps):
-        actions = np.asarray(policy(agent.params, jnp.asarray(obs)))
+        actions = _active_actions(policy, agent.params, obs, ~done)
         explore = rng.random(episodes) < epsilon
         actions = np.where(explore, rng.integers(0, env.num_actions, episodes), actions)
         obs, reward, step_done, _ = env.step(actions)
@@ -61,6 +63,20 @@ def play_games(agent: Agent, episodes: int = 30, epsilon: float = 0.0, seed: int
         if done.all():
             break
     return [r if r is not None else float(running[i]) for i, r in enumerate(returns)]
+
+
+def _active_actions(policy, params, obs, active):
+    """Greedy actions of the active games (the rest get 0); the batch is padded to a power of two."""
+    idx = np.flatnonzero(active)
+    n = len(active)
+    if len(idx) == n:
+        return np.asarray(policy(params, jnp.asarray(obs)))
+    size = min(n, 1 << max(0, int(len(idx) - 1).bit_length()))
+    take = np.concatenate([idx, np.full(size - len(idx), idx[0] if len(idx) else 0)])
+    actions = np.zeros(n, np.int32)
+    if len(idx):
+        actions[idx] = np.asarray(policy(params, jnp.asarray(obs[take])))[:len(idx)]
+    return actions
 
 
 def summarise(returns, confidence: float = 0.95) -> dict:

@@ -30,6 +30,55 @@ def test_play_games_one_game_per_env_unclipped():
     assert len(rets) == 2 and all(r >= 0 for r in rets)
 
 
+def test_active_actions_match_the_full_batch_and_compile_few_shapes():
+    """Only the games still going are evaluated; their actions equal the full batch's."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxsal_agents.evaluate import _active_actions
+
+    shapes = []
+
+    def policy(p, o):
+        shapes.append(o.shape[0])
+        return jnp.argmax(o @ p, -1)
+
+    rng = np.random.default_rng(0)
+    w, obs = jnp.asarray(rng.normal(size=(3, 4))), rng.normal(size=(30, 3))
+    full = np.asarray(policy(w, jnp.asarray(obs)))
+    for n_active in (30, 29, 17, 16, 9, 5, 1, 0):
+        active = np.zeros(30, bool)
+        active[rng.choice(30, n_active, replace=False)] = True
+        got = _active_actions(policy, w, obs, active)
+        assert np.array_equal(got[active], full[active]) and not got[~active].any()
+    assert set(shapes) <= {30, 16, 8, 4, 2, 1}   # a handful of compiled shapes, never one per count
+    del jax
+
+
+def test_play_games_equals_the_plain_full_batch_loop():
+    """The active-games shortcut changes no return (reference: the network on every env, every step)."""
+    agent = jaxsal_agents.load("minatar-breakout")
+    from jaxsal_agents.envs import make_env
+    from jaxsal_agents.evaluate import greedy_actions
+
+    episodes, seed, max_steps = 6, 3, 400
+    env = make_env(agent.game, episodes, train=False, seed=seed)
+    obs, done, running = env.reset(), np.zeros(episodes, bool), np.zeros(episodes)
+    ref, partly_done = [None] * episodes, False
+    for _ in range(max_steps):
+        obs, reward, step_done, _ = env.step(np.asarray(greedy_actions(agent.apply_fn(agent.params, obs))))
+        running += np.where(done, 0.0, reward)
+        for i in np.flatnonzero(step_done.astype(bool) & ~done):
+            ref[i] = float(running[i])
+        done |= step_done.astype(bool)
+        partly_done |= 0 < done.sum() < episodes
+        if done.all():
+            break
+    ref = [r if r is not None else float(running[i]) for i, r in enumerate(ref)]
+    assert partly_done    # the games end at different steps, so the shortcut is exercised
+    assert play_games(agent, episodes=episodes, seed=seed, max_steps=max_steps) == ref
+
+
 def test_evaluate_updates_the_card(tmp_path):
     agent = jaxsal_agents.load("minatar-breakout")
     card = dict(agent.card)
