@@ -266,7 +266,7 @@ def export(run_dir, name: str, episodes: int = 30, out_dir=SHIPPED_DIR) -> dict:
         "params_sha256": sha, "dtype": "float16",
     })
     return write_card(card, out_dir, run_dir,
-                      f"{name}: returns while distilling (DAgger behaviour, eps {cfg.epsilon})")
+                      f"{name}: distillation (DAgger play, eps {cfg.epsilon})")
 
 
 def main(argv=None):

@@ -82,8 +82,23 @@ def test_every_shipped_agent_loads_and_acts(name):
 def test_required_agents_are_shipped():
     names = set(jaxsal_agents.available())
     required = {"breakout", "pong", "breakout-dddqn", "minatar-breakout", "minatar-spaceinvaders",
-                "minatar-asterix", "minatar-freeway"}
+                "minatar-asterix", "minatar-freeway"} | set(RETURN_GOALS)
     assert required <= names, required - names
+
+
+# the agents issue's goals (protocol: greedy, full games, 30 games; the card's 30-game mean)
+RETURN_GOALS = {"pong": 15, "breakout": 50, "mspacman": 1500, "spaceinvaders": 500, "frostbite": 250,
+                "breakout-dddqn": 50, "breakout-split-attention": 10}
+
+
+@pytest.mark.parametrize("name", sorted(RETURN_GOALS))
+def test_shipped_cards_meet_the_return_goals(name):
+    """A re-export that plays worse than the goal cannot land silently."""
+    import json
+
+    ev = json.loads((jaxsal_agents.zoo.SHIPPED_DIR / f"{name}.json").read_text())["eval"]
+    assert ev["episodes"] >= 30 and ev["epsilon"] == 0.0 and "FIRE pressed" in ev["protocol"]
+    assert ev["mean_return"] >= RETURN_GOALS[name], (name, ev["mean_return"])
 
 
 def test_write_card_names_where_the_curve_went(tmp_path, monkeypatch):
