@@ -299,28 +299,35 @@ def random_inits(model, obs, seeds):
 
 
 def figure_streams(streams, obs, path, state: int = 0):
+    """Frames on top, one row of Guided Backprop maps per stream (white = 0; the colour scale is the
+    99.5th percentile of |map| over the state's frames, so sparse ball and paddle marks show);
+    each map's title: the frame's share of |map| and, for the streams, its attention weight."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = ("q", "value", "advantage")
     t = obs.shape[-1]
-    fig, axes = plt.subplots(len(names) + 1, t, figsize=(1.3 * t, 1.4 * (len(names) + 1)))
+    fig, axes = plt.subplots(len(names) + 1, t, figsize=(1.3 * t, 1.5 * (len(names) + 1)))
     for k in range(t):
         axes[0, k].imshow(obs[state, :, :, k], cmap="gray")
-        axes[0, k].set_title(f"frame {k}", fontsize=6)
+        axes[0, k].set_title(f"frame {k}" + (" (newest)" if k == t - 1 else ""), fontsize=6)
         for r, n in enumerate(names):
-            g = streams[n]["maps"][state, :, :, k]
-            lim = np.abs(streams[n]["maps"][state]).max() or 1.0
-            axes[r + 1, k].imshow(g, cmap="RdYlGn", vmin=-lim, vmax=lim)
+            maps = streams[n]["maps"][state]
+            lim = float(np.percentile(np.abs(maps), 99.5)) or float(np.abs(maps).max()) or 1.0
+            axes[r + 1, k].imshow(maps[:, :, k], cmap="PiYG", vmin=-lim, vmax=lim)
+            att = streams.get(f"{n}_attention")
+            label = f"share {streams[n]['frame_shares'][k]:.2f}" + (f", att {att[k]:.2f}" if att else "")
+            axes[r + 1, k].set_title(label, fontsize=5)
             if k == 0:
                 axes[r + 1, k].set_ylabel(n, fontsize=7)
     for a in axes.ravel():
         a.set_xticks([])
         a.set_yticks([])
-    fig.suptitle("split-attention agent: Guided Backprop per stream and frame (green +, red -)", fontsize=8)
+    fig.suptitle("split-attention agent: Guided Backprop per stream and frame (green +, pink -; "
+                 "share of |map|, mean attention weight)", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
