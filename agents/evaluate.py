@@ -67,14 +67,13 @@ def play_games(agent: Agent, episodes: int = 30, epsilon: float = 0.0, seed: int
 
 def _active_actions(policy, params, obs, active):
     """Greedy actions of the active games (the rest get 0); the batch is padded to a power of two."""
-    idx = np.flatnonzero(active)
-    n = len(active)
+    idx, n = np.flatnonzero(active), len(active)
     if len(idx) == n:
         return np.asarray(policy(params, jnp.asarray(obs)))
-    size = min(n, 1 << max(0, int(len(idx) - 1).bit_length()))
-    take = np.concatenate([idx, np.full(size - len(idx), idx[0] if len(idx) else 0)])
     actions = np.zeros(n, np.int32)
     if len(idx):
+        size = min(n, 1 << (len(idx) - 1).bit_length())
+        take = np.concatenate([idx, np.full(size - len(idx), idx[0])])
         actions[idx] = np.asarray(policy(params, jnp.asarray(obs[take])))[:len(idx)]
     return actions
 

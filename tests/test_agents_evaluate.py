@@ -32,7 +32,6 @@ def test_play_games_one_game_per_env_unclipped():
 
 def test_active_actions_match_the_full_batch_and_compile_few_shapes():
     """Only the games still going are evaluated; their actions equal the full batch's."""
-    import jax
     import jax.numpy as jnp
 
     from jaxsal_agents.evaluate import _active_actions
@@ -52,7 +51,6 @@ def test_active_actions_match_the_full_batch_and_compile_few_shapes():
         got = _active_actions(policy, w, obs, active)
         assert np.array_equal(got[active], full[active]) and not got[~active].any()
     assert set(shapes) <= {30, 16, 8, 4, 2, 1}   # a handful of compiled shapes, never one per count
-    del jax
 
 
 def test_play_games_equals_the_plain_full_batch_loop():
