@@ -9,8 +9,8 @@ experiments.frame_stack_plan, runner and analysis in experiments.frame_stack_stu
     python -m experiments.frame_stack_bug --study atari --shard 1/4 --no-analysis   # parallel workers
     python -m experiments.frame_stack_bug --study atari --analyse-only
 
-With --study, only --out, --runs-dir, --shard, --no-analysis, --analyse-only, --time-limit and
---env-threads apply; the flags below belong to the EARLIER, exploratory experiment (seeds 0-5,
+With --study, only --out, --runs-dir, --shard, --no-analysis, --analyse-only, --export-runs,
+--time-limit and --env-threads apply; the flags below belong to the EARLIER, exploratory experiment (seeds 0-5,
 statistic chosen on seeds 0-2), kept to reproduce its results:
 
     python -m experiments.frame_stack_bug                  # small: MinAtar, 6 seeds, ~30 min on 2 CPUs
@@ -100,6 +100,9 @@ def make_parser():
     g.add_argument("--shard", default=None, help="i/n: train every n-th registered run from i (parallel workers)")
     g.add_argument("--no-analysis", action="store_true", help="train only (a shard); analyse later")
     g.add_argument("--analyse-only", action="store_true", help="analyse the runs on disk, train nothing")
+    g.add_argument("--export-runs", default=None, metavar="DEST",
+                   help="afterwards, copy the finished runs to DEST as small committable folders (the "
+                        "statistic's inputs; maps of the first seed only) that --runs-dir DEST analyses alike")
     g.add_argument("--time-limit", type=float, default=0.0,
                    help="seconds per run before it stops after a checkpoint (resumable); 0: none")
     g.add_argument("--env-threads", type=int, default=0, help="EnvPool threads per run (Atari); 0: default")
@@ -271,6 +274,9 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
             frame_stack_plan.STUDIES[args.study], out, args.runs_dir, shard=args.shard,
             train=not args.analyse_only, analysis=not args.no_analysis, time_limit=args.time_limit,
             env_threads=args.env_threads, log=log)
+        if args.export_runs:
+            runs_dir = args.runs_dir or out / f"runs_{args.study}"
+            frame_stack_study.export_runs(frame_stack_plan.STUDIES[args.study], runs_dir, args.export_runs, log=log)
         return summary if summary is not None else {"analysed": False}
     from jaxsal_agents.framestack import check_bug
     if args.large:

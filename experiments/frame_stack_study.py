@@ -265,6 +265,41 @@ def figure(study: plan.Study, runs: dict, runs_dir, path, state: int = 0, cols: 
     plt.close(fig)
 
 
+def export_runs(study: plan.Study, runs_dir, dest, state: int = 0, log=print) -> list[str]:
+    """Copy the finished runs into `dest` as small, committable folders that the analysis reads
+    exactly as the full ones: done.json, config.json, returns.csv, snapshots/meta.json and
+    stats.csv, and every snapshot's `frame_shares` (all the statistic needs). The figure's seed
+    (the study's first) also keeps its probe frames and probe `state`'s maps. No orbax
+    checkpoint travels: an exported run is finished. `dest` may be `runs_dir` (slims in place).
+    Returns the exported run names."""
+    import shutil
+
+    src, dest = Path(runs_dir), Path(dest)
+    done = []
+    for v, s in all_runs(study):
+        run_src, run_dest = src / run_name(v, s), dest / run_name(v, s)
+        if not (run_src / "done.json").exists():
+            continue
+        keep_maps = s == study.seeds[0]
+        (run_dest / "snapshots").mkdir(parents=True, exist_ok=True)
+        for f in ("done.json", "config.json", "returns.csv", "snapshots/meta.json", "snapshots/stats.csv") + (
+                ("snapshots/probe.npy",) if keep_maps else ()):
+            if (run_src / f).exists() and (run_src / f).resolve() != (run_dest / f).resolve():
+                shutil.copyfile(run_src / f, run_dest / f)
+        if not keep_maps and (run_dest / "snapshots" / "probe.npy").exists():
+            (run_dest / "snapshots" / "probe.npy").unlink()
+        for p in sorted((run_src / "snapshots").glob("step_*.npz")):
+            with np.load(p, allow_pickle=False) as z:
+                arrays = {k: (z[k] if k == "frame_shares" else z[k][state:state + 1])
+                          for k in z.files if keep_maps or k == "frame_shares"}
+            tmp = run_dest / "snapshots" / (p.stem + ".tmp.npz")
+            np.savez_compressed(tmp, **arrays)
+            tmp.replace(run_dest / "snapshots" / p.name)
+        done.append(run_name(v, s))
+    log(f"exported {len(done)} finished runs to {dest} (maps of seed {study.seeds[0]}, probe {state})")
+    return done
+
+
 def run_study(study: plan.Study, out, runs_dir=None, shard=None, train=True, analysis=True,
               make_env=default_env_fn, time_limit=0.0, env_threads=0, n_boot=None, log=print):
     """Train the registered runs (or a shard of them) and/or analyse whatever is on disk."""

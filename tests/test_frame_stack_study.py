@@ -138,3 +138,55 @@ def test_atari_study_end_to_end_with_the_dueling_double_dqn(tmp_path):
     cfg = json.loads((tmp_path / "out" / "runs_atari" / "reuse_s100" / "config.json").read_text())
     assert cfg["arch"] == "dueling" and cfg["target_every"] == 2 and cfg["game"] == "breakout"
     assert (tmp_path / "out" / "atari_frame_stack_bug.png").exists()
+    # the exported (small) runs analyse exactly as the full ones, figure included
+    fss.export_runs(study, tmp_path / "out" / "runs_atari", tmp_path / "slim", log=lambda m: None)
+    again = fss.run_study(study, tmp_path / "out2", tmp_path / "slim", train=False, n_boot=10, log=lambda m: None)
+    assert again["bugs"] == s["bugs"] and again["final_returns"] == s["final_returns"]
+    assert (tmp_path / "out2" / "atari_frame_stack_bug.png").exists()
+
+
+def _fake_run(run_dir, steps=(512, 2048), done=True, ckpt=True):
+    """A run folder as train_run leaves it: snapshots with maps of 3 probes and frame shares."""
+    rng = np.random.default_rng(len(str(run_dir)))
+    (run_dir / "snapshots").mkdir(parents=True)
+    if ckpt:
+        (run_dir / "ckpt" / "000000001").mkdir(parents=True)
+    for f in ("config.json", "snapshots/meta.json"):
+        (run_dir / f).write_text("{}")
+    (run_dir / "returns.csv").write_text("step,return\n")
+    (run_dir / "snapshots" / "stats.csv").write_text("step\n" + "".join(f"{s}\n" for s in steps))
+    np.save(run_dir / "snapshots" / "probe.npy", rng.random((3, 6, 6, 4)).astype(np.float32))
+    for s in steps:
+        np.savez_compressed(run_dir / "snapshots" / f"step_{s:09d}.npz", gradcam=rng.random((3, 6, 6)),
+                            gradient=rng.random((3, 6, 6)), frame_shares=rng.random((3, 3, 4)))
+    if done:
+        (run_dir / "done.json").write_text(json.dumps({"rows": [{"step": s} for s in steps], "steps": steps[-1]}))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_export_keeps_the_statistics_inputs_and_only_the_first_seeds_maps(tmp_path, in_place):
+    from jaxsal_agents.snapshots import load_snapshots
+    study = dataclasses.replace(TINY_MINATAR, variants=("correct", "reuse"))
+    src = tmp_path / "runs"
+    for v in study.variants:
+        for s in study.seeds:
+            _fake_run(src / fss.run_name(v, s), done=(v, s) != ("reuse", 101))
+    full = {n.name: load_snapshots(n / "snapshots") for n in src.iterdir()}
+    dest = src if in_place else tmp_path / "slim"
+    names = fss.export_runs(study, src, dest, log=lambda m: None)
+    assert names == ["correct_s100", "reuse_s100", "correct_s101"]     # the unfinished run stays out
+    for name in names:
+        slim = load_snapshots(dest / name / "snapshots")
+        assert [s for s, _ in slim] == [s for s, _ in full[name]]
+        for (_, a), (_, b) in zip(slim, full[name]):
+            np.testing.assert_array_equal(a["frame_shares"], b["frame_shares"])
+            if name.endswith("_s100"):   # the figure's seed: probe 0's maps, exactly
+                assert set(a) == set(b) and a["gradcam"].shape == (1, 6, 6)
+                np.testing.assert_array_equal(a["gradcam"][0], b["gradcam"][0])
+            else:
+                assert set(a) == {"frame_shares"}
+        assert (dest / name / "snapshots" / "probe.npy").exists() == name.endswith("_s100")
+        assert (dest / name / "done.json").read_text() == (src / name / "done.json").read_text()
+        assert not list((dest / name / "snapshots").glob("*.tmp.npz"))
+        assert (dest / name / "ckpt").exists() == in_place       # checkpoints never travel
+    assert not (dest / "reuse_s101").exists() or in_place
