@@ -30,6 +30,7 @@ import numpy as np
 
 from experiments import detection_rule
 from experiments import frame_stack_plan as plan
+from experiments import frame_stack_report
 
 FIGURE_METHODS = ("g1gradcam", "gradcam", "guided_backprop", "gradient")
 CKPT_EVERY = 32     # updates between orbax checkpoints (resumption only; not part of the analysis)
@@ -317,10 +318,26 @@ def run_study(study: plan.Study, out, runs_dir=None, shard=None, train=True, ana
     if missing:
         log(f"cannot analyse yet: no snapshots for {missing}")
         return None
+    summary = summarise(study, loaded, n_boot=n_boot)
+    summary["wall_s_this_call"] = round(time.time() - t0, 1)
+    runs = {k: x[0] for k, x in loaded.items()}
+    (out / f"{study.name}_summary.json").write_text(json.dumps(summary, indent=1))
+    (out / f"{study.name}_summary.md").write_text(frame_stack_report.render(summary))
+    write_stats_csv(runs, out / f"{study.name}_stats.csv")
+    figure(study, runs, runs_dir, out / f"{study.name}_frame_stack_bug.png")
+    for bug, b in summary["bugs"].items():
+        log(f"{bug}: maps {b['saliency_detection_step']} ({b['saliency']['direction']}) "
+            f"returns {b['return_detection_step']} ({b['return']['direction']})")
+    return summary
+
+
+def summarise(study: plan.Study, loaded: dict, n_boot: int | None = None) -> dict:
+    """The summary of every registered run {(variant, seed): (rows, steps, finished)}: the rule's
+    verdicts (`bugs`), `seeds`, `steps` per run, `final_returns`, and what the analysis covered."""
     runs = {k: x[0] for k, x in loaded.items()}
     complete = all(x[2] for x in loaded.values())
     res = analyse(study, runs, complete, n_boot=n_boot)
-    summary = {
+    return {
         "study": study.name, "preregistration": "experiments/frame_stack_bug_preregistration.md",
         "bugs": res.pop("bugs"), "seeds": list(study.seeds),
         "steps": {run_name(v, s): x[1] for (v, s), x in loaded.items()},
@@ -331,12 +348,5 @@ def run_study(study: plan.Study, out, runs_dir=None, shard=None, train=True, ana
                 "checkpoint; fixed-sequence from the last checkpoint backwards at alpha_per_bug "
                 "(= family_alpha / number of bugs); detection step = first checkpoint from which every "
                 "later one rejects; null = missed",
-        "wall_s_this_call": round(time.time() - t0, 1), "platform": platform.platform(),
+        "platform": platform.platform(),
     }
-    (out / f"{study.name}_summary.json").write_text(json.dumps(summary, indent=1))
-    write_stats_csv(runs, out / f"{study.name}_stats.csv")
-    figure(study, runs, runs_dir, out / f"{study.name}_frame_stack_bug.png")
-    for bug, b in summary["bugs"].items():
-        log(f"{bug}: maps {b['saliency_detection_step']} ({b['saliency']['direction']}) "
-            f"returns {b['return_detection_step']} ({b['return']['direction']})")
-    return summary

@@ -138,6 +138,7 @@ def test_atari_study_end_to_end_with_the_dueling_double_dqn(tmp_path):
     cfg = json.loads((tmp_path / "out" / "runs_atari" / "reuse_s100" / "config.json").read_text())
     assert cfg["arch"] == "dueling" and cfg["target_every"] == 2 and cfg["game"] == "breakout"
     assert (tmp_path / "out" / "atari_frame_stack_bug.png").exists()
+    assert "## atari study" in (tmp_path / "out" / "atari_summary.md").read_text()
     # the exported (small) runs analyse exactly as the full ones, figure included
     fss.export_runs(study, tmp_path / "out" / "runs_atari", tmp_path / "slim", log=lambda m: None)
     again = fss.run_study(study, tmp_path / "out2", tmp_path / "slim", train=False, n_boot=10, log=lambda m: None)
@@ -190,3 +191,27 @@ def test_export_keeps_the_statistics_inputs_and_only_the_first_seeds_maps(tmp_pa
         assert not list((dest / name / "snapshots").glob("*.tmp.npz"))
         assert (dest / name / "ckpt").exists() == in_place       # checkpoints never travel
     assert not (dest / "reuse_s101").exists() or in_place
+
+
+def test_summary_and_its_markdown_report_a_planted_bug_and_a_miss():
+    from experiments import frame_stack_report
+    study = dataclasses.replace(TINY_MINATAR, variants=("correct", "reuse"), seeds=tuple(range(100, 106)))
+    rng = np.random.default_rng(0)
+    loaded = {}
+    for v in study.variants:
+        for s in study.seeds:
+            rows = [{"step": t, "return_mean": float(rng.normal(2, 1)), "newest_share_gain": float(rng.normal()),
+                     "stack_age_gain": float(rng.normal(0, 0.1) - (1.0 if v == "reuse" and t >= 32 else 0.0))}
+                    for t in range(16, 97, 16)]
+            loaded[(v, s)] = (rows, 96, s != 105 or v == "correct")
+    s = fss.summarise(study, loaded, n_boot=50)
+    b = s["bugs"]["reuse"]
+    assert s["checkpoints"] == [32, 64, 96] and s["seeds"] == list(range(100, 106))
+    assert b["saliency_detection_step"] == 32 and b["saliency"]["direction"] == "-"
+    assert b["saliency"]["matches_prediction"] is True and b["return_detection_step"] is None
+    assert s["incomplete_runs"] == ["reuse_s105"] and s["truncated"]
+    md = frame_stack_report.render(json.loads(json.dumps(s)))
+    row = next(line for line in md.splitlines() if line.startswith("| reuse |"))
+    assert "**32** (down" in row and "missed (last p" in row and "down; matches" in row
+    assert "Interim / truncated" in md and "reuse_s105" in md
+    assert "| correct | " in md and "did not learn" in md

@@ -1,0 +1,94 @@
+"""Markdown tables of a pre-registered frame-stack study's summary (experiments.frame_stack_study):
+detection steps per bug and signal with their seed-bootstrap intervals, final returns with
+Student-t intervals, the learning check and every incomplete run.
+
+    python -m experiments.frame_stack_report experiments/results/frame_stack_bug/minatar_summary.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SIGNAL_NAMES = {"saliency": "maps (`stack_age_gain`)", "return": "returns",
+                "saliency_old": "old map statistic (`newest_share_gain`, descriptive)"}
+
+
+def _step(x) -> str:
+    return "missed" if x is None else f"{x:,}"
+
+
+def _detection(r: dict) -> str:
+    """'6,144 (down; 95% 4,096-8,192, never 2%)' or 'missed (last p 0.31; never 97%)'."""
+    iv = r["interval"]
+    never = f"never {100 * iv['never_share']:.0f}%"
+    if r["detection_step"] is None:
+        why = "" if r["can_reject"] else "; cannot reject with these seeds"
+        return f"missed (last p {r['p_values'][-1]:.3g}{why}; {never})"
+    direction = {"+": "up", "-": "down"}[r["direction"]]
+    lo, hi = (_step(iv["low"]).replace("missed", "never"), _step(iv["high"]).replace("missed", "never"))
+    return f"**{r['detection_step']:,}** ({direction}; 95% {lo} to {hi}, {never})"
+
+
+def _prediction(r: dict) -> str:
+    pred = r.get("predicted_direction")
+    if pred is None:
+        return "none registered"
+    word = {"+": "up", "-": "down"}[pred]
+    if r["detection_step"] is None:
+        return f"{word}; missed"
+    return f"{word}; {'matches' if r['matches_prediction'] else 'CONTRADICTS'}"
+
+
+def _num(x, fmt="{:.2f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def render(summary: dict) -> str:
+    """The summary's tables as markdown (no interpretation: numbers and the rule's verdicts)."""
+    s = summary
+    plan = s["plan"]
+    lines = [f"## {s['study']} study: {plan['game']}, seeds {s['seeds'][0]}-{s['seeds'][-1]} "
+             f"({len(s['seeds'])} per variant), {plan['steps']:,} env steps per run", ""]
+    if s.get("truncated"):
+        lines += [f"**Interim / truncated**: analysed up to step {s['checkpoints'][-1]:,}; "
+                  f"incomplete runs: {', '.join(s['incomplete_runs']) or 'none'}.", ""]
+    lines += [f"Rule: {s['rule']}. Per-bug level {s['alpha_per_bug']:.4g} (family {s['family_alpha']}); "
+              f"{len(s['checkpoints'])} checkpoints, {s['checkpoints'][0]:,} to {s['checkpoints'][-1]:,}.", "",
+              "| bug | " + " | ".join(SIGNAL_NAMES.values()) + " | predicted map direction |",
+              "|---|" + "---|" * (len(SIGNAL_NAMES) + 1)]
+    for bug, b in s["bugs"].items():
+        cells = [_detection(b[k]) for k in SIGNAL_NAMES]
+        lines.append(f"| {bug} | " + " | ".join(cells) + f" | {_prediction(b['saliency'])} |")
+    lines += ["", "Detection step: the first registered checkpoint from which the test rejects at every later "
+              "one (env steps). Interval: 95% seed-bootstrap stability interval of the step (1,000 "
+              "resamples); never: share of resamples with no detection.", "",
+              f"| variant | final return (mean) | std | 95% t-interval | per seed (step {s['checkpoints'][-1]:,}) |",
+              "|---|---|---|---|---|"]
+    for v, f in s["final_returns"].items():
+        lo, hi = f["ci95"]
+        ci = "n/a" if lo is None else f"{lo:.2f} to {hi:.2f}"
+        lines.append(f"| {v} | {f['mean']:.2f} | {_num(f['std'])} | {ci} | "
+                     + ", ".join(f"{x:.2f}" for x in f["per_seed"]) + " |")
+    lc = s["learning_check"]
+    lines += ["", f"Learning check: the correct agent's final return {lc['correct_final_return']:.2f} against the "
+              f"threshold {lc['threshold']:.2f} (2 x random play): **{'learned' if lc['learned'] else 'did not learn'}**."]
+    per_update = plan["num_envs"] * plan["rollout"]
+    short = {k: v for k, v in s["steps"].items() if v < plan["steps"] // per_update * per_update}
+    if short:
+        lines.append("Runs short of the budget: " + ", ".join(f"{k} ({v:,})" for k, v in short.items()) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m experiments.frame_stack_report SUMMARY_JSON")
+    path = Path(argv[0])
+    if not path.exists():
+        raise SystemExit(f"{path}: no such summary; run python -m experiments.frame_stack_bug --study ... first")
+    print(render(json.loads(path.read_text())), end="")
+
+
+if __name__ == "__main__":
+    main()
