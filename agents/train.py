@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxsal.gradient.rules import rewrite
+
 from .checkpoint import restore_train_state, save_train_state
 from .envs import make_env
 from .zoo import build_model
@@ -58,6 +60,7 @@ class PQNConfig:
     target_every: int = 0        # updates between target-network syncs; 0: no target net (PQN)
     init_from: str = ""          # shipped agent name or card .json to start from when no checkpoint
     env_threads: int = 0         # EnvPool worker threads (Atari); 0: EnvPool's default
+    fast_conv: bool = True       # update's strided-conv input gradients as matmuls (jaxsal.fastconv; same math)
 
 
 def epsilon_at(cfg: PQNConfig, step: int) -> float:
@@ -123,8 +126,12 @@ def bootstrap_values(model, params, target, obs, q_max, greedy, last_obs):
 
 
 def make_update(model, tx, cfg: PQNConfig):
+    # the gradient runs through jaxsal's conv rule: XLA:CPU's transposed conv for a strided
+    # conv's input gradient (the Nature CNN's conv2) is slower than the same sums as matmuls
+    apply = rewrite(model.apply, "plain", fast_conv=True) if cfg.fast_conv else model.apply
+
     def loss_fn(params, obs, actions, targets):
-        q = q_values(model.apply(params, obs))
+        q = q_values(apply(params, obs))
         q_a = jnp.take_along_axis(q, actions[:, None], -1)[:, 0]
         return 0.5 * jnp.mean((q_a - targets) ** 2)
 

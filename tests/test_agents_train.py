@@ -143,3 +143,40 @@ def test_sigterm_stops_after_the_update_with_a_checkpoint(tmp_path):
     assert stopped and "(signal)" in stopped[0], "".join(lines)[-2000:]
     n = int(stopped[0].split()[3])
     assert n >= 3 and (tmp_path / "run" / "ckpt" / f"{n:09d}").is_dir()
+
+
+def test_fast_conv_update_equals_the_plain_update(arch="dueling"):
+    """The default update (strided convs' input gradient as matmuls) is the plain update up to
+    float rounding. With SGD at lr 1 and one minibatch, the change of params is the gradient."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from jaxsal.gradient.rules import count_convs
+    from jaxsal_agents.train import make_update
+    from jaxsal_agents.zoo import build_model
+
+    cfg = PQNConfig(game="breakout", arch=arch, num_envs=2, rollout=4, minibatches=1, epochs=1, target_every=8)
+    model = build_model("breakout", arch, 4)
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 84, 84, 4)))
+    tx = optax.sgd(1.0)
+    rng = np.random.default_rng(0)
+    t, e = cfg.rollout, cfg.num_envs
+    batch = (jnp.asarray(rng.integers(0, 256, (t, e, 84, 84, 4)), jnp.float32), jnp.asarray(rng.integers(0, 4, (t, e))),
+             jnp.asarray(rng.normal(size=(t, e)), jnp.float32), jnp.asarray(rng.random((t, e)) < 0.2, jnp.float32),
+             jnp.asarray(rng.normal(size=(t, e)), jnp.float32), jnp.asarray(rng.integers(0, 4, (t, e))),
+             jnp.asarray(rng.integers(0, 256, (e, 84, 84, 4)), jnp.float32))
+    grads, losses = {}, {}
+    for fast in (True, False):
+        update = make_update(model, tx, dataclasses.replace(cfg, fast_conv=fast))
+        new, _, losses[fast] = update(params, params, tx.init(params), jax.random.PRNGKey(1), *batch)
+        grads[fast] = jax.tree.map(lambda a, b: np.asarray(a - b), params, new)
+    assert float(losses[True]) == pytest.approx(float(losses[False]), rel=1e-6)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads[True]), jax.tree.leaves(grads[False])):
+        assert np.abs(b).max() > 0, path
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max(), err_msg=str(path))
+    # and the rule really is in the gradient: both strided convs are served by it
+    assert PQNConfig().fast_conv is True
+    assert count_convs(model.apply, params, batch[0][0]) == 2      # conv1 (stride 4), conv2 (stride 2)
