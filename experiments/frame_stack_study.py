@@ -266,6 +266,40 @@ def figure(study: plan.Study, runs: dict, runs_dir, path, state: int = 0, cols: 
     plt.close(fig)
 
 
+def detection_figure(study: plan.Study, runs: dict, summary: dict, path):
+    """The rule's verdicts at a glance: per variant, the seed mean of the return and of the map
+    statistic at the registered checkpoints with a 95% t-band over seeds, and each bug's
+    detection step marked on the signal that detected it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from scipy import stats
+
+    checkpoints = summary["checkpoints"]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for ax, (signal, key, title) in zip(axes, [("return", "return_mean", f"return (last {plan.RETURN_GAMES} games)"),
+                                              ("saliency", "stack_age_gain", "stack age gain (maps only)")]):
+        for i, v in enumerate(study.variants):
+            x = np.stack([at_checkpoints(runs[(v, s)], checkpoints, key) for s in study.seeds])
+            m = x.mean(0)
+            h = stats.t.ppf(0.975, len(x) - 1) * x.std(0, ddof=1) / np.sqrt(len(x)) if len(x) > 1 else 0 * m
+            step = None if v == "correct" else summary["bugs"][v][f"{signal}_detection_step"]
+            label = v if v == "correct" else f"{v}: {'missed' if step is None else f'detected at {step:,}'}"
+            ax.plot(checkpoints, m, color=colors[i], label=label)
+            ax.fill_between(checkpoints, m - h, m + h, color=colors[i], alpha=0.15)
+            if step is not None:
+                ax.axvline(step, color=colors[i], ls="--", lw=1)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("env step")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{study.game}: seed means with 95% t-bands ({len(study.seeds)} seeds per variant); dashed: "
+                 f"detection step under the pre-registered rule", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def export_runs(study: plan.Study, runs_dir, dest, state: int = 0, log=print) -> list[str]:
     """Copy the finished runs into `dest` as small, committable folders that the analysis reads
     exactly as the full ones: done.json, config.json, returns.csv, snapshots/meta.json and
@@ -325,6 +359,7 @@ def run_study(study: plan.Study, out, runs_dir=None, shard=None, train=True, ana
     (out / f"{study.name}_summary.md").write_text(frame_stack_report.render(summary))
     write_stats_csv(runs, out / f"{study.name}_stats.csv")
     figure(study, runs, runs_dir, out / f"{study.name}_frame_stack_bug.png")
+    detection_figure(study, runs, summary, out / f"{study.name}_detection.png")
     for bug, b in summary["bugs"].items():
         log(f"{bug}: maps {b['saliency_detection_step']} ({b['saliency']['direction']}) "
             f"returns {b['return_detection_step']} ({b['return']['direction']})")

@@ -139,6 +139,7 @@ def test_atari_study_end_to_end_with_the_dueling_double_dqn(tmp_path):
     assert cfg["arch"] == "dueling" and cfg["target_every"] == 2 and cfg["game"] == "breakout"
     assert (tmp_path / "out" / "atari_frame_stack_bug.png").exists()
     assert "## atari study" in (tmp_path / "out" / "atari_summary.md").read_text()
+    assert (tmp_path / "out" / "atari_detection.png").exists()
     # the exported (small) runs analyse exactly as the full ones, figure included
     fss.export_runs(study, tmp_path / "out" / "runs_atari", tmp_path / "slim", log=lambda m: None)
     again = fss.run_study(study, tmp_path / "out2", tmp_path / "slim", train=False, n_boot=10, log=lambda m: None)
@@ -193,7 +194,7 @@ def test_export_keeps_the_statistics_inputs_and_only_the_first_seeds_maps(tmp_pa
     assert not (dest / "reuse_s101").exists() or in_place
 
 
-def test_summary_and_its_markdown_report_a_planted_bug_and_a_miss():
+def test_summary_its_markdown_and_figure_report_a_planted_bug_and_a_miss(tmp_path):
     from experiments import frame_stack_report
     study = dataclasses.replace(TINY_MINATAR, variants=("correct", "reuse"), seeds=tuple(range(100, 106)))
     rng = np.random.default_rng(0)
@@ -215,3 +216,6 @@ def test_summary_and_its_markdown_report_a_planted_bug_and_a_miss():
     assert "**32** (down" in row and "missed (last p" in row and "down; matches" in row
     assert "Interim / truncated" in md and "reuse_s105" in md
     assert "| correct | " in md and "did not learn" in md
+    assert "registered for the Atari study only" in md
+    fss.detection_figure(study, {k: x[0] for k, x in loaded.items()}, s, tmp_path / "detection.png")
+    assert (tmp_path / "detection.png").stat().st_size > 10_000
