@@ -13,9 +13,11 @@ resumable: an interrupted run continues from its orbax checkpoint and its snapsh
 (`--time-limit` stops a run cleanly after a checkpoint), a finished one is skipped
 (RUNS/<variant>_s<seed>/done.json). The analysis (experiments.detection_rule) applies the rule
 to the map statistic and to the returns at the registered checkpoints and writes
-<study>_summary.json (keys `bugs`, `seeds`, `steps`, `final_returns`, ...), <study>_stats.csv
-(every snapshot of every run) and <study>_frame_stack_bug.png (return curves, the statistic,
-and G1Grad-CAM / Grad-CAM / Guided Backprop / gradient snapshots side by side).
+<study>_summary.json (keys `bugs`, `seeds`, `steps`, `final_returns`, ...), its tables as
+<study>_summary.md, <study>_stats.csv (every snapshot of every run), <study>_detection.png (seed
+means with bands, detection steps marked) and <study>_frame_stack_bug.png (return curves, the
+statistic, and G1Grad-CAM / Grad-CAM / Guided Backprop / gradient snapshots side by side).
+`--export-runs DEST` keeps finished runs small enough to commit (`export_runs`).
 """
 from __future__ import annotations
 
