@@ -273,10 +273,7 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
         summary = frame_stack_study.run_study(
             frame_stack_plan.STUDIES[args.study], out, args.runs_dir, shard=args.shard,
             train=not args.analyse_only, analysis=not args.no_analysis, time_limit=args.time_limit,
-            env_threads=args.env_threads, log=log)
-        if args.export_runs:
-            runs_dir = args.runs_dir or out / f"runs_{args.study}"
-            frame_stack_study.export_runs(frame_stack_plan.STUDIES[args.study], runs_dir, args.export_runs, log=log)
+            env_threads=args.env_threads, export_to=args.export_runs, log=log)
         return summary if summary is not None else {"analysed": False}
     from jaxsal_agents.framestack import check_bug
     if args.large:

@@ -338,8 +338,9 @@ def export_runs(study: plan.Study, runs_dir, dest, state: int = 0, log=print) ->
 
 
 def run_study(study: plan.Study, out, runs_dir=None, shard=None, train=True, analysis=True,
-              make_env=default_env_fn, time_limit=0.0, env_threads=0, n_boot=None, log=print):
-    """Train the registered runs (or a shard of them) and/or analyse whatever is on disk."""
+              make_env=default_env_fn, time_limit=0.0, env_threads=0, n_boot=None, export_to=None, log=print):
+    """Train the registered runs (or a shard of them) and/or analyse whatever is on disk; with
+    `export_to`, then copy the finished runs there small (`export_runs`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(runs_dir) if runs_dir else out / f"runs_{study.name}"
@@ -347,8 +348,14 @@ def run_study(study: plan.Study, out, runs_dir=None, shard=None, train=True, ana
     if train:
         for v, s in shard_runs(all_runs(study), shard):
             train_run(study, v, s, runs_dir, make_env, time_limit=time_limit, env_threads=env_threads, log=log)
-    if not analysis:
-        return None
+    summary = analyse_runs(study, out, runs_dir, n_boot, t0, log) if analysis else None
+    if export_to:
+        export_runs(study, runs_dir, export_to, log=log)
+    return summary
+
+
+def analyse_runs(study: plan.Study, out: Path, runs_dir: Path, n_boot, t0: float, log):
+    """The analysis of every registered run on disk and its files in `out`; None while runs are missing."""
     loaded = {(v, s): load_run(study, v, s, runs_dir) for v, s in all_runs(study)}
     missing = [run_name(v, s) for (v, s), x in loaded.items() if x is None]
     if missing:

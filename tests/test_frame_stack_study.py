@@ -132,7 +132,8 @@ def test_cli_study_flag_uses_the_plan(monkeypatch, tmp_path):
 def test_atari_study_end_to_end_with_the_dueling_double_dqn(tmp_path):
     study = dataclasses.replace(plan.ATARI, seeds=(100, 101), steps=2 * 4 * 3, num_envs=2, rollout=4,
                                 epochs=1, minibatches=1, snapshot_every=1, checkpoint_every=1, target_every=2)
-    s = fss.run_study(study, tmp_path / "out", make_env=fake_env((84, 84, 1), 4), n_boot=10, log=lambda m: None)
+    s = fss.run_study(study, tmp_path / "out", make_env=fake_env((84, 84, 1), 4), n_boot=10,
+                      export_to=tmp_path / "slim", log=lambda m: None)
     assert set(s["bugs"]) == {"reuse", "reversed"} and s["checkpoints"] == [8, 16, 24]
     assert set(s["steps"].values()) == {24} and set(s["final_returns"]) == {"correct", "reuse", "reversed"}
     cfg = json.loads((tmp_path / "out" / "runs_atari" / "reuse_s100" / "config.json").read_text())
@@ -141,7 +142,6 @@ def test_atari_study_end_to_end_with_the_dueling_double_dqn(tmp_path):
     assert "## atari study" in (tmp_path / "out" / "atari_summary.md").read_text()
     assert (tmp_path / "out" / "atari_detection.png").exists()
     # the exported (small) runs analyse exactly as the full ones, figure included
-    fss.export_runs(study, tmp_path / "out" / "runs_atari", tmp_path / "slim", log=lambda m: None)
     again = fss.run_study(study, tmp_path / "out2", tmp_path / "slim", train=False, n_boot=10, log=lambda m: None)
     assert again["bugs"] == s["bugs"] and again["final_returns"] == s["final_returns"]
     assert (tmp_path / "out2" / "atari_frame_stack_bug.png").exists()
