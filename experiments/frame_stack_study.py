@@ -32,6 +32,7 @@ import numpy as np
 
 from experiments import detection_rule
 from experiments import frame_stack_plan as plan
+from experiments import frame_stack_secondary_plan as secondary
 from experiments import frame_stack_report
 
 FIGURE_METHODS = ("g1gradcam", "gradcam", "guided_backprop", "gradient")
@@ -302,13 +303,32 @@ def detection_figure(study: plan.Study, runs: dict, summary: dict, path):
     plt.close(fig)
 
 
+KEPT_WHOLE = ("frame_shares", "cam_rows")   # per-snapshot arrays every exported run keeps whole
+
+
+def cam_rows(snapshot) -> np.ndarray | None:
+    """(methods, probes, H) row profiles of a snapshot's CAM maps: the sum of |map| over columns
+    per probe, for the secondary analyses' CAM statistics (experiments.frame_stack_secondary_plan);
+    the stored `cam_rows` of an already slim snapshot, or None when neither is there."""
+    if "cam_rows" in snapshot:
+        return np.asarray(snapshot["cam_rows"])
+    if not all(m in snapshot for m in secondary.CAM_METHODS):
+        return None
+    maps = [np.asarray(snapshot[m], np.float32) for m in secondary.CAM_METHODS]
+    probes = snapshot["frame_shares"].shape[1] if "frame_shares" in snapshot else plan.N_PROBES
+    if maps[0].shape[0] != probes:                 # a slim copy keeps one probe's maps: not enough
+        return None
+    return np.stack([np.abs(m).sum(-1) for m in maps]).astype(np.float32)
+
+
 def export_runs(study: plan.Study, runs_dir, dest, state: int = 0, log=print) -> list[str]:
     """Copy the finished runs into `dest` as small, committable folders that the analysis reads
     exactly as the full ones: done.json, config.json, returns.csv, snapshots/meta.json and
-    stats.csv, and every snapshot's `frame_shares` (all the statistic needs). The figure's seed
-    (the study's first) also keeps its probe frames and probe `state`'s maps. No orbax
-    checkpoint travels: an exported run is finished. `dest` may be `runs_dir` (slims in place).
-    Returns the exported run names."""
+    stats.csv, every snapshot's `frame_shares` (all the primary statistic needs) and `cam_rows`
+    (the CAM row profiles the secondary analyses need). The figure's seed (the study's first)
+    also keeps its probe frames and probe `state`'s maps. No orbax checkpoint travels: an
+    exported run is finished. `dest` may be `runs_dir` (slims in place). Returns the exported
+    run names."""
     import shutil
 
     src, dest = Path(runs_dir), Path(dest)
@@ -327,8 +347,11 @@ def export_runs(study: plan.Study, runs_dir, dest, state: int = 0, log=print) ->
             (run_dest / "snapshots" / "probe.npy").unlink()
         for p in sorted((run_src / "snapshots").glob("step_*.npz")):
             with np.load(p, allow_pickle=False) as z:
-                arrays = {k: (z[k] if k == "frame_shares" else z[k][state:state + 1])
-                          for k in z.files if keep_maps or k == "frame_shares"}
+                arrays = {k: (z[k] if k in KEPT_WHOLE else z[k][state:state + 1])
+                          for k in z.files if keep_maps or k in KEPT_WHOLE}
+                rows = cam_rows(z)
+            if rows is not None:
+                arrays["cam_rows"] = rows
             tmp = run_dest / "snapshots" / (p.stem + ".tmp.npz")
             np.savez_compressed(tmp, **arrays)
             tmp.replace(run_dest / "snapshots" / p.name)

@@ -159,8 +159,9 @@ def _fake_run(run_dir, steps=(512, 2048), done=True, ckpt=True):
     (run_dir / "snapshots" / "stats.csv").write_text("step\n" + "".join(f"{s}\n" for s in steps))
     np.save(run_dir / "snapshots" / "probe.npy", rng.random((3, 6, 6, 4)).astype(np.float32))
     for s in steps:
-        np.savez_compressed(run_dir / "snapshots" / f"step_{s:09d}.npz", gradcam=rng.random((3, 6, 6)),
-                            gradient=rng.random((3, 6, 6)), frame_shares=rng.random((3, 3, 4)))
+        np.savez_compressed(run_dir / "snapshots" / f"step_{s:09d}.npz", gradcam=rng.normal(size=(3, 6, 6)),
+                            g1gradcam=rng.normal(size=(3, 6, 6)), gradient=rng.random((3, 6, 6)),
+                            frame_shares=rng.random((3, 3, 4)))
     if done:
         (run_dir / "done.json").write_text(json.dumps({"rows": [{"step": s} for s in steps], "steps": steps[-1]}))
 
@@ -182,16 +183,26 @@ def test_export_keeps_the_statistics_inputs_and_only_the_first_seeds_maps(tmp_pa
         assert [s for s, _ in slim] == [s for s, _ in full[name]]
         for (_, a), (_, b) in zip(slim, full[name]):
             np.testing.assert_array_equal(a["frame_shares"], b["frame_shares"])
+            # every run keeps its CAM maps' row profiles (all probes), which the secondary analyses read
+            want = np.abs(np.stack([b["gradcam"], b["g1gradcam"]]).astype(np.float32)).sum(-1)
+            np.testing.assert_allclose(a["cam_rows"], want, rtol=1e-6)
             if name.endswith("_s100"):   # the figure's seed: probe 0's maps, exactly
-                assert set(a) == set(b) and a["gradcam"].shape == (1, 6, 6)
+                assert set(a) == set(b) | {"cam_rows"} and a["gradcam"].shape == (1, 6, 6)
                 np.testing.assert_array_equal(a["gradcam"][0], b["gradcam"][0])
             else:
-                assert set(a) == {"frame_shares"}
+                assert set(a) == {"frame_shares", "cam_rows"}
         assert (dest / name / "snapshots" / "probe.npy").exists() == name.endswith("_s100")
         assert (dest / name / "done.json").read_text() == (src / name / "done.json").read_text()
         assert not list((dest / name / "snapshots").glob("*.tmp.npz"))
         assert (dest / name / "ckpt").exists() == in_place       # checkpoints never travel
     assert not (dest / "reuse_s101").exists() or in_place
+    # exporting the slim copies again changes nothing (their row profiles survive)
+    before = {n: load_snapshots(dest / n / "snapshots") for n in names}
+    fss.export_runs(study, dest, dest, log=lambda m: None)
+    for n in names:
+        for (_, a), (_, b) in zip(load_snapshots(dest / n / "snapshots"), before[n]):
+            assert set(a) == set(b)
+            np.testing.assert_array_equal(a["cam_rows"], b["cam_rows"])
 
 
 def test_summary_its_markdown_and_figure_report_a_planted_bug_and_a_miss(tmp_path):

@@ -1,0 +1,288 @@
+"""The Atari frame-stack study's secondary analyses, exactly as registered in
+experiments/frame_stack_bug_secondary_registration.md (numbers: experiments.frame_stack_secondary_plan).
+Everything here is labelled secondary; none of it changes the primary verdicts.
+
+    python -m experiments.frame_stack_secondary --runs-dir RUNS --rerun-dir RERUNS --out OUT
+
+S1  paired per-seed lead of the maps over the returns (`s1_lead`), with the MinAtar study's runs
+    beside it as post hoc (`--minatar-runs-dir`);
+S2  the primary rule on `cam_row_gain`, the Grad-CAM / G1Grad-CAM share on the ball-and-paddle rows
+    (`s2_cam_rule`);
+S3  Paper A's claim 3 (CAM on the ball and the paddle before the return rises) over all runs,
+    against each run's own first snapshot (`s3_claim3`).
+Until every registered run is there (with its CAM row profiles for S2 and S3), `analyse` writes
+which ones are missing and computes nothing else: the registration allows no interim look.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from experiments import detection_rule
+from experiments import frame_stack_plan as plan
+from experiments import frame_stack_secondary_plan as sp
+from experiments import frame_stack_study as fss
+from experiments.paper_a_claims import ball_paddle_rows
+from jaxsal.frame_stats import trailing_mean
+
+
+# ---------------------------------------------------------------- shared pieces
+def sign_flip_p(x, alternative: str = "greater") -> float:
+    """Exact sign-flip permutation p of mean(x) over all 2^n sign assignments (one-sided
+    "greater" / "less", or "two-sided"); ties count as at least as extreme."""
+    x = np.asarray(x, np.float64)
+    if x.ndim != 1 or x.size < 1:
+        raise ValueError(f"need a 1-d array of per-unit values, got shape {x.shape}")
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=x.size)))
+    means = signs @ x / x.size
+    obs, tol = x.mean(), 1e-12 * max(1.0, float(np.abs(x).max()))
+    if alternative == "greater":
+        return float((means >= obs - tol).mean())
+    if alternative == "less":
+        return float((means <= obs + tol).mean())
+    if alternative == "two-sided":
+        return float((np.abs(means) >= abs(obs) - tol).mean())
+    raise ValueError(f"alternative must be greater, less or two-sided, got {alternative!r}")
+
+
+def holm(p: dict) -> dict:
+    keys = list(p)
+    adj = detection_rule.holm([p[k] for k in keys])
+    return {k: float(a) for k, a in zip(keys, adj)}
+
+
+def seed_summary(x, n_boot=sp.S3_BOOTSTRAP["n_boot"], seed=sp.S3_BOOTSTRAP["seed"], level=sp.S3_BOOTSTRAP["level"]):
+    """Mean over seeds with a Student-t and a seed-bootstrap percentile interval."""
+    x = np.asarray(x, np.float64)
+    m, sd, lo, hi = fss.t_interval(x, level)
+    rng = np.random.default_rng(seed)
+    boots = x[rng.integers(0, x.size, (n_boot, x.size))].mean(1)
+    blo, bhi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": m, "t95": [lo, hi], "bootstrap95": [float(blo), float(bhi)], "per_seed": [float(v) for v in x]}
+
+
+# ---------------------------------------------------------------- S1
+def null_threshold(correct) -> float:
+    """tau: the S1_NULL_QUANTILE of |correct_s - correct_s'| over seed pairs s < s' and checkpoints."""
+    c = np.asarray(correct, np.float64)
+    d = [np.abs(c[i] - c[j]) for i, j in itertools.combinations(range(c.shape[0]), 2)]
+    return float(np.quantile(np.concatenate(d), sp.S1_NULL_QUANTILE, method=sp.S1_QUANTILE_METHOD))
+
+
+def per_seed_step(steps, diff, tau: float, never: int):
+    """First checkpoint from which sign(D[last]) * D > tau at it and every later one; `never` if none."""
+    d = np.asarray(diff, np.float64)
+    if abs(d[-1]) <= tau:
+        return never
+    ok = np.sign(d[-1]) * d > tau
+    t = len(d)
+    while t > 0 and ok[t - 1]:
+        t -= 1
+    return int(steps[t])
+
+
+def s1_lead(study: plan.Study, runs: dict, checkpoints) -> dict:
+    """S1 on `runs` {(variant, seed): rows}: per-seed detection steps of both signals and the lead
+    (return step - map step), with the one-sided sign-flip test over seeds of the bugs' mean lead."""
+    never = int(checkpoints[-1] + (checkpoints[1] - checkpoints[0]))
+
+    def matrix(v, key):
+        return np.stack([fss.at_checkpoints(runs[(v, s)], checkpoints, key) for s in study.seeds])
+
+    tau = {name: null_threshold(matrix("correct", key)) for name, key in sp.S1_SIGNALS.items()}
+    per_bug, leads = {}, []
+    for bug in study.bugs:
+        steps = {name: [per_seed_step(checkpoints, d, tau[name], never)
+                        for d in matrix(bug, key) - matrix("correct", key)]
+                 for name, key in sp.S1_SIGNALS.items()}
+        lead = np.array(steps["return"], float) - np.array(steps["maps"], float)
+        leads.append(lead)
+        m, _, lo, hi = fss.t_interval(lead)
+        per_bug[bug] = {"map_steps": steps["maps"], "return_steps": steps["return"], "lead": lead.tolist(),
+                        "mean_lead": m, "t95": [lo, hi], "share_maps_first": float((lead > 0).mean()),
+                        "p_descriptive": sign_flip_p(lead, sp.S1_ALTERNATIVE)}
+    per_seed = np.mean(leads, 0)
+    p = sign_flip_p(per_seed, sp.S1_ALTERNATIVE)
+    return {"label": "secondary", "tau": tau, "never_step": never, "seeds": list(study.seeds), "bugs": per_bug,
+            "per_seed_mean_lead": per_seed.tolist(), "p": p, "alpha": sp.S1_ALPHA,
+            "min_attainable_p": 1 / 2 ** len(study.seeds), "maps_first": bool(p <= sp.S1_ALPHA)}
+
+
+# ---------------------------------------------------------------- S2 and S3: CAM rows
+def object_rows(probe) -> dict:
+    """{"ball_paddle", "ball", "paddle"}: (N, H) row masks of the probes' newest game frame."""
+    rows = ball_paddle_rows(probe)
+    below = np.arange(rows.shape[1]) >= sp.PADDLE_FIRST_ROW
+    return {"ball_paddle": rows, "ball": rows & ~below, "paddle": rows & below}
+
+
+def row_share(cam_rows, mask) -> np.ndarray:
+    """(methods, probes) share of |map| on the masked rows, from (methods, probes, H) row profiles."""
+    r = np.asarray(cam_rows, np.float64)
+    tot = r.sum(-1)
+    return np.where(tot > 0, (r * mask).sum(-1) / np.where(tot > 0, tot, 1.0), np.nan)
+
+
+def cam_row_gain(shares_over_snapshots) -> np.ndarray:
+    """(T,) the S2 statistic from (T, methods, probes) shares: mean over methods and probes, minus
+    the first snapshot's value, causal trailing mean over S2_WINDOW snapshots."""
+    a = np.nanmean(np.asarray(shares_over_snapshots, np.float64), axis=(1, 2))
+    return trailing_mean(a - a[0], sp.S2_WINDOW)
+
+
+def s2_cam_rule(study: plan.Study, cam: dict, checkpoints, mask, n_boot=None) -> dict:
+    """S2: the primary rule on `cam_row_gain`. `cam` {(variant, seed): (steps, (T, methods, probes, H))}."""
+    def gain_at_checkpoints(v, s):
+        steps, rows = cam[(v, s)]
+        g = dict(zip(steps, cam_row_gain(np.stack([row_share(r, mask) for r in rows]))))
+        return np.array([g[c] for c in checkpoints])
+
+    boot = dict(plan.BOOTSTRAP, **({"n_boot": n_boot} if n_boot else {}))
+    out = {}
+    for bug in study.bugs:
+        b = np.stack([gain_at_checkpoints(bug, s) for s in study.seeds])
+        c = np.stack([gain_at_checkpoints("correct", s) for s in study.seeds])
+        alpha = sp.S2_FAMILY_ALPHA / len(study.bugs)
+        r = detection_rule.detect(checkpoints, b, c, alpha)
+        r["interval"] = detection_rule.bootstrap_detection_interval(
+            checkpoints, b, c, alpha, n_boot=boot["n_boot"], seed=boot["seed"], level=boot["level"])
+        out[bug] = r
+    return {"label": "secondary", "statistic": sp.S2_STATISTIC, "methods": list(sp.CAM_METHODS), "bugs": out}
+
+
+def rise_step(rows, level=sp.S3_RISE_RETURN):
+    """First snapshot step whose return statistic reaches `level`, or None."""
+    for r in rows:
+        v = r.get("return_mean")
+        if v is not None and np.isfinite(v) and v >= level:
+            return int(r["step"])
+    return None
+
+
+def s3_claim3(study: plan.Study, runs: dict, cam: dict, masks: dict) -> dict:
+    """S3: per method and object, CAM row shares at the first snapshot (a), before the rise (b) and
+    after it (c), seed-level, with the one-sided sign-flip test of (b) - (a) > 0 (Holm over 4)."""
+    rise = {fss.run_name(v, s): rise_step(runs[(v, s)]) for (v, s) in runs}
+    result, pvals = {}, {}
+    for mi, method in enumerate(sp.CAM_METHODS):
+        for obj in sp.S3_OBJECTS:
+            mask = masks[obj]
+            per_seed = {k: [] for k in ("a", "b", "c", "b_minus_a")}
+            chance = float(mask.mean())
+            for s in study.seeds:
+                vals = {k: [] for k in per_seed}
+                for v in study.variants:
+                    steps, rows = cam[(v, s)]
+                    share = np.array([np.nanmean(row_share(r, mask)[mi]) for r in rows])
+                    steps = np.asarray(steps)
+                    vals["a"].append(share[0])
+                    rs = rise[fss.run_name(v, s)]
+                    if rs is None:
+                        continue
+                    before, after = (steps > steps[0]) & (steps < rs), steps >= rs
+                    if before.any():
+                        vals["b"].append(share[before].mean())
+                        vals["b_minus_a"].append(share[before].mean() - share[0])
+                    if after.any():
+                        vals["c"].append(share[after].mean())
+                for k in per_seed:
+                    per_seed[k].append(float(np.mean(vals[k])) if vals[k] else np.nan)
+            units = np.array(per_seed["b_minus_a"])
+            units = units[np.isfinite(units)]
+            key = f"{method}/{obj}"
+            pvals[key] = sign_flip_p(units, "greater") if units.size else 1.0
+            result[key] = {k: (seed_summary(np.array(x)[np.isfinite(x)]) if np.isfinite(x).any() else None)
+                           for k, x in per_seed.items()}
+            result[key].update({"chance": chance, "seeds_tested": int(units.size), "p": pvals[key]})
+            a = result[key]["a"]
+            result[key]["a_over_chance"] = a["mean"] / chance if a and chance else None
+    adj = holm(pvals)
+    for k in result:
+        result[k]["p_holm"] = adj[k]
+        result[k]["holds"] = bool(adj[k] <= sp.S3_FAMILY_ALPHA)
+    return {"label": "secondary", "rise_level": sp.S3_RISE_RETURN, "rise_steps": rise, "tests": result}
+
+
+# ---------------------------------------------------------------- loading and the whole analysis
+def load_cam(study: plan.Study, variant: str, seed: int, runs_dir, rerun_dir=None):
+    """(steps, (T, methods, probes, H)) CAM row profiles of one run: from the re-run for the runs
+    trained before the registration (`sp.RETRAINED`), else from the run itself; None if absent."""
+    from jaxsal_agents.snapshots import load_snapshots
+
+    name = fss.run_name(variant, seed)
+    base = Path(rerun_dir) if (name in sp.RETRAINED and rerun_dir) else Path(runs_dir)
+    if name in sp.RETRAINED and not rerun_dir:
+        return None
+    if not (base / name / "done.json").exists():
+        return None
+    snaps = load_snapshots(base / name / "snapshots")
+    rows = [fss.cam_rows(a) for _, a in snaps]
+    if any(r is None for r in rows):
+        return None
+    return [s for s, _ in snaps], np.stack(rows)
+
+
+def probe_masks(study: plan.Study, runs_dir, rerun_dir=None) -> dict:
+    """Row masks from the correct runs' probes (identical across seeds; checked where several exist)."""
+    probes = []
+    for d in filter(None, (runs_dir, rerun_dir)):
+        for s in study.seeds:
+            f = Path(d) / fss.run_name("correct", s) / "snapshots" / "probe.npy"
+            if f.exists():
+                probes.append(np.load(f, allow_pickle=False))
+    if not probes:
+        raise SystemExit("no correct run keeps its probe.npy: the CAM rows cannot be placed")
+    if any(not np.array_equal(p, probes[0]) for p in probes[1:]):
+        raise SystemExit("the correct runs' probe states differ: the registration assumes one probe set")
+    return object_rows(probes[0])
+
+
+def analyse(study: plan.Study, runs_dir, rerun_dir=None, minatar_runs_dir=None, n_boot=None) -> dict:
+    loaded = {(v, s): fss.load_run(study, v, s, runs_dir) for v, s in fss.all_runs(study)}
+    missing = [fss.run_name(v, s) for (v, s), x in loaded.items() if x is None or not x[2]]
+    cam = {(v, s): load_cam(study, v, s, runs_dir, rerun_dir) for v, s in fss.all_runs(study)}
+    missing_cam = [fss.run_name(v, s) for (v, s), x in cam.items() if x is None]
+    out = {"label": "secondary", "registration": "experiments/frame_stack_bug_secondary_registration.md",
+           "missing_runs": missing, "missing_cam_rows": missing_cam}
+    if missing:
+        return out
+    runs = {k: x[0] for k, x in loaded.items()}
+    checkpoints = study.checkpoints
+    out["s1"] = s1_lead(study, runs, checkpoints)
+    if minatar_runs_dir:
+        m = plan.MINATAR
+        mr = {(v, s): fss.load_run(m, v, s, minatar_runs_dir) for v, s in fss.all_runs(m)}
+        if all(x is not None and x[2] for x in mr.values()):
+            out["s1_minatar_post_hoc"] = dict(s1_lead(m, {k: x[0] for k, x in mr.items()}, m.checkpoints),
+                                              label="post hoc (data seen before the registration)")
+    if missing_cam:
+        return out
+    masks = probe_masks(study, runs_dir, rerun_dir)
+    out["s2"] = s2_cam_rule(study, cam, checkpoints, masks["ball_paddle"], n_boot)
+    out["s3"] = s3_claim3(study, runs, cam, masks)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs-dir", default="experiments/results/frame_stack_bug/runs_atari")
+    ap.add_argument("--rerun-dir", default="experiments/results/frame_stack_bug/reruns_atari",
+                    help="re-trained copies of the runs finished before the registration (CAM rows)")
+    ap.add_argument("--minatar-runs-dir", default="experiments/results/frame_stack_bug/runs_minatar")
+    ap.add_argument("--out", default="experiments/results/frame_stack_bug/atari_secondary.json")
+    a = ap.parse_args(argv)
+    res = analyse(plan.ATARI, a.runs_dir, a.rerun_dir if Path(a.rerun_dir).exists() else None,
+                  a.minatar_runs_dir if Path(a.minatar_runs_dir).exists() else None)
+    Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    if res["missing_runs"] or res["missing_cam_rows"]:
+        print(f"incomplete: {len(res['missing_runs'])} runs missing, {len(res['missing_cam_rows'])} without "
+              f"CAM rows; computed: {[k for k in ('s1', 's2', 's3') if k in res] or 'nothing'}")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""experiments.frame_stack_secondary: the registered secondary analyses on synthetic runs with
+planted answers (a bug the maps see before the returns, a CAM shift on the bug's runs, a CAM rise
+before the return rises), and the refusal to compute anything while runs are missing."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from experiments import frame_stack_plan as plan
+from experiments import frame_stack_secondary as sec
+from experiments import frame_stack_secondary_plan as sp
+from experiments import frame_stack_study as fss
+
+STUDY = dataclasses.replace(plan.ATARI, seeds=tuple(range(100, 105)))
+CKPTS = STUDY.checkpoints
+NEVER = CKPTS[-1] + 16_384
+
+
+def test_sign_flip_p_is_exact():
+    assert sec.sign_flip_p([1, 2, 3, 4, 5]) == pytest.approx(1 / 32)
+    assert sec.sign_flip_p([-1, -2, -3, -4, -5]) == pytest.approx(1.0)
+    # sum 5 is reached by flipping any subset of {1..5} summing to <= 5: 10 of the 32
+    assert sec.sign_flip_p([1, 2, 3, 4, -5]) == pytest.approx(10 / 32)
+    assert sec.sign_flip_p([1, -1, 2, -2, 0.5], "two-sided") > 0.5
+    with pytest.raises(ValueError):
+        sec.sign_flip_p([1, 2], "sideways")
+
+
+def test_per_seed_step_needs_the_whole_tail_beyond_tau():
+    steps = [10, 20, 30, 40, 50]
+    assert sec.per_seed_step(steps, [0, 2, 0, 2, 2], 1.0, 99) == 40      # a dip breaks the run
+    assert sec.per_seed_step(steps, [0, -2, -2, -2, -2], 1.0, 99) == 20  # either sign
+    assert sec.per_seed_step(steps, [2, 2, 2, 2, 0.5], 1.0, 99) == 99    # the last is within tau: never
+    assert sec.null_threshold([[0, 0], [1, 1], [3, 3]]) == pytest.approx(np.quantile([1, 1, 3, 3, 2, 2], 0.95))
+
+
+def _runs(rng, map_from=None, return_from=None, effect=1.0):
+    """{(variant, seed): rows} with noise 0.05 and a bug effect planted from the given steps."""
+    runs = {}
+    for v in STUDY.variants:
+        for s in STUDY.seeds:
+            rows = []
+            for t in [512] + CKPTS:
+                bug = v != "correct"
+                m = rng.normal(0, 0.05) - (effect if bug and map_from and t >= map_from else 0)
+                r = 5 + rng.normal(0, 0.05) - (effect if bug and return_from and t >= return_from else 0)
+                rows.append({"step": t, "stack_age_gain": m, "return_mean": r})
+            runs[(v, s)] = rows
+    return runs
+
+
+def test_s1_finds_the_planted_lead_and_its_test_rejects_only_with_all_seeds_agreeing():
+    runs = _runs(np.random.default_rng(0), map_from=CKPTS[3], return_from=CKPTS[10])
+    r = sec.s1_lead(STUDY, runs, CKPTS)
+    for bug in STUDY.bugs:
+        assert r["bugs"][bug]["map_steps"] == [CKPTS[3]] * 5
+        assert r["bugs"][bug]["return_steps"] == [CKPTS[10]] * 5
+        assert r["bugs"][bug]["share_maps_first"] == 1.0
+    assert r["p"] == pytest.approx(1 / 32) and r["maps_first"] and r["min_attainable_p"] == 1 / 32
+    # returns first: the one-sided test does not reject
+    r = sec.s1_lead(STUDY, _runs(np.random.default_rng(1), map_from=CKPTS[12], return_from=CKPTS[2]), CKPTS)
+    assert r["p"] == pytest.approx(1.0) and not r["maps_first"]
+    # no bug at all: every step is "never", the lead is 0, no rejection
+    r = sec.s1_lead(STUDY, _runs(np.random.default_rng(2)), CKPTS)
+    assert not r["maps_first"]
+    assert all(x == NEVER or x in CKPTS for b in r["bugs"].values() for x in b["map_steps"])
+
+
+def _cam(rng, shift_from=None, rise_gain=0.0, rise_at=None, probes=4, h=84):
+    """CAM row profiles: uniform mass per row plus extra on rows 60-62 for bugs after `shift_from`,
+    and, before `rise_at`, extra on rows 76-77 (the paddle) for every run."""
+    cam = {}
+    steps = [512] + [t for t in range(8192, CKPTS[-1] + 1, 8192)]
+    for v in STUDY.variants:
+        for s in STUDY.seeds:
+            prof = []
+            for t in steps:
+                r = np.ones((len(sp.CAM_METHODS), probes, h)) + rng.random((len(sp.CAM_METHODS), probes, h)) * 0.01
+                if v != "correct" and shift_from and t >= shift_from:
+                    r[..., 60:63] += 5
+                if rise_at and 512 < t:
+                    r[..., 76:78] += rise_gain
+                prof.append(r)
+            cam[(v, s)] = (steps, np.stack(prof))
+    return cam
+
+
+def _masks(probes=4):
+    probe = np.zeros((probes, 84, 84, 4), np.uint8)
+    probe[:, 61, 30:32, -1] = 200      # the ball
+    probe[:, 75:78, 40:56, -1] = 200   # the paddle
+    return sec.object_rows(probe)
+
+
+def test_object_rows_split_the_ball_from_the_paddle():
+    m = _masks()
+    assert set(np.where(m["ball"][0])[0]) == {60, 61, 62}
+    assert set(np.where(m["paddle"][0])[0]) == {74, 75, 76, 77, 78}
+    assert (m["ball_paddle"] == (m["ball"] | m["paddle"])).all()
+
+
+def test_s2_detects_a_planted_cam_shift_with_the_primary_rule():
+    rng = np.random.default_rng(0)
+    cam = _cam(rng, shift_from=CKPTS[5])
+    r = sec.s2_cam_rule(STUDY, cam, CKPTS, _masks()["ball_paddle"], n_boot=20)
+    for bug in STUDY.bugs:
+        assert r["bugs"][bug]["detection_step"] is not None and r["bugs"][bug]["detection_step"] <= CKPTS[8]
+        assert r["bugs"][bug]["direction"] == "+"
+    none = sec.s2_cam_rule(STUDY, _cam(rng), CKPTS, _masks()["ball_paddle"], n_boot=20)
+    assert all(b["detection_step"] is None for b in none["bugs"].values())
+
+
+def test_s3_claim3_sees_a_paddle_rise_before_the_return_rises():
+    rng = np.random.default_rng(0)
+    runs = _runs(rng)
+    for rows in runs.values():   # every run's return reaches 3.4 at CKPTS[6]
+        for r in rows:
+            r["return_mean"] = 5.0 if r["step"] >= CKPTS[6] else 1.0
+    r = sec.s3_claim3(STUDY, runs, _cam(rng, rise_gain=3.0, rise_at=CKPTS[6]), _masks())
+    t = r["tests"]
+    assert set(t) == {f"{m}/{o}" for m in sp.CAM_METHODS for o in sp.S3_OBJECTS}
+    assert all(v == CKPTS[6] for v in r["rise_steps"].values())
+    for m in sp.CAM_METHODS:
+        assert t[f"{m}/paddle"]["p"] == pytest.approx(1 / 32) and t[f"{m}/paddle"]["b_minus_a"]["mean"] > 0.05
+        assert t[f"{m}/ball"]["b_minus_a"]["mean"] < 0       # mass moved to the paddle, off the ball
+        assert not t[f"{m}/ball"]["holds"]
+        assert t[f"{m}/paddle"]["seeds_tested"] == 5
+        assert t[f"{m}/paddle"]["chance"] == pytest.approx(5 / 84)
+    assert all(t[f"{m}/paddle"]["p_holm"] <= 4 / 32 for m in sp.CAM_METHODS)
+
+
+def test_analyse_computes_nothing_while_runs_are_missing(tmp_path):
+    res = sec.analyse(STUDY, tmp_path)
+    assert len(res["missing_runs"]) == 15 and not {"s1", "s2", "s3"} & set(res)
+    # the committed Atari runs: still incomplete, so still nothing
+    res = sec.analyse(plan.ATARI, "experiments/results/frame_stack_bug/runs_atari")
+    assert res["missing_runs"] and not {"s1", "s2", "s3"} & set(res)
+    assert set(sp.RETRAINED) <= set(res["missing_cam_rows"])
+    json.dumps(res)
+
+
+def test_registration_numbers_match_the_primary_plan():
+    assert sp.S2_WINDOW == plan.WINDOW
+    assert sp.S3_RISE_RETURN == plan.ATARI.learned_threshold
+    assert set(sp.CAM_METHODS) <= set(plan.SNAPSHOT_METHODS)
+    assert set(sp.RETRAINED) <= {fss.run_name(*r) for r in fss.all_runs(plan.ATARI)}
