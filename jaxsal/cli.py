@@ -337,6 +337,8 @@ class _Limited:
         self.source, self.n = source, min(n, len(source))
         if hasattr(source, "actions"):
             self.actions = lambda a, b: source.actions(a, min(b, self.n))
+        if hasattr(source, "row_ids"):
+            self.row_ids = lambda a, b: source.row_ids(a, min(b, self.n))
 
     def __len__(self):
         return self.n
@@ -513,8 +515,9 @@ def _explain_epilog() -> str:
             "layers: CAM methods tap the last conv layer by default; list an agent's layers with\n"
             "  jaxsal agents --layers SPEC   (e.g. jaxsal agents --layers breakout), pick one with\n"
             "  --option gradcam.layer=conv1\n"
-            "outputs: DIR/METHOD/chunk_*.npy maps (jaxsal.load_maps), DIR/_outputs per-frame action and\n"
-            "  Q-values/logits (jaxsal.load_outputs), DIR/manifest.json (resolved options), with --objects\n"
+            "outputs: DIR/METHOD/chunk_*.npy maps (jaxsal.load_maps), DIR/_outputs per-frame action,\n"
+            "  Q-values/logits and index in the input (jaxsal.load_outputs), DIR/manifest.json (resolved\n"
+            "  options), with --objects\n"
             "  DIR/_objects/METHOD/chunk_*.npz per-frame object shares (jaxsal.load_object_shares)\n"
             "examples:\n"
             "  jaxsal explain --agent my_agent.py:load --methods gradcam,gradient --input buffer.npz --out maps/\n"

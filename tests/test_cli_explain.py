@@ -56,6 +56,7 @@ def test_every_input_format(tmp_path, agent_card, agent):
         maps = jaxsal.load_maps(tmp_path / f"out_{name}", "standin_grad")
         assert maps.shape == (13, 10, 10) and maps.dtype == np.float32
         _close(np.asarray(maps), want)
+        np.testing.assert_array_equal(jaxsal.load_outputs(tmp_path / f"out_{name}")["index"], np.arange(13))
     assert _explain(agent_card, tmp_path / "dop", tmp_path / "out_dop", "--chunk", 4) == 0
     _close(np.asarray(jaxsal.load_maps(tmp_path / "out_dop", "standin_grad")),
            _reference(agent, reference_stack(single, term)))

@@ -1,7 +1,9 @@
 """Frame-stack sources read in chunks: .npy/.npz stacks, shard directories, Dopamine replay files.
 
 Every source has `len(source)`, `shape` (N, H, W, C), `read(start, stop) -> uint8 array`, a
-`fingerprint()` (checksum of the input, for the output's provenance) and `describe()`. Reads
+`fingerprint()` (checksum of the input, for the output's provenance) and `describe()`; a source
+whose states are not simply its rows 0..N-1 also has `row_ids(start, stop)` (`row_ids` below
+gives every source's). Reads
 touch only the requested rows (memory-mapped or streamed), so peak memory follows the chunk,
 never the size of the buffer.
 """
@@ -458,6 +460,14 @@ class DopamineSource(ConcatSource):
 
     def describe(self) -> dict:
         return {"kind": "dopamine", "path": self.path, "checkpoints": len(self.parts)}
+
+
+def row_ids(source, start: int, stop: int) -> dict:
+    """What identifies states [start, stop) in the input: {"index": ...}, the row number unless
+    the source says otherwise (`source.row_ids`)."""
+    if hasattr(source, "row_ids"):
+        return source.row_ids(start, stop)
+    return {"index": np.arange(start, stop, dtype=np.int64)}
 
 
 def open_source(path) -> "ArraySource | NpzSource | ConcatSource":
