@@ -91,7 +91,9 @@ def _write_npz(f, arrays: dict):
 
 def load_outputs(out, allow_incomplete: bool = False) -> dict:
     """Per frame, what was explained: {"frame": (N,) row of the maps, "index": (N,) the state's
-    index in the input (its row number), "action": (N,), "q": (N, A) for Q-networks or "logits": (N, A) for policies, "value": (N,)
+    index in the input (its row number; for a Dopamine replay directory the buffer index, with
+    "checkpoint": (N,) its checkpoint K, so maps join with the buffer's actions and rewards),
+    "action": (N,), "q": (N, A) for Q-networks or "logits": (N, A) for policies, "value": (N,)
     when the model has one}. With allow_incomplete, the frames of the chunks finished so far
     (in order)."""
     cfg = read_manifest(out)["config"]
