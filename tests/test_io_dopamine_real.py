@@ -198,7 +198,7 @@ def test_checkpoint_without_episode_ends_is_read_as_dopamine_loads_it(tmp_path):
 # --------------------------------------------------------------------------- live Dopamine (slow)
 LAYOUTS = {  # name: (capacity, update horizon, [(episode length, end), ...] per save)
     "partial": (200, 1, [[(30, "terminal"), (1, "terminal"), (25, "timeout"), (40, None)]]),
-    "just_full": (103, 1, [[(20, "terminal"), (20, "terminal"), (20, "terminal"), (28, None)]]),
+    "just_full": (103, 1, [[(20, "terminal"), (20, "terminal"), (20, "terminal"), (31, None)]]),  # 103 adds
     "wrapped_once": (100, 1, [[(37, "terminal"), (2, "terminal"), (50, "timeout"), (44, "terminal"),
                                (9, None)]]),
     "wrapped_many": (64, 3, [[(5, "terminal"), (1, "terminal"), (30, "timeout"), (70, "terminal"),
