@@ -18,5 +18,11 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q -n 2
 
-test-slow: venv
+# the slow tests also need the dopamine extra (Dopamine's own replay buffer, tensorflow): installed
+# here only, so `make test` keeps the base dependencies
+$(VENV)/.dopamine-extra: $(BIN)/jaxsal
+	$(BIN)/pip install --quiet -e ".[test,dopamine]"
+	touch $@
+
+test-slow: venv $(VENV)/.dopamine-extra
 	$(BIN)/python -m pytest -q -m slow

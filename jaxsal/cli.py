@@ -160,7 +160,7 @@ def _check_frames(agent, shape):
 def _check_actions(agent, source, num_actions, target=None):
     """Buffers store the actions taken: more actions than the agent has is a mismatch (checked for
     Dopamine buffers always, for the actions `--target q_action` explains in any buffer)."""
-    from jaxsal.io.readers import DopamineSource, load_gz_array
+    from jaxsal.io.readers import DopamineSource
 
     if num_actions is None:
         return
@@ -175,7 +175,7 @@ def _check_actions(agent, source, num_actions, target=None):
     for part in source.parts:
         path = part.action_path
         if path.exists():
-            actions = load_gz_array(path)
+            actions = part.actions(0, len(part))  # the states served: slots never written hold garbage
             if actions.size and int(actions.max()) >= num_actions:
                 raise CLIError(f"{path.name} uses action {int(actions.max())} but agent {agent.name!r} "
                                f"has only {num_actions} actions: agent and buffer are for different games")
@@ -337,6 +337,8 @@ class _Limited:
         self.source, self.n = source, min(n, len(source))
         if hasattr(source, "actions"):
             self.actions = lambda a, b: source.actions(a, min(b, self.n))
+        if hasattr(source, "row_ids"):
+            self.row_ids = lambda a, b: source.row_ids(a, min(b, self.n))
 
     def __len__(self):
         return self.n
@@ -513,8 +515,9 @@ def _explain_epilog() -> str:
             "layers: CAM methods tap the last conv layer by default; list an agent's layers with\n"
             "  jaxsal agents --layers SPEC   (e.g. jaxsal agents --layers breakout), pick one with\n"
             "  --option gradcam.layer=conv1\n"
-            "outputs: DIR/METHOD/chunk_*.npy maps (jaxsal.load_maps), DIR/_outputs per-frame action and\n"
-            "  Q-values/logits (jaxsal.load_outputs), DIR/manifest.json (resolved options), with --objects\n"
+            "outputs: DIR/METHOD/chunk_*.npy maps (jaxsal.load_maps), DIR/_outputs per-frame action,\n"
+            "  Q-values/logits and index in the input (jaxsal.load_outputs: row number, or Dopamine buffer\n"
+            "  index and checkpoint), DIR/manifest.json (resolved options), with --objects\n"
             "  DIR/_objects/METHOD/chunk_*.npz per-frame object shares (jaxsal.load_object_shares)\n"
             "examples:\n"
             "  jaxsal explain --agent my_agent.py:load --methods gradcam,gradient --input buffer.npz --out maps/\n"
@@ -539,7 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "recognised from their shape)")
     e.add_argument("--model", help="parameter file (.msgpack) to use with the agent's card")
     e.add_argument("--methods", required=True, help="comma list, e.g. gradcam,rise or alias=method")
-    e.add_argument("--input", help=".npy/.npz (key obs) file, shard directory or Dopamine replay directory")
+    e.add_argument("--input", help=".npy/.npz (key obs) file, shard directory or Dopamine replay directory (its "
+                                    "add_count and invalid_range files are required: the states are Dopamine's "
+                                    "valid transitions, oldest first; jaxsal.load_outputs gives each one's buffer "
+                                    "index)")
     e.add_argument("--play", type=int, help="play STEPS steps with EnvPool and explain them")
     e.add_argument("--game", help="game for --play (default: the agent's game)")
     e.add_argument("--out", required=True, help="output directory (resumes a stopped job)")

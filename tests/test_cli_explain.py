@@ -9,7 +9,7 @@ import jaxsal
 from jaxsal.cli import main
 from jaxsal.io import store
 from tests.test_cli_support import frames, make_agent_files
-from tests.test_io_readers import reference_stack, write_dopamine
+from tests.test_io_readers import dopamine_reference, write_dopamine
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_every_input_format(tmp_path, agent_card, agent):
     single = frames(11, seed=2)[..., 0]  # (11, 10, 10) single frames
     term = np.zeros(11, bool)
     term[4] = True
-    write_dopamine(tmp_path / "dop", 0, single, term)
+    write_dopamine(tmp_path / "dop", 0, single, term, add_count=16)  # wrapped: cursor 5
     want = _reference(agent, x)
     for name in ("buf.npz", "buf.npy", "shards"):
         assert _explain(agent_card, tmp_path / name, tmp_path / f"out_{name}", "--chunk", 5) == 0
@@ -57,8 +57,11 @@ def test_every_input_format(tmp_path, agent_card, agent):
         assert maps.shape == (13, 10, 10) and maps.dtype == np.float32
         _close(np.asarray(maps), want)
     assert _explain(agent_card, tmp_path / "dop", tmp_path / "out_dop", "--chunk", 4) == 0
-    _close(np.asarray(jaxsal.load_maps(tmp_path / "out_dop", "standin_grad")),
-           _reference(agent, reference_stack(single, term)))
+    idx, states = dopamine_reference(single, term, 16)
+    _close(np.asarray(jaxsal.load_maps(tmp_path / "out_dop", "standin_grad")), _reference(agent, states))
+    np.testing.assert_array_equal(jaxsal.load_outputs(tmp_path / "out_dop")["index"], idx)  # 9, 10, 0, 1, 2, 3
+    for name in ("buf.npz", "buf.npy", "shards"):  # the row number of the input
+        np.testing.assert_array_equal(jaxsal.load_outputs(tmp_path / f"out_{name}")["index"], np.arange(13))
 
 
 def test_metadata_and_array_like(tmp_path, agent_card, agent):
@@ -203,7 +206,9 @@ def _bad_cases(tmp, card):
     (tmp / "bad.msgpack").write_bytes(b"\x00\x01junk")
     (tmp / "afile").write_text("x")
     big = make_agent_files(tmp / "big", num_actions=6)
-    write_dopamine(tmp / "dop", 0, np.zeros((5, 10, 10), np.uint8), np.zeros(5), actions=np.array([0, 1, 5, 2, 3]))
+    write_dopamine(tmp / "dop", 0, np.zeros((8, 10, 10), np.uint8), np.zeros(8),  # serves indices 4, 5, 6
+                   actions=np.array([0, 1, 0, 2, 3, 5, 1, 0]))
+    write_dopamine(tmp / "dop_old", 0, np.zeros((8, 10, 10), np.uint8), np.zeros(8), counters=False)
     ok, c = str(tmp / "ok.npy"), str(card)
     base = ["explain", "--agent", c, "--methods", "standin_grad", "--out", str(tmp / "o"), "--quiet"]
     return {
@@ -222,6 +227,7 @@ def _bad_cases(tmp, card):
         "model of other game": (base + ["--input", ok, "--model", str(big.with_suffix(".msgpack"))],
                                 "does not match the model"),
         "action mismatch (buffer)": (base + ["--input", str(tmp / "dop")], "different games"),
+        "dopamine without add_count": (base + ["--input", str(tmp / "dop_old")], "no add_count_ckpt.0.gz"),
         "action mismatch (play)": (base + ["--play", "5", "--game", "minatar-asterix"], "actions"),
         "out is a file": (base[:-3] + ["--out", str(tmp / "afile"), "--input", ok], "not a directory"),
         "out under a file": (base[:-3] + ["--out", str(tmp / "afile" / "sub"), "--input", ok], "part of its path is a file"),

@@ -80,19 +80,23 @@ def test_q_action_uses_the_dopamine_actions(tmp_path):
     card = make_agent_files(tmp_path / "agent", num_actions=3)
     single = frames(9, seed=4)[..., 0]
     actions = np.array([2, 0, 1, 1, 2, 0, 0, 1, 2])
-    write_dopamine(tmp_path / "dop", 0, single, np.zeros(9, bool), actions)
+    write_dopamine(tmp_path / "dop", 0, single, np.zeros(9, bool), actions, add_count=15)  # serves 1..4
     out = tmp_path / "out"
     assert main(["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(tmp_path / "dop"),
-                 "--out", str(out), "--quiet", "--target", "q_action", "--chunk", "4"]) == 0
+                 "--out", str(out), "--quiet", "--target", "q_action", "--chunk", "3"]) == 0
     import jaxsal_agents
 
     agent = jaxsal_agents.load(str(card))
-    x = jaxsal.io.open_source(tmp_path / "dop").read(0, 9)
-    want = jaxsal.explain(agent.apply_fn, agent.params, x, method="standin_grad", target="q_action", actions=actions)
+    src = jaxsal.io.open_source(tmp_path / "dop")
+    x, index = src.read(0, len(src)), src.row_ids(0, len(src))["index"]
+    np.testing.assert_array_equal(index, [1, 2, 3, 4])
+    want = jaxsal.explain(agent.apply_fn, agent.params, x, method="standin_grad", target="q_action",
+                          actions=actions[index])
     np.testing.assert_allclose(np.asarray(jaxsal.load_maps(out, "standin_grad")), np.asarray(want), rtol=0,
                                atol=1e-5 * float(np.abs(want).max()))
     o = jaxsal.load_outputs(out)
-    np.testing.assert_array_equal(o["action"], actions)
+    np.testing.assert_array_equal(o["index"], index)
+    np.testing.assert_array_equal(o["action"], actions[o["index"]])  # maps join with the buffer's actions
     np.testing.assert_allclose(o["q"], np.asarray(agent.apply_fn(agent.params, x)), atol=1e-5)
     assert jaxsal.io.read_manifest(out)["resolved"]["standin_grad"]["options"]["target"] == "q_action"
 

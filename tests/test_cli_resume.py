@@ -51,6 +51,40 @@ def test_sigkill_then_resume_gives_identical_output(tmp_path):
     np.testing.assert_array_equal(np.asarray(jaxsal.load_maps(out, "standin_noise")),
                                   np.asarray(jaxsal.load_maps(tmp_path / "ref", "standin_noise")))
     got, want = jaxsal.load_outputs(out), jaxsal.load_outputs(tmp_path / "ref")
-    assert set(got) == set(want) >= {"frame", "action", "q"} and len(want["action"]) == 24
+    assert set(got) == set(want) >= {"frame", "index", "action", "q"} and len(want["action"]) == 24
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_rerun_adds_the_index_to_outputs_of_an_older_version(tmp_path):
+    """Chunks an older jaxsal wrote have no "index": load_outputs refuses to mix them (a shorter
+    column would misalign every row after it), and a rerun rewrites only their outputs."""
+    import zipfile
+
+    from jaxsal.io import store
+
+    card = make_agent_files(tmp_path / "agent")
+    np.save(tmp_path / "buf.npy", frames(9, seed=3))
+    args = ["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(tmp_path / "buf.npy"),
+            "--chunk", "3", "--quiet"]
+    assert main(args + ["--out", str(tmp_path / "ref")]) == 0
+    ref = _files(tmp_path / "ref")
+    np.testing.assert_array_equal(jaxsal.load_outputs(tmp_path / "ref")["index"], np.arange(9))
+    out = tmp_path / "old"
+    assert main(args + ["--out", str(out)]) == 0
+    for i in (0, 2):  # as jaxsal before "index" wrote them
+        path = store.outputs_path(out, i)
+        with np.load(path) as z:
+            old = {k: z[k] for k in z.files if k != "index"}
+        store.write_outputs(out, i, old)
+        assert "index.npy" not in zipfile.ZipFile(path).namelist()
+    maps_before = {str(q): q.stat().st_mtime_ns for q in out.glob("standin_grad/chunk_*.npy")}
+    try:
+        jaxsal.load_outputs(out)
+        raise AssertionError("mixed chunks loaded")
+    except jaxsal.SaliencyInputError as e:
+        assert "rerun the same `jaxsal explain` command" in str(e)
+    assert main(args + ["--out", str(out)]) == 0
+    assert _files(out) == ref  # outputs rewritten with the index, maps untouched (and identical)
+    assert {str(q): q.stat().st_mtime_ns for q in out.glob("standin_grad/chunk_*.npy")} == maps_before
+    np.testing.assert_array_equal(jaxsal.load_outputs(out)["index"], np.arange(9))

@@ -1,78 +1,62 @@
-"""Dopamine circular buffers: add_count and invalid_range give chronological states that never
-stack across the write cursor or an episode end; the buffer's actions come out aligned."""
-import gzip
-
+"""Dopamine circular buffers (hand-made imitations; tests/test_io_dopamine_real.py reads buffers
+Dopamine wrote): add_count and invalid_range give Dopamine's valid states oldest first, none
+across the write cursor or an episode end, each with its buffer index and action."""
 import numpy as np
 import pytest
 
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import open_source
-from tests.test_io_readers import reference_stack, write_dopamine
+from tests.test_io_readers import dopamine_reference, write_dopamine
 
-CAP, ADDS, HORIZON = 20, 47, 1
-
-
-def _gz(path, a):
-    with gzip.open(path, "wb") as f:
-        np.save(f, a, allow_pickle=False)
+CAP, ADDS = 20, 47
+TERMINAL_STEPS = {33, 40}
 
 
-def _wrapped_buffer(d, adds=ADDS):
+def _wrapped_buffer(d, adds=ADDS, horizon=1):
     """Step s (s < adds) lives at physical index s % CAP, frame filled with s + 1, action s % 4."""
-    steps = np.arange(adds)
-    last = {s % CAP: s for s in steps}  # the step that wrote each slot last
+    last = {s % CAP: s for s in range(adds)}  # the step that wrote each slot last
     phys_step = np.array([last.get(i, -1) for i in range(CAP)])
     frames = np.zeros((CAP, 84, 84), np.uint8)
-    terminal_steps = {33, 40}
     term = np.zeros(CAP, bool)
     actions = np.zeros(CAP, np.int32)
     for i, s in enumerate(phys_step):
         if s >= 0:
             frames[i] = s + 1
-            term[i] = s in terminal_steps
+            term[i] = s in TERMINAL_STEPS
             actions[i] = s % 4
-    write_dopamine(d, 3, frames, term, actions)
-    cursor = adds % CAP if adds >= CAP else adds
-    _gz(d / "add_count_ckpt.3.gz", np.array(adds, np.int64))
-    _gz(d / "invalid_range_ckpt.3.gz",
-        np.array([(cursor - HORIZON + i) % CAP for i in range(4 + HORIZON)], np.int64))
-    return terminal_steps
+    write_dopamine(d, 3, frames, term, actions, add_count=adds, horizon=horizon)
+    return frames, term, phys_step
 
 
-def _expected(adds, terminal_steps, first, last):
-    steps = np.arange(adds - CAP if adds >= CAP else 0, adds)
-    frames = np.stack([np.full((84, 84), s + 1, np.uint8) for s in steps])
-    term = np.array([s in terminal_steps for s in steps])
-    ref = reference_stack(frames, term)
-    keep = (steps >= first) & (steps <= last)
-    return ref[keep], steps[keep]
-
-
-@pytest.mark.parametrize("sizes", [[15], [4, 4, 4, 3], [1] * 15])
+@pytest.mark.parametrize("sizes", [[9], [4, 4, 1], [1] * 9])
 def test_wrapped_buffer_is_chronological_and_never_crosses_the_cursor(tmp_path, sizes):
-    terminal_steps = _wrapped_buffer(tmp_path)
+    frames, term, phys_step = _wrapped_buffer(tmp_path)
     src = open_source(tmp_path)
-    # oldest kept step 27 = cursor 7; invalid physical 6..10 = steps 46 (newest) and 27..30
-    want, steps = _expected(ADDS, terminal_steps, 31, 45)
-    assert src.shape == (15, 84, 84, 4)
+    idx, want = dopamine_reference(frames, term, ADDS)
+    # oldest kept step 27 = cursor 7; invalid physical 6..10 = steps 46 (newest) and 27..30; the
+    # terminals at 33 and 40 end the stacks of 34..36 and 41..43
+    steps = phys_step[idx]
+    assert list(steps) == [31, 32, 33, 37, 38, 39, 40, 44, 45]
+    assert src.shape == (9, 84, 84, 4)
     got, at = [], 0
     for n in sizes:
         got.append(src.read(at, at + n))
         at += n
     got = np.concatenate(got)
     np.testing.assert_array_equal(got, want)
-    newest = got[..., 3][:, 0, 0].astype(int) - 1
-    assert (np.diff(newest) == 1).all() and newest[0] == 31  # chronological, no newest/oldest mix
-    assert (got[list(steps).index(34)][..., :3] == 0).all()  # first state after the terminal at 33
-    np.testing.assert_array_equal(src.actions(0, 15), steps % 4)
+    np.testing.assert_array_equal(got[..., 3][:, 0, 0].astype(int) - 1, steps)  # newest frame of each stack
+    np.testing.assert_array_equal(got[..., 0][:, 0, 0].astype(int) - 1, steps - 3)  # no newest/oldest mix
+    np.testing.assert_array_equal(src.row_ids(0, 9)["index"], idx)
+    np.testing.assert_array_equal(src.actions(0, 9), steps % 4)
 
 
-def test_unwrapped_buffer_drops_unwritten_slots_and_invalid_range(tmp_path):
-    terminal_steps = _wrapped_buffer(tmp_path, adds=12)  # slots 12..19 never written
+def test_unwritten_slots_and_the_update_horizon_are_skipped(tmp_path):
+    frames, term, phys_step = _wrapped_buffer(tmp_path, adds=12, horizon=3)  # slots 12..19 never written
     src = open_source(tmp_path)
-    want, steps = _expected(12, terminal_steps, 0, 10)  # invalid: 11 (horizon) and 12..15 (unwritten)
+    idx, want = dopamine_reference(frames, term, 12, horizon=3)
+    assert list(idx) == [3, 4, 5, 6, 7, 8]  # 0..2: before the first full stack; 9..11: n-step target unwritten
     np.testing.assert_array_equal(src.read(0, len(src)), want)
-    np.testing.assert_array_equal(src.actions(0, len(src)), steps % 4)
+    np.testing.assert_array_equal(src.actions(0, len(src)), phys_step[idx] % 4)
 
 
 def test_missing_actions_for_q_action_is_one_clear_error(tmp_path):

@@ -64,31 +64,49 @@ def _gz_save(path, arr):
         np.save(out, arr, allow_pickle=False)
 
 
-def write_dopamine(d, k, frames, terminal, actions=None):
+def write_dopamine(d, k, frames, terminal, actions=None, add_count=None, horizon=1, counters=True):
+    """A hand-made imitation of Dopamine checkpoint K (tests/_dopamine_buffers.py writes real ones):
+    `frames` is the whole circular buffer, `add_count` (default len(frames): just full) the write
+    counter, saved with the invalid_range Dopamine writes for it (update horizon `horizon`); with
+    counters=False neither file."""
     d.mkdir(parents=True, exist_ok=True)
     _gz_save(d / f"$store$_observation_ckpt.{k}.gz", frames)
     _gz_save(d / f"$store$_terminal_ckpt.{k}.gz", terminal.astype(np.uint8))
     _gz_save(d / f"$store$_action_ckpt.{k}.gz",
              np.zeros(len(frames), np.int32) if actions is None else actions.astype(np.int32))
     _gz_save(d / f"$store$_reward_ckpt.{k}.gz", np.zeros(len(frames), np.float32))
+    if counters:
+        cap = len(frames)
+        add_count = cap if add_count is None else add_count
+        _gz_save(d / f"add_count_ckpt.{k}.gz", np.array(add_count, np.int64))
+        _gz_save(d / f"invalid_range_ckpt.{k}.gz",
+                 np.array([(add_count % cap - horizon + j) % cap for j in range(4 + horizon)], np.int64))
 
 
-def reference_stack(frames, terminal):
-    """State i = frames i-3..i; a frame at or before a terminal inside the window is zero."""
-    n = len(frames)
-    out = np.zeros(frames.shape + (4,), np.uint8)
-    for i in range(n):
-        for k in range(4):
-            j = i - 3 + k
-            if j < 0:
-                continue
-            if any(terminal[t] for t in range(j, i)):
-                continue
-            out[i, :, :, k] = frames[j]
-    return out
+def dopamine_reference(frames, terminal, add_count=None, horizon=1, episode_ends=()):
+    """(indices, states) Dopamine serves from such a checkpoint: its is_valid_transition, line by
+    line, over the indices oldest first, and get_observation_stack of each (raw frames i-3..i)."""
+    cap = len(frames)
+    add_count = cap if add_count is None else add_count
+    cursor, full = add_count % cap, add_count >= cap
+    invalid = {(cursor - horizon + j) % cap for j in range(4 + horizon)}
+
+    def valid(i):
+        if not full and (i >= cursor - horizon or i < 3):
+            return False
+        if i in invalid:
+            return False
+        if any(terminal[(i - b) % cap] for b in (3, 2, 1)):
+            return False
+        return not any(j % cap in episode_ends and not terminal[j % cap] for j in range(i, i + horizon))
+
+    order = [(cursor + p) % cap for p in range(cap)] if full else range(cap)
+    idx = np.array([i for i in order if valid(i)], np.int64)
+    states = np.stack([np.moveaxis(frames[[(i - 3 + t) % cap for t in range(4)]], 0, -1) for i in idx])
+    return idx, states
 
 
-def test_dopamine_stacking_matches_reference(tmp_path):
+def test_dopamine_checkpoints_match_reference(tmp_path):
     rng = np.random.default_rng(5)
     f0 = rng.integers(1, 256, (30, 84, 84), dtype=np.uint8)
     t0 = np.zeros(30, bool)
@@ -97,18 +115,22 @@ def test_dopamine_stacking_matches_reference(tmp_path):
     t1 = np.zeros(11, bool)
     t1[2] = True
     d = tmp_path / "replay_logs"
-    write_dopamine(d, 0, f0, t0)
-    write_dopamine(d, 10, f1, t1)  # K sorted numerically: 0 before 10
-    write_dopamine(d, 2, f1[:5], t1[:5])
+    write_dopamine(d, 0, f0, t0, add_count=41)  # wrapped: cursor 11
+    write_dopamine(d, 10, f1, t1, add_count=10, horizon=3)  # K sorted numerically: 0 before 10
+    write_dopamine(d, 2, f1[1:], np.zeros(10, bool), add_count=7)  # slots 7..9 never written
+    refs = [dopamine_reference(f0, t0, 41), dopamine_reference(f1[1:], np.zeros(10, bool), 7),
+            dopamine_reference(f1, t1, 10, horizon=3)]
+    want = np.concatenate([r[1] for r in refs])
     src = open_source(d)
-    want = np.concatenate([reference_stack(f0, t0), reference_stack(f1[:5], t1[:5]), reference_stack(f1, t1)])
-    assert src.shape == (46, 84, 84, 4)
-    for sizes in ([1], [5, 3], [7], [46]):
+    assert src.shape == (len(want), 84, 84, 4)
+    assert list(refs[1][0]) == [3, 4, 5] and list(refs[2][0]) == [6]  # the terminal at 2 ends 3..5
+    for sizes in ([1], [5, 3], [7], [len(want)]):
         np.testing.assert_array_equal(_read_chunked(open_source(d), sizes), want)
-    np.testing.assert_array_equal(src.read(8, 9), want[8:9])  # first state after a terminal
-    assert (src.read(8, 9)[..., :3] == 0).all() and (src.read(8, 9)[..., 3] == f0[8]).all()
+    ids = src.row_ids(0, len(src))
+    np.testing.assert_array_equal(ids["index"], np.concatenate([r[0] for r in refs]))
+    np.testing.assert_array_equal(ids["checkpoint"], np.repeat([0, 2, 10], [len(r[0]) for r in refs]))
+    assert refs[0][0][0] == 15 and 11 not in refs[0][0]  # the oldest stack after the cursor; none across it
     np.testing.assert_array_equal(src.read(2, 12), want[2:12])  # backwards seek restarts the stream
-    np.testing.assert_array_equal(src.read(0, 1)[0, :, :, :3], 0)
 
 
 def test_fingerprint_changes_with_content(tmp_path):
@@ -134,6 +156,8 @@ def _bad_cases(tmp):
     (tmp / "trunc.npy").write_bytes(data[: len(data) // 2])
     (tmp / "emptydir").mkdir()
     (tmp / "frames.txt").write_text("1 2 3")
+    d0 = tmp / "dop_nocounters"
+    write_dopamine(d0, 0, np.zeros((9, 84, 84), np.uint8), np.zeros(9), counters=False)
     d = tmp / "dop_corrupt"
     write_dopamine(d, 0, np.zeros((5, 84, 84), np.uint8), np.zeros(5))
     (d / "$store$_observation_ckpt.0.gz").write_bytes(b"\x1f\x8b garbage")
@@ -151,7 +175,8 @@ def _bad_cases(tmp):
             "truncated": (tmp / "trunc.npy", "truncated"), "emptydir": (tmp / "emptydir", "no .npy/.npz"),
             "suffix": (tmp / "frames.txt", "unsupported"), "dop_corrupt": (d, "gzip"),
             "dop_noterm": (d2, "missing Dopamine file"), "dop_len": (d3, "entries"),
-            "dop_rgb": (d4, "(N, 84, 84)")}
+            "dop_rgb": (d4, "(N, 84, 84)"), "dop_nocounters": (d0, "has no add_count_ckpt.0.gz and no "
+                                                                    "invalid_range_ckpt.0.gz")}
 
 
 def test_bad_inputs_one_clear_error(tmp_path):
@@ -170,5 +195,5 @@ def test_truncated_gzip_stream(tmp_path):
     p.write_bytes(p.read_bytes()[:-20000])
     src = open_source(d)
     with pytest.raises(SaliencyInputError, match="truncated|corrupt"):
-        src.read(0, 40)
+        src.read(0, len(src))
 

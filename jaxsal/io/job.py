@@ -21,6 +21,7 @@ import numpy as np
 from jaxsal.batching import batch_sharding, pad_rows
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
+from jaxsal.io.readers import row_ids
 from jaxsal.registry import STOCHASTIC, accepted_options, get_method
 from jaxsal.targets import get_target
 
@@ -126,7 +127,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     i % num_processes == process_id. Returns a summary dict (frames, maps/s per method,
     wall time, output path). `extra_meta` adds provenance fields to the manifest. `layout` is
     the model's ("NHWC"/"NCHW"; frames are read in it). Every chunk also stores the explained
-    action and the model's output vector (`jaxsal.load_outputs`); with target="q_action" the
+    action, the model's output vector and each state's index in the input (`jaxsal.load_outputs`:
+    the row number, or a Dopamine buffer's index and checkpoint); with target="q_action" the
     actions come from `source.actions(start, stop)` (a Dopamine buffer's action file, an .npz's
     `actions` array).
     `objects` (a `jaxsal.io.objects.ObjectsInput` aligned with `source`) adds per-frame object
@@ -208,7 +210,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     mine = [i for i in range(n_chunks) if i % num_processes == process_id]
     rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
     todo = [i for i in mine if any(not method_done(s.alias, i) for s in specs)
-            or not store.outputs_path(out, i).exists()]
+            or not store.outputs_done(out, i)]
     total = sum(rows(i) for i in mine)
     done_before = total - sum(rows(i) for i in todo)
 
@@ -246,7 +248,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 store.write_chunk(out, alias, i, maps)
             if shares is not None and not objs.objects_path(out, alias, i).exists():
                 objs.write_shares(out, alias, i, shares)
-        if not store.outputs_path(out, i).exists():
+        if not store.outputs_done(out, i):  # also rewrites a chunk an older jaxsal wrote without "index"
             store.write_outputs(out, i, outputs)
 
     seconds = {s.alias: 0.0 for s in specs}
@@ -290,6 +292,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             else:
                 kw_acts = {}
             outputs = {k: np.asarray(v)[:m] for k, v in forward(params, x, acts).items()}
+            outputs.update(row_ids(source, i * chunk, i * chunk + m))  # which state of the input each row is
             results = []
             for s, kw in calls:
                 if method_done(s.alias, i):
@@ -321,8 +324,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     if writer.error is not None:
         raise writer.error
     wall = time.perf_counter() - t0
-    complete = all(method_done(s.alias, i) for s in specs for i in range(n_chunks)) and not any(
-        not store.outputs_path(out, i).exists() for i in range(n_chunks))
+    complete = all(method_done(s.alias, i) for s in specs for i in range(n_chunks)) and all(
+        store.outputs_done(out, i) for i in range(n_chunks))
     summary = {
         "frames": n, "frames_this_process": total, "frames_computed": computed,
         "frames_resumed": done_before, "wall_s": round(wall, 3),

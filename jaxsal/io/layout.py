@@ -30,6 +30,8 @@ class Relayout:
         self._perm = _PERM[(src_layout, layout)]
         if hasattr(source, "actions"):
             self.actions = source.actions
+        if hasattr(source, "row_ids"):
+            self.row_ids = source.row_ids
 
     def __len__(self):
         return len(self.source)

@@ -1,7 +1,9 @@
 """Frame-stack sources read in chunks: .npy/.npz stacks, shard directories, Dopamine replay files.
 
 Every source has `len(source)`, `shape` (N, H, W, C), `read(start, stop) -> uint8 array`, a
-`fingerprint()` (checksum of the input, for the output's provenance) and `describe()`. Reads
+`fingerprint()` (checksum of the input, for the output's provenance) and `describe()`; a source
+whose states are not simply its rows 0..N-1 also has `row_ids(start, stop)` (a Dopamine buffer's
+indices and checkpoints; `row_ids` below gives every source's). Reads
 touch only the requested rows (memory-mapped or streamed), so peak memory follows the chunk,
 never the size of the buffer.
 """
@@ -17,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from jaxsal.errors import SaliencyInputError
+from jaxsal.io.pickled import read_pickled_int_set
 
 STACK = 4
 ACTIONS_KEY = "actions"  # the per-state actions in an .npz buffer, for --target q_action
-_DOPAMINE_OBS = re.compile(r"^\$store\$_observation_ckpt\.(\d+)\.gz$")
 
 
 def _fingerprint_files(paths, extra: str = "") -> str:
@@ -234,29 +236,28 @@ class ConcatSource:
         return (len(self),) + self.parts[0].shape[1:]
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        out = []
-        i = int(np.searchsorted(self._starts, start, side="right")) - 1
-        while start < stop:
-            lo = start - self._starts[i]
-            hi = min(stop, self._starts[i + 1]) - self._starts[i]
-            out.append(self.parts[i].read(int(lo), int(hi)))
-            start = int(self._starts[i] + hi)
-            i += 1
+        out = self._gather(start, stop, lambda part, lo, hi: part.read(lo, hi))
         return out[0] if len(out) == 1 else np.concatenate(out)
 
-    def actions(self, start: int, stop: int) -> np.ndarray:
-        """Per-state actions of every part (each must have them)."""
+    def _gather(self, start: int, stop: int, get) -> list:
+        """[get(part, lo, hi) for each part's rows lo:hi in [start, stop)]."""
         out = []
         i = int(np.searchsorted(self._starts, start, side="right")) - 1
         while start < stop:
             lo, hi = start - self._starts[i], min(stop, self._starts[i + 1]) - self._starts[i]
-            part = self.parts[i]
+            out.append(get(self.parts[i], int(lo), int(hi)))
+            start = int(self._starts[i] + hi)
+            i += 1
+        return out
+
+    def actions(self, start: int, stop: int) -> np.ndarray:
+        """Per-state actions of every part (each must have them)."""
+        def get(part, lo, hi):
             if not hasattr(part, "actions"):
                 raise SaliencyInputError(f"{getattr(part, 'path', part)} stores no actions (needed for "
                                          "--target q_action)")
-            out.append(part.actions(int(lo), int(hi)))
-            start = int(self._starts[i] + hi)
-            i += 1
+            return part.actions(lo, hi)
+        out = self._gather(start, stop, get)
         return out[0] if len(out) == 1 else np.concatenate(out)
 
     def fingerprint(self) -> str:
@@ -269,26 +270,88 @@ class ConcatSource:
         return {"kind": "shards", "path": self.path, "files": len(self.parts)}
 
 
-class DopamineCheckpoint:
-    """One Dopamine replay checkpoint K: `$store$_observation_ckpt.K.gz` (single 84x84 frames),
-    its terminals and actions, `add_count_ckpt.K.gz` and `invalid_range_ckpt.K.gz`.
+def _gz_open(path: Path):
+    try:
+        return gzip.open(path, "rb")
+    except OSError as e:
+        raise SaliencyInputError(f"cannot open {path}: {e}") from None
 
-    The stored arrays are a circular buffer: with add_count >= capacity the oldest frame sits
-    at the write cursor (add_count % capacity). States are served in chronological order,
-    skipping the indices in invalid_range (the stacks that would cross the write cursor, as
-    Dopamine never samples them) and slots never written. State p stacks chronological frames
-    p-3..p; frames at or before a terminal inside that window belong to the previous episode
-    and are zeros (Dopamine's convention), as are frames before the oldest one kept.
-    Without add_count/invalid_range files the arrays are read as written, in index order.
+
+def _npy_header(f, path, kind: str = "a valid .npy array"):
+    try:
+        version = np.lib.format.read_magic(f)
+        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = reader(f)
+    except Exception as e:
+        raise SaliencyInputError(f"cannot read {path}: not {kind} ({e})") from None
+    if fortran or dtype.hasobject:
+        raise SaliencyInputError(f"{path}: the array must be C-ordered numbers (got dtype {dtype}"
+                                 f"{', Fortran order' if fortran else ''})")
+    return shape, dtype, f.tell()
+
+
+def load_gz_array(path: Path) -> np.ndarray:
+    """A gzipped .npy array of a Dopamine replay directory (actions, terminals, counters)."""
+    if not Path(path).exists():
+        raise SaliencyInputError(f"missing Dopamine file {path}")
+    try:
+        with gzip.open(path, "rb") as f:
+            return np.load(f, allow_pickle=False)
+    except Exception as e:
+        raise SaliencyInputError(f"cannot read {path}: not a gzip'd .npy array ({e})") from None
+
+
+# --------------------------------------------------------------------------- Dopamine
+DOPAMINE_OBS = re.compile(r"^\$store\$_observation_ckpt\.(\d+)\.gz$")
+COUNTERS_FIX = ("copy add_count_ckpt.{k}.gz and invalid_range_ckpt.{k}.gz from where Dopamine's "
+                "OutOfGraphReplayBuffer.save wrote this checkpoint (without them the write cursor, and "
+                "so the order of the circular buffer, is unknown), or give the frame stacks as .npy/.npz")
+
+
+def _counters(path: Path, what: str) -> np.ndarray:
+    a = np.asarray(load_gz_array(path))
+    if not np.issubdtype(a.dtype, np.integer) and not (
+            np.issubdtype(a.dtype, np.floating) and np.all(np.isfinite(a)) and np.all(a == np.round(a))):
+        raise SaliencyInputError(f"{path}: expected {what} as integers, got dtype {a.dtype}")
+    return a.astype(np.int64).reshape(-1)
+
+
+class DopamineCheckpoint:
+    """Checkpoint K of a Dopamine replay directory (the DQN Replay Dataset layout): exactly the
+    states Dopamine serves.
+
+    `OutOfGraphReplayBuffer.save(dir, K)` writes a circular buffer of single frames
+    `$store$_observation_ckpt.K.gz` with its actions, rewards and terminals, the write counter
+    `add_count_ckpt.K.gz`, the indices around the write cursor `invalid_range_ckpt.K.gz` and (newer
+    versions) `episode_end_indices_ckpt.K.gz` (episode ends, time-outs included). Served are the
+    indices for which Dopamine's `is_valid_transition(index)` is true, oldest first, each as
+    `get_observation_stack(index)`: the raw frames index-3..index (Dopamine pads episode starts
+    with zero frames in the buffer itself); `row_ids` says which index each state is, so maps
+    join with the buffer's actions and rewards.
+
+    The rule is Dopamine's `is_valid_transition` (as in dopamine-rl 4.1): with stack size 4 and
+    update horizon N (read from invalid_range, which Dopamine writes as cursor-N .. cursor+3),
+    index i is served when
+      - the buffer is full, or else 3 <= i < cursor - N (written, past the first padding);
+      - i is not in invalid_range (stacks across the write cursor, n-step targets not yet written);
+      - no terminal flag at i-3, i-2, i-1 (the stack would mix two episodes);
+      - no episode end without terminal (a time-out) at i .. i+N-1.
     """
 
     def __init__(self, obs_path: Path, terminal_path: Path):
         self.path = str(obs_path)
         self.terminal_path = str(terminal_path)
-        d, k = Path(obs_path).parent, _DOPAMINE_OBS.match(Path(obs_path).name).group(1)
+        d, k = Path(obs_path).parent, DOPAMINE_OBS.match(Path(obs_path).name).group(1)
+        self.k = int(k)
         self.action_path = d / f"$store$_action_ckpt.{k}.gz"
         self.add_count_path = d / f"add_count_ckpt.{k}.gz"
         self.invalid_path = d / f"invalid_range_ckpt.{k}.gz"
+        self.episode_end_path = d / f"episode_end_indices_ckpt.{k}.gz"
+        missing = [p.name for p in (self.add_count_path, self.invalid_path) if not p.exists()]
+        if missing:
+            raise SaliencyInputError(f"Dopamine directory {d} has no {' and no '.join(missing)} for "
+                                     f"{Path(obs_path).name}: {COUNTERS_FIX.format(k=k)}")
         terminal = load_gz_array(terminal_path).astype(bool).reshape(-1)
         self._fh = None
         self._pos = 0  # next physical frame index of the open stream
@@ -305,28 +368,66 @@ class DopamineCheckpoint:
         self._shape = tuple(shape)
         self._row = int(np.prod(shape[1:]))
         cap = shape[0]
-        if self.add_count_path.exists():
-            add_count = int(np.asarray(load_gz_array(self.add_count_path)).reshape(-1)[0])
-            if add_count < 0:
-                raise SaliencyInputError(f"{self.add_count_path}: negative add_count {add_count}")
-        else:
-            add_count = cap
-        self.add_count = add_count
-        self.cursor = add_count % cap if add_count >= cap else 0
-        written = min(add_count, cap)
-        # chronological position p -> physical index (cursor + p) % cap, for p < written
-        self._phys = (self.cursor + np.arange(written)) % cap
-        invalid = set()
-        if self.invalid_path.exists():
-            invalid = {int(i) % cap for i in np.asarray(load_gz_array(self.invalid_path)).reshape(-1)}
-        keep = ~np.isin(self._phys, np.fromiter(invalid, np.int64, len(invalid)))
-        self._keep = np.flatnonzero(keep)  # chronological positions of the states served
+        add_count = _counters(self.add_count_path, "the number of transitions added")
+        if add_count.size != 1 or add_count[0] < 0:
+            raise SaliencyInputError(f"{self.add_count_path}: expected one count >= 0, got {add_count.tolist()}")
+        self.add_count = add_count = int(add_count[0])
+        if add_count == 0:
+            raise SaliencyInputError(f"{obs_path}: the buffer is empty (add_count 0)")
+        self.cursor = cursor = add_count % cap
+        full = add_count >= cap
+        invalid = _counters(self.invalid_path, "buffer indices")
+        self.horizon = horizon = self._horizon(invalid, cursor, cap, add_count)
+        ends = self._episode_ends(cap)
+
+        i = np.arange(cap)
+        valid = np.ones(cap, bool) if full else (i >= STACK - 1) & (i < cursor - horizon)
+        valid[invalid] = False
+        for back in range(1, STACK):  # a terminal in an earlier frame of the stack
+            valid &= ~terminal[(i - back) % cap]
+        timeout = np.zeros(cap, bool)
+        timeout[ends] = True
+        timeout &= ~terminal
+        for ahead in range(horizon):  # the episode stops without terminal before the n-step target
+            valid &= ~timeout[(i + ahead) % cap]
+        # chronological position p -> physical index (origin + p) % cap, for p < written
+        self._phys = ((cursor if full else 0) + np.arange(min(add_count, cap))) % cap
+        self._keep = np.flatnonzero(valid[self._phys])  # chronological positions of the states served
         if len(self._keep) == 0:
-            raise SaliencyInputError(f"{obs_path}: no valid states (add_count {add_count}, invalid_range "
-                                     f"{sorted(invalid)})")
-        self.terminal = terminal[self._phys]  # chronological
+            raise SaliencyInputError(f"{obs_path}: no state Dopamine would sample (add_count {add_count}, "
+                                     f"capacity {cap}, update horizon {horizon})")
         self._actions = None
         self._tail_at, self._tail = None, None  # cached physical frames just read
+
+    def _horizon(self, invalid, cursor: int, cap: int, add_count: int) -> int:
+        """Dopamine writes invalid_range as (cursor - N + j) % capacity, j < 4 + N; N is the update
+        horizon. Anything else is another checkpoint's file or another stack size: refused."""
+        n = len(invalid) - STACK
+        want = (cursor - n + np.arange(len(invalid))) % cap if n >= 0 else None
+        if want is None or not np.array_equal(invalid, want):
+            stack = ""
+            hits = np.flatnonzero(invalid == cursor)
+            if len(hits) and len(invalid) - hits[0] != STACK and np.array_equal(
+                    invalid, (cursor - hits[0] + np.arange(len(invalid))) % cap):
+                stack = (f"; it is the range of a buffer stacking {len(invalid) - hits[0]} frames, and jaxsal "
+                         f"explains stacks of {STACK}")
+            raise SaliencyInputError(
+                f"{self.invalid_path} holds {invalid.tolist()[:12]}, not the indices cursor-N .. cursor+{STACK - 1} "
+                f"that Dopamine writes for add_count {add_count} (cursor {cursor}, capacity {cap}){stack}; "
+                "use the add_count and invalid_range files saved with this checkpoint")
+        return n
+
+    def _episode_ends(self, cap: int) -> np.ndarray:
+        """Indices of episode_end_indices_ckpt.K.gz, read without unpickling; older Dopamine versions
+        did not write it, and Dopamine's own load then knows no time-outs either."""
+        if not self.episode_end_path.exists():
+            return np.zeros(0, np.int64)
+        ends = np.asarray(sorted(read_pickled_int_set(self.episode_end_path)), np.int64)
+        bad = ends[(ends < 0) | (ends >= cap)]
+        if len(bad):
+            raise SaliencyInputError(f"{self.episode_end_path}: episode end {int(bad[0])} outside the "
+                                     f"buffer (capacity {cap}); use the files saved with this checkpoint")
+        return ends
 
     def __len__(self):
         return len(self._keep)
@@ -367,34 +468,29 @@ class DopamineCheckpoint:
         return got
 
     def _chrono(self, a: int, b: int) -> np.ndarray:
-        """Chronological frames [a, b) (a may be < 0: zeros)."""
-        lead = max(0, -a)
-        a = max(0, a)
+        """Chronological frames [a, b), 0 <= a: the physical runs, at most two (one wrap)."""
         phys = self._phys[a:b]
         parts, i = [], 0
-        while i < len(phys):  # contiguous physical runs: at most two (one wrap)
+        while i < len(phys):
             j = i + 1
             while j < len(phys) and phys[j] == phys[j - 1] + 1:
                 j += 1
-            lo, hi = int(phys[i]), int(phys[j - 1]) + 1
-            parts.append(self._run(lo, hi))
+            parts.append(self._run(int(phys[i]), int(phys[j - 1]) + 1))
             i = j
-        frames = np.concatenate(parts) if len(parts) != 1 else parts[0]
-        if lead:
-            frames = np.concatenate([np.zeros((lead,) + self._shape[1:], np.uint8), frames])
-        return frames
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        pos = self._keep[start:stop]  # chronological positions
+        """States [start, stop): Dopamine's get_observation_stack of each served index."""
+        pos = self._keep[start:stop]  # chronological positions; every stack lies after the oldest frame
         a, b = int(pos[0]) - (STACK - 1), int(pos[-1]) + 1
         frames = self._chrono(a, b)
-        idx = pos[:, None] + np.arange(-(STACK - 1), 1)[None, :]  # (n, 4) chronological
-        term = np.concatenate([np.zeros(STACK - 1, bool), self.terminal])
-        tw = term[idx[:, :-1] + (STACK - 1)]  # terminal flags of frames p-3, p-2, p-1
-        stale = np.flip(np.cumsum(np.flip(tw, 1), 1), 1) > 0  # a terminal at or after j, before p
-        keep = np.concatenate([~stale, np.ones((len(idx), 1), bool)], 1) & (idx >= 0)
-        out = frames[idx - a] * keep[:, :, None, None]
-        return np.ascontiguousarray(np.moveaxis(out, 1, -1)).astype(np.uint8)
+        idx = pos[:, None] + np.arange(-(STACK - 1), 1)[None, :] - a  # (n, 4) into frames
+        return np.ascontiguousarray(np.moveaxis(frames[idx], 1, -1))
+
+    def row_ids(self, start: int, stop: int) -> dict:
+        """Per state [start, stop): its Dopamine buffer index and this checkpoint's number K."""
+        index = self._phys[self._keep[start:stop]].astype(np.int64)
+        return {"index": index, "checkpoint": np.full(len(index), self.k, np.int64)}
 
     def actions(self, start: int, stop: int) -> np.ndarray:
         """The actions taken in states [start, stop) (from `$store$_action_ckpt.K.gz`)."""
@@ -411,39 +507,7 @@ class DopamineCheckpoint:
 
     def fingerprint(self) -> str:
         return _fingerprint_files([p for p in (self.path, self.terminal_path, self.add_count_path,
-                                               self.invalid_path) if Path(p).exists()])
-
-
-def _gz_open(path: Path):
-    try:
-        return gzip.open(path, "rb")
-    except OSError as e:
-        raise SaliencyInputError(f"cannot open {path}: {e}") from None
-
-
-def _npy_header(f, path, kind: str = "a valid .npy array"):
-    try:
-        version = np.lib.format.read_magic(f)
-        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                  else np.lib.format.read_array_header_2_0)
-        shape, fortran, dtype = reader(f)
-    except Exception as e:
-        raise SaliencyInputError(f"cannot read {path}: not {kind} ({e})") from None
-    if fortran or dtype.hasobject:
-        raise SaliencyInputError(f"{path}: the array must be C-ordered numbers (got dtype {dtype}"
-                                 f"{', Fortran order' if fortran else ''})")
-    return shape, dtype, f.tell()
-
-
-def load_gz_array(path: Path) -> np.ndarray:
-    """A gzipped .npy array of a Dopamine replay directory (actions, terminals, counters)."""
-    if not Path(path).exists():
-        raise SaliencyInputError(f"missing Dopamine file {path}")
-    try:
-        with gzip.open(path, "rb") as f:
-            return np.load(f, allow_pickle=False)
-    except Exception as e:
-        raise SaliencyInputError(f"cannot read {path}: not a gzip'd .npy array ({e})") from None
+                                               self.invalid_path, self.episode_end_path) if Path(p).exists()])
 
 
 class DopamineSource(ConcatSource):
@@ -452,12 +516,25 @@ class DopamineSource(ConcatSource):
     def __init__(self, path: Path, files: list[Path]):
         parts = []
         for f in files:
-            k = _DOPAMINE_OBS.match(f.name).group(1)
+            k = DOPAMINE_OBS.match(f.name).group(1)
             parts.append(DopamineCheckpoint(f, f.parent / f"$store$_terminal_ckpt.{k}.gz"))
         super().__init__(path, parts)
 
+    def row_ids(self, start: int, stop: int) -> dict:
+        parts = self._gather(start, stop, lambda part, lo, hi: part.row_ids(lo, hi))
+        return {k: np.concatenate([p[k] for p in parts]).astype(np.int64) for k in ("index", "checkpoint")}
+
     def describe(self) -> dict:
-        return {"kind": "dopamine", "path": self.path, "checkpoints": len(self.parts)}
+        return {"kind": "dopamine", "path": self.path, "checkpoints": len(self.parts),
+                "order": "Dopamine's valid transitions (is_valid_transition), oldest first"}
+
+
+def row_ids(source, start: int, stop: int) -> dict:
+    """What identifies states [start, stop) in the input: {"index": ...} (the row number, or a
+    Dopamine buffer's index) plus, for Dopamine input, {"checkpoint": ...} (its K)."""
+    if hasattr(source, "row_ids"):
+        return source.row_ids(start, stop)
+    return {"index": np.arange(start, stop, dtype=np.int64)}
 
 
 def open_source(path) -> "ArraySource | NpzSource | ConcatSource":
@@ -468,8 +545,7 @@ def open_source(path) -> "ArraySource | NpzSource | ConcatSource":
         raise SaliencyInputError(f"input {path} does not exist")
     if p.is_dir():
         names = sorted(os.listdir(p))
-        dop = sorted((n for n in names if _DOPAMINE_OBS.match(n)),
-                     key=lambda n: int(_DOPAMINE_OBS.match(n).group(1)))
+        dop = sorted((n for n in names if DOPAMINE_OBS.match(n)), key=lambda n: int(DOPAMINE_OBS.match(n).group(1)))
         if dop:
             return DopamineSource(p, [p / n for n in dop])
         shards = [n for n in names if n.endswith((".npy", ".npz"))]

@@ -59,6 +59,19 @@ def outputs_path(out: Path, index: int) -> Path:
     return Path(out) / OUTPUTS / f"chunk_{index:07d}.npz"
 
 
+def outputs_done(out: Path, index: int) -> bool:
+    """The chunk's outputs file exists and has each state's input index (older jaxsal versions
+    wrote none: a rerun of the job rewrites those files, recomputing only the model outputs)."""
+    path = outputs_path(out, index)
+    if not path.exists():
+        return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            return "index.npy" in z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
 def write_outputs(out: Path, index: int, outputs: dict):
     """One chunk's explained actions and model outputs, atomically (an .npz, no pickle)."""
     path = outputs_path(out, index)
@@ -77,9 +90,12 @@ def _write_npz(f, arrays: dict):
 
 
 def load_outputs(out, allow_incomplete: bool = False) -> dict:
-    """Per frame, what was explained: {"frame": (N,), "action": (N,), "q": (N, A) for Q-networks
-    or "logits": (N, A) for policies, "value": (N,) when the model has one}. With
-    allow_incomplete, the frames of the chunks finished so far (in order)."""
+    """Per frame, what was explained: {"frame": (N,) row of the maps, "index": (N,) the state's
+    index in the input (its row number; for a Dopamine replay directory the buffer index, with
+    "checkpoint": (N,) its checkpoint K, so maps join with the buffer's actions and rewards),
+    "action": (N,), "q": (N, A) for Q-networks or "logits": (N, A) for policies, "value": (N,)
+    when the model has one}. With allow_incomplete, the frames of the chunks finished so far
+    (in order)."""
     cfg = read_manifest(out)["config"]
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
     n_chunks = -(-n // chunk)
@@ -89,8 +105,15 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
             f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks missing); rerun the same "
             "`jaxsal explain` command, or pass allow_incomplete=True for the finished chunks")
     parts: dict[str, list] = {"frame": []}
+    keys = None
     for i in done:
         with np.load(outputs_path(out, i), allow_pickle=False) as z:
+            if keys is not None and set(z.files) != keys:  # never concatenate misaligned columns
+                raise SaliencyInputError(
+                    f"{outputs_path(out, i)} holds {sorted(z.files)} but earlier chunks hold {sorted(keys)} "
+                    "(chunks of different jaxsal versions); rerun the same `jaxsal explain` command, which "
+                    "rewrites the older chunks' outputs")
+            keys = set(z.files)
             for k in z.files:
                 parts.setdefault(k, []).append(z[k])
         parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
