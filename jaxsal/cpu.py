@@ -6,75 +6,36 @@ reads XLA_FLAGS once, when its CPU backend starts (the first JAX computation), s
 `import jaxsal` turns it on (`auto()`) when JAX has not started yet; if it has, one warning
 says how to get it. JAXSAL_FAST_CPU=0 (set before the import) turns it off.
 
-The flag is experimental in XLA and an unknown flag aborts the process, so it is only set
-after a throw-away subprocess has started XLA with it: once per jaxlib version, cached in
-~/.cache/jaxsal (or the temp dir when that is not writable); child processes inherit the
-flag through XLA_FLAGS and never probe again.
+The flag is experimental: an XLA that does not know it aborts the process, and other
+releases may treat it differently. So it is set only on the jaxlib releases it was verified on
+(`VERIFIED_JAXLIB`), decided from the installed version: `import jaxsal` starts no process and
+writes no file. Child processes inherit the flag through XLA_FLAGS.
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import warnings
-from pathlib import Path
 
 YNN_FLAG = "--xla_cpu_experimental_ynn_fusion_type=dot"
 """Hands XLA:CPU's dot and convolution work to YNNPACK (default list is empty in jaxlib 0.10)."""
 
-_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxsal" / "xla_flags.json"
-_FALLBACK = Path(tempfile.gettempdir()) / f"jaxsal-{os.getuid() if hasattr(os, 'getuid') else 0}" \
-    / "xla_flags.json"
+VERIFIED_JAXLIB = ("0.10.",)
+"""jaxlib release prefixes on which YNN_FLAG was verified to start XLA and give the same maps
+(tests/test_cpu.py checks it on the installed one)."""
 
 
 def _jaxlib_version() -> str:
     try:
-        import jaxlib
-        return str(jaxlib.__version__)
-    except Exception:  # noqa: BLE001
+        from importlib.metadata import version
+        return version("jaxlib")
+    except Exception:  # noqa: BLE001 (not installed as a distribution: unknown)
         return "unknown"
 
 
-def _probe(flag: str, timeout: float = 120.0) -> bool:
-    """True if a fresh Python process starts XLA:CPU with `flag` and computes."""
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
-               JAX_PLATFORMS="cpu")
-    code = "import jax.numpy as jnp; assert float(jnp.ones(3).sum()) == 3.0"
-    try:
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0
-
-
-def flag_supported(flag: str = YNN_FLAG) -> bool:
-    """Whether this jaxlib accepts `flag` (probed once per jaxlib version, cached on disk)."""
-    key = f"{_jaxlib_version()} {flag}"
-    for path in (_CACHE, _FALLBACK):
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if key in cache:
-            return bool(cache[key])
-    ok = _probe(flag)
-    for path in (_CACHE, _FALLBACK):
-        try:
-            try:
-                cache = json.loads(path.read_text())
-            except (OSError, ValueError):
-                cache = {}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            cache[key] = ok
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cache, indent=1))
-            tmp.replace(path)
-            break
-        except OSError:
-            continue
-    return ok
+def flag_supported(flag: str = YNN_FLAG, jaxlib_version: str | None = None) -> bool:
+    """Whether `flag` is known to work on this jaxlib (only YNN_FLAG on VERIFIED_JAXLIB)."""
+    v = _jaxlib_version() if jaxlib_version is None else jaxlib_version
+    return flag == YNN_FLAG and v.startswith(VERIFIED_JAXLIB)
 
 
 def backend_started() -> bool:

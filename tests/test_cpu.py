@@ -1,6 +1,5 @@
 """jaxsal.cpu: the YNNPACK flag gives the same maps, is only set when this jaxlib takes it,
 and never silently pretends to work once JAX has started."""
-import json
 import os
 import subprocess
 import sys
@@ -49,13 +48,37 @@ def test_fast_kernels_give_the_same_maps(tmp_path):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * np.abs(a).max(), err_msg=k)
 
 
-def test_unknown_flag_is_refused_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr(cpu, "_CACHE", tmp_path / "flags.json")
-    assert not cpu.flag_supported("--xla_cpu_no_such_flag_for_jaxsal=1")
-    cache = json.loads((tmp_path / "flags.json").read_text())
-    assert list(cache.values()) == [False]
-    monkeypatch.setattr(cpu, "_probe", lambda flag: pytest.fail("probed again"))
-    assert not cpu.flag_supported("--xla_cpu_no_such_flag_for_jaxsal=1")
+def test_the_flag_is_decided_from_the_jaxlib_version():
+    assert cpu.flag_supported(cpu.YNN_FLAG, jaxlib_version="0.10.2")
+    assert not cpu.flag_supported(cpu.YNN_FLAG, jaxlib_version="0.11.2")   # not verified there
+    assert not cpu.flag_supported(cpu.YNN_FLAG, jaxlib_version="unknown")
+    assert not cpu.flag_supported("--xla_cpu_no_such_flag_for_jaxsal=1", jaxlib_version="0.10.2")
+
+
+_QUIET_IMPORT = textwrap.dedent("""
+    import os, subprocess, sys
+    def refuse(*a, **k):
+        raise AssertionError("import jaxsal started a process")
+    subprocess.Popen.__init__ = refuse
+    os.fork = os.posix_spawn = os.system = refuse
+    import jaxsal
+    print(os.environ.get("XLA_FLAGS", ""))
+""")
+
+
+def test_import_starts_no_process_and_writes_no_file(tmp_path):
+    home, cache, tmp = (tmp_path / d for d in ("home", "cache", "tmp"))
+    for d in (home, cache, tmp):
+        d.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSAL_FAST_CPU")}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(cache), TMPDIR=str(tmp), JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", _QUIET_IMPORT], env=env, cwd=root, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("ynn_fusion_type" in r.stdout) == cpu.flag_supported()   # the fast kernels stay the default
+    written = [p for d in (home, cache, tmp) for p in d.rglob("*")]
+    assert written == [], written
 
 
 def test_too_late_or_turned_off_leaves_xla_flags_alone(monkeypatch):

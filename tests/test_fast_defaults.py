@@ -170,10 +170,10 @@ def test_import_turns_on_the_fast_kernels_unless_opted_out_or_too_late(monkeypat
                   "import jaxsal.cpu; jaxsal.cpu.auto(); print(os.environ.get('XLA_FLAGS', ''))")
     assert "ynn_fusion_type" not in late.stdout
     assert late.stderr.count("JAX started before `import jaxsal`") == 1  # one warning, not two
-    # opted out: nothing set, nothing probed, no warning (as `import jaxsal` runs it)
+    # opted out: nothing set, nothing looked up, no warning (as `import jaxsal` runs it)
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     monkeypatch.setenv("JAXSAL_FAST_CPU", "0")
     monkeypatch.setattr(cpu, "backend_started", lambda: False)
-    monkeypatch.setattr(cpu, "_probe", lambda flag: pytest.fail("probed although opted out"))
+    monkeypatch.setattr(cpu, "flag_supported", lambda *a, **k: pytest.fail("looked up although opted out"))
     assert cpu.auto() is False
     assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
