@@ -113,10 +113,13 @@ def optimal_block_length(x) -> float:
     `arch.bootstrap.optimal_block_length` except the autocorrelation estimate (here the usual
     R(k) / R(0)). For AR(1) with coefficient rho the target is (2 rho / (1 - rho^2))^(2/3) n^(1/3).
 
-    Limit: the lag window ends at m_max, so the estimate saturates below the b that dependence
-    longer than m_max calls for: at most ~59 states for n = 1,000 and ~23 for n = 200 (reached
-    with autocorrelation 1 up to m_max). Series whose dependence outlasts that get too short
-    blocks; compare with a longer fixed block length.
+    Limits: the lag window ends at m_max, so with non-negative autocorrelations the estimate
+    saturates below the b that dependence longer than m_max calls for: ~59 states for n = 1,000
+    and ~23 for n = 200 (autocorrelation 1 up to m_max); series whose dependence outlasts that
+    get too short blocks (compare with a longer fixed block length). Negative autocorrelations
+    at longer lags can make |G| / g(0) large and b reach b_max. Dependence that stays inside the
+    band at the first K_n lags (many small positive autocorrelations) gives m = 0 and b = 1.
+    `arch` takes M = 2 max(m, 1), so it returns b > 1 where this returns 1.
     """
     x = _vector(x)
     n = len(x)
