@@ -35,6 +35,7 @@ PAPER_B_BREAKOUT = {"occlusion": 3.16, "noise_sensitivity": 3.04, "sarfa": 1.97,
                     "lime_felzenszwalb": 7.48, "lime_slic": 6.12}
 PAPER_B_RANDOM = 2.13
 PAPER_B_AGENT = "Nature-CNN DQN, ~5M steps, no LayerNorm"
+REANALYSIS_HEADER = "## Re-analysis (pre-declared)"   # README section kept when the README is regenerated
 
 # Paper B's mean insertion AUCs per game and setting, from its code's committed tables
 # (belimmer/PerturbationSaliencyEvaluation, applications/atari/insertion_metric/results/
@@ -339,5 +340,11 @@ def write(root: Path):
     for g in done:
         lines += [f"- `{g}/`: summary.md (all tables), significance.md (every pair of methods), sanity.png, "
                   "insertion.png, deletion.png, maps.png; CSVs with per-state values for re-analysis."]
-    (root / "README.md").write_text("\n".join(lines) + "\n")
-    return root / "README.md"
+    readme = root / "README.md"
+    kept = ""
+    if readme.exists():                  # the re-analysis section is written by hand: keep it
+        old = readme.read_text()
+        at = old.find("\n" + REANALYSIS_HEADER)
+        kept = old[at:] if at >= 0 else ""
+    readme.write_text("\n".join(lines) + "\n" + kept)
+    return readme

@@ -128,3 +128,21 @@ def test_report_tables_and_figure_from_claims(tmp_path):
     assert "| trained | GBP share, value | 0.250 | 0.750 |" in text
     assert "| random init | value attention weight | 0.500 | 0.500 |" in text
     assert (tmp_path / "claims.png").stat().st_size > 10_000
+
+
+def test_claim1_reanalysis_checks_the_committed_means_and_flags_changed_intervals():
+    from experiments import paper_a_claims_reanalysis as RA
+
+    rng = np.random.default_rng(0)
+    # runs of 8 nearly equal states: the i.i.d. interval excludes 0, the block one need not
+    run = np.repeat(rng.normal(size=8), 8) + 0.01 * rng.normal(size=64)
+    values = {"c": {"trained": run + 0.3, "random_init": np.full(64, -1.0) + 0.01 * rng.normal(size=64),
+                    "trained_minus_random": run + 0.3}}
+    committed = {"c": {p: {"mean": float(np.mean(v))} for p, v in values["c"].items()}}
+    res = RA.analyse(values, committed)
+    assert res["c/random_init"]["committed_excludes_0"] and not res["c/random_init"]["changed"]
+    iv = res["c/trained"]["intervals"]
+    assert iv["auto"]["high"] - iv["auto"]["low"] > iv["committed_iid"]["ci95"][1] - iv["committed_iid"]["ci95"][0]
+    committed["c"]["trained"]["mean"] += 0.01
+    with pytest.raises(SystemExit, match="differs from the committed"):
+        RA.analyse(values, committed)

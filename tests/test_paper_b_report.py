@@ -80,3 +80,11 @@ def test_direction_table_counts(tmp_path):
 def test_return_formatting():
     assert R.fmt_return(1758.3333333) == "1758.3"
     assert R.fmt_return(None) == "unknown"
+
+
+def test_regenerating_the_readme_keeps_the_reanalysis_section(tmp_path):
+    (tmp_path / "README.md").write_text("old text\n\n" + R.REANALYSIS_HEADER + "\n\nrules fixed first\n")
+    R.write(tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert "old text" not in text and text.endswith(R.REANALYSIS_HEADER + "\n\nrules fixed first\n")
+    assert text.startswith("# Paper B on our agents")
