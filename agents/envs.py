@@ -110,6 +110,26 @@ class MinAtarEnv:
         self._returns[:] = 0.0
         return np.asarray(obs, np.float32)
 
+    def get_state(self) -> dict:
+        """Everything a later step depends on (RNG key, every env's game state, the unfinished
+        games' returns) as numpy arrays, for an exact resume (set_state); call after reset()."""
+        import jax
+
+        leaves = jax.tree.leaves(self._state)
+        return {"key": np.asarray(self._key), "returns": self._returns.copy(),
+                "game": {f"{i:03d}": np.asarray(x) for i, x in enumerate(leaves)}}
+
+    def set_state(self, state: dict) -> None:
+        """Restore get_state()'s arrays (after reset(), which fixes the game state's structure)."""
+        import jax
+        import jax.numpy as jnp
+
+        treedef = jax.tree.structure(self._state)
+        leaves = [jnp.asarray(state["game"][f"{i:03d}"]) for i in range(treedef.num_leaves)]
+        self._state = jax.tree.unflatten(treedef, leaves)
+        self._key = jnp.asarray(state["key"])
+        self._returns = np.array(state["returns"], np.float64)
+
     def step(self, actions):
         out = self._step(self._keys(), self._state, np.asarray(actions, np.int32))
         obs, self._state, reward = out[:3]

@@ -120,6 +120,20 @@ class FrameStackEnv:
         self._pending = None
         return self.stacker.reset(self._frames(self.env.reset()))
 
+    def get_state(self) -> dict:
+        """The wrapped env's state (its get_state) and the stacker's history, for an exact
+        resume (set_state); only for envs that have get_state (gymnax MinAtar)."""
+        n = self.stacker._hist.shape[0]
+        pending = np.zeros(n, bool) if self._pending is None else np.asarray(self._pending, bool)
+        return {"env": self.env.get_state(), "hist": self.stacker._hist.copy(),
+                "reuse": self.stacker._reuse.copy(), "pending": pending}
+
+    def set_state(self, state: dict) -> None:
+        self.env.set_state(state["env"])
+        self.stacker._hist = np.array(state["hist"])
+        self.stacker._reuse = np.array(state["reuse"])
+        self._pending = np.array(state["pending"], bool)
+
     def step(self, actions):
         obs, reward, done, finished = self.env.step(actions)
         restart = self._pending if self.reset_after_done else done

@@ -129,6 +129,30 @@ class MinAtarDQN(nn.Module):
         return nn.Dense(self.num_actions, name="q")(x)
 
 
+class MinAtarDuelingDQN(nn.Module):
+    """Paper A's dueling head on the MinAtar trunk: `conv1` 16@3x3, then an advantage stream
+    (`adv_fc` 128, leaky ReLU, `advantage` (N, A)) and a value stream (`value_fc` 128, ReLU,
+    `value` (N,)), merged as Q = V + A - mean(A) (the layout of DuelingDQN). Returns a dict
+    with `q`, `value` and `advantage`."""
+    num_actions: int
+    channels: int
+    layer_norm: bool = True
+
+    @nn.compact
+    def __call__(self, obs):
+        check_frames(obs, 10, 10, self.channels)
+        x = jnp.asarray(obs, jnp.float32)
+        x = nn.Conv(16, (3, 3), padding="SAME", name="conv1")(x)
+        x = nn.relu(_Norm(self.layer_norm, name="conv1_norm")(x))
+        x = x.reshape((x.shape[0], -1))
+        a = nn.leaky_relu(_Norm(self.layer_norm, name="adv_fc_norm")(nn.Dense(128, name="adv_fc")(x)))
+        a = nn.Dense(self.num_actions, name="advantage")(a)
+        v = nn.relu(_Norm(self.layer_norm, name="value_fc_norm")(nn.Dense(128, name="value_fc")(x)))
+        v = nn.Dense(1, name="value")(v)[:, 0]
+        q = v[:, None] + a - a.mean(axis=-1, keepdims=True)
+        return {"q": q, "value": v, "advantage": a}
+
+
 class MinAtarActorCritic(nn.Module):
     """MinAtar actor-critic: `conv1` 16@3x3, `fc1` 128, `policy` logits (N, A), `critic` value (N,)."""
     num_actions: int

@@ -30,8 +30,10 @@ def build_model(game: str, arch: str, num_actions: int, layer_norm: bool = True)
         channels = MINATAR_SHAPES[game][0]
         if arch == "actor_critic":
             return networks.MinAtarActorCritic(num_actions, channels)
+        if arch == "dueling":
+            return networks.MinAtarDuelingDQN(num_actions, channels, layer_norm=layer_norm)
         if arch != "dqn":
-            raise AgentLoadError(f"MinAtar agents use arch 'dqn' or 'actor_critic', got {arch!r}")
+            raise AgentLoadError(f"MinAtar agents use arch 'dqn', 'dueling' or 'actor_critic', got {arch!r}")
         return networks.MinAtarDQN(num_actions, channels, layer_norm=layer_norm)
     archs = {"dqn": lambda: networks.NatureDQN(num_actions, layer_norm=layer_norm),
              "dueling": lambda: networks.DuelingDQN(num_actions, layer_norm=layer_norm),

@@ -8,6 +8,8 @@ experiments.frame_stack_plan, runner and analysis in experiments.frame_stack_stu
     python -m experiments.frame_stack_bug --study atari        # Breakout DDDQN, seeds 100-104 (GPU)
     python -m experiments.frame_stack_bug --study atari --shard 1/4 --no-analysis   # parallel workers
     python -m experiments.frame_stack_bug --study atari --analyse-only
+    python -m experiments.frame_stack_bug --study replay_dddqn  # replay DDDQN, MinAtar, seeds 200-207
+                                                                # (experiments/replay_dddqn_preregistration.md)
 
 With --study, only --out, --runs-dir, --shard, --no-analysis, --analyse-only, --export-runs,
 --time-limit and --env-threads apply; the flags below belong to the EARLIER, exploratory experiment (seeds 0-5,
@@ -95,7 +97,7 @@ def make_parser():
     p.add_argument("--runs-dir", default=None, help="where run folders go (default OUT/runs)")
     p.add_argument("--fresh", action="store_true", help="retrain runs that already finished")
     g = p.add_argument_group("the pre-registered study (experiments.frame_stack_plan)")
-    g.add_argument("--study", choices=("minatar", "atari"), default=None,
+    g.add_argument("--study", choices=("minatar", "atari", "replay_dddqn"), default=None,
                    help="run/analyse the pre-registered study; every other number comes from the plan")
     g.add_argument("--shard", default=None, help="i/n: train every n-th registered run from i (parallel workers)")
     g.add_argument("--no-analysis", action="store_true", help="train only (a shard); analyse later")
@@ -268,10 +270,10 @@ def figure(results, bugs, seeds, steps, runs_dir, path, state=0, cols=5):
 def main(argv=None, log=lambda m: print(m, flush=True)):
     args = make_parser().parse_args(argv)
     if args.study:
-        from experiments import frame_stack_plan, frame_stack_study
+        from experiments import frame_stack_study
         out = Path(args.out)
         summary = frame_stack_study.run_study(
-            frame_stack_plan.STUDIES[args.study], out, args.runs_dir, shard=args.shard,
+            frame_stack_study.STUDIES[args.study], out, args.runs_dir, shard=args.shard,
             train=not args.analyse_only, analysis=not args.no_analysis, time_limit=args.time_limit,
             env_threads=args.env_threads, export_to=args.export_runs, log=log)
         return summary if summary is not None else {"analysed": False}

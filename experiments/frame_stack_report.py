@@ -71,7 +71,8 @@ def render(summary: dict) -> str:
         lines.append(f"| {v} | {f['mean']:.2f} | {_num(f['std'])} | {ci} | "
                      + ", ".join(f"{x:.2f}" for x in f["per_seed"]) + " |")
     lc = s["learning_check"]
-    registered = "" if s["study"] == "atari" else " (registered for the Atari study only; descriptive here)"
+    registered = ("" if lc.get("registered", s["study"] == "atari")
+                  else " (registered for the Atari study only; descriptive here)")
     lines += ["", f"Learning check{registered}: the correct agent's final return {lc['correct_final_return']:.2f} against the "
               f"threshold {lc['threshold']:.2f} (2 x random play): **{'learned' if lc['learned'] else 'did not learn'}**."]
     per_update = plan["num_envs"] * plan["rollout"]

@@ -4,10 +4,16 @@
     python -m experiments.frame_stack_bug --study atari            # 15 runs, Breakout DDDQN (GPU)
     python -m experiments.frame_stack_bug --study atari --shard 0/4 --no-analysis   # 4 in parallel
     python -m experiments.frame_stack_bug --study atari --analyse-only
+    python -m experiments.frame_stack_bug --study replay_dddqn     # 48 runs, replay DDDQN on MinAtar
+                                                                   # (experiments/replay_dddqn_preregistration.md)
 
 Every number (variants, seeds, budget, snapshot and checkpoint schedules, the statistic's and
-the rule's parameters) comes from experiments.frame_stack_plan; nothing here can change them.
-Each run trains PQN (jaxsal_agents.train) on its own (possibly buggy) stack with SaliencySnapshots
+the rule's parameters) comes from experiments.frame_stack_plan (the PQN studies) or
+experiments.replay_dddqn_plan (the replay-DDDQN study, which reuses the PQN studies' statistic
+and rule); nothing here can change them. `STUDIES` names them all.
+Each run trains PQN (jaxsal_agents.train; the replay-DDDQN study: jaxsal_agents.train_dqn, with
+its transition bug `misassembled` in the trainer and the frame-stack bugs in the env) on its own
+(possibly buggy) stack with SaliencySnapshots
 (Grad-CAM, G1Grad-CAM, G2Grad-CAM, Guided Backprop, gradient + per-frame shares) and is
 resumable: an interrupted run continues from its orbax checkpoint and its snapshot rows
 (`--time-limit` stops a run cleanly after a checkpoint), a finished one is skipped
@@ -34,9 +40,38 @@ from experiments import detection_rule
 from experiments import frame_stack_plan as plan
 from experiments import frame_stack_secondary_plan as secondary
 from experiments import frame_stack_report
+from experiments import replay_dddqn_plan
 
 FIGURE_METHODS = ("g1gradcam", "gradcam", "guided_backprop", "gradient")
 CKPT_EVERY = 32     # updates between orbax checkpoints (resumption only; not part of the analysis)
+
+# Every registered study by name: the frozen PQN studies (frame_stack_plan.STUDIES, unchanged)
+# and the replay-DDDQN study (replay_dddqn_plan; its own pre-registration).
+STUDIES = {**plan.STUDIES, **replay_dddqn_plan.STUDIES}
+
+
+def is_replay(study) -> bool:
+    """A replay-DDDQN study (jaxsal_agents.train_dqn) rather than a PQN one (jaxsal_agents.train)."""
+    return getattr(study, "trainer", "pqn") == "dqn"
+
+
+def predicted_directions(study) -> dict:
+    """The study's registered map-statistic directions per bug."""
+    return dict(getattr(study, "predicted_saliency_direction", plan.PREDICTED_SALIENCY_DIRECTION))
+
+
+def split_bug(variant: str):
+    """(frame-stack bug for the env wrapper, transition bug for the replay trainer) of a variant."""
+    from jaxsal_agents.framestack import BUGS
+
+    if variant == "correct":
+        return None, None
+    if variant in BUGS:
+        return variant, None
+    from jaxsal_agents.train_dqn import TRANSITION_BUGS
+    if variant in TRANSITION_BUGS:
+        return None, variant
+    raise SystemExit(f"unknown variant {variant!r}")
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -80,6 +115,9 @@ def build_model(study: plan.Study, env):
         if study.arch == "minatar":
             from jaxsal_agents.networks import MinAtarDQN
             _MODELS[key] = MinAtarDQN(env.num_actions, env.obs_shape[-1])
+        elif study.arch == "minatar_dueling":
+            from jaxsal_agents.networks import MinAtarDuelingDQN
+            _MODELS[key] = MinAtarDuelingDQN(env.num_actions, env.obs_shape[-1])
         else:
             from jaxsal_agents.zoo import build_model as zoo_model
             _MODELS[key] = zoo_model(study.game, study.arch, env.num_actions, layer_norm=True)
@@ -91,21 +129,31 @@ def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=def
     """Train (or resume, or skip if done) one registered run; returns its done record
     {"rows", "steps", "wall_s"} or, if stopped by `time_limit`, {"rows", "steps", "done": False}."""
     from jaxsal_agents.snapshots import SaliencySnapshots, probe_states
-    from jaxsal_agents.train import PQNConfig, train
 
-    bug = None if variant == "correct" else variant
+    stack_bug, transition_bug = split_bug(variant)
     run_dir = Path(runs_dir) / run_name(variant, seed)
     done_file = run_dir / "done.json"
     if done_file.exists():
         return json.loads(done_file.read_text())
-    env_fn = make_env(study, bug)
+    env_fn = make_env(study, stack_bug)      # a transition bug leaves the env (and so the probes) correct
     probe = probe_states(env_fn(study.game, 8, train=False, seed=plan.PROBE_ENV_SEED), plan.N_PROBES,
                          steps=plan.PROBE_STEPS, seed=plan.PROBE_POLICY_SEED)
     model = build_model(study, env_fn(study.game, 1, train=False, seed=0))
-    cfg = PQNConfig(game=study.game, arch="dqn" if study.arch == "minatar" else study.arch, steps=study.steps,
-                    num_envs=study.num_envs, rollout=study.rollout, lr=study.lr, epochs=study.epochs,
-                    minibatches=study.minibatches, target_every=study.target_every, seed=seed,
-                    run_dir=str(run_dir), ckpt_every=CKPT_EVERY, time_limit=time_limit, env_threads=env_threads)
+    if is_replay(study):
+        from jaxsal_agents.train_dqn import DQNConfig, train
+        cfg = DQNConfig(game=study.game, arch="dueling" if study.arch == "minatar_dueling" else study.arch,
+                        steps=study.steps, num_envs=study.num_envs, rollout=study.rollout,
+                        buffer_size=study.buffer_size, batch_size=study.batch_size, grad_steps=study.grad_steps,
+                        learning_starts=study.learning_starts, lr=study.lr, target_every=study.target_every,
+                        eps_decay_frac=study.eps_decay_frac, frames=study.frames, drop_trail=study.drop_trail,
+                        stack_bug=stack_bug or "", transition_bug=transition_bug or "", seed=seed,
+                        run_dir=str(run_dir), ckpt_every=study.ckpt_every, time_limit=time_limit)
+    else:
+        from jaxsal_agents.train import PQNConfig, train
+        cfg = PQNConfig(game=study.game, arch="dqn" if study.arch == "minatar" else study.arch, steps=study.steps,
+                        num_envs=study.num_envs, rollout=study.rollout, lr=study.lr, epochs=study.epochs,
+                        minibatches=study.minibatches, target_every=study.target_every, seed=seed,
+                        run_dir=str(run_dir), ckpt_every=CKPT_EVERY, time_limit=time_limit, env_threads=env_threads)
     snaps = SaliencySnapshots(probe, run_dir / "snapshots", every=study.snapshot_every,
                               methods=plan.SNAPSHOT_METHODS, num_frames=study.frames,
                               frame_methods=plan.FRAME_METHODS, target=plan.TARGET)
@@ -190,7 +238,7 @@ def analyse(study: plan.Study, runs: dict, complete: bool, n_boot: int | None = 
                 checkpoints, b, c, study.alpha, n_boot=boot["n_boot"], seed=boot["seed"], level=boot["level"])
             r["statistic"] = key
             entry[name] = r
-        pred = plan.PREDICTED_SALIENCY_DIRECTION.get(bug)
+        pred = predicted_directions(study).get(bug)
         sal = entry["saliency"]
         entry["saliency"]["predicted_direction"] = pred
         entry["saliency"]["matches_prediction"] = (None if sal["detection_step"] is None or pred is None
@@ -207,7 +255,8 @@ def analyse(study: plan.Study, runs: dict, complete: bool, n_boot: int | None = 
     return {"bugs": bugs, "final_returns": final, "checkpoints": checkpoints,
             "truncated": (not complete) or checkpoints != study.checkpoints,
             "learning_check": {"correct_final_return": final["correct"]["mean"],
-                               "threshold": study.learned_threshold, "learned": bool(learned)},
+                               "threshold": study.learned_threshold, "learned": bool(learned),
+                               "registered": bool(getattr(study, "learning_check_registered", study.name == "atari"))},
             "alpha_per_bug": study.alpha, "family_alpha": plan.FAMILY_ALPHA}
 
 
@@ -405,7 +454,8 @@ def summarise(study: plan.Study, loaded: dict, n_boot: int | None = None) -> dic
     complete = all(x[2] for x in loaded.values())
     res = analyse(study, runs, complete, n_boot=n_boot)
     return {
-        "study": study.name, "preregistration": "experiments/frame_stack_bug_preregistration.md",
+        "study": study.name,
+        "preregistration": getattr(study, "preregistration", "experiments/frame_stack_bug_preregistration.md"),
         "bugs": res.pop("bugs"), "seeds": list(study.seeds),
         "steps": {run_name(v, s): x[1] for (v, s), x in loaded.items()},
         "final_returns": res.pop("final_returns"),
