@@ -57,7 +57,8 @@ def value_of(out):
         raise SaliencyInputError(
             "target='value' needs a value output (dict key 'value' or a (logits, value) tuple); "
             "this model outputs " + (f"dict keys {sorted(out)}" if isinstance(out, dict) else
-                                      f"{type(out).__name__}"))
+                                      f"one array of shape {tuple(out.shape)} (Q-values or logits)"
+                                      if hasattr(out, "shape") else f"{type(out).__name__}"))
     return v.reshape(v.shape[0], -1)[:, 0] if v.ndim > 1 else v
 
 

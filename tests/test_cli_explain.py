@@ -227,9 +227,9 @@ def _bad_cases(tmp, card):
         "out under a file": (base[:-3] + ["--out", str(tmp / "afile" / "sub"), "--input", ok], "part of its path is a file"),
         "input and play": (base + ["--input", ok, "--play", "3"], "exactly one"),
         "bad chunk": (base + ["--input", ok, "--chunk", "0"], "chunk"),
-        "bad batch": (base + ["--input", ok, "--batch-size", "-1"], "batch_size"),
+        "bad batch": (base + ["--input", ok, "--batch-size", "-1"], "--batch-size"),
         "NaN frames": (base + ["--input", str(tmp / "nan.npy"), "--chunk", "2", "--out", str(tmp / "o_nan")],
-                       "frames 2:4: obs contains NaN"),
+                       "frame 3 of the input holds NaN"),
         "distributed without coordinator": (base + ["--input", ok, "--num-processes", "2", "--process-id", "0"],
                                             "--coordinator"),
     }

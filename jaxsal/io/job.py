@@ -144,7 +144,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     bound_malloc()
     if dtype not in DTYPES:
         raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
-    for name, v in (("chunk", chunk), ("batch_size", batch_size or 1), ("num_processes", num_processes)):
+    for name, v in (("chunk", chunk), ("batch_size", 1 if batch_size is None else batch_size),
+                    ("num_processes", num_processes)):
         if not isinstance(v, int) or v < 1:
             raise SaliencyInputError(f"{name} must be a positive integer, got {v!r}")
     if not 0 <= process_id < num_processes:
