@@ -454,20 +454,30 @@ class _Array:
 
 
 def _captions(out, start: int, stop: int, load_outputs) -> dict:
-    """Row i (relative to start) -> "frame F | action a | Q_a = v" from the job's stored outputs."""
+    """Row i (relative to start) -> "frame F | action a | Q_a = v" from the job's stored outputs; for a
+    target that explains no action (value): "frame F | target value: no action | V = v"."""
     try:
         o = load_outputs(out, allow_incomplete=True)
     except SaliencyInputError:
         return {}
+    from jaxsal.io.store import read_manifest
+
     vec_key = "q" if "q" in o else ("logits" if "logits" in o else None)
+    target = None if "action" in o else read_manifest(out)["config"].get("target")
     res = {}
     for r, f in enumerate(o.get("frame", [])):
-        if start <= f < stop and "action" in o:
+        if not start <= f < stop:
+            continue
+        if "action" in o:
             a = int(o["action"][r])
             text = f"frame {int(f)} | action {a}"
             if vec_key is not None:
                 text += f" | {'Q' if vec_key == 'q' else 'logit'}_{a} = {float(o[vec_key][r][a]):.3g}"
-            res[int(f) - start] = text
+        else:
+            text = f"frame {int(f)} | target {target}: no action"
+            if "value" in o:
+                text += f" | V = {float(o['value'][r]):.3g}"
+        res[int(f) - start] = text
     return res
 
 

@@ -22,7 +22,7 @@ from jaxsal.batching import batch_sharding, pad_rows
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
 from jaxsal.registry import STOCHASTIC, accepted_options, get_method
-from jaxsal.targets import get_target
+from jaxsal.targets import explains_action, get_target
 
 COMMON = ("target", "layer", "per_frame", "layout", "actions")
 DTYPES = ("float32", "float16")
@@ -126,7 +126,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     i % num_processes == process_id. Returns a summary dict (frames, maps/s per method,
     wall time, output path). `extra_meta` adds provenance fields to the manifest. `layout` is
     the model's ("NHWC"/"NCHW"; frames are read in it). Every chunk also stores the explained
-    action and the model's output vector (`jaxsal.load_outputs`); with target="q_action" the
+    action (none for a target that explains no action, e.g. value) and the model's output vector
+    (`jaxsal.load_outputs`); with target="q_action" the
     actions come from `source.actions(start, stop)` (a Dopamine buffer's action file, an .npz's
     `actions` array).
     `objects` (a `jaxsal.io.objects.ObjectsInput` aligned with `source`) adds per-frame object
@@ -182,7 +183,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     meta = {"version": jaxsal.__version__, "created": store.stamp(), "input_source": source.describe(),
             "agent_card": (agent or {}).get("card"),
             "resolved": resolved_options(apply_fn, params, source, specs, target, layout),
-            "outputs": f"{OUTPUTS}/chunk_XXXXXXX.npz: per frame the explained action and the model's output",
+            "outputs": f"{OUTPUTS}/chunk_XXXXXXX.npz: per frame the explained action (none when the target "
+                       "explains no action, e.g. value) and the model's output",
             **({"objects_source": objects.describe()} if objects is not None else {}),
             **(extra_meta or {})}
     out = Path(out)
@@ -369,8 +371,9 @@ def _outputs_fn(apply_fn, target):
                 res["value"] = value_of(o)
             elif hasattr(o, "ndim") and o.ndim == 2:
                 res["logits" if target in POLICY_TARGETS else "q"] = o
-            a = tgt.choose(o) if actions is None else actions
-            res["action"] = jax.numpy.asarray(a).astype(jax.numpy.int32)
+            if actions is not None or explains_action(tgt):  # value (and callables): no action is explained
+                a = tgt.choose(o) if actions is None else actions
+                res["action"] = jax.numpy.asarray(a).astype(jax.numpy.int32)
             return res
         return fn
 

@@ -78,9 +78,13 @@ def _write_npz(f, arrays: dict):
 
 def load_outputs(out, allow_incomplete: bool = False) -> dict:
     """Per frame, what was explained: {"frame": (N,), "action": (N,), "q": (N, A) for Q-networks
-    or "logits": (N, A) for policies, "value": (N,) when the model has one}. With
-    allow_incomplete, the frames of the chunks finished so far (in order)."""
+    or "logits": (N, A) for policies, "value": (N,) when the model has one}. No "action" for a
+    target that explains no action (target="value"; older jobs stored 0 for it, left out here
+    too). With allow_incomplete, the frames of the chunks finished so far (in order)."""
+    from jaxsal.targets import TARGET_NAMES, explains_action
+
     cfg = read_manifest(out)["config"]
+    no_action = cfg.get("target") in TARGET_NAMES and not explains_action(cfg["target"])
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
     n_chunks = -(-n // chunk)
     done = [i for i in range(n_chunks) if outputs_path(out, i).exists()]
@@ -92,7 +96,8 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
     for i in done:
         with np.load(outputs_path(out, i), allow_pickle=False) as z:
             for k in z.files:
-                parts.setdefault(k, []).append(z[k])
+                if not (no_action and k == "action"):
+                    parts.setdefault(k, []).append(z[k])
         parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
     return {k: (np.concatenate(v) if v else np.zeros((0,), np.int64)) for k, v in parts.items()}
 
