@@ -337,7 +337,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         "out": str(out.absolute()), "complete": complete, "process_id": process_id,
         "num_processes": num_processes, "devices": jax.local_device_count(),
     }
-    store._atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
+    if todo or not (out / f"summary-p{process_id}.json").exists():  # nothing to do: write nothing (read-only ok)
+        store._atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
     return summary
 
 
