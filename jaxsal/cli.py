@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPT = 2, 1, 130
+EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPT, EXIT_TERM = 2, 1, 130, 143
 DEMO_METHODS = ("gradcam", "guided_backprop", "gradient", "occlusion")
 DEMO_OPTIONS = {"gradcam": {"layer": "conv3"}, "occlusion": {"patch": 6, "stride": 6, "score": "drop"}}
 
@@ -400,7 +400,9 @@ def cmd_explain(args) -> int:
     before = _snapshot(out)
     try:
         summary = _explain_job(args, agent, specs, out)
-    except KeyboardInterrupt:  # a stopped job keeps what it finished: a rerun resumes
+    except KeyboardInterrupt as e:  # what is saved, for the one line main() prints
+        if (out / "manifest.json").exists():
+            e.jaxsal_saved = _saved(out, specs)
         raise
     except BaseException:
         if args.num_processes == 1:  # nobody else writes here: take back what this run created
@@ -473,6 +475,22 @@ def _take_back(out: Path, before):
             out.rmdir()
     except OSError:
         pass  # best effort: the error being reported matters more
+
+
+def _saved(out: Path, specs) -> str:
+    """'K of M chunks are saved in OUT' for a stopped job."""
+    from jaxsal.io import store
+
+    try:
+        cfg = store.read_manifest(out)["config"]
+        n_chunks = -(-int(cfg["n"]) // int(cfg["chunk"]))
+        maps = cfg.get("store") != "shares"
+        done = sum(store.outputs_path(out, i).exists()
+                   and (not maps or all(store.chunk_path(out, s.alias, i).exists() for s in specs))
+                   for i in range(n_chunks))
+    except Exception:  # noqa: BLE001 (the message is a courtesy)
+        return f"finished chunks are kept in {out}"
+    return f"{done} of {n_chunks} chunks are saved in {out}"
 
 
 def _objects_for(args, agent, source):
@@ -769,15 +787,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: a job stops as on Ctrl-C (finished chunks kept, resumable)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None) -> int:
     """Console entry point; returns the exit status (also used by `sys.exit`)."""
+    import signal
+    import threading
+
     args = build_parser().parse_args(argv)
     from jaxsal import cpu
     cpu.use_fast_kernels(warn=False)  # before any JAX computation: XLA reads its flags once
+    handled = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if handled else None
     try:
         code = args.fn(args)
-    except KeyboardInterrupt:
-        code = _die("interrupted; finished chunks are kept, rerun the same command to resume", EXIT_INTERRUPT)
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Terminated)
+        saved = getattr(e, "jaxsal_saved", "finished chunks are kept")
+        code = _die(f"{'terminated (SIGTERM)' if term else 'interrupted'}; {saved}, no partial chunk is counted; "
+                    "rerun the same command to resume", EXIT_TERM if term else EXIT_INTERRUPT)
         if argv is None:  # console: skip interpreter teardown, which can crash (SIGSEGV) while XLA
             sys.stdout.flush()  # or reader threads are still busy; every finished chunk is on disk
             sys.stderr.flush()
@@ -786,6 +820,9 @@ def main(argv=None) -> int:
         if os.environ.get("JAXSAL_DEBUG"):
             raise
         code = _die(_message(e), EXIT_INPUT if _is_user_error(e) else EXIT_INTERNAL)
+    finally:
+        if handled:  # in-process callers (tests, notebooks) get their handler back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if argv is None:
         sys.exit(code)
     return code

@@ -138,3 +138,35 @@ def test_finished_job_reruns_read_only(tmp_path, card, read_only, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and "writable --out" in err
 
+
+# --------------------------------------------------------------------------- 7d: SIGTERM
+def test_sigterm_stops_like_ctrl_c_and_resumes(tmp_path):
+    card = make_agent_files(tmp_path / "agent")
+    np.save(tmp_path / "buf.npy", frames(30, seed=7))
+    args = ["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(tmp_path / "buf.npy"),
+            "--chunk", "3", "--quiet"]
+    assert main(args + ["--out", str(tmp_path / "ref")]) == 0
+    ref = {k: v for k, v in _files(tmp_path / "ref").items() if "chunk_" in k}
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_cli_support.py"), *args, "--out", str(out)],
+                            env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.4"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(out.rglob("standin_grad/chunk_*.npy"))) < 2:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=120)
+    err = proc.stderr.read().decode()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 143, (proc.returncode, err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("jaxsal: error: terminated (SIGTERM)"), err[-2000:]
+    assert "rerun the same command to resume" in lines[0] and "Traceback" not in err
+    got = {k: v for k, v in _files(out).items() if "chunk_" in k}
+    done = sum(f"standin_grad/chunk_{i:07d}.npy" in got and f"_outputs/chunk_{i:07d}.npz" in got for i in range(10))
+    assert 2 <= done < 10 and f"{done} of 10 chunks are saved in {out}" in lines[0], lines[0]
+    assert all(got[k] == ref[k] for k in got)  # what is there is whole and final
+    assert main(args + ["--out", str(out)]) == 0
+    assert {k: v for k, v in _files(out).items() if "chunk_" in k} == ref
+    assert not list(out.rglob("*.tmp"))
+
