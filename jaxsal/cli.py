@@ -306,7 +306,7 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
     from jaxsal.plugins import agent_provider
     from jaxsal.io.store import MANIFEST
 
-    path = out / "input" / "obs.npy"
+    path = Path(out).absolute() / "input" / "obs.npy"  # recorded in the manifest: render finds it from anywhere
     if (out / MANIFEST).exists() and path.exists():
         _say(f"reusing the rollout saved in {path}", quiet)
         return open_source(path)
@@ -429,7 +429,7 @@ def _explain_job(args, agent, specs, out: Path):
                       layout_given=args.layout)
         input_id = {"play": args.play, "game": args.game or agent.card.get("game"), "seed": args.seed}
     else:
-        source = open_source(args.input)
+        source = open_source(Path(args.input).absolute())  # the manifest records where it is, from anywhere
         input_id = None
     source = as_layout(source, agent.layout)  # (N, 84, 84, 4) or (N, 4, 84, 84): the model's layout
     _check_model(agent, source.shape, args.layout, args.target)
@@ -499,7 +499,9 @@ def _objects_for(args, agent, source):
     from jaxsal.io.layout import to_nhwc_shape
     from jaxsal.io.objects import for_job
 
-    return for_job(args.objects, args.store, args.input, agent.card.get("game"), len(source),
+    objects = args.objects if args.objects in (None, "auto") else str(Path(args.objects).absolute())
+    where = None if args.input is None else str(Path(args.input).absolute())
+    return for_job(objects, args.store, where, agent.card.get("game"), len(source),
                    to_nhwc_shape(source.shape, agent.layout), args.limit)
 
 

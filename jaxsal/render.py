@@ -343,7 +343,6 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     (`boxes=False`: not), read from the objects file it used (`objects=PATH` if it moved).
     Returns {"html": path, "pngs": [...], "videos": [...]}.
     """
-    from jaxsal.io import open_source
     from jaxsal.io.layout import as_layout
     from jaxsal.io.store import finished_frames, load_maps, load_outputs, read_manifest
 
@@ -377,11 +376,7 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     if stop - start > max_video_frames:
         stop = start + max_video_frames
     if frames is None:
-        src = manifest.get("input_source", {})
-        if not src.get("path") or not Path(src["path"]).exists():
-            raise SaliencyInputError(f"the input of {out} ({src.get('path')}) is not available; "
-                                     "pass the frames (render --input PATH)")
-        frames = as_layout(open_source(src["path"]), "NHWC").read(start, stop)
+        frames = as_layout(_job_input(out, manifest), "NHWC").read(start, stop)
     else:
         frames = np.asarray(frames)
         frames = as_layout(_Array(frames), "NHWC").read(start, min(stop, len(frames)))
@@ -411,6 +406,43 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     return {"html": page, "pngs": pngs, "videos": vids}
 
 
+def _candidates(out, stored) -> list[Path]:
+    """Where a file the manifest names may be: its path (absolute in new jobs); for a relative path (older
+    jobs recorded it relative to where `jaxsal explain` ran) that path from here, then from the output
+    directory and each directory above it."""
+    p = Path(stored)
+    if p.is_absolute():
+        return [p]
+    here = Path(out).absolute()
+    return list(dict.fromkeys([p, here / p, *(d / p for d in here.parents)]))
+
+
+def _job_input(out, manifest):
+    """The job's input as a source, found by `_candidates` and checked against the job's input checksum
+    (a buffer rewritten or replaced since the job is refused, never drawn under the maps)."""
+    from jaxsal.io import open_source
+
+    cfg = manifest["config"]
+    stored = (manifest.get("input_source") or {}).get("path")
+    want = (cfg.get("input") or {}).get("checksum")
+    want = want.split("[:")[0] if want else None  # a --limit job records the file's checksum[:n]
+    cands = _candidates(out, stored) if stored else []
+    if "play" in (cfg.get("input") or {}):
+        cands.append(Path(out).absolute() / "input" / "obs.npy")  # where --play saves its rollout
+    changed = None
+    for c in cands:
+        if c.exists():
+            source = open_source(c)
+            if want is None or source.fingerprint() == want:
+                return source
+            changed = changed or c
+    if changed is not None:
+        raise SaliencyInputError(f"the input of {out} ({changed}) has changed since the job ran (its checksum "
+                                 "differs); pass the job's frames with render --input PATH")
+    raise SaliencyInputError(f"the input of {out} ({stored}) is not available; pass the frames "
+                             "(render --input PATH)")
+
+
 def _job_boxes(out, manifest, path=None):
     """The ObjectBoxes of a job's frames (all N), or None for a job without --objects and no `path`.
     The job's own objects file, or `path`, which must be the file the job used (same checksum)."""
@@ -420,6 +452,8 @@ def _job_boxes(out, manifest, path=None):
     if "objects" not in cfg and path is None:
         return None
     where = path or (manifest.get("objects_source") or {}).get("path")
+    if where and not path:  # an older job's relative path: from here, else beside the output directory
+        where = next((c for c in _candidates(out, where) if c.exists()), where)
     if not where or not Path(where).exists():
         raise SaliencyInputError(f"the object boxes of {out} ({where}) are not available; pass the objects file "
                                  "(render --objects FILE) or render without boxes (--no-boxes)")

@@ -170,3 +170,43 @@ def test_sigterm_stops_like_ctrl_c_and_resumes(tmp_path):
     assert {k: v for k, v in _files(out).items() if "chunk_" in k} == ref
     assert not list(out.rglob("*.tmp"))
 
+
+# --------------------------------------------------------------------------- 7e: render from anywhere
+def test_render_finds_the_input_from_another_directory(tmp_path, card, monkeypatch):
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    np.save(work / "buf.npy", frames(6))
+    monkeypatch.chdir(work)
+    assert _explain(card, "buf.npy", "maps", "--chunk", 4) == 0  # relative paths, as people type them
+    monkeypatch.chdir(elsewhere)
+    argv = ["render", str(work / "maps"), "--video", "none", "--quiet"]
+    assert main(argv) == 0
+    assert (work / "maps" / "gallery" / "grid.png").exists()
+    # a manifest written before paths were absolute: found beside the output directory, checked by checksum
+    m = json.loads((work / "maps" / store.MANIFEST).read_text())
+    m["input_source"]["path"] = "buf.npy"
+    (work / "maps" / store.MANIFEST).write_text(json.dumps(m))
+    assert main(argv) == 0
+    np.save(elsewhere / "buf.npy", frames(6, seed=9))   # another buffer of the same name where render runs
+    assert main(argv) == 0                               # not taken: its checksum differs
+    (work / "buf.npy").unlink()
+    assert main(argv) == 2
+
+
+def test_render_refuses_a_changed_input(tmp_path, card, capsys):
+    np.save(tmp_path / "buf.npy", frames(6))
+    assert _explain(card, tmp_path / "buf.npy", tmp_path / "maps") == 0
+    np.save(tmp_path / "buf.npy", frames(6, seed=5))    # rewritten in place after the job
+    capsys.readouterr()
+    assert main(["render", str(tmp_path / "maps"), "--video", "none"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--input" in err and "changed" in err
+
+
+def test_play_records_the_rollout_path_absolute(tmp_path, card, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["explain", "--agent", str(card), "--methods", "standin_grad", "--play", "4", "--out", "o",
+                 "--quiet"]) == 0
+    assert Path(store.read_manifest(tmp_path / "o")["input_source"]["path"]) == tmp_path / "o" / "input" / "obs.npy"
+
