@@ -592,6 +592,15 @@ def cmd_layers(spec: str, layout: str | None) -> int:
     return 0
 
 
+def _trained(card: dict) -> str:
+    """' trained=F frames (S env steps xK)' in the card's (and README's) unit: frames."""
+    frames, steps = card.get("frames_trained"), card.get("env_steps_trained")
+    if frames is None:
+        return f" trained={steps:,} env steps" if steps is not None else ""
+    per = f" ({steps:,} env steps x{frames // steps})" if steps and frames != steps else ""
+    return f" trained={frames:,} frames{per}"
+
+
 def cmd_agents(args) -> int:
     from jaxsal.plugins import agent_provider
 
@@ -608,7 +617,7 @@ def cmd_agents(args) -> int:
         ev = card.get("eval") or {}
         ret = (f" return={ev['mean_return']:.1f}+-{ev.get('std_return', 0):.1f} over {ev.get('episodes')} games"
                if "mean_return" in ev else "")
-        steps = f" trained={card['env_steps_trained']:,} steps" if "env_steps_trained" in card else ""
+        steps = _trained(card)
         print(f"{name:24s} game={card.get('game')} arch={card.get('arch')} actions={card.get('num_actions')}"
               f"{steps}{ret}")
     return 0

@@ -210,3 +210,23 @@ def test_play_records_the_rollout_path_absolute(tmp_path, card, monkeypatch):
                  "--quiet"]) == 0
     assert Path(store.read_manifest(tmp_path / "o")["input_source"]["path"]) == tmp_path / "o" / "input" / "obs.npy"
 
+
+# --------------------------------------------------------------------------- 7h: frames, as the cards say
+def test_agents_report_frames_as_the_cards_do(capsys):
+    from jaxsal.plugins import agent_provider
+
+    provider = agent_provider()
+    if "breakout" not in provider.available():
+        pytest.skip("shipped agents not installed")
+    assert main(["agents"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    for name in provider.available():
+        c = provider.card(name)
+        if "frames_trained" in c:
+            assert f"trained={c['frames_trained']:,} frames" in lines[name], lines[name]
+            if c["frames_trained"] != c.get("env_steps_trained"):
+                assert f"{c['env_steps_trained']:,} env steps x{c['frames_trained'] // c['env_steps_trained']}" \
+                    in lines[name], lines[name]
+    assert "trained=6,266,880 frames" in lines["breakout"]
+    readme = (ROOT / "README.md").read_text()
+    assert "| 6,266,880 |" in readme  # the README table counts frames too
