@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import shutil
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPT = 2, 1, 130
+EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPT, EXIT_TERM = 2, 1, 130, 143
 DEMO_METHODS = ("gradcam", "guided_backprop", "gradient", "occlusion")
 DEMO_OPTIONS = {"gradcam": {"layer": "conv3"}, "occlusion": {"patch": 6, "stride": 6, "score": "drop"}}
 
@@ -181,23 +182,131 @@ def _check_actions(agent, source, num_actions, target=None):
                                f"has only {num_actions} actions: agent and buffer are for different games")
 
 
-def _check_pixels(agent, source, rows: int):
-    """The first chunk's pixel values, before anything is written (every chunk is checked again)."""
+SCAN_BYTES = 1 << 30  # float inputs up to this size are checked in full before anything is written
+
+
+def _check_numbers(args):
+    """The numeric options, before the agent is loaded."""
+    for flag, value in (("--batch-size", args.batch_size), ("--chunk", args.chunk), ("--limit", args.limit),
+                        ("--num-processes", args.num_processes)):
+        if value is not None and value < 1:
+            raise CLIError(f"{flag} must be a positive integer, got {value}"
+                           + {"--batch-size": " (model rows per device call, e.g. --batch-size 256)",
+                              "--chunk": " (frames per output chunk, e.g. --chunk 512)",
+                              "--limit": " (explain only the first N frames)"}.get(flag, ""))
+
+
+def _other_layout(layout: str) -> str:
+    return "NCHW" if layout == "NHWC" else "NHWC"
+
+
+def _check_model(agent, shape, layout_given: str | None, target: str | None = None):
+    """One abstract forward pass (no compilation) on a frame stack of `shape` (model layout): a model
+    that takes the other layout, or that fails on these frames, is refused here, before anything
+    is written; so is a target the model's output cannot give (e.g. value on a Q-network)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxsal.errors import SaliencyInputError
+    from jaxsal.targets import get_target
+
+    def runs(s):
+        try:
+            return jax.eval_shape(agent.apply_fn, agent.params, jax.ShapeDtypeStruct(s, jnp.float32)), None
+        except Exception as e:  # noqa: BLE001 (any failure of the user's model)
+            return None, e
+
+    one = (1,) + tuple(shape[1:])
+    out, err = runs(one)
+    if err is not None:
+        other = _other_layout(agent.layout)
+        alt = (1, one[3], one[1], one[2]) if agent.layout == "NHWC" else (1, one[2], one[3], one[1])
+        kinds = {"NCHW": "channel-first", "NHWC": "channel-last"}
+        if runs(alt)[1] is None:
+            fix = f"add --layout {other}" if layout_given is None else f"use --layout {other}"
+            raise CLIError(f"agent {agent.name!r} takes {kinds[other]} frames (N, {alt[1]}, {alt[2]}, {alt[3]}): "
+                           f"{fix} (on {kinds[agent.layout]} frames {one} it fails: {type(err).__name__})")
+        _check_frames(agent, shape)  # frames of another size than the card's: that says it best
+        first = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
+        raise CLIError(f"agent {agent.name!r} fails on one frame stack of shape {one} ({agent.layout}): {first}; "
+                       "check that --agent and --input (and --layout) belong together")
+    if target is not None:
+        tgt = get_target(target)
+        try:
+            jax.eval_shape(lambda o: tgt.score(o, jnp.zeros((1,), jnp.int32)), out)
+        except SaliencyInputError as e:
+            raise CLIError(f"--target {target}: {e}; choose another --target (see jaxsal explain --help)") from None
+
+
+def _check_layers(agent, specs, source):
+    """Layers named with --option M.layer=NAME must exist in the model and be spatial."""
+    from jaxsal.errors import SaliencyInputError
+    from jaxsal.gradient.layers import resolve_layer
+    from jaxsal.registry import accepted_options, get_method
+
+    x = None
+    for s in specs:
+        layer = s.options.get("layer")
+        if layer is None or "layer" not in accepted_options(get_method(s.method)):
+            continue
+        if x is None:
+            x = np.zeros((1,) + tuple(source.shape[1:]), np.float32)
+        try:
+            resolve_layer(agent.apply_fn, agent.params, x, layer)
+        except SaliencyInputError as e:
+            raise CLIError(f"--option {s.alias}.layer={layer}: {e}") from None
+
+
+def _resuming(out: Path, source) -> bool:
+    """The output directory holds this job on this input already (its input was checked when it started)."""
+    from jaxsal.io.store import MANIFEST
+
+    try:
+        cfg = json.loads((out / MANIFEST).read_text())["config"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return cfg.get("input") == {"checksum": source.fingerprint()}
+
+
+def _check_input(agent, source, chunk: int, out: Path):
+    """Pixel values before anything is written: uint8 frames need no look; other dtypes are checked for
+    NaN/inf and for the agent's pixel scale, in chunks, over the whole input when it is at most
+    SCAN_BYTES (else the first chunk here and every later chunk before its outputs are written)."""
+    from jaxsal.errors import SaliencyInputError
     from jaxsal.validate import check_pixels
 
-    if agent.pixels is not None:
-        check_pixels(source.read(0, min(len(source), max(1, rows))), agent.pixels)
+    n = len(source)
+    first = np.asarray(source.read(0, min(n, chunk)))
+    if first.dtype in (np.uint8, np.bool_):
+        return
+    whole = n * first[0].nbytes <= SCAN_BYTES and not _resuming(out, source)
+    stop = n if whole else min(n, chunk)
+    for a in range(0, stop, chunk):
+        b = min(stop, a + chunk)
+        x = first if a == 0 else np.asarray(source.read(a, b))
+        if np.issubdtype(x.dtype, np.floating):
+            bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(1))
+            if bad.size:
+                k = a + int(bad[0])
+                raise CLIError(f"frame {k} of the input holds NaN or inf values: replace them (e.g. "
+                               "np.nan_to_num(obs)) or drop those frames"
+                               + (f", or explain the frames before it with --limit {k}" if k else ""))
+        try:
+            check_pixels(x, agent.pixels)
+        except SaliencyInputError as e:
+            raise CLIError(f"frames {a}:{b}: {e}") from None
 
 
 def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, until_done: bool = False,
-         quiet: bool = False):
+         quiet: bool = False, target: str | None = None, layout_given: str | None = None):
     """Play `steps` steps with the agents provider's game (EnvPool / gymnax) and save the frames as
-    out/input/obs.npy (reused on rerun)."""
+    out/input/obs.npy (reused on rerun). The model is checked on the game's frames (layout, `target`)
+    before playing."""
     from jaxsal.io import open_source
     from jaxsal.plugins import agent_provider
     from jaxsal.io.store import MANIFEST
 
-    path = out / "input" / "obs.npy"
+    path = Path(out).absolute() / "input" / "obs.npy"  # recorded in the manifest: render finds it from anywhere
     if (out / MANIFEST).exists() and path.exists():
         _say(f"reusing the rollout saved in {path}", quiet)
         return open_source(path)
@@ -208,6 +317,7 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
     env = provider.make_env(game, seed=seed)
     shape = (1,) + tuple(env.obs_shape)
     model_shape = shape if agent.layout == "NHWC" else (1, shape[3], shape[1], shape[2])
+    _check_model(agent, model_shape, layout_given, target)
     n_act = _num_actions(agent, model_shape)
     if n_act is not None and env.num_actions != n_act:
         raise CLIError(f"agent {agent.name!r} has {n_act} actions but {game} has "
@@ -260,9 +370,7 @@ def _summary_lines(summary: dict) -> list[str]:
 
 
 def cmd_explain(args) -> int:
-    import jaxsal
-    from jaxsal.io import MethodSpec, open_source, run_job
-
+    from jaxsal.io import MethodSpec
     from jaxsal.io.job import check_specs
 
     pairs = parse_methods(args.methods)
@@ -283,39 +391,106 @@ def cmd_explain(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a directory")
+    from jaxsal.targets import get_target
+
+    _check_numbers(args)  # before the agent is loaded: cheap mistakes first
+    get_target(args.target)  # an unknown target: before the agent is loaded
     _init_distributed(args)  # before the first JAX computation (loading the agent)
+    agent = load_agent(args.agent, args.model, args.layout)
+    before = _snapshot(out)
+    try:
+        summary = _explain_job(args, agent, specs, out)
+    except KeyboardInterrupt as e:  # what is saved, for the one line main() prints
+        if (out / "manifest.json").exists():
+            e.jaxsal_saved = _saved(out, specs)
+        raise
+    except BaseException:
+        if args.num_processes == 1:  # nobody else writes here: take back what this run created
+            _take_back(out, before)
+        raise
+    for line in _summary_lines(summary):
+        _say(line, args.quiet)
+    if args.objects is not None and summary["complete"]:
+        from jaxsal.io.objects import summary_lines
+
+        for line in summary_lines(out, [a for a, _ in pairs]):
+            _say(line, args.quiet)
+    return 0
+
+
+def _explain_job(args, agent, specs, out: Path):
+    """Open the input, check everything that can be checked before writing, run the job."""
+    import jaxsal
+    from jaxsal.io import open_source, run_job
     from jaxsal.io.layout import as_layout
 
-    agent = load_agent(args.agent, args.model, args.layout)
     if args.play is not None:
-        source = play(agent, args.play, out, game=args.game, seed=args.seed, quiet=args.quiet)
+        source = play(agent, args.play, out, game=args.game, seed=args.seed, quiet=args.quiet, target=args.target,
+                      layout_given=args.layout)
         input_id = {"play": args.play, "game": args.game or agent.card.get("game"), "seed": args.seed}
     else:
-        source = open_source(args.input)
+        source = open_source(Path(args.input).absolute())  # the manifest records where it is, from anywhere
         input_id = None
     source = as_layout(source, agent.layout)  # (N, 84, 84, 4) or (N, 4, 84, 84): the model's layout
+    _check_model(agent, source.shape, args.layout, args.target)
     _check_frames(agent, source.shape)
     _check_actions(agent, source, _num_actions(agent, source.shape), args.target)
     objects, store_maps = _objects_for(args, agent, source)
     if args.limit is not None:
         source = _Limited(source, args.limit)
-    _check_pixels(agent, source, args.chunk)
+    _check_layers(agent, specs, source)
+    _check_input(agent, source, args.chunk, out)
     _say(f"explaining {len(source)} frames of {source.describe().get('path') or 'the rollout'} with "
-         f"{', '.join(a for a, _ in pairs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
+         f"{', '.join(s.alias for s in specs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
     summary = run_job(agent.apply_fn, agent.params, source, out, specs, target=args.target, chunk=args.chunk,
                       batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
                       agent={"name": agent.name, "card": agent.card}, input_id=input_id,
                       process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet,
                       layout=agent.layout, extra_meta={"input_layout": source.describe().get("layout", agent.layout)},
                       objects=objects, store_maps=store_maps)
-    for line in _summary_lines(summary):
-        _say(line, args.quiet)
-    if objects is not None and summary["complete"]:
-        from jaxsal.io.objects import summary_lines
+    return summary
 
-        for line in summary_lines(out, [a for a, _ in pairs]):
-            _say(line, args.quiet)
-    return 0
+
+def _snapshot(out: Path):
+    """The paths under `out` before the job (None: it did not exist)."""
+    return set(out.rglob("*")) if out.is_dir() else None
+
+
+def _take_back(out: Path, before):
+    """After a failed start: remove what this run created under `out` (the directory too when this run
+    created it), unless the run finished a chunk (then everything stays, and a rerun resumes).
+    Nothing that was there before is touched."""
+    if not out.is_dir():
+        return
+    new = [p for p in out.rglob("*") if before is None or p not in before]
+    if any(p.name.startswith("chunk_") and p.is_file() for p in new):
+        return
+    try:
+        for p in sorted(new, key=lambda q: len(q.parts), reverse=True):
+            if p.is_dir() and not p.is_symlink():
+                p.rmdir()  # only empty directories: everything in them is new too
+            else:
+                p.unlink()
+        if before is None:
+            out.rmdir()
+    except OSError:
+        pass  # best effort: the error being reported matters more
+
+
+def _saved(out: Path, specs) -> str:
+    """'K of M chunks are saved in OUT' for a stopped job."""
+    from jaxsal.io import store
+
+    try:
+        cfg = store.read_manifest(out)["config"]
+        n_chunks = -(-int(cfg["n"]) // int(cfg["chunk"]))
+        maps = cfg.get("store") != "shares"
+        done = sum(store.outputs_path(out, i).exists()
+                   and (not maps or all(store.chunk_path(out, s.alias, i).exists() for s in specs))
+                   for i in range(n_chunks))
+    except Exception:  # noqa: BLE001 (the message is a courtesy)
+        return f"finished chunks are kept in {out}"
+    return f"{done} of {n_chunks} chunks are saved in {out}"
 
 
 def _objects_for(args, agent, source):
@@ -324,7 +499,9 @@ def _objects_for(args, agent, source):
     from jaxsal.io.layout import to_nhwc_shape
     from jaxsal.io.objects import for_job
 
-    return for_job(args.objects, args.store, args.input, agent.card.get("game"), len(source),
+    objects = args.objects if args.objects in (None, "auto") else str(Path(args.objects).absolute())
+    where = None if args.input is None else str(Path(args.input).absolute())
+    return for_job(objects, args.store, where, agent.card.get("game"), len(source),
                    to_nhwc_shape(source.shape, agent.layout), args.limit)
 
 
@@ -417,6 +594,15 @@ def cmd_layers(spec: str, layout: str | None) -> int:
     return 0
 
 
+def _trained(card: dict) -> str:
+    """' trained=F frames (S env steps xK)' in the card's (and README's) unit: frames."""
+    frames, steps = card.get("frames_trained"), card.get("env_steps_trained")
+    if frames is None:
+        return f" trained={steps:,} env steps" if steps is not None else ""
+    per = f" ({steps:,} env steps x{frames // steps})" if steps and frames != steps else ""
+    return f" trained={frames:,} frames{per}"
+
+
 def cmd_agents(args) -> int:
     from jaxsal.plugins import agent_provider
 
@@ -433,7 +619,7 @@ def cmd_agents(args) -> int:
         ev = card.get("eval") or {}
         ret = (f" return={ev['mean_return']:.1f}+-{ev.get('std_return', 0):.1f} over {ev.get('episodes')} games"
                if "mean_return" in ev else "")
-        steps = f" trained={card['env_steps_trained']:,} steps" if "env_steps_trained" in card else ""
+        steps = _trained(card)
         print(f"{name:24s} game={card.get('game')} arch={card.get('arch')} actions={card.get('num_actions')}"
               f"{steps}{ret}")
     return 0
@@ -618,15 +804,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: a job stops as on Ctrl-C (finished chunks kept, resumable)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None) -> int:
     """Console entry point; returns the exit status (also used by `sys.exit`)."""
+    import signal
+    import threading
+
     args = build_parser().parse_args(argv)
     from jaxsal import cpu
     cpu.use_fast_kernels(warn=False)  # before any JAX computation: XLA reads its flags once
+    handled = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if handled else None
     try:
         code = args.fn(args)
-    except KeyboardInterrupt:
-        code = _die("interrupted; finished chunks are kept, rerun the same command to resume", EXIT_INTERRUPT)
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Terminated)
+        saved = getattr(e, "jaxsal_saved", "finished chunks are kept")
+        code = _die(f"{'terminated (SIGTERM)' if term else 'interrupted'}; {saved}, no partial chunk is counted; "
+                    "rerun the same command to resume", EXIT_TERM if term else EXIT_INTERRUPT)
         if argv is None:  # console: skip interpreter teardown, which can crash (SIGSEGV) while XLA
             sys.stdout.flush()  # or reader threads are still busy; every finished chunk is on disk
             sys.stderr.flush()
@@ -635,6 +837,9 @@ def main(argv=None) -> int:
         if os.environ.get("JAXSAL_DEBUG"):
             raise
         code = _die(_message(e), EXIT_INPUT if _is_user_error(e) else EXIT_INTERNAL)
+    finally:
+        if handled:  # in-process callers (tests, notebooks) get their handler back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if argv is None:
         sys.exit(code)
     return code

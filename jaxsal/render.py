@@ -162,10 +162,47 @@ def _up(img: np.ndarray, scale: int) -> np.ndarray:
     return np.repeat(np.repeat(img, scale, 0), scale, 1)
 
 
+def _text_width(text: str) -> float:
+    """Pixels `text` takes in the default font (what every label and legend is drawn with)."""
+    return ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(text)
+
+
+def _fit(text: str, width: float) -> str:
+    """`text`, cut to `width` pixels with "..." when it is longer."""
+    if _text_width(text) <= width:
+        return text
+    k = len(text)
+    while k > 1 and _text_width(text[:k] + "...") > width:
+        k -= 1
+    return text[:k] + "..."
+
+
+def _wrap(text: str, width: float) -> list[str]:
+    """`text` in lines of at most `width` pixels, broken between words (a word wider than a line is split)."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split(" "):
+        trial = f"{line} {word}" if line else word
+        if _text_width(trial) <= width:
+            line = trial
+            continue
+        if line:
+            lines.append(line)
+        while _text_width(word) > width and len(word) > 1:
+            k = len(word)
+            while k > 1 and _text_width(word[:k]) > width:
+                k -= 1
+            lines.append(word[:k])
+            word = word[k:]
+        line = word
+    lines.append(line)
+    return lines
+
+
 def _label(img: np.ndarray, text: str, height: int = 14) -> np.ndarray:
-    """The image with a black strip above it holding `text`."""
+    """The image with a black strip above it holding `text` (cut with "..." if wider than the image)."""
     strip = Image.new("RGB", (img.shape[1], height), (0, 0, 0))
-    ImageDraw.Draw(strip).text((2, 1), text[: max(1, img.shape[1] // 6)], fill=(255, 255, 255))
+    ImageDraw.Draw(strip).text((2, 1), _fit(text, img.shape[1] - 4), fill=(255, 255, 255))
     return np.concatenate([np.asarray(strip), img], 0)
 
 
@@ -234,33 +271,48 @@ def grid_png(path, frames, maps: dict, indices, scheme: str = "auto", scale: int
 
 
 def legend(scales: dict, width: int) -> np.ndarray:
-    """One strip per method: name, colour bar with its end values, and the scale in words."""
+    """One strip per method: name, colour bar with its end values, and the scale in words; laid out
+    for `width` (name and bar on separate lines, the description wrapped, when the figure is narrow)."""
     strips = []
     for k, sc in scales.items():
-        bar_w = min(200, max(60, width // 4))
         lo, hi = sc.ends()
+        ends = f"{lo} .. {hi}"
+        bar_w = min(200, max(60, width // 4))
+        name_w, ends_w = _text_width(k), _text_width(ends)
+        if 2 + name_w + 6 + bar_w + 6 + ends_w + 2 > width:  # too narrow for one line: the name above the bar
+            strips.append(_text_rows(k, width, fill=(0, 0, 0), height=14))
+            name_w = -6.0
+            bar_w = int(max(20, min(bar_w, width - ends_w - 16)))
+        x0 = int(round(2 + name_w + 6))
         bar = np.full((14, width, 3), 255, np.uint8)
-        bar[2:12, 4 + 8 * len(k):4 + 8 * len(k) + bar_w] = sc.bar(bar_w)
+        bar[2:12, x0:x0 + bar_w] = sc.bar(bar_w)[:, : max(0, min(bar_w, width - x0))]
         img = Image.fromarray(bar)
         d = ImageDraw.Draw(img)
-        d.text((2, 1), k, fill=(0, 0, 0))
-        d.text((8 + 8 * len(k) + bar_w, 1), f"{lo} .. {hi}", fill=(0, 0, 0))
+        if name_w >= 0:
+            d.text((2, 1), k, fill=(0, 0, 0))
+        d.text((x0 + bar_w + 6, 1), ends, fill=(0, 0, 0))
         strips.append(np.asarray(img))
-        strips.append(_text_row(sc.describe(), width))
+        strips.append(_text_rows(sc.describe(), width))
     return np.concatenate(strips, 0) if strips else np.zeros((0, width, 3), np.uint8)
 
 
-def _text_row(text: str, width: int, height: int = 12) -> np.ndarray:
-    img = Image.fromarray(np.full((height, width, 3), 255, np.uint8))
-    ImageDraw.Draw(img).text((2, 0), text[: max(10, width // 6)], fill=(60, 60, 60))
+def _text_rows(text: str, width: int, height: int = 12, fill=(60, 60, 60)) -> np.ndarray:
+    """`text` wrapped to `width` pixels, dark on white, one row of `height` pixels per line."""
+    lines = _wrap(text, width - 4)
+    img = Image.fromarray(np.full((height * len(lines), width, 3), 255, np.uint8))
+    d = ImageDraw.Draw(img)
+    for r, line in enumerate(lines):
+        d.text((2, r * height), line, fill=fill)
     return np.asarray(img)
 
 
 def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int = 3,
               scales: dict | None = None, boxes=None) -> Path:
-    """Per-stacked-frame view of state i: columns = the stacked frames (oldest to newest),
-    rows = the raw frames, then each method's map over every frame (its per-frame map when
-    it has one, else the state's map); `boxes`: each stacked frame's own objects outlined."""
+    """Per-stacked-frame view of state i: columns = the stacked frames (oldest to newest), rows = the
+    raw frames, then each method's map over every frame: its per-frame maps (frame j's own map on
+    frame j) when it has them, else the one map of the stack drawn over each frame; the colour bars
+    below. `scales` should be fitted to what is drawn (per-frame maps: to per-frame maps, see
+    render_dir); `boxes`: each stacked frame's own objects outlined."""
     stack = _planes(frames[i])
     c = stack.shape[-1]
     scale = _eff_scale(scale, stack.shape[0])
@@ -269,20 +321,21 @@ def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int
     rows = [np.concatenate([_label(_outlined(_up(_grey_rgb(stack[..., j]), scale), scale, boxes, i, j),
                                    f"t-{c - 1 - j}") for j in range(c)], 1)]
     width = rows[0].shape[1]
+    used = {}
     for k, m in maps.items():
         mi = np.asarray(m[i], np.float64)
-        sc = (scales or {}).get(k) or Scale(mi, scheme)
-        if mi.ndim == 3 and mi.shape[-1] == c:  # the four frames' own maps
-            tiles = [_outlined(_up(sc.overlay(stack[..., j], _resize(mi[..., j], stack.shape[:2])), scale), scale,
-                               boxes, i, j) for j in range(c)]
-            rows.append(_label(np.concatenate(tiles, 1), f"{k}: each stacked frame's own map"))
-        else:  # one map for the whole stack: shown once, over the newest frame, never repeated
-            tile = _outlined(_up(sc.overlay(stack[..., -1], _resize(flat_map(mi), stack.shape[:2])), scale), scale,
-                             boxes, i)
-            pad = np.full((tile.shape[0], width - tile.shape[1], 3), 255, np.uint8)
-            rows.append(_label(np.concatenate([pad, tile], 1),
-                               f"{k}: one map for the stack (per-frame maps: --option {k}.per_frame=true)"))
+        each = mi.ndim == 3 and mi.shape[-1] == c  # the stacked frames' own maps
+        sc = used[k] = (scales or {}).get(k) or Scale(np.moveaxis(mi, -1, 0) if each else flat_map(mi), scheme)
+        if each:
+            planes = [_resize(mi[..., j], stack.shape[:2]) for j in range(c)]
+            text = f"{k}: each stacked frame's own map"
+        else:
+            planes = [_resize(flat_map(mi), stack.shape[:2])] * c
+            text = f"{k}: one map for the whole stack, drawn over each frame (per-frame maps: --option {k}.per_frame=true)"
+        tiles = [_outlined(_up(sc.overlay(stack[..., j], planes[j]), scale), scale, boxes, i, j) for j in range(c)]
+        rows.append(_label(np.concatenate(tiles, 1), text))
     rows.append(_box_legend(boxes, width))
+    rows.append(legend(used, width))
     return _save_png(path, np.concatenate(rows, 0))
 
 
@@ -343,7 +396,6 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     (`boxes=False`: not), read from the objects file it used (`objects=PATH` if it moved).
     Returns {"html": path, "pngs": [...], "videos": [...]}.
     """
-    from jaxsal.io import open_source
     from jaxsal.io.layout import as_layout
     from jaxsal.io.store import finished_frames, load_maps, load_outputs, read_manifest
 
@@ -377,11 +429,7 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     if stop - start > max_video_frames:
         stop = start + max_video_frames
     if frames is None:
-        src = manifest.get("input_source", {})
-        if not src.get("path") or not Path(src["path"]).exists():
-            raise SaliencyInputError(f"the input of {out} ({src.get('path')}) is not available; "
-                                     "pass the frames (render --input PATH)")
-        frames = as_layout(open_source(src["path"]), "NHWC").read(start, stop)
+        frames = as_layout(_job_input(out, manifest), "NHWC").read(start, stop)
     else:
         frames = np.asarray(frames)
         frames = as_layout(_Array(frames), "NHWC").read(start, min(stop, len(frames)))
@@ -398,9 +446,13 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     captions = _captions(out, start, stop, load_outputs)
     pngs = [grid_png(gallery / "grid.png", frames, maps, idx, scale=scale, scales=scales, captions=captions,
                      boxes=ob)]
-    for i in idx[:3]:
-        pngs.append(stack_png(gallery / f"stack_{start + i:06d}.png", frames, maps, int(i), scale=scale,
-                              scales=scales, boxes=ob))
+    shown = [int(i) for i in idx[:3]]
+    stack_scales = {k: (Scale(np.concatenate([np.moveaxis(np.asarray(m[i]), -1, 0) for i in shown]), scales[k].scheme)
+                        if np.ndim(m[0]) == 3 and np.shape(m[0])[-1] == np.shape(frames)[-1] else scales[k])
+                    for k, m in maps.items()}  # per-frame maps: a scale of per-frame maps, not of their sum
+    for i in shown:
+        pngs.append(stack_png(gallery / f"stack_{start + i:06d}.png", frames, maps, i, scale=scale,
+                              scales=stack_scales, boxes=ob))
     vids = []
     for ext in videos:
         vids.append(video(gallery / f"episode.{ext}", frames, maps, fps=fps, scale=2 if ext == "gif" else scale,
@@ -409,6 +461,43 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     page = gallery / "index.html"
     page.write_text(_html(manifest, names, scales, pngs, vids, start, stop, summaries))
     return {"html": page, "pngs": pngs, "videos": vids}
+
+
+def _candidates(out, stored) -> list[Path]:
+    """Where a file the manifest names may be: its path (absolute in new jobs); for a relative path (older
+    jobs recorded it relative to where `jaxsal explain` ran) that path from here, then from the output
+    directory and each directory above it."""
+    p = Path(stored)
+    if p.is_absolute():
+        return [p]
+    here = Path(out).absolute()
+    return list(dict.fromkeys([p, here / p, *(d / p for d in here.parents)]))
+
+
+def _job_input(out, manifest):
+    """The job's input as a source, found by `_candidates` and checked against the job's input checksum
+    (a buffer rewritten or replaced since the job is refused, never drawn under the maps)."""
+    from jaxsal.io import open_source
+
+    cfg = manifest["config"]
+    stored = (manifest.get("input_source") or {}).get("path")
+    want = (cfg.get("input") or {}).get("checksum")
+    want = want.split("[:")[0] if want else None  # a --limit job records the file's checksum[:n]
+    cands = _candidates(out, stored) if stored else []
+    if "play" in (cfg.get("input") or {}):
+        cands.append(Path(out).absolute() / "input" / "obs.npy")  # where --play saves its rollout
+    changed = None
+    for c in cands:
+        if c.exists():
+            source = open_source(c)
+            if want is None or source.fingerprint() == want:
+                return source
+            changed = changed or c
+    if changed is not None:
+        raise SaliencyInputError(f"the input of {out} ({changed}) has changed since the job ran (its checksum "
+                                 "differs); pass the job's frames with render --input PATH")
+    raise SaliencyInputError(f"the input of {out} ({stored}) is not available; pass the frames "
+                             "(render --input PATH)")
 
 
 def _job_boxes(out, manifest, path=None):
@@ -420,6 +509,8 @@ def _job_boxes(out, manifest, path=None):
     if "objects" not in cfg and path is None:
         return None
     where = path or (manifest.get("objects_source") or {}).get("path")
+    if where and not path:  # an older job's relative path: from here, else beside the output directory
+        where = next((c for c in _candidates(out, where) if c.exists()), where)
     if not where or not Path(where).exists():
         raise SaliencyInputError(f"the object boxes of {out} ({where}) are not available; pass the objects file "
                                  "(render --objects FILE) or render without boxes (--no-boxes)")
@@ -454,20 +545,30 @@ class _Array:
 
 
 def _captions(out, start: int, stop: int, load_outputs) -> dict:
-    """Row i (relative to start) -> "frame F | action a | Q_a = v" from the job's stored outputs."""
+    """Row i (relative to start) -> "frame F | action a | Q_a = v" from the job's stored outputs; for a
+    target that explains no action (value): "frame F | target value: no action | V = v"."""
     try:
         o = load_outputs(out, allow_incomplete=True)
     except SaliencyInputError:
         return {}
+    from jaxsal.io.store import read_manifest
+
     vec_key = "q" if "q" in o else ("logits" if "logits" in o else None)
+    target = None if "action" in o else read_manifest(out)["config"].get("target")
     res = {}
     for r, f in enumerate(o.get("frame", [])):
-        if start <= f < stop and "action" in o:
+        if not start <= f < stop:
+            continue
+        if "action" in o:
             a = int(o["action"][r])
             text = f"frame {int(f)} | action {a}"
             if vec_key is not None:
                 text += f" | {'Q' if vec_key == 'q' else 'logit'}_{a} = {float(o[vec_key][r][a]):.3g}"
-            res[int(f) - start] = text
+        else:
+            text = f"frame {int(f)} | target {target}: no action"
+            if "value" in o:
+                text += f" | V = {float(o['value'][r]):.3g}"
+        res[int(f) - start] = text
     return res
 
 

@@ -57,7 +57,8 @@ def value_of(out):
         raise SaliencyInputError(
             "target='value' needs a value output (dict key 'value' or a (logits, value) tuple); "
             "this model outputs " + (f"dict keys {sorted(out)}" if isinstance(out, dict) else
-                                      f"{type(out).__name__}"))
+                                      f"one array of shape {tuple(out.shape)} (Q-values or logits)"
+                                      if hasattr(out, "shape") else f"{type(out).__name__}"))
     return v.reshape(v.shape[0], -1)[:, 0] if v.ndim > 1 else v
 
 
@@ -89,13 +90,18 @@ _TARGETS = {
     "q_action": Target("q_action", lambda o, a: _take(q_of(o), a), _argmax_q),
     "advantage": Target("advantage",
                         lambda o, a: _take(q_of(o), a) - q_of(o).mean(-1), _argmax_q),
-    "value": Target("value", lambda o, a: value_of(o), lambda o: _no_action(o)),
+    "value": Target("value", lambda o, a: value_of(o), _no_action),
     "policy_logit": Target("policy_logit", lambda o, a: _take(logits_of(o), a), _argmax_logits),
     "log_prob": Target("log_prob", lambda o, a: _take(jax.nn.log_softmax(logits_of(o)), a),
                        _argmax_logits),
     "softmax_chosen": Target("softmax_chosen",
                              lambda o, a: _take(jax.nn.softmax(q_of(o)), a), _argmax_q),
 }
+
+
+def explains_action(target) -> bool:
+    """False for targets that do not depend on an action (value, a callable): they explain no action."""
+    return (target if isinstance(target, Target) else get_target(target)).choose is not _no_action
 
 
 def get_target(target) -> Target:

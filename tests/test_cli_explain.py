@@ -178,9 +178,11 @@ def test_play_rollout_saved_and_reused(tmp_path, agent_card, capsys):
     assert obs.shape == (5, 10, 10, 4) and obs.dtype == np.uint8
     assert jaxsal.load_maps(tmp_path / "o", "standin_grad").shape == (5, 10, 10)
     capsys.readouterr()
+    summary = (tmp_path / "o" / "summary-p0.json").read_bytes()
     assert main(argv) == 0
-    assert "reusing the rollout" in capsys.readouterr().out
-    assert json.loads((tmp_path / "o" / "summary-p0.json").read_text())["frames_computed"] == 0
+    said = capsys.readouterr().out
+    assert "reusing the rollout" in said and "0 computed now, 5 already done" in said
+    assert (tmp_path / "o" / "summary-p0.json").read_bytes() == summary  # a finished job: nothing rewritten
 
 
 def test_real_methods_through_the_cli(tmp_path, agent_card):
@@ -233,9 +235,9 @@ def _bad_cases(tmp, card):
         "out under a file": (base[:-3] + ["--out", str(tmp / "afile" / "sub"), "--input", ok], "part of its path is a file"),
         "input and play": (base + ["--input", ok, "--play", "3"], "exactly one"),
         "bad chunk": (base + ["--input", ok, "--chunk", "0"], "chunk"),
-        "bad batch": (base + ["--input", ok, "--batch-size", "-1"], "batch_size"),
+        "bad batch": (base + ["--input", ok, "--batch-size", "-1"], "--batch-size"),
         "NaN frames": (base + ["--input", str(tmp / "nan.npy"), "--chunk", "2", "--out", str(tmp / "o_nan")],
-                       "frames 2:4: obs contains NaN"),
+                       "frame 3 of the input holds NaN"),
         "distributed without coordinator": (base + ["--input", ok, "--num-processes", "2", "--process-id", "0"],
                                             "--coordinator"),
     }

@@ -169,7 +169,7 @@ def _bad_cases(tmp):
     d4 = tmp / "dop_rgb"
     write_dopamine(d4, 0, np.zeros((5, 84, 84, 3), np.uint8), np.zeros(5))
     return {"missing": (tmp / "nope.npy", "does not exist"), "flat": (tmp / "flat.npy", "(N, 84, 84, 4)"),
-            "empty": (tmp / "empty.npy", "(N, 84, 84, 4)"), "strings": (tmp / "strings.npy", "dtype"),
+            "empty": (tmp / "empty.npy", "holds no states"), "strings": (tmp / "strings.npy", "dtype"),
             "garbage_npy": (tmp / "garbage.npy", "not a valid .npy"),
             "garbage_npz": (tmp / "garbage.npz", "not a valid .npz"), "nokey": (tmp / "nokey.npz", "'obs'"),
             "truncated": (tmp / "trunc.npy", "truncated"), "emptydir": (tmp / "emptydir", "no .npy/.npz"),

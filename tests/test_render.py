@@ -1,4 +1,6 @@
 """Rendering: colour scales (Paper A signed green/red, heat, Greydanus), valid PNG/GIF/MP4 files, gallery."""
+import json
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -116,3 +118,67 @@ def test_minatar_states_drawn_as_object_planes(tmp_path):
     p = render.grid_png(tmp_path / "g.png", x, maps, [0, 1], scale=1)
     with Image.open(p) as im:
         assert im.size[0] == 2 * 10 * 16  # upscaled to stay visible
+
+
+def _panels(img, rows, cols, tile, label=14):
+    """The map panels of a stack PNG: rows of `cols` tiles (tile x tile px) under a label strip each."""
+    out = []
+    for r in range(rows):
+        y = r * (tile + label) + label
+        out.append([img[y:y + tile, c * tile:(c + 1) * tile].astype(int) for c in range(cols)])
+    return out
+
+
+def test_stack_png_every_panel_shows_its_frames_map(tmp_path):
+    """Per-stacked-frame view: a map of the whole stack is drawn over every stacked frame (no blank
+    panels), per-frame maps on a scale fitted to per-frame maps (a quarter of the stack's sum would
+    leave them invisible)."""
+    card = make_agent_files(tmp_path / "agent")
+    rng = np.random.default_rng(0)
+    x = np.zeros((4, 10, 10, 4), np.uint8)          # black frames: every visible pixel is the map
+    np.save(tmp_path / "x.npy", x)
+    assert main(["explain", "--agent", str(card), "--methods", "standin_pool", "--input",
+                 str(tmp_path / "x.npy"), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    stack = {"one": rng.random((4, 10, 10)), "each": rng.random((4, 10, 10, 4))}
+    for k, m in stack.items():       # maps of the right kind into the job's directory
+        cfg = json.loads((tmp_path / "o" / "manifest.json").read_text())
+        cfg["config"]["methods"][k] = cfg["config"]["methods"]["standin_pool"]
+        (tmp_path / "o" / "manifest.json").write_text(json.dumps(cfg))
+        (tmp_path / "o" / k).mkdir()
+        np.save(tmp_path / "o" / k / "chunk_0000000.npy", m.astype(np.float32))
+    res = render.render_dir(tmp_path / "o", methods=["one", "each"], videos=(), grid_frames=2, scheme="heat")
+    img = np.asarray(Image.open(res["pngs"][1]).convert("RGB"))
+    tile = 160                                         # 10x10 frames are upscaled x16
+    one, each = _panels(img, 3, 4, tile)[1:]
+    for row, name in ((one, "one"), (each, "each")):
+        for j, p in enumerate(row):
+            assert not (p == 255).all(), f"{name}: panel of frame t-{3 - j} is blank"
+            assert p.max() >= 100, f"{name}: panel of frame t-{3 - j} is too faint to see ({p.max()})"
+    np.testing.assert_array_equal(one[0], one[3])     # one map, the same over each (black) frame
+
+
+def test_legend_text_is_never_cut():
+    """Narrow figures (one method, small frames) and long scale descriptions: the legend wraps, every
+    character of the name, the bar's end values and the description is inside the figure."""
+    from PIL import ImageDraw
+
+    rng = np.random.default_rng(0)
+    sc = render.Scale(rng.normal(size=(3, 10, 10)), "heat")   # signed maps on heat: the long description
+    assert "negative values not shown" in sc.describe()
+
+    def ink(a):  # darkness of the grey (text) pixels; the colour bar is not grey
+        a = np.asarray(a).astype(int)
+        grey = (a[..., 0] == a[..., 1]) & (a[..., 1] == a[..., 2])
+        return int((255 - a[..., 0])[grey].sum())
+
+    def alone(text, fill):
+        im = Image.new("RGB", (3000, 14), (255, 255, 255))
+        ImageDraw.Draw(im).text((2, 0), text, fill=fill)
+        return ink(im)
+
+    name, (lo, hi) = "a_long_method_alias", sc.ends()
+    want = alone(name, (0, 0, 0)) + alone(f"{lo} .. {hi}", (0, 0, 0)) + alone(sc.describe(), (60, 60, 60))
+    for width in (480, 320, 200):
+        leg = render.legend({name: sc}, width)
+        assert leg.shape[1] == width
+        assert abs(ink(leg) - want) <= 0.03 * want, (width, ink(leg), want)

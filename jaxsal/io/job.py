@@ -23,7 +23,7 @@ from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
 from jaxsal.io.readers import row_ids
 from jaxsal.registry import STOCHASTIC, accepted_options, get_method
-from jaxsal.targets import get_target
+from jaxsal.targets import explains_action, get_target
 
 COMMON = ("target", "layer", "per_frame", "layout", "actions")
 DTYPES = ("float32", "float16")
@@ -127,8 +127,9 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     i % num_processes == process_id. Returns a summary dict (frames, maps/s per method,
     wall time, output path). `extra_meta` adds provenance fields to the manifest. `layout` is
     the model's ("NHWC"/"NCHW"; frames are read in it). Every chunk also stores the explained
-    action, the model's output vector and each state's index in the input (`jaxsal.load_outputs`:
-    the row number, or a Dopamine buffer's index and checkpoint); with target="q_action" the
+    action (none for a target that explains no action, e.g. value), the model's output vector and
+    each state's index in the input (`jaxsal.load_outputs`: the row number, or a Dopamine buffer's
+    index and checkpoint); with target="q_action" the
     actions come from `source.actions(start, stop)` (a Dopamine buffer's action file, an .npz's
     `actions` array).
     `objects` (a `jaxsal.io.objects.ObjectsInput` aligned with `source`) adds per-frame object
@@ -146,7 +147,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     bound_malloc()
     if dtype not in DTYPES:
         raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
-    for name, v in (("chunk", chunk), ("batch_size", batch_size or 1), ("num_processes", num_processes)):
+    for name, v in (("chunk", chunk), ("batch_size", 1 if batch_size is None else batch_size),
+                    ("num_processes", num_processes)):
         if not isinstance(v, int) or v < 1:
             raise SaliencyInputError(f"{name} must be a positive integer, got {v!r}")
     if not 0 <= process_id < num_processes:
@@ -183,7 +185,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     meta = {"version": jaxsal.__version__, "created": store.stamp(), "input_source": source.describe(),
             "agent_card": (agent or {}).get("card"),
             "resolved": resolved_options(apply_fn, params, source, specs, target, layout),
-            "outputs": f"{OUTPUTS}/chunk_XXXXXXX.npz: per frame the explained action and the model's output",
+            "outputs": f"{OUTPUTS}/chunk_XXXXXXX.npz: per frame the explained action (none when the target "
+                       "explains no action, e.g. value) and the model's output",
             **({"objects_source": objects.describe()} if objects is not None else {}),
             **(extra_meta or {})}
     out = Path(out)
@@ -337,7 +340,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         "out": str(out.absolute()), "complete": complete, "process_id": process_id,
         "num_processes": num_processes, "devices": jax.local_device_count(),
     }
-    store._atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
+    if todo or not (out / f"summary-p{process_id}.json").exists():  # nothing to do: write nothing (read-only ok)
+        store._atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
     return summary
 
 
@@ -371,8 +375,9 @@ def _outputs_fn(apply_fn, target):
                 res["value"] = value_of(o)
             elif hasattr(o, "ndim") and o.ndim == 2:
                 res["logits" if target in POLICY_TARGETS else "q"] = o
-            a = tgt.choose(o) if actions is None else actions
-            res["action"] = jax.numpy.asarray(a).astype(jax.numpy.int32)
+            if actions is not None or explains_action(tgt):  # value (and callables): no action is explained
+                a = tgt.choose(o) if actions is None else actions
+                res["action"] = jax.numpy.asarray(a).astype(jax.numpy.int32)
             return res
         return fn
 

@@ -305,7 +305,9 @@ def write_meta(out, objects: ObjectsInput, store_maps: bool):
     d.mkdir(parents=True, exist_ok=True)
     meta = {**objects.describe(), "maps_stored": store_maps, "keys": list(SHARE_KEYS),
             "doc": "see the docstring of jaxsal.io.objects; load with jaxsal.load_object_shares(DIR, METHOD)"}
-    _atomic_write(d / "meta.json", json.dumps(meta, indent=2, sort_keys=True).encode())
+    data = json.dumps(meta, indent=2, sort_keys=True).encode()
+    if not ((d / "meta.json").exists() and (d / "meta.json").read_bytes() == data):  # a rerun: read-only ok
+        _atomic_write(d / "meta.json", data)
 
 
 def for_job(objects_arg, store: str, input_path, game, n_frames: int, frame_shape_nhwc, limit=None):

@@ -46,7 +46,10 @@ def _fingerprint_files(paths, extra: str = "") -> str:
 
 
 def _check_stack_shape(shape, dtype, what: str):
-    if len(shape) != 4 or shape[0] == 0:
+    if len(shape) == 4 and shape[0] == 0:
+        raise SaliencyInputError(f"{what} holds no states (shape {tuple(shape)}): give a buffer with at least "
+                                 "one frame stack")
+    if len(shape) != 4:
         raise SaliencyInputError(
             f"{what}: expected frame stacks with shape (N, 84, 84, 4), got shape {tuple(shape)}")
     if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):

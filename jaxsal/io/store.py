@@ -94,9 +94,13 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
     index in the input (its row number; for a Dopamine replay directory the buffer index, with
     "checkpoint": (N,) its checkpoint K, so maps join with the buffer's actions and rewards),
     "action": (N,), "q": (N, A) for Q-networks or "logits": (N, A) for policies, "value": (N,)
-    when the model has one}. With allow_incomplete, the frames of the chunks finished so far
-    (in order)."""
+    when the model has one}. No "action" for a target that explains no action (target="value";
+    older jobs stored 0 for it, left out here too). With allow_incomplete, the frames of the
+    chunks finished so far (in order)."""
+    from jaxsal.targets import TARGET_NAMES, explains_action
+
     cfg = read_manifest(out)["config"]
+    no_action = cfg.get("target") in TARGET_NAMES and not explains_action(cfg["target"])
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
     n_chunks = -(-n // chunk)
     done = [i for i in range(n_chunks) if outputs_path(out, i).exists()]
@@ -115,7 +119,8 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
                     "rewrites the older chunks' outputs")
             keys = set(z.files)
             for k in z.files:
-                parts.setdefault(k, []).append(z[k])
+                if not (no_action and k == "action"):
+                    parts.setdefault(k, []).append(z[k])
         parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
     return {k: (np.concatenate(v) if v else np.zeros((0,), np.int64)) for k, v in parts.items()}
 
