@@ -715,7 +715,9 @@ def _explain_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from jaxsal import __version__
     p = argparse.ArgumentParser(prog="jaxsal", description="Saliency maps for deep RL agents, in batch.")
+    p.add_argument("--version", action="version", version=f"jaxsal {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("explain", help="explain every frame of a replay buffer or a fresh rollout",

@@ -1,0 +1,26 @@
+"""Packaging: one version source (jaxsal.__version__) shown by `jaxsal --version` and in the
+installed metadata and CITATION.cff; the LICENSE the metadata declares is there."""
+import subprocess
+import sys
+from importlib.metadata import metadata, version
+from pathlib import Path
+
+import jaxsal
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_one_version_everywhere():
+    out = subprocess.run([sys.executable, "-m", "jaxsal.cli", "--version"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"jaxsal {jaxsal.__version__}"
+    assert version("jaxsal") == jaxsal.__version__
+    assert f'version: "{jaxsal.__version__}"' in (ROOT / "CITATION.cff").read_text()
+    assert 'version = "' not in (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[0]
+
+
+def test_license_file_matches_the_declared_license():
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    md = metadata("jaxsal")
+    assert "MIT" in (md.get("License-Expression") or md.get("License") or "")
