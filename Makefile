@@ -2,15 +2,26 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The checkout is installed editable in setuptools' strict mode: a tree of links to its files
+# (build/__editable__.*) goes on sys.path, so `import jaxsal` finds the package even where the
+# working directory holds a folder named jaxsal (a clone's own folder, in a notebook started in
+# its parent); the default editable mode loses to the empty namespace package that folder makes.
+# The links are per file, so a module added or removed relinks (the package folders' times).
+PKG_DIRS := $(shell find jaxsal agents -type d -not -name __pycache__ 2>/dev/null)
+EDITABLE := --config-settings editable_mode=strict
 
 $(BIN)/jaxsal: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
-	touch $(BIN)/jaxsal
+	$(BIN)/pip install --quiet -e ".[test]" $(EDITABLE)
+	touch $(BIN)/jaxsal $(VENV)/.linked
+
+$(VENV)/.linked: $(BIN)/jaxsal $(PKG_DIRS)
+	$(BIN)/pip install --quiet --no-deps -e . $(EDITABLE)
+	touch $(VENV)/.linked
 
 .PHONY: venv demo test test-slow
-venv: $(BIN)/jaxsal
+venv: $(VENV)/.linked
 
 demo: venv
 	$(BIN)/jaxsal demo

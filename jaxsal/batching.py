@@ -9,8 +9,12 @@ Nature CNN's gradient on XLA:CPU, jax 0.10). Results stay on device.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Callable, Hashable
+import os
+import types
+from collections import OrderedDict
+from typing import Callable
 
 import chex
 import jax
@@ -20,18 +24,133 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxsal.errors import SaliencyInputError
 
-_JIT_CACHE: dict = {}
+class LRU(OrderedDict):
+    """A dict bounded to `maxsize` entries, least recently used evicted first. Every cache of
+    built functions and traced structure is one, so long sessions (many models, shapes,
+    options) never grow memory without bound; `clear_caches` empties them all."""
+
+    def __init__(self, maxsize: int):
+        super().__init__()
+        self.maxsize = maxsize
+        _CACHES.append(self)
+
+    def get_or_build(self, key, build: Callable[[], object]):
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = build()
+        self[key] = value
+        while len(self) > self.maxsize:
+            self.popitem(last=False)
+        return value
 
 
-def cached_jit(key: Hashable, build: Callable[[], Callable], **jit_kwargs) -> Callable:
-    """jax.jit(build()) memoised by key, so repeated calls with the same options never re-trace."""
+_CACHES: list = []
+
+JIT_CACHE_SIZE = 256
+_JIT_CACHE = LRU(JIT_CACHE_SIZE)
+
+
+def clear_caches() -> None:
+    """Empty every jaxsal cache of built functions and traced structure (a fresh process's state)."""
+    for c in _CACHES:
+        c.clear()
+
+
+class _Ref:
+    """Identity key of an object that is not (or must not be) compared by value: a user's
+    function, an unhashable object. Holds the object, so its id cannot be reused meanwhile."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _Ref) and other.obj is self.obj
+
+    def __repr__(self):
+        return f"_Ref({self.obj!r})"
+
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # jaxsal's own code lives here
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, type, types.CodeType,
+          type(Ellipsis), np.dtype, np.generic)
+
+
+def static_key(value, _active=None):
+    """A hashable key for everything `value` can make a traced function do.
+
+    Numbers and strings by type and value; tuples, lists, dicts, partials by their contents;
+    jaxsal's own functions (closures built per call) by code, defaults and the values they
+    close over, recursively, so a built function's every captured shape, option and callable
+    is in its key; any other function by identity (a user's apply_fn or target: it may read
+    globals that change, so equal code is not equal behaviour); other objects by their own
+    equality if hashable, else by identity. Arrays and tracers raise TypeError: a built
+    function must take them as traced arguments, never capture them.
+    """
+    if isinstance(value, _ATOMS):
+        return (type(value), value)
+    if isinstance(value, (np.ndarray, jax.Array, jax.core.Tracer)):
+        raise TypeError(f"cached_jit: a built function must not capture an array "
+                        f"(shape {getattr(value, 'shape', '?')}); pass it as a traced argument")
+    _active = set() if _active is None else _active
+    if id(value) in _active:  # a recursive closure: its own code is already in the key
+        return ("cycle", getattr(value, "__qualname__", type(value).__name__))
+    _active.add(id(value))
     try:
-        hash(key)
+        return _static_key(value, _active)
+    finally:
+        _active.discard(id(value))
+
+
+def _static_key(value, active):
+    k = lambda v: static_key(v, active)  # noqa: E731
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(k(v) for v in value))
+    if isinstance(value, dict):
+        return (type(value), tuple((k(a), k(b)) for a, b in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return (type(value), frozenset(k(v) for v in value))
+    if isinstance(value, functools.partial):
+        return ("partial", k(value.func), k(value.args), k(value.keywords))
+    if isinstance(value, types.FunctionType) and value.__code__.co_filename.startswith(_PKG_DIR):
+        cells = []
+        for c in value.__closure__ or ():
+            try:
+                cells.append(k(c.cell_contents))
+            except ValueError:  # an empty cell (a name assigned after the closure was made)
+                cells.append(("empty",))
+        return ("fn", value.__module__, value.__qualname__, value.__code__,
+                k(value.__defaults__), k(value.__kwdefaults__), tuple(cells))
+    if isinstance(value, types.MethodType):
+        return ("method", k(value.__func__), _Ref(value.__self__))
+    try:  # any other object by its own equality (e.g. agent_spec.DeclaredFn), else identity
+        hash(value)
     except TypeError:
-        key = repr(key)
-    if key not in _JIT_CACHE:
-        _JIT_CACHE[key] = jax.jit(build(), **jit_kwargs)
-    return _JIT_CACHE[key]
+        return _Ref(value)
+    return ("obj", type(value), value)
+
+
+def cached_jit(build: Callable[..., Callable], *args, **jit_kwargs) -> Callable:
+    """jax.jit(build(*args), **jit_kwargs), memoised on `static_key` of (build, args, jit_kwargs).
+
+    The key is derived from the build function (its code and everything it closes over) and
+    its arguments, never written by hand, so nothing a built function depends on can be left
+    out of it. Shapes and dtypes are best not captured at all (take them from the traced
+    arguments: jax.jit retraces per input shape); what is captured is in the key anyway.
+    The cache is an LRU of JIT_CACHE_SIZE entries.
+    """
+    key = (getattr(build, "__qualname__", type(build).__name__),
+           static_key((build, args, tuple(sorted(jit_kwargs.items())))))
+    return _JIT_CACHE.get_or_build(key, lambda: jax.jit(build(*args), **jit_kwargs))
+
+
+def cache_names() -> list[str]:
+    """The build functions' names of the cached jitted functions, oldest first (for tests)."""
+    return [k[0] for k in _JIT_CACHE]
 
 
 def batch_sharding():

@@ -85,7 +85,7 @@ def _probe(apply_fn, params, x1, layout):
             "and that params belong to this apply_fn.") from None
 
 
-_SHAPES: dict = {}  # (apply_fn, target, params/obs shapes) -> output shapes of a checked call
+_SHAPES = batching.LRU(256)  # (apply_fn, target, params/obs shapes) -> output shapes of a checked call
 
 
 def _checked_output(apply_fn, params, x, layout, tgt, target_key):
@@ -112,9 +112,7 @@ def _checked_output(apply_fn, params, x, layout, tgt, target_key):
         raise SaliencyInputError(f"target {tgt.name!r} must give one scalar per sample, shape "
                                  f"(N,); got {getattr(score, 'shape', type(score))} for N = 1")
     if key is not None:
-        if len(_SHAPES) > 256:
-            _SHAPES.clear()
-        _SHAPES[key] = out
+        _SHAPES.get_or_build(key, lambda: out)
     return out
 
 

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxsal.batching import LRU
+
 __all__ = ["fast_apply", "conv_s2d", "conv_hybrid", "conv_eligible", "conv_rule",
            "conv_rule_eligible"]
 
@@ -233,7 +235,7 @@ def _interceptor(next_fun, args, kwargs, ctx, min_stride: int = 2):
     return y
 
 
-_WRAPPED: dict = {}  # apply_fn -> wrapper (bound methods are fresh objects, so no weakrefs)
+_WRAPPED = LRU(256)  # apply_fn -> wrapper (bound methods are fresh objects, so no weakrefs)
 
 
 def fast_apply(apply_fn, min_stride: int = 2):

@@ -33,19 +33,43 @@ def _score_fn(apply_fn, target, actions):
     return t, score
 
 
+def _forward(apply_fn):
+    return apply_fn
+
+
+def _grad_builder(apply_fn, target, per_frame, scale):
+    _, score = _score_fn(apply_fn, target, None)
+
+    def f(p, xs, acts):
+        g = jax.grad(score, argnums=1)(p, xs, acts) * scale
+        return g if per_frame else g.sum(-1)
+    return f
+
+
+def _noise_builder(apply_fn, target):
+    t, _ = _score_fn(apply_fn, target, None)
+
+    def f(pm, xs, acts):  # the masks travel with params: traced, never captured by the build
+        p, mk = pm
+
+        def one(m):
+            return t.score(apply_fn(p, xs * m[None, :, :, None]), acts)
+        s = jax.lax.map(one, mk)  # (n, N)
+        return jnp.einsum("kn,khw->nhw", s, mk) / mk.shape[0]
+    return f
+
+
+def _pool():
+    return lambda p, xs: xs.mean(-1)
+
+
 def standin_grad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
                  batch_size=None, per_frame=False, scale=1.0):
     """Test stand-in: signed input gradient summed over the stack (or per frame), times `scale`."""
     x = check_obs(obs, layout)
-    t, score = _score_fn(apply_fn, target, actions)
-    a = resolve_actions(t, cached_jit(("standin_fwd", apply_fn), lambda: apply_fn)(params, x), actions)
-
-    def build():
-        def f(p, xs, acts):
-            g = jax.grad(score, argnums=1)(p, xs, acts) * scale
-            return g if per_frame else g.sum(-1)
-        return f
-    fn = cached_jit(("standin_grad", apply_fn, target, per_frame, scale), build)
+    t, _ = _score_fn(apply_fn, target, actions)
+    a = resolve_actions(t, cached_jit(_forward, apply_fn)(params, x), actions)
+    fn = cached_jit(_grad_builder, apply_fn, target, per_frame, scale)
     return map_batched(fn, params, x, a, batch_size=batch_size)
 
 
@@ -58,24 +82,16 @@ def standin_noise(apply_fn, params, obs, *, target="q_chosen", actions=None, lay
     n_masks = check_positive_int("n_masks", n_masks)
     x = check_obs(obs, layout)
     t, _ = _score_fn(apply_fn, target, actions)
-    a = resolve_actions(t, cached_jit(("standin_fwd", apply_fn), lambda: apply_fn)(params, x), actions)
+    a = resolve_actions(t, cached_jit(_forward, apply_fn)(params, x), actions)
     masks = jax.random.bernoulli(key, 0.5, (n_masks,) + tuple(x.shape[1:3])).astype(jnp.float32)
-
-    def build():
-        def f(p, xs, acts):
-            def one(m):
-                return t.score(apply_fn(p, xs * m[None, :, :, None]), acts)
-            s = jax.lax.map(one, masks)  # (n, N)
-            return jnp.einsum("kn,khw->nhw", s, masks) / n_masks
-        return f
-    fn = cached_jit(("standin_noise", apply_fn, target, n_masks), build)
-    return map_batched(fn, params, x, a, batch_size=batch_size, rows_per_state=n_masks)
+    fn = cached_jit(_noise_builder, apply_fn, target)
+    return map_batched(fn, (params, masks), x, a, batch_size=batch_size, rows_per_state=n_masks)
 
 
 def standin_pool(apply_fn, params, obs, *, target="q_chosen", layout="NHWC", batch_size=None):
     """Test stand-in that never runs the model: the frame stack's mean (cheap, for I/O tests)."""
     x = check_obs(obs, layout)
-    fn = cached_jit("standin_pool", lambda: lambda p, xs: xs.mean(-1))
+    fn = cached_jit(_pool)
     return map_batched(fn, None, x, batch_size=batch_size)
 
 

@@ -30,11 +30,12 @@ def choose_actions(apply_fn, params, prep: Call):
     """Actions fixed once from the clean forward pass (for methods that perturb the input)."""
     if prep.actions is not None:
         return prep.actions
-    tgt = prep.target
-    fn = batching.cached_jit(("choose", apply_fn, prep.target_key),
-                             lambda: lambda p, x: tgt.choose(apply_fn(p, as_float(x))).astype(
-                                 jnp.int32))
+    fn = batching.cached_jit(_chooser, apply_fn, prep.target)
     return batching.map_batched(fn, params, prep.x, batch_size=prep.rows)
+
+
+def _chooser(apply_fn, tgt):
+    return lambda p, x: tgt.choose(apply_fn(p, as_float(x))).astype(jnp.int32)
 
 
 def finish(attr, layout, per_frame):

@@ -34,11 +34,12 @@ FAMILY: dict = dict.fromkeys(INPUT_RULES)
 """Every single-backward method (input-gradient methods and CAM variants), live."""
 
 
-def _needs(m) -> set:
-    """(rule, where) gradients method m needs; where is "x" (input) or "layer"."""
+def _needs(m, spec=None) -> set:
+    """(rule, where) gradients method m (CamSpec `spec`, default the table's) needs; where is
+    "x" (input) or "layer"."""
     if m in INPUT_RULES:
         return {(INPUT_RULES[m], "x")}
-    spec = cam.CAMS[m]
+    spec = spec or cam.CAMS[m]
     return {(spec.rule, "layer")} | ({("guided", "x")} if spec.guided_input else set())
 
 
@@ -47,10 +48,13 @@ def per_frame_ok(m) -> bool:
     return m in INPUT_RULES or cam.CAMS[m].guided_input
 
 
-def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1,
+def _build(apply_fn, tgt, methods, specs, layer, activation, layout, per_frame, k=1,
            fast_conv=True):
-    """The jitted per-chunk function; k = rows of the tapped layer per state (1: ordinary)."""
-    needs = set().union(*(_needs(m) for m in methods))
+    """The jitted per-chunk function; specs: each method's CamSpec (None for input-gradient
+    methods); k = rows of the tapped layer per state (1: ordinary). The frame size comes from
+    the traced chunk (jit retraces per shape)."""
+    specs = dict(zip(methods, specs))
+    needs = set().union(*(_needs(m, specs[m]) for m in methods))
     rules = sorted({r for r, _ in needs})
     tapped = tap(apply_fn, layer, activation) if layer is not None else None
 
@@ -81,12 +85,13 @@ def _build(apply_fn, tgt, methods, layer, activation, layout, per_frame, hw, k=1
                     return objective(tgt, apply_fn(p, xx), actions).sum()
                 res[(rule, "x")] = jax.grad(rewrite(f, rule, fast_conv))(x, params)
         out = {}
+        hw = to_nhwc(x, layout).shape[1:3]
         for m in methods:
             if m in INPUT_RULES:
                 g = res[(INPUT_RULES[m], "x")]
                 out[m] = finish(x * g if m == "grad_x_input" else g, layout, per_frame)
                 continue
-            spec = cam.CAMS[m]
+            spec = specs[m]
             gx = to_nhwc(res[("guided", "x")], layout) if spec.guided_input else None
             out[m] = cam.cam_maps(spec, res["A"], res[(spec.rule, "layer")], gx, hw, k, per_frame)
         return out
@@ -131,30 +136,28 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
             f"layer {lname!r} runs {k} times per state but the input has {prep.hwc[2]} channels, "
             f"not a multiple of {k}: g2gradcam/guided_gradcam cannot assign input channels to "
             "frames (frame-major stacks of k frames x C/k channels)")
-    has_actions = prep.actions is not None
-    key = ("family", apply_fn, prep.target_key, methods, lname, layer_activation, layout,
-           bool(per_frame), prep.hwc[:2], has_actions, bool(fast_conv)) + ((k,) if k > 1 else ())
-    fn = batching.cached_jit(key, lambda: _build(apply_fn, prep.target, methods, lname,
-                                                 layer_activation, layout, bool(per_frame),
-                                                 prep.hwc[:2], k, bool(fast_conv)))
-    arrays = [prep.x] + ([prep.actions] if has_actions else [])
+    # the CAM specs are arguments (the table is live: register_cam may replace a variant)
+    specs = tuple(cam.CAMS.get(m) for m in methods)
+    fn = batching.cached_jit(_build, apply_fn, prep.target, methods, specs, lname,
+                             layer_activation, layout, bool(per_frame), k, bool(fast_conv))
+    arrays = [prep.x] + ([prep.actions] if prep.actions is not None else [])
     return run_chunks(fn, params, arrays, k, prep.rows)
 
 
-_LAYER_CACHE: dict = {}
+_LAYER_CACHE = batching.LRU(256)
 
 
 def _structure_cached(fn, apply_fn, params, x1, layer, activation=None):
     """fn(apply_fn, params, x1, layer, activation) (resolve_tap, cam_site: each traces the model),
-    cached per model structure and input shape, so repeated calls skip the tracing."""
-    k = (fn, apply_fn, layer, activation, tuple(x1.shape), params_signature(params))
+    cached per model structure and input shape and dtype, so repeated calls skip the tracing."""
     try:
+        k = batching.static_key((fn, apply_fn, layer, activation)) + (
+            tuple(x1.shape), str(x1.dtype), params_signature(params),
+            batching.is_traced(params, x1))  # eager calls also check values (resolve_tap)
         hash(k)
     except TypeError:
         return fn(apply_fn, params, x1, layer, activation)
-    if k not in _LAYER_CACHE:
-        _LAYER_CACHE[k] = fn(apply_fn, params, x1, layer, activation)
-    return _LAYER_CACHE[k]
+    return _LAYER_CACHE.get_or_build(k, lambda: fn(apply_fn, params, x1, layer, activation))
 
 
 def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: bool = False,

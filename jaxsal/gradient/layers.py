@@ -2,11 +2,16 @@
 
 `flax.linen.intercept_methods` sees every module call inside any `apply_fn`; the named
 module's output gets a zero perturbation `eps` added, so d(target)/d(eps) = dY/dA.
+A `jax.jit`-wrapped apply (SBX jits `module.apply`; so may a user, anywhere inside apply_fn)
+runs its Python only when it (re)traces, so the interceptor would see nothing on a cached
+trace and leak tracers on a new one: `seeing_modules` runs apply_fn with jit disabled, which
+inlines every jitted call into the caller's trace (same operations, one program).
 Names are module paths ("conv3", CleanRL's "Conv_2", "trunk/conv1"), optionally prefixed
 with the root module's class ("Network/Conv_2") to tell apart equal names of separate applies.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, NamedTuple
 
 import flax.linen as nn
@@ -40,6 +45,14 @@ def _names(module) -> tuple[str, str] | None:
     return name, f"{type(root).__name__}/{name}"
 
 
+@contextlib.contextmanager
+def seeing_modules(interceptor):
+    """`nn.intercept_methods(interceptor)` that also sees flax module calls inside jax.jit-wrapped
+    functions (module docstring): jit is disabled meanwhile, so they run inline."""
+    with jax.disable_jit(), nn.intercept_methods(interceptor):
+        yield
+
+
 def _calls(apply_fn, params, x) -> list[LayerCall]:
     calls: list[LayerCall] = []
 
@@ -53,7 +66,7 @@ def _calls(apply_fn, params, x) -> list[LayerCall]:
         return out
 
     def run(p, x):
-        with nn.intercept_methods(record):
+        with seeing_modules(record):
             return apply_fn(p, x)
 
     jax.eval_shape(run, params, x)
@@ -208,7 +221,7 @@ def tap(apply_fn, layer: str, activation=None):
                     out = out + eps
             return out
 
-        with nn.intercept_methods(hook):
+        with seeing_modules(hook):
             y = apply_fn(params, x)
         if len(store) != 1:
             raise SaliencyInputError(f"layer {layer!r} was called {len(store)} times in one "

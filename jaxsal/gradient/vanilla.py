@@ -113,7 +113,11 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
             rng = x.reshape(x.shape[0], -1)
             scale = sigma * (rng.max(1) - rng.min(1))
 
-            def draw(kk):  # drawn in NHWC order: the same noise for either layout
+            # drawn in NHWC order: the same noise for either layout; the shape comes from the
+            # traced chunk, never from the first call (jit retraces per frame shape)
+            hwc = x.shape[1:] if layout == "NHWC" else (x.shape[2], x.shape[3], x.shape[1])
+
+            def draw(kk):
                 e = jax.random.normal(kk, hwc, x.dtype)
                 return e if layout == "NHWC" else jnp.transpose(e, (2, 0, 1))
 
@@ -128,10 +132,9 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
             return s1, (s2 if squares else jnp.zeros((), s1.dtype))
         return fn
 
-    hwc = prep.hwc
     squares = variant != "mean"
-    fn = batching.cached_jit(("smoothgrad", apply_fn, prep.target_key, s, n_samples, float(sigma),
-                              rule, bool(fast_conv), bool(fast_prefix), squares, layout), build)
+    sigma = float(sigma)
+    fn = batching.cached_jit(build)
 
     def finalize(chunk, acc):
         s1, s2 = acc
@@ -289,10 +292,8 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
             return maps, attr.reshape(x.shape[0], -1).sum(1) - (y - y0)
         return fin
 
-    ck = (apply_fn, prep.target_key, kind, bsig, layout)
-    fn = batching.cached_jit(("ig", s, rule, bool(fast_conv), bool(fast_prefix)) + ck, build)
-    fin = batching.cached_jit(("ig_finish", bool(per_frame), bool(return_error)) + ck,
-                              build_finish)
+    fn = batching.cached_jit(build)
+    fin = batching.cached_jit(build_finish)
     statics = [(jnp.asarray(alphas[i * s:(i + 1) * s]), jnp.asarray(weights[i * s:(i + 1) * s]),
                 ukey) for i in range(groups)]
     size = _states_per_chunk(n, prep.rows, s)

@@ -357,7 +357,6 @@ def _outputs_fn(apply_fn, target):
     from jaxsal.targets import LOGIT_KEYS, Q_KEYS, logits_of, q_of, value_of
 
     tgt = get_target(target)
-    key = target if isinstance(target, str) else ("callable", target)
 
     def build():
         def fn(params, x, actions):
@@ -381,7 +380,7 @@ def _outputs_fn(apply_fn, target):
             return res
         return fn
 
-    fn = cached_jit(("job-outputs", apply_fn, key), build)
+    fn = cached_jit(build)
     return lambda params, x, actions: fn(params, x, actions)
 
 

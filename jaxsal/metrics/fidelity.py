@@ -50,9 +50,12 @@ def _order_masks(m, steps: int, per_step: int):
 
 def chosen_actions(apply_fn, params, obs, batch_size: int | None = 256):
     """argmax Q(obs) per state (the action every perturbed copy is scored on), chunked."""
-    fn = cached_jit(("argmax_q", apply_fn),
-                    lambda: lambda p, o: jnp.argmax(T.q_of(apply_fn(p, o)), -1).astype(jnp.int32))
+    fn = cached_jit(_argmax_q, apply_fn)
     return map_batched(fn, params, obs, batch_size=batch_size)
+
+
+def _argmax_q(apply_fn):
+    return lambda p, o: jnp.argmax(T.q_of(apply_fn(p, o)), -1).astype(jnp.int32)
 
 
 def _build_substrate(substrate: str, layout: str, pixel_range: tuple, blur_sigma: float):
@@ -116,13 +119,11 @@ def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score
         actions = jnp.asarray(T.check_actions(actions, n, q_shape[-1]))
     base = jax.random.PRNGKey(0) if key is None else key
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(n))
-    sub_fn = cached_jit(("substrate", substrate, layout, (lo, hi), float(blur_sigma)),
-                        lambda: _build_substrate(substrate, layout, (lo, hi), float(blur_sigma)))
+    sub_fn = cached_jit(_build_substrate, substrate, layout, (lo, hi), float(blur_sigma))
     sub = map_batched(sub_fn, None, x, keys, batch_size=batch_size)
     xs = x if layout == "NHWC" else jnp.transpose(x, (0, 2, 3, 1))
     first, second = (xs, sub) if mode == "insertion" else (sub, xs)
-    fn = cached_jit(("fidelity", apply_fn, steps, per_step, layout),
-                    lambda: _build(apply_fn, steps, per_step, layout))
+    fn = cached_jit(_build, apply_fn, steps, per_step, layout)
     curves = map_batched(fn, params, x, first, second, m, actions, batch_size=batch_size,
                          rows_per_state=steps + 1)
     if score == "all":

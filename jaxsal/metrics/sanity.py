@@ -87,12 +87,18 @@ def cascade(params, fresh, layers):
             for i, item in enumerate(layers)]
 
 
+def _module_init(model):
+    return model.init
+
+
+def _chooser(apply_fn, tgt):
+    return lambda p, o: tgt.choose(apply_fn(p, o)).astype(jnp.int32)
+
+
 def _resolve_model(model, apply_fn, obs):
     if hasattr(model, "init") and hasattr(model, "apply"):
-        try:   # compiled once per module: eager flax init of a Nature CNN takes seconds
-            init = cached_jit(("sanity_init", model), lambda: model.init)
-        except TypeError:
-            init = jax.jit(model.init)
+        init = cached_jit(_module_init, model)  # compiled once per module: eager flax init
+        # of a Nature CNN takes seconds
         dummy = jnp.zeros_like(obs[:1])
         return (apply_fn or model.apply), (lambda k: init(k, dummy))
     if callable(model):
@@ -160,8 +166,7 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
         if target == "q_action":
             raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
         tgt = T.get_target(target)
-        choose = cached_jit(("sanity_choose", apply_fn, tgt.name),
-                            lambda: lambda p, o: tgt.choose(apply_fn(p, o)).astype(jnp.int32))
+        choose = cached_jit(_chooser, apply_fn, tgt)
         actions = map_batched(choose, params, x, batch_size=256)   # fixed once, original model
 
     k_draw = jax.random.fold_in(key, 0x5A17)

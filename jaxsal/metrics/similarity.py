@@ -194,7 +194,7 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
     if "ssim_flat" in metrics and a.shape[1] * a.shape[2] < 7:
         raise SaliencyInputError(f"maps must have at least 7 pixels for ssim_flat (1-D window of 7), "
                                  f"got {a.shape[1:]}")
-    fn = cached_jit(("similarity", metrics, invert, normalize), lambda: _build(metrics, invert, normalize))
+    fn = cached_jit(_build, metrics, bool(invert), bool(normalize))
     return map_batched(fn, None, a, b, batch_size=batch_size)
 
 

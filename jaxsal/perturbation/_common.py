@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import targets as T
-from jaxsal.batching import pad_rows, cached_jit, chunk_size, is_traced, map_batched, run
+from jaxsal.batching import (LRU, cached_jit, chunk_size, is_traced, map_batched, pad_rows, run,
+                             static_key)
 from jaxsal.call import Call, as_float, check_call
 from jaxsal.errors import SaliencyInputError
 from jaxsal.validate import check_positive_int, to_nhwc
@@ -102,7 +103,7 @@ def clean_pass(apply_fn, params, obs, *, layout="NHWC", target="q_chosen", actio
                       batch_size=batch_size)
     x = to_nhwc(as_float(call.x), layout)
     vmax = resolve_obs_max(obs, obs_max)
-    fn = cached_jit(("pert-clean", apply_fn, layout), lambda: _apply_layout(apply_fn, layout))
+    fn = cached_jit(_apply_layout, apply_fn, layout)
     out0 = map_batched(fn, params, x, batch_size=call.rows)
     return CleanPass(call, x, vmax, out0, T.resolve_actions(call.target, out0, call.actions))
 
@@ -167,8 +168,8 @@ def _build_runner(apply_fn, layout, perturb, score, box=None):
     return run
 
 
-def perturbation_scores(prep: CleanPass, apply_fn, params, *, name, perturb, score, n_pert: int,
-                        consts=None, states=None, cache_key=(), box=None):
+def perturbation_scores(prep: CleanPass, apply_fn, params, *, perturb, score, n_pert: int,
+                        consts=None, states=None, box=None):
     """(N, n_pert) scores of every state under every perturbation index 0..n_pert-1.
 
     perturb(consts, state, idx) -> x' (H, W, C) for ONE state (a dict of its rows: `x`, `a`,
@@ -176,35 +177,48 @@ def perturbation_scores(prep: CleanPass, apply_fn, params, *, name, perturb, sco
     output, the perturbed output and the actions. box=(bh, bw, corner(idx) -> (r0, c0)) bounds
     where perturbation idx changes the input and turns on the incremental forward pass. Runs
     chunks of S states x K indices with S*K <= batch_size rows (K <= n_pert); results stay on device.
+    Every compiled function is keyed on the perturb/score/box functions themselves (their code
+    and captured values: grid, patch, radius, ...; jaxsal.batching.cached_jit).
     """
-    base_key = ("pert", name, apply_fn, prep.layout, cache_key)
+    layout = prep.layout
     traced = is_traced(params, prep.x, consts, states, prep.out0)
     if jax.default_backend() == "cpu":
-        fn = _split_runner(base_key, apply_fn, prep.layout, perturb, score)
+        fn = _split_runner(apply_fn, layout, perturb, score)
     else:
-        fn = cached_jit(base_key, lambda: _build_runner(apply_fn, prep.layout, perturb, score))
-    if box is not None and (traced or base_key not in _NON_LOCAL):
+        fn = cached_jit(_build_runner, apply_fn, layout, perturb, score)
+    if box is not None:
+        local_key = static_key((apply_fn, layout, perturb, score, box))
+    if box is not None and (traced or local_key not in _NON_LOCAL):
         scores, leaked = _run_chunks(prep, params, n_pert, consts, states, cached_jit(
-            base_key + ("incremental",),
-            lambda: _build_runner(apply_fn, prep.layout, perturb, score, box)))
+            _build_incremental_runner, apply_fn, layout, perturb, score, box))
         if traced:  # no host round trip inside the caller's program: branch on device
             return jax.lax.cond(leaked, lambda: _run_chunks(prep, params, n_pert, consts, states,
                                                             fn)[0], lambda: scores)
         if not bool(leaked):
             return scores
-        _NON_LOCAL.add(base_key)  # the model is not local: plain path from now on
+        _NON_LOCAL[local_key] = apply_fn  # the model is not local: plain path from now on
     return _run_chunks(prep, params, n_pert, consts, states, fn)[0]
 
 
-def _split_runner(base_key, apply_fn, layout, perturb, score):
+def _build_incremental_runner(apply_fn, layout, perturb, score, box):
+    return _build_runner(apply_fn, layout, perturb, score, box)
+
+
+def _build_inputs(perturb):
+    return lambda consts, st, idx: _perturbed(perturb, consts, st, idx)
+
+
+def _build_scores(apply_fn, layout, score):
+    model = _apply_layout(apply_fn, layout)
+    return lambda params, st, xp: _scores(model, score, params, st, xp)
+
+
+def _split_runner(apply_fn, layout, perturb, score):
     """The plain runner as two compiled calls, perturbed inputs then model + score. On XLA:CPU
     with YNNPACK kernels the perturbation fused into the model's graph slowed RISE's forward
     passes by ~20% (137 vs 111 us per row at 63 rows); apart they cost one more dispatch."""
-    inputs = cached_jit(base_key + ("inputs",), lambda: lambda consts, st, idx: _perturbed(
-        perturb, consts, st, idx))
-    model = _apply_layout(apply_fn, layout)
-    scores = cached_jit(base_key + ("scores",), lambda: lambda params, st, xp: _scores(
-        model, score, params, st, xp))
+    inputs = cached_jit(_build_inputs, perturb)
+    scores = cached_jit(_build_scores, apply_fn, layout, score)
     return lambda params, consts, st, idx: scores(params, st, inputs(consts, st, idx))
 
 
@@ -223,7 +237,7 @@ def _scores(model, score, params, st, xp, out1=None):
     return score(out0, out1, a).reshape(s_, k_)
 
 
-_NON_LOCAL: set = set()
+_NON_LOCAL = LRU(256)  # static_key of (apply_fn, layout, perturb, score, box) -> apply_fn
 
 
 def _run_chunks(prep, params, n_pert, consts, states, fn):

@@ -71,7 +71,9 @@ def incremental_apply(model, params, x_clean, x_pert, box_r0, box_c0, box_hw, im
             record.append((args[0], out))
         return out
 
-    with nn.intercept_methods(recorder):
+    # jit disabled: flax convs inside a jax.jit-wrapped apply run inline, so they are seen
+    # (as jaxsal.gradient.layers.seeing_modules does)
+    with jax.disable_jit(), nn.intercept_methods(recorder):
         model(params, x_clean)
 
     calls = {"i": 0}
@@ -143,7 +145,7 @@ def incremental_apply(model, params, x_clean, x_pert, box_r0, box_c0, box_hw, im
         return y
 
     leaks = []
-    with nn.intercept_methods(fast):
+    with jax.disable_jit(), nn.intercept_methods(fast):
         out = model(params, x_pert)
     leaked = jnp.any(jnp.stack(leaks)) if leaks else jnp.bool_(False)
     return out, leaked

@@ -203,9 +203,9 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC
         return st["x"] * m + st["fill"] * (1.0 - m)
 
     y = C.perturbation_scores(
-        prep, apply_fn, params, name="lime", perturb=perturb,
+        prep, apply_fn, params, perturb=perturb,
         score=C.make_score("target", prep.target), n_pert=n_samples, consts={"z": z},
-        states={"seg": segs_j, "fill": fillv}, cache_key=(h, w, prep.target_key))
+        states={"seg": segs_j, "fill": fillv})
     per = max(1, (1 << 25) // (n_samples * d_max + d_max * d_max))
     coef = C.map_batched(lambda zz, yy, vv: _ridge(zz, yy, vv, kernel_width, ridge_alpha),
                          z, y, valid, batch_size=per)

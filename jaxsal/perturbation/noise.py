@@ -18,8 +18,8 @@ def check_radius(radius, hw) -> float:
     return radius
 
 
-def disk_grid_scores(prep, apply_fn, params, *, name, radius, stride, perturbation, blur_sigma,
-                     fill, mask_shape, score_fn, cache_key, incremental=None):
+def disk_grid_scores(prep, apply_fn, params, *, radius, stride, perturbation, blur_sigma,
+                     fill, mask_shape, score_fn, incremental=None):
     """(N, gy, gx) scores with a disk mask M centred every `stride` px (Greydanus' grid):
     x' = x (1 - M) + B M, B = the frame-wise blurred state (perturbation="blur") or `fill`."""
     n, h, w, _ = prep.shape
@@ -51,9 +51,8 @@ def disk_grid_scores(prep, apply_fn, params, *, name, radius, stride, perturbati
         box = (2 * half + 1, 2 * half + 1,
                lambda i: ((i // gx) * stride - half, (i % gx) * stride - half))
     scores = C.perturbation_scores(
-        prep, apply_fn, params, name=name, perturb=perturb, score=score_fn, n_pert=gy * gx,
-        consts=consts, states={"alt": alt}, box=box,
-        cache_key=(h, w, radius, stride, perturbation, mask_shape) + tuple(cache_key))
+        prep, apply_fn, params, perturb=perturb, score=score_fn, n_pert=gy * gx,
+        consts=consts, states={"alt": alt}, box=box)
     return scores.reshape(n, gy, gx)
 
 
@@ -79,11 +78,11 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)
     score = C.check_score(score, NOISE_SCORES)
-    grid = disk_grid_scores(prep, apply_fn, params, name="noise_sensitivity", radius=radius,
+    grid = disk_grid_scores(prep, apply_fn, params, radius=radius,
                             stride=stride, perturbation=perturbation, blur_sigma=blur_sigma,
                             fill=fill, mask_shape=mask_shape,
                             score_fn=C.make_score(score, prep.target),
-                            cache_key=(score, prep.target_key), incremental=incremental)
+                            incremental=incremental)
     if return_grid:
         return grid
     return C.upsample_grid(grid, prep.shape[1:3], upsample)

@@ -59,9 +59,8 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
         return st["x"] * (1.0 - m) + st["fill"] * m
 
     scores = C.perturbation_scores(
-        prep, apply_fn, params, name="occlusion", perturb=perturb,
+        prep, apply_fn, params, perturb=perturb,
         score=C.make_score(score, prep.target), n_pert=gy * gx, states={"fill": fillv},
-        cache_key=(h, w, patch, stride, score, prep.target_key),
         box=(patch, patch, lambda i: ((i // gx) * stride, (i % gx) * stride))
         if C.use_incremental(incremental, (patch, patch), (h, w)) else None)
     grid = scores.reshape(n, gy, gx)

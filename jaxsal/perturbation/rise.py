@@ -125,9 +125,9 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC
         return st["x"] * mk + st["fill"] * (1.0 - mk)
 
     scores = C.perturbation_scores(
-        prep, apply_fn, params, name="rise", perturb=perturb,
+        prep, apply_fn, params, perturb=perturb,
         score=C.make_score("target", prep.target), n_pert=m, consts={"masks": masks},
-        states={"fill": fillv}, cache_key=(h, w, prep.target_key))
+        states={"fill": fillv})
     sal = _weighted_sum(scores, masks.reshape(m, h * w)) / (m * p_keep)
     return sal.reshape(n, h, w)
 

@@ -53,9 +53,9 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHW
                         batch_size=batch_size, obs_max=obs_max)
     T.q_of(prep.out0)  # clear error now if the output has no Q-vector / logits
     score_fn = lambda o0, o1, a: sarfa_score(T.q_of(o0), T.q_of(o1), a)  # noqa: E731
-    grid = disk_grid_scores(prep, apply_fn, params, name="sarfa", radius=radius, stride=stride,
+    grid = disk_grid_scores(prep, apply_fn, params, radius=radius, stride=stride,
                             perturbation=perturbation, blur_sigma=blur_sigma, fill=fill,
-                            mask_shape=mask_shape, score_fn=score_fn, cache_key=(),
+                            mask_shape=mask_shape, score_fn=score_fn,
                             incremental=incremental)
     if return_grid:
         return grid

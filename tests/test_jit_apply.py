@@ -1,0 +1,74 @@
+"""Every method gives the same maps through a `jax.jit`-wrapped apply as through the plain one (issue 29.8a).
+
+SBX stores `module.apply = jax.jit(module.apply)`; users jit their apply too. Flax's method
+interceptor does not see module calls inside a jit that is already traced, so layer methods
+failed with "no flax module call was seen". The ReLU rules (guided backprop, deconvnet) already
+looked inside jit equations; both are checked here, on a jit called directly, on one called
+inside a plain function, and with the jit's cache warm (as after training).
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsal
+from jaxsal.gradient.layers import layer_calls
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(8, (4, 4), strides=(2, 2), name="conv1")(x / 255.0))
+        x = nn.relu(nn.LayerNorm(name="conv2_norm")(nn.Conv(8, (3, 3), name="conv2")(x)))
+        x = nn.relu(nn.Dense(16, name="fc")(x.reshape(x.shape[0], -1)))
+        return nn.Dense(3, name="q")(x)
+
+
+NET = Net()
+X = np.random.default_rng(0).integers(0, 256, (3, 20, 20, 2)).astype(np.float32)
+P = NET.init(jax.random.PRNGKey(0), X[:1])
+JITTED = jax.jit(NET.apply)
+JITTED(P, X)  # the jit's cache is warm, as SBX's is after training
+NESTED = jax.jit(lambda p, x: JITTED(p, x) * 1.0)
+
+
+def inside_plain(p, x):
+    return JITTED(p, x)
+
+
+APPLIES = {"jit": JITTED, "jit_in_plain_fn": inside_plain, "nested_jit": NESTED}
+CASES = {
+    "gradient": {}, "guided_backprop": {}, "deconvnet": {},
+    "gradcam": {"layer": "conv2"}, "gradcam_pp": {"layer": "conv2"},
+    "g1gradcam": {"layer": "conv2"}, "g2gradcam": {"layer": "conv1"},
+    "guided_gradcam": {"layer": "conv2"}, "gradcam_default_layer": {},
+    "gradcam_post_relu": {"layer": "conv2", "layer_activation": "post_relu"},
+    "smoothgrad_guided": {"n_samples": 3, "rule": "guided", "key": jax.random.PRNGKey(0)},
+    "ig_deconvnet": {"steps": 3, "rule": "deconvnet"},
+    "occlusion": {"patch": 4, "stride": 4, "incremental": True},
+}
+
+
+def _maps(fn, case):
+    method = case.split("_default")[0].split("_post")[0]
+    method = {"smoothgrad_guided": "smoothgrad", "ig_deconvnet": "integrated_gradients"}.get(method, method)
+    return np.asarray(jaxsal.explain(fn, P, X, method=method, **CASES[case]))
+
+
+@pytest.mark.parametrize("wrap", list(APPLIES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_maps_through_a_jitted_apply_equal_the_plain_apply(case, wrap):
+    want = _maps(NET.apply, case)
+    got = _maps(APPLIES[wrap], case)
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("wrap", list(APPLIES))
+def test_layers_are_listed_through_a_jitted_apply(wrap):
+    assert layer_calls(APPLIES[wrap], P, jnp.asarray(X[:1])) == layer_calls(NET.apply, P, jnp.asarray(X[:1]))
+    assert [c.name for c in layer_calls(APPLIES[wrap], P, jnp.asarray(X[:1]))] == \
+        ["conv1", "conv2", "conv2_norm", "fc", "q"]
