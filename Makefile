@@ -32,7 +32,7 @@ test: venv
 # the slow tests also need the dopamine extra (Dopamine's own replay buffer, tensorflow): installed
 # here only, so `make test` keeps the base dependencies
 $(VENV)/.dopamine-extra: $(BIN)/jaxsal
-	$(BIN)/pip install --quiet -e ".[test,dopamine]"
+	$(BIN)/pip install --quiet -e ".[test,dopamine]" $(EDITABLE)
 	touch $@
 
 test-slow: venv $(VENV)/.dopamine-extra
