@@ -29,11 +29,13 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q -n 2
 
-# the slow tests also need the dopamine extra (Dopamine's own replay buffer, tensorflow): installed
-# here only, so `make test` keeps the base dependencies
-$(VENV)/.dopamine-extra: $(BIN)/jaxsal
-	$(BIN)/pip install --quiet -e ".[test,dopamine]" $(EDITABLE)
+# the slow tests also run the real clients: Dopamine's own replay buffer (tensorflow), and models
+# trained and saved by Stable-Baselines3 and SBX (torch: its CPU build, 2.13.0, which pip takes
+# from this machine's wheel folder); installed here only, so `make test` keeps the base dependencies
+$(VENV)/.clients-extra: $(BIN)/jaxsal
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[test,clients]" $(EDITABLE)
 	touch $@
 
-test-slow: venv $(VENV)/.dopamine-extra
+test-slow: venv $(VENV)/.clients-extra
 	$(BIN)/python -m pytest -q -m slow
