@@ -35,6 +35,9 @@ test: venv
 $(VENV)/.clients-extra: $(BIN)/jaxsal
 	$(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[test,clients]" $(EDITABLE)
+	# dopamine-rl pulls tensorflow-probability 0.25, whose files overwrite the tfp-nightly that
+	# sbx-rl needs (0.25's JAX substrate fails on this jax): put tfp-nightly's files back
+	$(BIN)/pip install --quiet --force-reinstall --no-deps tfp-nightly
 	touch $@
 
 test-slow: venv $(VENV)/.clients-extra
