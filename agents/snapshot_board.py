@@ -72,8 +72,6 @@ class SnapshotBoard:
         self._w.close()
 
     def _frames(self, probe) -> list:
-        from .snapshots import probe_image
-
         out = []
         for obs in np.asarray(probe)[: self.states]:
             g = probe_image(obs, self.num_frames)
@@ -88,6 +86,15 @@ class SnapshotBoard:
         gap = np.ones((big[0].shape[0], 2, 3))
         row = np.concatenate([x for t in big for x in (t, gap)][:-1], axis=1)
         return (np.clip(row, 0, 1) * 255).round().astype(np.uint8)
+
+
+def probe_image(obs, num_frames: int | None = None):
+    """One probe observation (H, W, C) as a 2-D image of its newest frame: the last C/k
+    channels of a frame-major stack, weighted by channel index so objects differ in shade."""
+    obs = np.asarray(obs, np.float32)
+    c = obs.shape[-1] // (num_frames or 1)
+    newest = obs[..., -c:]
+    return newest[..., 0] if c == 1 else (newest * np.arange(1, c + 1)).max(-1)
 
 
 def _overlay(frame: np.ndarray, m: np.ndarray) -> np.ndarray:

@@ -34,6 +34,8 @@ import numpy as np
 import jaxsal
 from jaxsal.frame_stats import age_centroid, frame_shares, newest_share
 
+from .snapshot_board import probe_image
+
 METHODS = ("gradcam", "g1gradcam", "g2gradcam", "guided_backprop", "gradient")
 FRAME_METHODS = ("grad_x_input", "gradient", "guided_backprop")  # the first one drives newest_share
 
@@ -197,15 +199,6 @@ def read_returns(returns_csv):
             steps.append(int(r["step"]))
             rets.append(float(r["return"]))
     return np.asarray(steps), np.asarray(rets)
-
-
-def probe_image(obs, num_frames: int | None = None):
-    """One probe observation (H, W, C) as a 2-D image of its newest frame: the last C/k
-    channels of a frame-major stack, weighted by channel index so objects differ in shade."""
-    obs = np.asarray(obs, np.float32)
-    c = obs.shape[-1] // (num_frames or 1)
-    newest = obs[..., -c:]
-    return newest[..., 0] if c == 1 else (newest * np.arange(1, c + 1)).max(-1)
 
 
 def render_strips(out_dir, out_png, returns_csv=None, state: int = 0, max_cols: int = 8,

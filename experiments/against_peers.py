@@ -21,6 +21,8 @@ import argparse
 import functools
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -241,9 +243,20 @@ def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, 
     return row
 
 
+def run_child(args: list, timeout: float) -> dict | list:
+    """Run experiments.peak_memory in a fresh interpreter and parse its JSON output (an error dict if it fails)."""
+    try:
+        p = subprocess.run([sys.executable, "-m", "experiments.peak_memory", *map(str, args)],
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def scaling(sizes, timeout: float = 1200) -> list:
     """jaxsal vanilla-gradient maps/s and peak RSS at growing N, streamed in a fresh process."""
-    from experiments.peak_memory import run_child
     rows = run_child(["--scaling", *sizes], timeout)
     return rows if isinstance(rows, list) else [rows]
 
@@ -252,7 +265,6 @@ def memory(names, table, timeout: float = 300, device: str = "cpu") -> dict:
     """Peak RSS (and on a GPU peak device memory) per case and side, each in a fresh process
     (gradient family on 256 states, perturbation methods on 2: their memory is set by the
     chunk, not by N)."""
-    from experiments.peak_memory import run_child
     res = {}
     for name in names:
         n = 2 if table[name][0] in PERTURBATION else 256
@@ -266,7 +278,7 @@ def memory(names, table, timeout: float = 300, device: str = "cpu") -> dict:
 
 
 def machine(torch_threads: int, device: str = "cpu") -> dict:
-    from experiments.throughput import machine_info
+    from experiments.machine import machine_info
     info = machine_info()
     import torch
     info["torch"] = torch.__version__

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import jaxsal  # before any JAX computation (library default: XLA:CPU's fast kernels)
-from experiments.throughput import machine_info
+from experiments.machine import machine_info
 
 FRAME_BYTES = 84 * 84 * 4
 MAP_BYTES = 84 * 84 * 2  # float16 maps

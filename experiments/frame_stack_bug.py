@@ -58,18 +58,11 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import frame_stack_study
+from experiments.frame_stack_study import OLD_STAT_DOC, OLD_STATISTIC, STAT_DOC, STATISTIC, add_statistic
+
 OUT = Path(__file__).parent / "results" / "frame_stack_bug"
 DEFAULT_BUGS = ("reuse", "no_update", "reversed", "misaligned")
-STATISTIC = "stack_age_gain"
-STAT_DOC = ("mean age of the attended stacked frames (0 = newest .. k-1 = oldest): age centroid of "
-            "the per-frame attribution shares of |gradient x input|, |gradient| and |Guided Backprop|, "
-            "averaged over the three methods and the probe states, minus its value at the run's first "
-            "snapshot, as a causal trailing mean over the last `window` snapshots "
-            "(jaxsal.frame_stats.stack_age_gain); up = attention moving to older slots, down = "
-            "collapsing onto the newest slot")
-OLD_STATISTIC = "newest_share_gain"
-OLD_STAT_DOC = ("share of |gradient x input| attribution (probe-set mean) on the newest stacked frame, "
-                "minus the same share in the run's first snapshot")
 
 
 def make_parser():
@@ -156,20 +149,6 @@ def run_shares(snap_dir):
 
     snaps = load_snapshots(snap_dir)
     return [s for s, _ in snaps], np.stack([a["frame_shares"] for _, a in snaps])
-
-
-def add_statistic(rows, shares, window=4):
-    """Adds both statistics (STAT_DOC, OLD_STAT_DOC) to each snapshot row of one run; `shares`
-    (T, M, N, k) are its snapshots' per-frame shares, one per row."""
-    from jaxsal.frame_stats import stack_age_gain
-
-    if len(shares) != len(rows):
-        raise ValueError(f"{len(shares)} snapshots of shares for {len(rows)} rows")
-    base = rows[0]["newest_share"]
-    for r, v in zip(rows, stack_age_gain(shares, window)):
-        r[OLD_STATISTIC] = r["newest_share"] - base
-        r[STATISTIC] = float(v)
-    return rows
 
 
 SIGNALS = {"saliency": STATISTIC, "saliency_old": OLD_STATISTIC, "reward": "return_mean"}
@@ -270,7 +249,6 @@ def figure(results, bugs, seeds, steps, runs_dir, path, state=0, cols=5):
 def main(argv=None, log=lambda m: print(m, flush=True)):
     args = make_parser().parse_args(argv)
     if args.study:
-        from experiments import frame_stack_study
         out = Path(args.out)
         summary = frame_stack_study.run_study(
             frame_stack_study.STUDIES[args.study], out, args.runs_dir, shard=args.shard,

@@ -168,10 +168,35 @@ def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=def
     return rec
 
 
+STATISTIC = "stack_age_gain"
+STAT_DOC = ("mean age of the attended stacked frames (0 = newest .. k-1 = oldest): age centroid of "
+            "the per-frame attribution shares of |gradient x input|, |gradient| and |Guided Backprop|, "
+            "averaged over the three methods and the probe states, minus its value at the run's first "
+            "snapshot, as a causal trailing mean over the last `window` snapshots "
+            "(jaxsal.frame_stats.stack_age_gain); up = attention moving to older slots, down = "
+            "collapsing onto the newest slot")
+OLD_STATISTIC = "newest_share_gain"
+OLD_STAT_DOC = ("share of |gradient x input| attribution (probe-set mean) on the newest stacked frame, "
+                "minus the same share in the run's first snapshot")
+
+
+def add_statistic(rows, shares, window=4):
+    """Adds both statistics (STAT_DOC, OLD_STAT_DOC) to each snapshot row of one run; `shares`
+    (T, M, N, k) are its snapshots' per-frame shares, one per row."""
+    from jaxsal.frame_stats import stack_age_gain
+
+    if len(shares) != len(rows):
+        raise ValueError(f"{len(shares)} snapshots of shares for {len(rows)} rows")
+    base = rows[0]["newest_share"]
+    for r, v in zip(rows, stack_age_gain(shares, window)):
+        r[OLD_STATISTIC] = r["newest_share"] - base
+        r[STATISTIC] = float(v)
+    return rows
+
+
 def load_run(study: plan.Study, variant: str, seed: int, runs_dir):
     """(rows with both statistics, steps reached, finished?) of a run on disk, or None."""
     from jaxsal_agents.snapshots import load_snapshots
-    from experiments.frame_stack_bug import add_statistic
 
     run_dir = Path(runs_dir) / run_name(variant, seed)
     done_file = run_dir / "done.json"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 
@@ -40,7 +39,7 @@ def _device_peak_mb(side: str, device: str) -> dict:
             return {}
         import torch
         return {"device_peak_mb": torch.cuda.max_memory_allocated() / 2**20}
-    from experiments.throughput import device_peak_mb
+    from experiments.machine import device_peak_mb
     peak = device_peak_mb()
     return {} if peak is None else {"device_peak_mb": peak}
 
@@ -93,18 +92,6 @@ def child_scaling(sizes, chunk: int = 1024, seed: int = 5) -> list:
         print(f"scaling: gradient N={n}: {n / dt:.0f} maps/s, peak RSS {_peak_mb():.0f} MB",
               file=sys.stderr, flush=True)
     return rows
-
-
-def run_child(args: list, timeout: float) -> dict | list:
-    """Run this module in a fresh interpreter and parse its JSON output (an error dict if it fails)."""
-    try:
-        p = subprocess.run([sys.executable, "-m", "experiments.peak_memory", *map(str, args)],
-                           capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None):

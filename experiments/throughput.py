@@ -12,10 +12,8 @@ observations; a case whose estimated time exceeds --budget seconds is timed on f
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import jax
 import numpy as np
 
 import jaxsal
+from experiments.machine import device_peak_mb, machine_info
 
 # name -> explain kwargs. `method` may be a list (one shared call, maps/s counts states).
 CASES: dict[str, dict] = {
@@ -96,35 +95,6 @@ def bench_case(apply_fn, params, kw: dict, batch: int, budget: float, probe: int
     return {"batch": batch, "measured_states": n, "seconds": dt, "maps_per_s": n / dt,
             "median_maps_per_s": n / float(np.median(times)), "repeats": repeats,
             "first_call_s": t1 - t0}
-
-
-def device_peak_mb():
-    """Peak accelerator memory in use by this process so far (MB), where the backend reports it."""
-    stats = jax.local_devices()[0].memory_stats() or {}
-    return round(stats["peak_bytes_in_use"] / 2**20, 1) if "peak_bytes_in_use" in stats else None
-
-
-def machine_info() -> dict:
-    info = {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-            "python": platform.python_version(), "jax": jax.__version__,
-            "jaxsal": jaxsal.__version__, "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
-    try:
-        import flax
-        info["flax"] = flax.__version__
-    except ImportError:
-        pass
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        info["load_avg_1_5_15"] = list(os.getloadavg())
-    except OSError:
-        pass
-    return info
 
 
 def write(results: dict, out_dir: Path, tag: str):

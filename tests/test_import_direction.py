@@ -49,16 +49,18 @@ def _package(mod: str, path: Path) -> str:
     return mod if path.name == "__init__.py" else mod.rpartition(".")[0]
 
 
-def _targets(mod: str, path: Path) -> set[str]:
-    """The jaxsal modules `mod` imports (a `from pkg import sub` counts as the submodule), plus
-    the packages above them that are not above `mod` (importing them runs their __init__)."""
+def _targets(mod: str, path: Path, modules: dict | None = None) -> set[str]:
+    """The modules of `modules` (default jaxsal's) that `mod` imports (a `from pkg import sub`
+    counts as the submodule), plus the packages above them that are not above `mod`
+    (importing them runs their __init__)."""
+    modules = JAXSAL if modules is None else modules
     above = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)}
     out = set()
     for base, names, _, _ in _imports(path, _package(mod, path)):
         for t in [base] + [f"{base}.{n}" for n in names or ()]:
             parts = t.split(".")
             out |= {q for q in (".".join(parts[:i]) for i in range(1, len(parts) + 1))
-                    if q in JAXSAL and q not in above and q != mod}
+                    if q in modules and q not in above and q != mod}
     return out
 
 
@@ -91,14 +93,15 @@ def test_imports_point_one_way_cli_io_methods_core():
     assert not bad, "imports must point cli -> io -> methods -> core:\n" + "\n".join(bad)
 
 
-def test_no_import_cycles_inside_jaxsal():
+def _cycles(graph: dict) -> list:
+    """The import cycles of a module graph (Tarjan's strongly connected components of size > 1)."""
     index, low, stack, on, cycles = {}, {}, [], set(), []
 
-    def visit(v):  # Tarjan's strongly connected components
+    def visit(v):
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in GRAPH[v]:
+        for w in graph[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -115,10 +118,43 @@ def test_no_import_cycles_inside_jaxsal():
             if len(comp) > 1:
                 cycles.append(sorted(comp))
 
-    for v in GRAPH:
+    for v in graph:
         if v not in index:
             visit(v)
-    assert not cycles, f"import cycles inside jaxsal: {cycles}"
+    return cycles
+
+
+def test_no_import_cycles_inside_jaxsal():
+    assert not _cycles(GRAPH), f"import cycles inside jaxsal: {_cycles(GRAPH)}"
+
+
+def _all_modules() -> dict:
+    """Every module of jaxsal/, agents/ (as jaxsal_agents) and experiments/ (not results/)."""
+    out = {}
+    for folder in ("jaxsal", "agents", "experiments"):
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            if "results" in p.relative_to(ROOT).parts:
+                continue
+            name = _module_name(p)
+            out["jaxsal_agents" + name[len("agents"):] if folder == "agents" else name] = p
+    return out
+
+
+def test_no_import_cycles_anywhere():
+    """Across the library, the agents and the experiments; imports inside functions count (a
+    function-local import hides a cycle from Python, not from this test)."""
+    modules = _all_modules()
+    graph = {m: _targets(m, p, modules) for m, p in modules.items()}
+    assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
+
+
+def test_the_cycle_finder_finds_a_function_local_cycle(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import b\n")
+    b.write_text("def f():\n    from a import g\n")
+    modules = {"a": a, "b": b}
+    graph = {m: _targets(m, p, modules) for m, p in modules.items()}
+    assert _cycles(graph) == [["a", "b"]]
 
 
 def _private(base: str, names) -> list[str]:

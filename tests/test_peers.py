@@ -109,7 +109,7 @@ def test_benchmark_runs_end_to_end(tmp_path):
 
 
 def test_peak_memory_child_reports_its_own_peak():
-    from experiments.peak_memory import run_child
+    from experiments.against_peers import run_child
     r = run_child(["--case", "gradient", "--side", "jaxsal", "--n", 2], timeout=120)
     assert "error" not in r, r
     assert r["n"] == 2 and r["peak_rss_mb"] >= r["base_rss_mb"] > 50 and r["extra_mb"] >= 0
