@@ -7,7 +7,7 @@
 Each snapshot computes Grad-CAM, G1Grad-CAM, G2Grad-CAM, Guided Backprop and the vanilla
 gradient in one shared forward/backward (jaxsal.explain with a method list), plus per-frame
 gradient x input, gradient and Guided Backprop maps for the per-stacked-frame attribution
-shares (jaxsal.frame_stats); `newest_share`/`age_centroid` come from the first of them.
+shares (jaxsal.metrics.frames); `newest_share`/`age_centroid` come from the first of them.
 Gradient x input counts attribution where each frame has content; plain gradients also
 spread mass over empty pixels, where the random initial filters dominate for a long time. Each snapshot is saved as `step_XXXXXXXXX.npz` (arrays only), and one
 row per snapshot goes to `stats.csv`.
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import jaxsal
-from jaxsal.frame_stats import age_centroid, frame_shares, newest_share
+from jaxsal.metrics.frames import age_centroid, frame_shares, newest_share
 
 from .snapshot_board import probe_image
 

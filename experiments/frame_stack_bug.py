@@ -24,9 +24,9 @@ dropped (so the ball's direction is only in the stack): the correct stack and ea
 jaxsal_agents.framestack, >= 3 seeds each (seed s of every variant starts from the same weights and
 the same env seed). A SaliencySnapshots callback computes Grad-CAM, G1Grad-CAM, G2Grad-CAM,
 Guided Backprop and gradient maps on a fixed probe set every K updates, and the per-stacked-
-frame attribution shares of gradient x input maps (jaxsal.frame_stats).
+frame attribution shares of gradient x input maps (experiments.frame_stack_stats).
 
-Statistic (from the maps alone; why it works: jaxsal.frame_stats): `stack_age_gain`, the mean
+Statistic (from the maps alone; why it works: experiments.frame_stack_stats): `stack_age_gain`, the mean
 age of the attended stacked frames (per-frame attribution shares of gradient x input, gradient
 and Guided Backprop, averaged over methods and probe states), minus its value at the run's
 first snapshot, as a causal trailing mean over the last `--window` snapshots. The earlier
@@ -157,7 +157,7 @@ SIGNALS = {"saliency": STATISTIC, "saliency_old": OLD_STATISTIC, "reward": "retu
 def analyse(results, bugs, seeds, threshold):
     """Per bug: separation steps, directions and AUC curves vs the correct runs of `seeds`, for
     the statistic ("saliency_*"), the earlier statistic ("saliency_old_*") and returns ("reward_*")."""
-    from jaxsal.frame_stats import separation_step
+    from experiments.frame_stack_stats import separation_step
 
     n = min(len(results[(b, s)]) for b in [None] + list(bugs) for s in seeds)
     steps = [r["step"] for r in results[(None, seeds[0])][:n]]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-# --- the statistic (jaxsal.frame_stats.stack_age_gain), frozen -------------------------------
+# --- the statistic (experiments.frame_stack_stats.stack_age_gain), frozen -------------------------------
 FRAME_METHODS = ("grad_x_input", "gradient", "guided_backprop")   # averaged, as in jaxsal_agents.snapshots
 SNAPSHOT_METHODS = ("gradcam", "g1gradcam", "g2gradcam", "guided_backprop", "gradient")
 TARGET = "q_chosen"           # the explained output: Q of the greedy action

@@ -27,7 +27,7 @@ from experiments import frame_stack_plan as plan
 from experiments import frame_stack_secondary_plan as sp
 from experiments import frame_stack_study as fss
 from experiments.paper_a_claims import ball_paddle_rows
-from jaxsal.frame_stats import trailing_mean
+from experiments.frame_stack_stats import trailing_mean
 
 
 # ---------------------------------------------------------------- shared pieces

@@ -173,7 +173,7 @@ STAT_DOC = ("mean age of the attended stacked frames (0 = newest .. k-1 = oldest
             "the per-frame attribution shares of |gradient x input|, |gradient| and |Guided Backprop|, "
             "averaged over the three methods and the probe states, minus its value at the run's first "
             "snapshot, as a causal trailing mean over the last `window` snapshots "
-            "(jaxsal.frame_stats.stack_age_gain); up = attention moving to older slots, down = "
+            "(experiments.frame_stack_stats.stack_age_gain); up = attention moving to older slots, down = "
             "collapsing onto the newest slot")
 OLD_STATISTIC = "newest_share_gain"
 OLD_STAT_DOC = ("share of |gradient x input| attribution (probe-set mean) on the newest stacked frame, "
@@ -183,7 +183,7 @@ OLD_STAT_DOC = ("share of |gradient x input| attribution (probe-set mean) on the
 def add_statistic(rows, shares, window=4):
     """Adds both statistics (STAT_DOC, OLD_STAT_DOC) to each snapshot row of one run; `shares`
     (T, M, N, k) are its snapshots' per-frame shares, one per row."""
-    from jaxsal.frame_stats import stack_age_gain
+    from experiments.frame_stack_stats import stack_age_gain
 
     if len(shares) != len(rows):
         raise ValueError(f"{len(shares)} snapshots of shares for {len(rows)} rows")

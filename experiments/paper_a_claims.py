@@ -239,7 +239,7 @@ def split_attention_streams(apply_fn, params, obs) -> dict:
     with per-frame shares and the streams' mean temporal attention."""
     import jax.numpy as jnp
 
-    from jaxsal.frame_stats import frame_shares
+    from jaxsal.metrics import frame_shares
 
     out = apply_fn(params, obs)
 

@@ -1,12 +1,13 @@
-"""jaxsal.frame_stats: per-frame attribution shares on synthetic maps, AUC, separation steps."""
+"""jaxsal.metrics.frames (per-frame attribution shares) and the frame-stack study's statistic
+(experiments.frame_stack_stats: AUC, separation steps) on synthetic maps."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxsal
 from jaxsal.errors import SaliencyInputError
-from jaxsal.frame_stats import (age_centroid, auc, auc_curve, frame_shares, newest_share, separation_step,
-                                stack_age_gain, trailing_mean)
+from experiments.frame_stack_stats import auc, auc_curve, separation_step, stack_age_gain, trailing_mean
+from jaxsal.metrics import age_centroid, frame_shares, newest_share
 
 
 def synthetic_maps(profile, n=5, hw=6, c=2, seed=0):

@@ -9,7 +9,7 @@ import pytest
 import jaxsal
 from jaxsal_agents.framestack import FrameStackEnv
 from jaxsal_agents.networks import MinAtarDQN
-from jaxsal.frame_stats import frame_shares
+from jaxsal.metrics import frame_shares
 from jaxsal_agents.snapshots import (METHODS, SaliencySnapshots, load_snapshots, probe_states, read_returns,
                               render_strips)
 

@@ -18,7 +18,7 @@ Time-distributed trunks (Paper A's split-attention agent: one CNN shared by the 
 state, so the layer outputs (N*T, h, w, K), row n*T + t = frame t of state n): the CAM is
 computed per (state, frame) from that frame's A and dY/dA, as the definition says per map.
 `per_frame=True` gives (N, H, W, T), the frame axis last as per_frame input-gradient maps
-(N, H, W, C) have it (jaxsal.frame_stats.frame_shares takes both); the default is the frame
+(N, H, W, C) have it (jaxsal.metrics.frame_shares takes both); the default is the frame
 sum (N, H, W), so every consumer of (N, H, W) maps works unchanged. G1/G2 divide by the max
 over all T frames of a state, so frames stay comparable (a frame the agent ignores is not
 blown up to full scale); G1's default is the normalised frame sum. G2/Guided Grad-CAM multiply

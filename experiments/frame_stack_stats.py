@@ -1,4 +1,5 @@
-"""Map statistics that expose frame-stacking bugs: attribution mass per stacked frame.
+"""The frame-stack study's statistic and its separation machinery (per-frame shares come from
+jaxsal.metrics.frames).
 
 Per-frame shares. `frame_shares` turns per-channel maps of a frame-major stack into the share
 of absolute attribution on each stacked frame (slot k-1 is the newest in our stacks). An
@@ -36,43 +37,14 @@ the MinAtar experiment out of a few dozen variants (per method, windows 1/4/6, a
 vs newest-minus-oldest, leave-one-seed-out distances to the correct profile), so those seeds
 are a development set; experiments.frame_stack_bug reports the held-out seeds separately.
 
-`frame_shares` (maps -> (N, k) shares), `newest_share`, `age_centroid`, `trailing_mean`,
-`stack_age_gain`, and the separation machinery (`auc`, `separation_step`).
+`trailing_mean`, `stack_age_gain`, and the separation machinery (`auc`, `separation_step`).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from jaxsal.errors import SaliencyInputError
-
-
-def frame_shares(per_frame_maps, num_frames: int) -> np.ndarray:
-    """(N, H, W, C) per-channel maps of a frame-major stack of `num_frames` frames -> (N, k)
-    share of absolute attribution per stacked frame (rows sum to 1; all-zero rows -> 1/k)."""
-    m = np.asarray(per_frame_maps, np.float64)
-    if m.ndim != 4:
-        raise SaliencyInputError(f"per-frame maps must be (N, H, W, C) (use per_frame=True), got {m.shape}")
-    if not isinstance(num_frames, (int, np.integer)) or num_frames < 1 or m.shape[-1] % num_frames:
-        raise SaliencyInputError(
-            f"num_frames={num_frames!r} must be a positive int dividing the channel count {m.shape[-1]}")
-    if not np.all(np.isfinite(m)):
-        raise SaliencyInputError("per-frame maps contain NaN or inf")
-    n, h, w, c = m.shape
-    mass = np.abs(m).reshape(n, h * w, num_frames, c // num_frames).sum(axis=(1, 3))
-    total = mass.sum(-1, keepdims=True)
-    return np.where(total > 0, mass / np.where(total > 0, total, 1.0), 1.0 / num_frames)
-
-
-def newest_share(shares) -> np.ndarray:
-    """Share of attribution on the newest slot (the last one in our oldest-first stacks)."""
-    return np.asarray(shares)[..., -1]
-
-
-def age_centroid(shares) -> np.ndarray:
-    """Mass-weighted mean age of the attended frames, 0 (newest) .. k-1 (oldest)."""
-    s = np.asarray(shares)
-    ages = np.arange(s.shape[-1])[::-1]
-    return (s * ages).sum(-1)
+from jaxsal.metrics.frames import age_centroid
 
 
 def trailing_mean(x, window: int) -> np.ndarray:
