@@ -1,6 +1,6 @@
 """Adopt the agents that agents/train_gpu.sh brought back: cards, parameters and curves.
 
-    python -m jaxsal_agents.adopt_gpu DIR [--force]
+    python -m jaxsal_agents.adopt_gpu DIR [--force]     # from a checkout's root
 
 DIR holds <name>.tgz files (each: <name>.msgpack, <name>.json with a 30-game evaluation,
 returns.csv, the training log). An agent replaces the shipped one when its evaluated mean
@@ -18,8 +18,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from .export import CURVES_DIR, plot_curve
-from .zoo import SHIPPED_DIR, load
+from .export import plot_curve
+from .zoo import load
 
 
 def read_bundle(path: Path) -> dict:
@@ -32,7 +32,8 @@ def read_bundle(path: Path) -> dict:
     return out
 
 
-def adopt(path: Path, force: bool = False, shipped=SHIPPED_DIR, curves=CURVES_DIR) -> str:
+def adopt(path: Path, shipped, curves, force: bool = False) -> str:
+    """Adopt one <name>.tgz into the `shipped` folder (cards, params) and `curves` (training curves)."""
     files = read_bundle(path)
     name = path.name[:-len(".tgz")]
     card = json.loads(files[f"{name}.json"])
@@ -61,12 +62,17 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir")
     p.add_argument("--force", action="store_true", help="adopt even when the shipped agent scored higher")
+    p.add_argument("--shipped", default="agents/shipped", help="the checkout's shipped-agent folder")
+    p.add_argument("--curves", default="experiments/results/training", help="the checkout's training curves")
     a = p.parse_args(argv)
+    for folder in (a.shipped, a.curves):
+        if not Path(folder).is_dir():
+            raise SystemExit(f"{folder} is not a folder: run from a checkout's root or pass --shipped/--curves")
     bundles = sorted(Path(a.dir).glob("*.tgz"))
     if not bundles:
         raise SystemExit(f"no <name>.tgz files in {a.dir}")
     for b in bundles:
-        print(adopt(b, a.force), flush=True)
+        print(adopt(b, a.shipped, a.curves, a.force), flush=True)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import optax
 from .checkpoint import export_params, restore_train_state, save_train_state
 from .envs import MINATAR_GAMES, make_env
 from .train import StopRequest, parse_config, q_values
-from .zoo import SHIPPED_DIR, build_model, load
+from .zoo import build_model, load
 
 
 @dataclasses.dataclass
@@ -233,7 +233,7 @@ def distill(cfg: DistillConfig, log=print, env_fn=None, model=None, teacher=None
     return {"params": params, "model": model, "step": step, "update": upd, "returns": recent}
 
 
-def export(run_dir, name: str, episodes: int = 30, out_dir=SHIPPED_DIR) -> dict:
+def export(run_dir, name: str, out_dir, episodes: int = 30, curves_dir=None) -> dict:
     """Evaluate the run's student (float16-rounded, as users get it) and write params + card."""
     from .evaluate import evaluate_agent
     from .export import write_card
@@ -266,7 +266,7 @@ def export(run_dir, name: str, episodes: int = 30, out_dir=SHIPPED_DIR) -> dict:
         "params_sha256": sha, "dtype": "float16",
     })
     return write_card(card, out_dir, run_dir,
-                      f"{name}: distillation (DAgger play, eps {cfg.epsilon})")
+                      f"{name}: distillation (DAgger play, eps {cfg.epsilon})", curves_dir)
 
 
 def main(argv=None):
@@ -276,9 +276,14 @@ def main(argv=None):
     def extra(p):
         p.add_argument("--export", metavar="NAME", help="evaluate the run's student and ship it as NAME")
         p.add_argument("--episodes", type=int, default=30, help="games for --export's evaluation")
+        p.add_argument("--out-dir", default=None, help="where --export writes the params and card (required)")
+        p.add_argument("--curves-dir", default=None, help="where --export's training curve goes (default: beside the card)")
     cfg, more = parse_config(DistillConfig, argv, __doc__, snapshots=False, extra=extra)
     if more["export"]:
-        card = export(cfg.run_dir, more["export"], episodes=more["episodes"])
+        if not more["out_dir"]:
+            raise SystemExit("--export needs --out-dir (e.g. agents/shipped from a checkout)")
+        card = export(cfg.run_dir, more["export"], more["out_dir"], episodes=more["episodes"],
+                      curves_dir=more["curves_dir"])
         e = card["eval"]
         print(f"{card['name']}: {e['mean_return']:.1f} ± {e['std_return']:.1f} (95% CI {e['ci95'][0]:.1f} to "
               f"{e['ci95'][1]:.1f}) over {e['episodes']} games")

@@ -1,10 +1,11 @@
 """Turn a training run into a shipped agent: evaluate, export float16 msgpack, write the JSON card.
 
-    python -m jaxsal_agents.export --run-dir runs/breakout --name breakout --episodes 10
+    python -m jaxsal_agents.export --run-dir runs/breakout --name breakout --out-dir my_agents
 
 The card records game, algorithm, frames trained, mean ± std return over full games, the
-evaluation protocol and the command that trained it; a training-curve PNG goes beside it in
-experiments/results/training/.
+evaluation protocol and the command that trained it; the training curve (PNG + CSV) goes
+beside it, or into --curves-dir (agents/train_shipped.sh: the repository's
+experiments/results/training/). Nothing is written outside the folders given.
 """
 from __future__ import annotations
 
@@ -21,8 +22,6 @@ from .envs import MINATAR_GAMES, make_env
 from .train import PQNConfig, initial_state, make_optimizer
 from .evaluate import evaluate_agent
 from .zoo import SHIPPED_DIR, build_model
-
-CURVES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "results" / "training"
 
 
 def plot_curve(csv_path: Path, png_path: Path, title: str):
@@ -58,7 +57,8 @@ def algorithm_name(cfg: PQNConfig) -> str:
     return name + (", dueling head" if cfg.arch == "dueling" else "")
 
 
-def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out_dir=SHIPPED_DIR) -> dict:
+def export_run(run_dir, name: str, out_dir, episodes: int = 30, epsilon: float = 0.0, curves_dir=None) -> dict:
+    """Evaluate a training run's float16-rounded params and write <name>.msgpack + <name>.json into out_dir."""
     run_dir = Path(run_dir)
     cfg = json.loads((run_dir / "config.json").read_text())
     probe_env = make_env(cfg["game"], 1, train=False)
@@ -90,23 +90,22 @@ def export_run(run_dir, name: str, episodes: int = 30, epsilon: float = 0.0, out
         "trained_with": f"python -m jaxsal_agents.train {flags}",
         "params_sha256": sha, "dtype": "float16",
     })
-    return write_card(card, out_dir, run_dir, f"{name}: training returns")
+    return write_card(card, out_dir, run_dir, f"{name}: training returns", curves_dir)
 
 
-def write_card(card: dict, out_dir: Path, run_dir: Path, curve_title: str) -> dict:
-    """Write the card beside its params and the run's return curve (PNG + CSV). The curve goes beside
-    the shipped agents' curves only when the agent is shipped; an export elsewhere (e.g.
-    agents/train_gpu.sh) keeps it beside its card. The card's `training_curve` names where it went
-    (repository-relative for a shipped agent, else beside the card)."""
+def write_card(card: dict, out_dir, run_dir: Path, curve_title: str, curves_dir=None) -> dict:
+    """Write the card beside its params and the run's return curve (PNG + CSV) beside the card or
+    into `curves_dir`; the card's `training_curve` names the PNG: its file name when beside the
+    card, else the path as given (agents/train_shipped.sh gives a repository-relative one)."""
     name = card["name"]
-    shipped = Path(out_dir).resolve() == Path(SHIPPED_DIR).resolve()
-    curves = CURVES_DIR if shipped else Path(out_dir)
+    curves = Path(out_dir) if curves_dir is None else Path(curves_dir)
     card = dict(card)
     card.pop("training_curve", None)
     if (run_dir / "returns.csv").exists():
+        curves.mkdir(parents=True, exist_ok=True)
         plot_curve(run_dir / "returns.csv", curves / f"{name}.png", curve_title)
         (curves / f"{name}.csv").write_bytes((run_dir / "returns.csv").read_bytes())
-        card["training_curve"] = (f"experiments/results/training/{name}.png" if shipped else f"{name}.png")
+        card["training_curve"] = f"{name}.png" if curves_dir is None else (curves / f"{name}.png").as_posix()
     (Path(out_dir) / f"{name}.json").write_text(json.dumps(card, indent=1))
     return card
 
@@ -136,16 +135,18 @@ def main(argv=None):
     p.add_argument("--table", action="store_true", help="print the shipped agents as a Markdown table")
     p.add_argument("--episodes", type=int, default=30)
     p.add_argument("--epsilon", type=float, default=0.0)
-    p.add_argument("--out-dir", default=str(SHIPPED_DIR), help="where the .msgpack and card go")
+    p.add_argument("--out-dir", help="where the .msgpack and card go (required with --run-dir)")
+    p.add_argument("--curves-dir", default=None,
+                   help="where the training curve goes (default: beside the card)")
     a = p.parse_args(argv)
     import jaxsal.cpu
     jaxsal.cpu.use_fast_kernels()
     if a.table:
         print(cards_markdown())
         return
-    if not (a.run_dir and a.name):
-        p.error("--run-dir and --name are required (or --table)")
-    card = export_run(a.run_dir, a.name, a.episodes, a.epsilon, out_dir=a.out_dir)
+    if not (a.run_dir and a.name and a.out_dir):
+        p.error("--run-dir, --name and --out-dir are required (or --table)")
+    card = export_run(a.run_dir, a.name, a.out_dir, a.episodes, a.epsilon, curves_dir=a.curves_dir)
     print(f"{card['name']}: {card['eval']['mean_return']:.1f} ± {card['eval']['std_return']:.1f} "
           f"over {card['eval']['episodes']} games after {card['frames_trained']} frames")
 

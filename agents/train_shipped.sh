@@ -46,5 +46,6 @@ for name in "${NAMES[@]}"; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 for name in "${NAMES[@]}"; do
-  nice -n 5 $PY -m jaxsal_agents.export --run-dir "$RUNS/$name" --name "$name" --episodes 30
+  nice -n 5 $PY -m jaxsal_agents.export --run-dir "$RUNS/$name" --name "$name" --episodes 30 \
+    --out-dir agents/shipped --curves-dir experiments/results/training
 done

@@ -101,9 +101,9 @@ def test_shipped_cards_meet_the_return_goals(name):
     assert ev["mean_return"] >= RETURN_GOALS[name], (name, ev["mean_return"])
 
 
-def test_write_card_names_where_the_curve_went(tmp_path, monkeypatch):
-    """An export outside the shipped folder keeps its curve beside the card, and the card says so;
-    a shipped export points at experiments/results/training/."""
+def test_write_card_names_where_the_curve_went(tmp_path):
+    """The curve goes beside the card, or into the curves folder given (train_shipped.sh gives the
+    repository's experiments/results/training), and the card names it; nothing else is written."""
     import json
 
     from jaxsal_agents import export
@@ -118,12 +118,12 @@ def test_write_card_names_where_the_curve_went(tmp_path, monkeypatch):
     assert json.loads((out / "a.json").read_text())["training_curve"] == "a.png"
 
     shipped, curves = tmp_path / "shipped", tmp_path / "curves"
-    shipped.mkdir(), curves.mkdir()
-    monkeypatch.setattr(export, "SHIPPED_DIR", shipped)
-    monkeypatch.setattr(export, "CURVES_DIR", curves)
-    card = export.write_card({"name": "b"}, shipped, run, "b")
-    assert card["training_curve"] == "experiments/results/training/b.png" and (curves / "b.png").exists()
+    shipped.mkdir()
+    card = export.write_card({"name": "b"}, shipped, run, "b", curves_dir=curves)
+    assert card["training_curve"] == (curves / "b.png").as_posix() and (curves / "b.png").exists()
     assert not (shipped / "b.png").exists()
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        ["returns.csv", "a.png", "a.csv", "a.json", "b.png", "b.csv", "b.json"])
 
     card = export.write_card({"name": "c"}, out, tmp_path / "no-run", "c")   # no curve: no field
     assert "training_curve" not in card
