@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxsal.gradient.rules import rewrite
+from jaxsal.backprop.rules import rewrite
 
 from .checkpoint import restore_train_state, save_train_state
 from .envs import make_env
@@ -60,7 +60,7 @@ class PQNConfig:
     target_every: int = 0        # updates between target-network syncs; 0: no target net (PQN)
     init_from: str = ""          # shipped agent name or card .json to start from when no checkpoint
     env_threads: int = 0         # EnvPool worker threads (Atari); 0: EnvPool's default
-    fast_conv: bool = True       # update's strided-conv input gradients as matmuls (jaxsal.fastconv; same math)
+    fast_conv: bool = True       # update's strided-conv input gradients as matmuls (jaxsal.backprop.strided_conv; same math)
 
 
 def epsilon_at(cfg: PQNConfig, step: int) -> float:

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxsal.gradient.rules import rewrite
+from jaxsal.backprop.rules import rewrite
 
 from .checkpoint import restore_train_state, save_train_state
 from .envs import is_minatar, make_env
@@ -81,7 +81,7 @@ class DQNConfig:
     run_dir: str = "runs/dddqn"
     ckpt_every: int = 32         # updates between checkpoints
     time_limit: float = 0.0      # seconds; > 0 stops (after a checkpoint) when exceeded
-    fast_conv: bool = True       # strided-conv input gradients as matmuls (jaxsal.fastconv; same math)
+    fast_conv: bool = True       # strided-conv input gradients as matmuls (jaxsal.backprop.strided_conv; same math)
 
 
 def check_transition_bug(bug) -> str | None:

@@ -48,7 +48,7 @@ def rollout(env, act, params, obs, key, eps, t):
 
 
 def ab(study: plan.Study = plan.ATARI, seed: int = 100, updates: int = 4, eps: float = 1.0) -> dict:
-    from jaxsal.gradient.rules import rewrite
+    from jaxsal.backprop.rules import rewrite
     from jaxsal_agents.train import initial_state, make_act, make_optimizer, make_update, q_values
 
     env_fn = fss.default_env_fn(study, None)

@@ -4,15 +4,16 @@
     maps = jaxsal.explain(apply_fn, params, obs, method="gradcam", layer="conv3")
 
 Every method takes `apply_fn(params, obs)` (any pure JAX function, any output pytree).
-Gradient and CAM methods live in `jaxsal.gradient`, perturbation methods in
-`jaxsal.perturbation`; all register with the one front door `jaxsal.explain`.
+Gradient and CAM methods live in `jaxsal.backprop` (methods computed by backpropagation),
+perturbation methods in `jaxsal.perturbation`; all register with the one front door
+`jaxsal.explain`, and each is also a function of its own name (`jaxsal.gradcam(...)`).
 """
 from jaxsal import cpu
 cpu.auto()  # XLA:CPU's YNNPACK kernels, before JAX starts (JAXSAL_FAST_CPU=0 opts out)
 from jaxsal import targets  # noqa: E402
 from jaxsal.errors import SaliencyInputError  # noqa: E402
-from jaxsal.explain import explain
-from jaxsal.gradient import *  # noqa: F401,F403  (registers the gradient/CAM methods)
+from jaxsal.front import explain
+from jaxsal.backprop import *  # noqa: F401,F403  (registers the gradient/CAM methods; layer_calls)
 from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
 from jaxsal.registry import METHODS
 from jaxsal.provenance import params_checksum  # noqa: E402  (stable sha256 of params)
@@ -36,5 +37,5 @@ def methods() -> list[str]:
 
 def cam_methods() -> list[str]:
     """Names of the CAM variants (methods taking `layer=`; add one with `jaxsal.register_cam`)."""
-    from jaxsal.gradient.cam import CAMS
+    from jaxsal.backprop.cam import CAMS
     return sorted(CAMS)

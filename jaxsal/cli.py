@@ -241,7 +241,7 @@ def _check_model(agent, shape, layout_given: str | None, target: str | None = No
 def _check_layers(agent, specs, source):
     """Layers named with --option M.layer=NAME must exist in the model and be spatial."""
     from jaxsal.errors import SaliencyInputError
-    from jaxsal.gradient.layers import resolve_layer
+    from jaxsal.backprop.layers import resolve_layer
     from jaxsal.registry import accepted_options, get_method
 
     x = None
@@ -576,7 +576,7 @@ def cmd_layers(spec: str, layout: str | None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from jaxsal.gradient.layers import layer_calls, resolve_layer
+    from jaxsal.backprop.layers import layer_calls, resolve_layer
 
     agent = load_agent(spec, None, layout)
     shape = tuple(agent.card.get("obs_shape") or ((4, 84, 84) if agent.layout == "NCHW" else (84, 84, 4)))

@@ -154,7 +154,7 @@ def test_fast_conv_update_equals_the_plain_update(arch="dueling"):
     import jax.numpy as jnp
     import optax
 
-    from jaxsal.gradient.rules import count_convs
+    from jaxsal.backprop.rules import count_convs
     from jaxsal_agents.train import make_update
     from jaxsal_agents.zoo import build_model
 

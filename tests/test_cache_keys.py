@@ -175,7 +175,7 @@ def test_smoothgrad_noise_is_drawn_per_channel_after_a_one_channel_call():
 def test_static_key_covers_captured_values_and_refuses_arrays():
     import functools
 
-    from jaxsal.gradient.vanilla import _with_extra
+    from jaxsal.backprop.vanilla import _with_extra
     from jaxsal.perturbation._common import make_score
     from jaxsal.targets import get_target
 

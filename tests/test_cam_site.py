@@ -10,7 +10,7 @@ import pytest
 import jaxsal
 from jaxsal_agents.networks import NatureDQN, _Norm
 from jaxsal import SaliencyInputError
-from jaxsal.gradient.cam_site import cam_site
+from jaxsal.backprop.cam_site import cam_site
 
 
 @pytest.fixture(scope="module")

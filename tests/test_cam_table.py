@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal.gradient import cam, family
-from jaxsal.gradient.layers import tap
+from jaxsal.backprop import cam, family
+from jaxsal.backprop.layers import tap
 from jaxsal.registry import METHODS
 from tests.test_conformance import MODEL, PARAMS, _obs
 

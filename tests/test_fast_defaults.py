@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 import jaxsal
-from jaxsal.gradient.rules import count_convs, rewrite
+from jaxsal.backprop.rules import count_convs, rewrite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""jaxsal.fastconv: the space-to-depth + matmul conv equals lax.conv, and fast_apply equals the
+"""jaxsal.backprop.strided_conv: the space-to-depth + matmul conv equals lax.conv, and fast_apply equals the
 plain apply_fn for outputs, input gradients and jaxsal methods (gradient, CAM, occlusion)."""
 import re
 
@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import jaxsal
-from jaxsal.fastconv import conv_eligible, conv_hybrid, conv_s2d, fast_apply
+from jaxsal.backprop.strided_conv import conv_eligible, conv_hybrid, conv_s2d, fast_apply
 
 
 def _ref_conv_numpy(x, k, s, pad):

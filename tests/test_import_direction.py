@@ -81,7 +81,7 @@ def _layer(mod: str) -> int:
     if mod == "jaxsal" or mod.startswith(("jaxsal.io", "jaxsal.loaders", "jaxsal.render", "jaxsal.plugins",
                                           "jaxsal.agent_spec")):
         return 2  # the package front (jaxsal/__init__) re-exports io's load_maps and the loaders
-    if mod.startswith(("jaxsal.gradient", "jaxsal.perturbation", "jaxsal.explain", "jaxsal.metrics")):
+    if mod.startswith(("jaxsal.backprop", "jaxsal.perturbation", "jaxsal.front", "jaxsal.metrics")):
         return 1
     return 0
 

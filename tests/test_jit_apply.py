@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal.gradient.layers import layer_calls
+from jaxsal.backprop.layers import layer_calls
 
 
 class Net(nn.Module):

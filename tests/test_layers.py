@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxsal.errors import SaliencyInputError
-from jaxsal.gradient.layers import layer_calls, resolve_layer, tap
+from jaxsal.backprop.layers import layer_calls, resolve_layer, tap
 from _gradient_models import LinearConv, cleanrl_agent, init, obs
 
 

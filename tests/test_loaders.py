@@ -11,7 +11,7 @@ import pytest
 
 import jaxsal
 from jaxsal.cli import main
-from jaxsal.gradient.layers import layer_calls
+from jaxsal.backprop.layers import layer_calls
 from jaxsal.loaders import LoaderError, cleanrl_dqn, cleanrl_ppo, flax_msgpack, load_file
 from tests import _foreign_agents as F
 

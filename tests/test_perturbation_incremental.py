@@ -113,7 +113,7 @@ def test_window_is_the_tightest_static_range_covering_every_touched_output():
 @pytest.mark.parametrize("fast", [False, True])
 def test_nature_dqn_default_runs_incremental_and_equals_plain(fast):
     from jaxsal import batching
-    from jaxsal.fastconv import fast_apply
+    from jaxsal.backprop.strided_conv import fast_apply
     model = NatureDQN(4)
     obs = np.random.default_rng(3).integers(0, 256, (1, 84, 84, 4), dtype=np.uint8)
     params = model.init(jax.random.PRNGKey(0), obs[:1])

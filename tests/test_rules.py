@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsal.gradient.rules import count_relus, with_rule
+from jaxsal.backprop.rules import count_relus, with_rule
 
 # A 2-layer ReLU net with weights chosen so that backward signals of both signs reach the ReLUs.
 W1 = np.array([[1.0, -2.0, 0.5], [0.5, 1.0, -1.0], [-1.0, 0.5, 2.0], [2.0, 1.0, 1.0]], np.float32)

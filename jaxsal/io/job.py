@@ -139,7 +139,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     from jaxsal.provenance import params_checksum as checksum_of
 
     import jaxsal
-    from jaxsal.explain import explain
+    from jaxsal.front import explain
 
     t0 = time.perf_counter()
     check_specs(specs)
@@ -389,7 +389,7 @@ def resolved_options(apply_fn, params, source, specs, target, layout) -> dict:
     a CAM method taps when none was given (resolved on the first frame)."""
     import inspect
 
-    from jaxsal.gradient.layers import resolve_layer
+    from jaxsal.backprop.layers import resolve_layer
 
     res = {}
     first = None

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from jaxsal import targets as T
 from jaxsal.errors import SaliencyInputError
-from jaxsal.explain import explain
+from jaxsal.front import explain
 from jaxsal.batching import cached_jit, map_batched
 from jaxsal.metrics.similarity import METRICS, check_maps, similarity
 from jaxsal.registry import accepted_options, get_method

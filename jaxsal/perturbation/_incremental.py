@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxsal.fastconv import as_pair
+from jaxsal.backprop.strided_conv import as_pair
 
 
 RTOL = 1e-5
@@ -72,7 +72,7 @@ def incremental_apply(model, params, x_clean, x_pert, box_r0, box_c0, box_hw, im
         return out
 
     # jit disabled: flax convs inside a jax.jit-wrapped apply run inline, so they are seen
-    # (as jaxsal.gradient.layers.seeing_modules does)
+    # (as jaxsal.backprop.layers.seeing_modules does)
     with jax.disable_jit(), nn.intercept_methods(recorder):
         model(params, x_clean)
 

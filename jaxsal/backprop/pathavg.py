@@ -4,7 +4,7 @@ Two exact paths give the same sums up to float rounding:
 
 - plain: every input row goes through the whole model forward and backward;
 - affine prefix (`fast_prefix=True`, the default): with apply_fn = R o P split at the end of
-  its affine prefix P(z) = L z + c (`jaxsal.gradient.prefix`), the gradient at z is
+  its affine prefix P(z) = L z + c (`jaxsal.backprop.prefix`), the gradient at z is
   L^T grad(R)(P(z)), so sum_k w_k grad f(z_k) = L^T sum_k w_k grad(R)(P(z_k)): one transposed
   prefix per state instead of one per row. For IG the forward prefix of the interpolated
   inputs is the interpolation of P at the two end points, P(x0 + a (x - x0)) = P(x0) +
@@ -20,9 +20,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxsal.gradient.common import objective
-from jaxsal.gradient.prefix import split_affine
-from jaxsal.gradient.rules import rewrite
+from jaxsal.backprop.common import objective
+from jaxsal.backprop.prefix import split_affine
+from jaxsal.backprop.rules import rewrite
 
 
 def _grads(fn, tgt, params, xs, actions, rule, fast_conv):

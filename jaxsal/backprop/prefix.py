@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.gradient.rules import bind_eqn
+from jaxsal.backprop.rules import bind_eqn
 
 try:
     from jax.extend import core as jcore

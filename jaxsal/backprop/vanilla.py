@@ -14,11 +14,11 @@ import numpy as np
 from jaxsal import batching
 from jaxsal.call import as_float, check_call
 from jaxsal.errors import SaliencyInputError
-from jaxsal.gradient.common import (as_key, choose_actions, finish, objective, sample_groups,
+from jaxsal.backprop.common import (as_key, choose_actions, finish, objective, sample_groups,
                                     state_index)
-from jaxsal.gradient.family import compute
-from jaxsal.gradient.pathavg import interpolated_gradient, sample_gradient_sums
-from jaxsal.gradient.rules import RULES
+from jaxsal.backprop.family import compute
+from jaxsal.backprop.pathavg import interpolated_gradient, sample_gradient_sums
+from jaxsal.backprop.rules import RULES
 from jaxsal.registry import register
 from jaxsal.validate import check_positive_int
 
@@ -85,7 +85,7 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     so results do not depend on batch_size. rule="guided"/"deconvnet" takes each gradient
     through guided/deconvnet ReLUs (guided SmoothGrad); fast_conv as for `gradient`.
     fast_prefix (variant "mean"): the model's affine input prefix (e.g. a first conv) is
-    transposed once per state instead of once per sample, exactly (`jaxsal.gradient.pathavg`);
+    transposed once per state instead of once per sample, exactly (`jaxsal.backprop.pathavg`);
     False runs every sample's full backward.
     """
     key = as_key(key, "smoothgrad")
@@ -208,7 +208,7 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
     rule="guided"/"deconvnet": path gradients through guided/deconvnet ReLUs (guided IG; then
     completeness does not hold). fast_conv as for `gradient`. fast_prefix: the model's affine
     input prefix (e.g. a first conv) runs on the two end points and is transposed once per state
-    instead of once per step, exactly (`jaxsal.gradient.pathavg`); False runs every step whole.
+    instead of once per step, exactly (`jaxsal.backprop.pathavg`); False runs every step whole.
     """
     steps = check_positive_int("steps", steps)
     rule = check_rule(rule)

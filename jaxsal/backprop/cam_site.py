@@ -20,7 +20,7 @@ reproducible; Paper B reproductions report both (experiments/paper_b.py).
 from __future__ import annotations
 
 from jaxsal.errors import SaliencyInputError
-from jaxsal.gradient.layers import layer_calls, resolve_layer
+from jaxsal.backprop.layers import layer_calls, resolve_layer
 
 CAM_ACTIVATIONS = ("module", "post_relu")
 

@@ -1,13 +1,13 @@
 """One engine for every single-backward method: plain, guided and deconvnet gradients at the
 input and at a tapped layer, computed together in one jitted function per chunk. CAM variants
-come from the table jaxsal.gradient.cam.CAMS; `register_cam` adds one and registers it.
+come from the table jaxsal.backprop.cam.CAMS; `register_cam` adds one and registers it.
 
 Asking for several methods at once (e.g. gradcam + gradcam_pp + guided_backprop + g2gradcam)
 shares the work: one plain and/or one guided backward gives all the maps; XLA shares the
 forward pass between them.
 
 Time-distributed trunks (a shared CNN run on the T frames of each state, so the tapped layer
-outputs (N*T, h, w, K)) get one CAM per (state, frame): see jaxsal.gradient.cam.
+outputs (N*T, h, w, K)) get one CAM per (state, frame): see jaxsal.backprop.cam.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import jax.numpy as jnp
 from jaxsal import batching
 from jaxsal.call import as_float, check_call, params_signature
 from jaxsal.errors import SaliencyInputError
-from jaxsal.gradient import cam
-from jaxsal.gradient.common import finish, objective, run_chunks
-from jaxsal.gradient.cam_site import CAM_ACTIVATIONS, cam_site
-from jaxsal.gradient.layers import get_activation, resolve_tap, tap
-from jaxsal.gradient.rules import rewrite
+from jaxsal.backprop import cam
+from jaxsal.backprop.common import finish, objective, run_chunks
+from jaxsal.backprop.cam_site import CAM_ACTIVATIONS, cam_site
+from jaxsal.backprop.layers import get_activation, resolve_tap, tap
+from jaxsal.backprop.rules import rewrite
 from jaxsal.registry import register
 from jaxsal.validate import to_nhwc
 
@@ -104,7 +104,7 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
             fast_conv=True):
     """Maps of several single-backward methods at once: dict name -> (N, H, W[, C]).
 
-    fast_conv (default True): strided convs' input gradient as matmuls (jaxsal.fastconv, same
+    fast_conv (default True): strided convs' input gradient as matmuls (jaxsal.backprop.strided_conv, same
     maps up to float rounding); False keeps XLA's transposed convs."""
     methods = tuple(dict.fromkeys(methods))
     bad = [m for m in methods if m not in FAMILY]
@@ -189,7 +189,7 @@ def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: boo
 
 gradcam = register_cam("gradcam", cam.gradcam_weights, doc=(
     "Grad-CAM maps (N, H, W) of the named layer (default: last conv-like layer); per-frame maps "
-    "(N, H, W, T) with per_frame=True on a time-distributed layer (see jaxsal.gradient.cam)."))
+    "(N, H, W, T) with per_frame=True on a time-distributed layer (see jaxsal.backprop.cam)."))
 gradcam_pp = register_cam("gradcam_pp", cam.gradcam_pp_weights, doc=(
     "Grad-CAM++ maps (N, H, W) of the named layer ((N, H, W, T) per frame, as gradcam)."))
 g1gradcam = register_cam("g1gradcam", cam.gradcam_weights, rule="guided", normalise=True, doc=(

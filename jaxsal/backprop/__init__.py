@@ -1,10 +1,10 @@
 """Gradient and CAM saliency methods (registered with jaxsal.explain)."""
-from jaxsal.gradient.family import (g1gradcam, g2gradcam, gradcam, gradcam_pp, guided_gradcam,
+from jaxsal.backprop.family import (g1gradcam, g2gradcam, gradcam, gradcam_pp, guided_gradcam,
                                     register_cam)
-from jaxsal.gradient.guided import deconvnet, guided_backprop
-from jaxsal.gradient.layers import layer_calls
-from jaxsal.gradient.rules import with_rule
-from jaxsal.gradient.vanilla import grad_x_input, gradient, integrated_gradients, smoothgrad
+from jaxsal.backprop.guided import deconvnet, guided_backprop
+from jaxsal.backprop.layers import layer_calls
+from jaxsal.backprop.rules import with_rule
+from jaxsal.backprop.vanilla import grad_x_input, gradient, integrated_gradients, smoothgrad
 
 __all__ = ["gradient", "grad_x_input", "smoothgrad", "integrated_gradients", "guided_backprop",
            "deconvnet", "gradcam", "gradcam_pp", "g1gradcam", "g2gradcam", "guided_gradcam",

@@ -1,4 +1,5 @@
-"""The front door: `jaxsal.explain(apply_fn, params, obs, method=...)` for every method."""
+"""The front door: `jaxsal.explain(apply_fn, params, obs, method=...)` for every method (this
+module is `jaxsal.front`, so that `jaxsal.explain` names one thing, the function)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -22,7 +23,7 @@ def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", targ
     target: q_chosen (default: Q of the greedy action), q_action (needs actions=), advantage,
         value, policy_logit, log_prob, softmax_chosen, or a callable output -> (N,).
     layer: the flax module name a CAM method taps (e.g. "conv3", CleanRL's "Conv_2"); default
-        the last conv layer. `jaxsal.gradient.layers.layer_calls(apply_fn, params, obs)` or
+        the last conv layer. `jaxsal.layer_calls(apply_fn, params, obs)` or
         `jaxsal agents --layers SPEC` list the names.
     layout: "NHWC" or "NCHW"; default the model's declared layout (agents from
         `jaxsal.loaders` declare theirs), else NHWC. Frames whose shape contradicts it are an
@@ -48,7 +49,7 @@ def _shape(obs):
 
 def _explain_many(methods, apply_fn, params, obs, common, options):
     """Several methods in one call: each gets the options it accepts; the single-backward
-    gradient/CAM methods (see jaxsal.gradient.family) share one forward/backward per chunk."""
+    gradient/CAM methods (see jaxsal.backprop.family) share one forward/backward per chunk."""
     if not methods:
         raise SaliencyInputError("method list is empty; pass at least one method name")
     accepted = {m: accepted_options(get_method(m)) for m in methods}
@@ -56,7 +57,7 @@ def _explain_many(methods, apply_fn, params, obs, common, options):
         if name in options or not is_default(value):
             if not any(name in acc for acc in accepted.values()):
                 raise SaliencyInputError(f"none of the methods {methods} takes {name}={value!r}")
-    from jaxsal.gradient.family import FAMILY, LAYER_METHODS, compute
+    from jaxsal.backprop.family import FAMILY, LAYER_METHODS, compute
     out = {}
     shared = [m for m in dict.fromkeys(methods) if m in FAMILY]
     if len(shared) > 1:

@@ -4,7 +4,7 @@ On XLA:CPU the input gradient of a strided conv like the Nature-CNN's 8x8/4 (a t
 lhs-dilated conv) runs ~3x slower than the same arithmetic as a reshape plus matrix products
 (space-to-depth), while the forward conv is as fast or faster as a conv (much faster with
 YNNPACK, see `jaxsal.cpu`). The gradient and CAM methods apply this by default as a rule on
-the traced function (`conv_rule`, used by `jaxsal.gradient.rules.rewrite`): every eligible
+the traced function (`conv_rule`, used by `jaxsal.backprop.rules.rewrite`): every eligible
 `conv_general_dilated` of any apply_fn keeps its forward and gets the matmul input gradient.
 `fast_apply(apply_fn)` is the older per-model form (flax `nn.Conv` only), kept for callers.
 """

@@ -7,7 +7,7 @@ is an ordinary JAX function, so it composes with `jit`, `vmap` and `grad`. Other
 activations (leaky ReLU, GELU, ...) keep their ordinary gradients.
 
 The same pass rewrites every eligible strided `conv_general_dilated` (any apply_fn, any
-layout) into `jaxsal.fastconv.conv_rule`: same forward, input gradient as space-to-depth
+layout) into `jaxsal.backprop.strided_conv.conv_rule`: same forward, input gradient as space-to-depth
 matmuls (~2.4x faster for the Nature CNN's conv1 on XLA:CPU). `rewrite(fn, rule, fast_conv)`
 is what the gradient and CAM methods differentiate; fast_conv=True is their default.
 """
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.fastconv import conv_rule, conv_rule_eligible
+from jaxsal.backprop.strided_conv import conv_rule, conv_rule_eligible
 try:
     from jax.extend import core as jcore
     jcore.Literal  # noqa: B018 (older JAX lacks it here)

@@ -1,11 +1,11 @@
 """Guided backpropagation (Springenberg 2015) and deconvnet: input gradients through rewritten ReLUs.
 
 Guided: R_in = 1[x > 0] 1[R_out > 0] R_out at every ReLU; deconvnet: R_in = 1[R_out > 0] R_out.
-The rules act on any apply_fn via `jaxsal.gradient.rules.with_rule`. Signed maps.
+The rules act on any apply_fn via `jaxsal.backprop.rules.with_rule`. Signed maps.
 """
 from __future__ import annotations
 
-from jaxsal.gradient.family import compute
+from jaxsal.backprop.family import compute
 from jaxsal.registry import register
 
 
