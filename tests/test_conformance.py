@@ -41,6 +41,7 @@ CASES = {
     "integrated_gradients": {"steps": 4},
     "gradcam": {"layer": "conv2"}, "gradcam_pp": {"layer": "conv2"}, "g1gradcam": {},
     "g2gradcam": {}, "guided_gradcam": {"layer": "conv1"}, "xgradcam": {"layer": "conv2"},
+    "scorecam": {"layer": "conv2"},
     "occlusion": {"patch": 4, "stride": 4},
     "noise_sensitivity": {"radius": 1.0, "stride": 4},
     "sarfa": {"radius": 1.0, "stride": 4},
