@@ -1,6 +1,8 @@
 """XGrad-CAM and Score-CAM (issue 30): each against a slow reference written from its definition
-(numpy loops over states and channels, gradients by hand), and in what every CAM shares:
-targets and fixed actions, chunking, layouts, per_frame, bad layers, method lists. jit, vmap, lax.scan, batched ==
+(numpy loops over states and channels, gradients by hand), against pytorch-grad-cam's own
+XGradCAM / ScoreCAM classes on a torch copy of the Nature CNN (slow; skipped where
+pytorch-grad-cam does not import), and in what every CAM shares: targets and fixed actions,
+chunking, layouts, per_frame, bad layers, method lists. jit, vmap, lax.scan, batched ==
 per-example, prefixes and NCHW == NHWC come from tests/test_conformance.py's table."""
 import jax
 import jax.numpy as jnp
@@ -262,3 +264,55 @@ def test_listed_with_their_options():
     assert jaxsal.method_options("scorecam") == {"layer_activation": None}
     table = jaxsal.options_table()
     assert "scorecam: layer_activation=None" in table and "xgradcam: layer_activation=None" in table
+
+
+# ---- pytorch-grad-cam's own classes on the same weights (slow) ----
+# `make test-slow` does not install grad-cam: it needs torchvision, and PyPI's torchvision (a CUDA
+# build) fails to import beside the CPU torch 2.13.0 that target installs ("operator
+# torchvision::nms does not exist"), so these skip there. They pass where both import (checked with
+# grad-cam 1.5.7, torch 2.14.1 and torchvision 0.29.1 on the CPU).
+
+def _pytorch_grad_cam():
+    torch = pytest.importorskip("torch")
+    try:
+        pgc = pytest.importorskip("pytorch_grad_cam")
+        from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+    except (RuntimeError, OSError) as e:  # e.g. PyPI's torchvision beside a CPU build of torch
+        pytest.skip(f"pytorch_grad_cam does not import here: {type(e).__name__}: {e}")
+    return torch, pgc, ClassifierOutputTarget
+
+
+@pytest.fixture(scope="module")
+def nature():
+    torch, pgc, target_cls = _pytorch_grad_cam()
+    from experiments import against_peers as AP
+    from experiments.peers.torch_nature import to_nchw
+    torch.set_num_threads(1)
+    apply_fn, params, tm = AP.build(num_actions=5, seed=1)
+    x = np.random.default_rng(0).integers(0, 256, (3, 84, 84, 4), dtype=np.uint8)
+    return torch, pgc, target_cls, apply_fn, params, tm, x, to_nchw(x)
+
+
+def _minmax(m):
+    """pytorch-grad-cam's scale_cam_image per map: (m - min) / (max - min + 1e-7)."""
+    m = np.asarray(m, np.float64)
+    lo = m.min(axis=(1, 2), keepdims=True)
+    return (m - lo) / ((m - lo).max(axis=(1, 2), keepdims=True) + 1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, cls", [("xgradcam", "XGradCAM"), ("scorecam", "ScoreCAM")])
+def test_pytorch_grad_cam_agrees(nature, method, cls):
+    """pytorch-grad-cam min-max scales its CAM and resizes it with cv2 (half-pixel centres, as
+    jaxsal's upsample): ours scaled the same way must match, not just correlate."""
+    torch, pgc, target_cls, apply_fn, params, tm, x, xt = nature
+    ours = np.asarray(jaxsal.explain(apply_fn, params, x, method=method, layer="conv3"))
+    with torch.no_grad():
+        a = tm(xt).argmax(1)
+    with getattr(pgc, cls)(model=tm, target_layers=[tm.conv3]) as cam:
+        cam.batch_size = 64                            # ScoreCAM's masked forwards per call
+        theirs = cam(input_tensor=xt.detach().requires_grad_(True),
+                     targets=[target_cls(int(i)) for i in a])
+    assert theirs.shape == ours.shape == (3, 84, 84)
+    assert float(ours.max()) > 0
+    np.testing.assert_allclose(theirs, _minmax(ours), atol=1e-4)
