@@ -14,7 +14,7 @@ from tests.test_conformance import MODEL, PARAMS, _obs
 
 def test_shipped_variants_are_table_rows():
     assert jaxsal.cam_methods() == sorted(["gradcam", "gradcam_pp", "g1gradcam", "g2gradcam",
-                                           "guided_gradcam"])
+                                           "guided_gradcam", "xgradcam"])
     assert cam.CAMS["g2gradcam"] == cam.CamSpec(cam.gradcam_weights, "guided", True, True)
     assert cam.CAMS["gradcam_pp"].weights is cam.gradcam_pp_weights
 

@@ -9,7 +9,7 @@ from jaxsal.errors import SaliencyInputError
 from _gradient_models import ConvHead, cleanrl_agent, init, obs
 
 ALL = ["gradient", "grad_x_input", "guided_backprop", "deconvnet", "gradcam", "gradcam_pp",
-       "g1gradcam", "g2gradcam", "guided_gradcam"]
+       "g1gradcam", "g2gradcam", "guided_gradcam", "xgradcam"]
 
 
 @pytest.fixture(scope="module")

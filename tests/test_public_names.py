@@ -1,6 +1,6 @@
 """Every public name of jaxsal means one thing: at the top level no function shares its name with
 a submodule, and nowhere does one hide a package (a function `jaxsal.gradient` over the package
-of the same name made `import jaxsal.gradient.cam` fail). Inside a method package, a method's
+of the same name made `import jaxsal.backprop.cam` fail). Inside a method package, a method's
 file carries the method's name (`jaxsal.perturbation.occlusion` holds `occlusion`), as a newcomer
 looks for it. The module paths the docstrings recommend import and resolve."""
 import importlib

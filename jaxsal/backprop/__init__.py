@@ -5,7 +5,8 @@ from jaxsal.backprop.guided import deconvnet, guided_backprop
 from jaxsal.backprop.layers import layer_calls
 from jaxsal.backprop.rules import with_rule
 from jaxsal.backprop.vanilla import grad_x_input, gradient, integrated_gradients, smoothgrad
+from jaxsal.backprop.xgradcam import xgradcam  # one CAM-table row (registers "xgradcam")
 
 __all__ = ["gradient", "grad_x_input", "smoothgrad", "integrated_gradients", "guided_backprop",
            "deconvnet", "gradcam", "gradcam_pp", "g1gradcam", "g2gradcam", "guided_gradcam",
-           "with_rule", "layer_calls", "register_cam"]
+           "xgradcam", "with_rule", "layer_calls", "register_cam"]

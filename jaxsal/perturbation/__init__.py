@@ -1,9 +1,11 @@
 """Perturbation saliency methods (registered with jaxsal.explain): occlusion, noise sensitivity,
-RISE, LIME and SARFA, batched over states x perturbations on device."""
+RISE, LIME, SARFA and Score-CAM (masks from a layer's activations), batched over states x
+perturbations on device."""
 from jaxsal.perturbation.lime import lime, lime_samples, segment  # noqa: F401
 from jaxsal.perturbation.noise import noise_sensitivity
 from jaxsal.perturbation.occlusion import occlusion
 from jaxsal.perturbation.rise import rise, rise_masks
 from jaxsal.perturbation.sarfa import sarfa, sarfa_score  # noqa: F401
+from jaxsal.perturbation.scorecam import scorecam  # registers "scorecam"
 
-__all__ = ["occlusion", "noise_sensitivity", "rise", "rise_masks", "lime", "sarfa"]
+__all__ = ["occlusion", "noise_sensitivity", "rise", "rise_masks", "lime", "sarfa", "scorecam"]

@@ -1,0 +1,123 @@
+"""Score-CAM (Wang et al. 2020): a CAM whose channel weights come from forward passes, not gradients.
+
+For each channel k of the tapped layer (A: (N, h, w, K), the named flax module's output, as the
+gradient CAMs take it), A^k is upsampled to the input size, min-max normalised to [0, 1] per
+(state, channel) and multiplies the input (every stacked frame): x_k = x * M_k. The explained
+target's score on x_k, s_k = t(x_k) with the action fixed once from the clean forward pass, gives
+the weights w = softmax_k(s); the map is ReLU(sum_k w_k A^k), upsampled like the other CAMs.
+
+As pytorch-grad-cam's ScoreCAM (what users compare with): the upsampling is bilinear with
+align_corners=True (its torch.nn.UpsamplingBilinear2d; the final map, like every jaxsal CAM,
+uses half-pixel centres), the normalisation is (U - min) / (max - min + 1e-8), and s_k is the
+raw target (Q of the action by default, its ClassifierOutputTarget's logit). The paper instead
+scores the increase of confidence f(x_k) - f(x_b) over a baseline input x_b, with f a softmax
+class probability; a per-state baseline cancels in the softmax over channels, so only f differs:
+target="softmax_chosen" scores the action's probability.
+
+Why it lives on the perturbation engine (jaxsal.perturbation._common): it is N x K forward passes
+of perturbed inputs. Each masked input is built on device inside a chunk of states x channels of
+at most batch_size model rows, from that chunk's activations, so memory stays bounded for any N
+and K and there is no Python loop over states or channels; the engine also fixes the actions
+from the clean pass and runs the chunks in lax.map under the caller's jit / vmap. The layer is
+found and tapped by flax module name exactly as the CAM family does (jaxsal.backprop.layers).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsal.batching import cached_jit, map_batched
+from jaxsal.errors import SaliencyInputError
+from jaxsal.backprop import cam
+from jaxsal.backprop.cam_site import CAM_ACTIVATIONS, cam_site
+from jaxsal.backprop.layers import get_activation, resolve_tap, tap
+from jaxsal.perturbation import _common as C
+from jaxsal.registry import register
+
+NORM_EPS = 1e-8
+"""Added to (max - min) of each upsampled activation map, as pytorch-grad-cam's ScoreCAM does."""
+
+
+@functools.lru_cache(maxsize=64)
+def align_corners_matrix(n: int, size: int) -> np.ndarray:
+    """(size, n) matrix of 1-D linear interpolation from n to `size` samples with aligned corners
+    (torch's align_corners=True: output i samples input i (n - 1) / (size - 1)); bilinear
+    resizing is separable, so an (h, w) map resizes as U_h A U_w^T."""
+    src = np.arange(size) * ((n - 1) / (size - 1)) if size > 1 else np.zeros(1)
+    i0 = np.minimum(np.floor(src).astype(int), n - 1)
+    i1 = np.minimum(i0 + 1, n - 1)
+    frac = src - i0
+    u = np.zeros((size, n))
+    np.add.at(u, (np.arange(size), i0), 1.0 - frac)
+    np.add.at(u, (np.arange(size), i1), frac)
+    return u.astype(np.float32)
+
+
+def channel_masks(A, uy, ux):
+    """Score-CAM's masks (..., H, W, K) of activations A (..., h, w, K): each channel upsampled
+    (U_h A^k U_w^T, align_corners) and min-max normalised to [0, 1] over its (H, W)."""
+    hi = jax.lax.Precision.HIGHEST
+    u = jnp.einsum("Hh,...hwk,Ww->...HWk", uy, A, ux, precision=hi)
+    lo, top = u.min(axis=(-3, -2), keepdims=True), u.max(axis=(-3, -2), keepdims=True)
+    return (u - lo) / (top - lo + NORM_EPS)
+
+
+def _mask_input(consts, st, idx):
+    """One state's input x (H, W, C) times the normalised, upsampled map of channel idx."""
+    a = jnp.take(st["A"], idx[None], axis=-1)                       # (h, w, 1)
+    return st["x"] * channel_masks(a, consts["uy"], consts["ux"])  # (H, W, 1) over all C
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _combine(A, scores, hw):
+    """ReLU(sum_k softmax_k(s)_k A^k), upsampled to hw as every jaxsal CAM: (N, H, W)."""
+    return cam.upsample(cam.cam_map(A, jax.nn.softmax(scores, axis=-1)), hw)
+
+
+def _build_activations(model, layer, activation):
+    return lambda p, x: tap(model, layer, activation)(p, x, 0.0)[1]
+
+
+@register("scorecam")
+def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+             batch_size=None, layer=None, per_frame=False, layer_activation=None):
+    """Score-CAM maps (N, H, W) of the named layer (default: last conv-like layer): channel weights
+    softmax_k of the target on the input masked by each normalised, upsampled activation map.
+
+    K forward passes per state (K = the layer's channels, 64 for the Nature CNN's conv3);
+    batch_size bounds the model rows (states x channels) per pass. layer_activation as gradcam.
+    One map per state: a time-distributed layer (run once per frame) and per_frame=True are
+    refused (see the error) since every mask covers the whole stacked input.
+    """
+    if per_frame:
+        raise SaliencyInputError(
+            "scorecam gives one layer-resolution map per state: per_frame=True is for input-"
+            "resolution methods, or for gradcam/xgradcam on a time-distributed layer (per-frame "
+            "CAMs); drop per_frame for scorecam")
+    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
+                        batch_size=batch_size)
+    model = C._apply_layout(apply_fn, prep.layout)   # the model on NHWC frames (prep.x)
+    x1 = prep.x[:1]
+    if isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
+        layer, layer_activation = cam_site(model, params, x1, layer, layer_activation)
+    get_activation(layer_activation)
+    name, k = resolve_tap(model, params, x1, layer, layer_activation)
+    if k > 1:
+        raise SaliencyInputError(
+            f"layer {name!r} runs {k} times per state (a trunk shared by the frames): Score-CAM "
+            "masks the whole stacked input with one map per channel, so it needs a layer that runs "
+            "once per state; tap one (layer=...), or use gradcam/xgradcam, which give per-frame CAMs "
+            "there (per_frame=True)")
+    A = map_batched(cached_jit(_build_activations, model, name, layer_activation), params,
+                    prep.x, batch_size=prep.rows)
+    h, w, n_ch = A.shape[1:]
+    hw = tuple(prep.shape[1:3])
+    consts = {"uy": jnp.asarray(align_corners_matrix(h, hw[0])),
+              "ux": jnp.asarray(align_corners_matrix(w, hw[1]))}
+    scores = C.perturbation_scores(prep, apply_fn, params, perturb=_mask_input,
+                                   score=C.make_score("target", prep.target), n_pert=n_ch,
+                                   consts=consts, states={"A": A})
+    return _combine(A, scores, hw)
