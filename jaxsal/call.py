@@ -1,8 +1,10 @@
 """One checked call: the validation every method (gradient or perturbation) runs first.
 
 Checks apply_fn, obs, layout, batch_size, target and actions once, on shapes (jax.eval_shape),
-so that it runs unchanged under the caller's jit/vmap/scan; value checks (NaN) run only where
-values exist. Each failure is one SaliencyInputError naming the fix.
+so that it runs unchanged under the caller's jit/vmap/scan; value checks (NaN, the pixel scale
+of agents that declare uint8 pixels) run only where values exist. Every entry point goes
+through it: `jaxsal.explain`, a method function called directly (`jaxsal.gradcam(...)`) and the
+batch job. Each failure is one SaliencyInputError naming the fix.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import numpy as np
 from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
 from jaxsal.targets import check_actions, get_target, logits_of, q_of
-from jaxsal.validate import check_obs, check_positive_int, spatial_shape
+from jaxsal.validate import (check_obs, check_pixels, check_positive_int, resolve_layout,
+                             spatial_shape)
 
 
 class Call(NamedTuple):
@@ -30,10 +33,15 @@ class Call(NamedTuple):
 
 
 def check_call(apply_fn, params, obs, *, target, actions, layout, batch_size) -> Call:
-    """Validate a call; raise SaliencyInputError naming the problem and the fix."""
+    """Validate a call; raise SaliencyInputError naming the problem and the fix. layout None:
+    the model's declared layout (agents from jaxsal.loaders declare theirs), else NHWC, with
+    frames whose shape contradicts it refused."""
     if not callable(apply_fn):
         raise SaliencyInputError(f"apply_fn must be callable as apply_fn(params, obs), got "
                                  f"{type(apply_fn).__name__}")
+    layout = resolve_layout(np.shape(obs) if not hasattr(obs, "shape") else tuple(obs.shape), layout,
+                            getattr(apply_fn, "jaxsal_layout", None))
+    check_pixels(obs, getattr(apply_fn, "jaxsal_pixels", None))
     x = _check_obs_lazy(obs, layout)
     if batch_size is not None:
         check_positive_int("batch_size", batch_size)

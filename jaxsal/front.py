@@ -30,21 +30,13 @@ def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", targ
         error unless layout= is given. Agents that declare uint8 pixels reject frames outside
         0..255 and float frames in [0, 1].
     """
-    from jaxsal.validate import check_pixels, resolve_layout
-
-    layout = resolve_layout(_shape(obs), layout, getattr(apply_fn, "jaxsal_layout", None))
-    check_pixels(obs, getattr(apply_fn, "jaxsal_pixels", None))
+    # layout, pixels, target and actions are checked by every method in jaxsal.call.check_call, so
+    # a method called directly (jaxsal.gradcam(...)) and the batch job get the same checks
     common = dict(target=target, layer=layer, per_frame=per_frame, layout=layout, key=key,
                   batch_size=batch_size, actions=actions)
     if isinstance(method, (list, tuple)):
         return _explain_many(list(method), apply_fn, params, obs, common, options)
     return call_method(method, apply_fn, params, obs, common, options)
-
-
-def _shape(obs):
-    import numpy as np
-
-    return tuple(getattr(obs, "shape", None) or np.shape(obs))
 
 
 def _explain_many(methods, apply_fn, params, obs, common, options):
@@ -54,7 +46,7 @@ def _explain_many(methods, apply_fn, params, obs, common, options):
         raise SaliencyInputError("method list is empty; pass at least one method name")
     accepted = {m: accepted_options(get_method(m)) for m in methods}
     for name, value in {**common, **options}.items():
-        if name in options or not is_default(value):
+        if name in options or not is_default(name, value):
             if not any(name in acc for acc in accepted.values()):
                 raise SaliencyInputError(f"none of the methods {methods} takes {name}={value!r}")
     from jaxsal.backprop.family import FAMILY, LAYER_METHODS, compute

@@ -32,9 +32,15 @@ def accepted_options(fn: Callable) -> list[str]:
     return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def is_default(value) -> bool:
-    """True for a common argument left at its default (None, False, "NHWC", "q_chosen")."""
-    return value is None or value is False or (isinstance(value, str) and value in ("NHWC", "q_chosen"))
+FRONT_DEFAULTS = {"target": "q_chosen", "actions": None, "layout": None, "key": None, "batch_size": None,
+                  "per_frame": False, "layer": None}
+"""The common arguments of `jaxsal.explain` with its defaults (tests/test_explain.py checks they agree)."""
+
+
+def is_default(name: str, value) -> bool:
+    """True for common argument `name` left at the front door's default."""
+    d = FRONT_DEFAULTS.get(name, None)
+    return value is d or (isinstance(value, str) and isinstance(d, str) and value == d)
 
 
 def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
@@ -54,13 +60,13 @@ def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
     for k, v in common.items():
         if k in accepted:
             kwargs[k] = v
-        elif not is_default(v):
+        elif not is_default(k, v):
             raise SaliencyInputError(f"method {name!r} does not take {k}={v!r}; it accepts: "
                                      f"{', '.join(accepted)}")
     return fn(apply_fn, params, obs, **kwargs)
 
 
-COMMON_ARGS = ("target", "actions", "layout", "key", "batch_size", "per_frame", "layer")
+COMMON_ARGS = tuple(FRONT_DEFAULTS)
 
 
 def method_options(name: str) -> dict:

@@ -109,9 +109,11 @@ def check_pixels(obs, pixels: str | None):
         return
     if pixels not in PIXELS:
         raise SaliencyInputError(f"unknown pixel convention {pixels!r}; expected one of {PIXELS}")
-    dtype = np.dtype(getattr(obs, "dtype", np.asarray(obs).dtype))
+    dtype = np.dtype(obs.dtype) if hasattr(obs, "dtype") else np.asarray(obs).dtype
     if dtype == np.uint8 or dtype == np.bool_:
         return
+    if isinstance(obs, jax.core.Tracer):
+        return  # under the caller's jit/vmap there are no values to check (the dtype was)
     x = obs if isinstance(obs, (np.ndarray, jnp.ndarray)) else np.asarray(obs)
     xp = np if isinstance(x, np.ndarray) else jnp
     lo, hi = float(xp.min(x)), float(xp.max(x))

@@ -99,7 +99,7 @@ def _build(apply_fn, tgt, methods, specs, layer, activation, layout, per_frame, 
     return fn
 
 
-def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             batch_size=None, layer=None, per_frame=False, layer_activation=None,
             fast_conv=True):
     """Maps of several single-backward methods at once: dict name -> (N, H, W[, C]).
@@ -113,6 +113,7 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
                                  f"{tuple(FAMILY)}")
     prep = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
+    layout = prep.layout  # resolved: the caller's, else the model's declared one
     uses_layer = any(m in LAYER_METHODS for m in methods)
     x1 = as_float(prep.x[:1])
     if uses_layer and isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
@@ -174,7 +175,7 @@ def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: boo
     cam.CAMS[name] = cam.CamSpec(weights, rule, bool(normalise), bool(guided_input))
     FAMILY[name] = None
 
-    def method(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+    def method(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
                key=None, batch_size=None, layer=None, per_frame=False, layer_activation=None,
                fast_conv=True):
         return compute((name,), apply_fn, params, obs, target=target, actions=actions,

@@ -14,7 +14,7 @@ def _family(name, apply_fn, params, obs, **kw):
 
 
 @register("guided_backprop")
-def guided_backprop(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+def guided_backprop(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
                     key=None, batch_size=None, per_frame=False, fast_conv=True):
     """Guided-backprop input attributions: (N, H, W) summed over frames, or (N, H, W, C)."""
     return _family("guided_backprop", apply_fn, params, obs, target=target, actions=actions,
@@ -23,7 +23,7 @@ def guided_backprop(apply_fn, params, obs, *, target="q_chosen", actions=None, l
 
 
 @register("deconvnet")
-def deconvnet(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+def deconvnet(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
               batch_size=None, per_frame=False, fast_conv=True):
     """Deconvnet input attributions: (N, H, W) summed over frames, or (N, H, W, C)."""
     return _family("deconvnet", apply_fn, params, obs, target=target, actions=actions,

@@ -33,7 +33,7 @@ def _family(name, apply_fn, params, obs, **kw):
 
 
 @register("gradient")
-def gradient(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+def gradient(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
              batch_size=None, per_frame=False, fast_conv=True):
     """Vanilla gradient dy/dx (Simonyan 2014), signed: (N, H, W) summed over frames or (N, H, W, C)."""
     return _family("gradient", apply_fn, params, obs, target=target, actions=actions,
@@ -42,7 +42,7 @@ def gradient(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="
 
 
 @register("grad_x_input")
-def grad_x_input(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+def grad_x_input(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
                  key=None, batch_size=None, per_frame=False, fast_conv=True):
     """Gradient x input, x * dy/dx on the observation's own value scale, signed."""
     return _family("grad_x_input", apply_fn, params, obs, target=target, actions=actions,
@@ -74,7 +74,7 @@ def _states_per_chunk(n, rows, s):
 
 
 @register("smoothgrad", stochastic=True)
-def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
                batch_size=None, per_frame=False, n_samples=50, sigma=0.15, variant="mean",
                rule="plain", fast_conv=True, fast_prefix=True):
     """SmoothGrad (Smilkov 2017): gradients of n_samples noisy copies x + N(0, s^2).
@@ -99,6 +99,7 @@ def smoothgrad(apply_fn, params, obs, *, target="q_chosen", actions=None, layout
         raise SaliencyInputError(f"variant must be one of {SMOOTHGRAD_VARIANTS}, got {variant!r}")
     prep = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
+    layout = prep.layout  # resolved: the caller's, else the model's declared one
     acts = choose_actions(apply_fn, params, prep)
     n = prep.x.shape[0]
     s, groups = sample_groups(n_samples, prep.rows)
@@ -196,7 +197,7 @@ def _blur(x, sigma, layout):
 
 @register("integrated_gradients")
 def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=None,
-                         layout="NHWC", key=None, batch_size=None, per_frame=False, steps=50,
+                         layout=None, key=None, batch_size=None, per_frame=False, steps=50,
                          baseline="black", method="riemann_right", blur_sigma=5.0,
                          return_error=False, rule="plain", fast_conv=True, fast_prefix=True):
     """Integrated Gradients (Sundararajan 2017): (x - x0) * sum_k w_k dy/dx(x0 + a_k (x - x0)).
@@ -215,6 +216,7 @@ def integrated_gradients(apply_fn, params, obs, *, target="q_chosen", actions=No
     alphas, weights = ig_alphas(steps, method)
     prep = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
+    layout = prep.layout  # resolved: the caller's, else the model's declared one
     x = prep.x
     n = x.shape[0]
     ukey = jnp.zeros((2,), jnp.uint32)

@@ -96,11 +96,12 @@ def _apply_layout(apply_fn, layout):
     return lambda p, x: apply_fn(p, jnp.transpose(x, (0, 3, 1, 2)))
 
 
-def clean_pass(apply_fn, params, obs, *, layout="NHWC", target="q_chosen", actions=None,
+def clean_pass(apply_fn, params, obs, *, layout=None, target="q_chosen", actions=None,
                batch_size=None, obs_max=None) -> CleanPass:
     """Check the call, run the clean forward and fix each state's action once."""
     call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
+    layout = call.layout  # resolved: the caller's, else the model's declared one
     x = to_nhwc(as_float(call.x), layout)
     vmax = resolve_obs_max(obs, obs_max)
     fn = cached_jit(_apply_layout, apply_fn, layout)

@@ -148,7 +148,7 @@ def _ridge(z, y, valid, kernel_width, alpha):
 
 
 @register("lime", stochastic=True)
-def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, segmentation: str = "slic", n_samples: int | None = None,
          kernel_width: float = 0.25, fill=0.0, ridge_alpha: float = 1.0, segments=None,
          segment_on: str = "stack", segmentation_options: dict | None = None, obs_max=None,

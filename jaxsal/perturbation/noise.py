@@ -57,7 +57,7 @@ def disk_grid_scores(prep, apply_fn, params, *, radius, stride, perturbation, bl
 
 
 @register("noise_sensitivity")
-def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
                       batch_size=None, radius: float = 3.0, stride: int = 3, blur_sigma: float = 3.0,
                       score: str = "chosen_action", perturbation: str = "blur", fill=0.0,
                       mask_shape: str = "gaussian", upsample: str = "bilinear", obs_max=None,

@@ -25,7 +25,7 @@ def _patch_mask(gy, gx, hw, patch, stride):
 
 
 @register("occlusion")
-def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
               batch_size=None, patch: int = 2, stride: int = 2, fill=0.0, score: str = "one_minus",
               upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
               return_grid: bool = False):

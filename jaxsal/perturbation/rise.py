@@ -91,7 +91,7 @@ def _mask_builder(g, cell, up, hw):
 
 
 @register("rise", stochastic=True)
-def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC", key=None,
+def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, n_masks: int = 1000, grid=8, p_keep: float = 0.5, masks=None, fill=0.0,
          obs_max=None):
     """RISE maps (N, H, W): S = sum_i t(x_i') M_i / (n_masks p_keep), x_i' = x M_i + fill (1 - M_i).

@@ -30,7 +30,7 @@ def sarfa_score(q0, q1, a):
 
 
 @register("sarfa")
-def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
           batch_size=None, radius: float = 2.0, stride: int = 2, perturbation: str = "black",
           blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "hard",
           upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,

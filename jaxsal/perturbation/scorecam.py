@@ -82,7 +82,7 @@ def _build_activations(model, layer, activation):
 
 
 @register("scorecam")
-def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
+def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
              batch_size=None, layer=None, per_frame=False, layer_activation=None):
     """Score-CAM maps (N, H, W) of the named layer (default: last conv-like layer): channel weights
     softmax_k of the target on the input masked by each normalised, upsampled activation map.
