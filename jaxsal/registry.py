@@ -4,7 +4,10 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
+import numpy as np
+
 from jaxsal.errors import SaliencyInputError
+from jaxsal.validate import resolve_layout
 
 METHODS: dict[str, Callable] = {}
 STOCHASTIC: set[str] = set()
@@ -57,6 +60,11 @@ def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
             f"method {name!r} has no option {', '.join(map(repr, unknown))}; it accepts: "
             f"{', '.join(accepted)}")
     kwargs = dict(options)
+    if "layout" in accepted and common.get("layout") is None:
+        # resolved (and checked against the frames' shape) here, so a registered method of the
+        # user's gets "NHWC"/"NCHW" as before; a method that does not take layout= is left alone
+        shape = tuple(obs.shape) if hasattr(obs, "shape") else np.shape(obs)
+        common = dict(common, layout=resolve_layout(shape, None, getattr(apply_fn, "jaxsal_layout", None)))
     for k, v in common.items():
         if k in accepted:
             kwargs[k] = v

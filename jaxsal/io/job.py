@@ -5,6 +5,10 @@ chunk is explained (host-to-device overlap); a writer thread saves finished chun
 the next one computes. Memory is bounded by a few chunks, never by the buffer size. Chunk
 boundaries are fixed by the job's configuration, so a rerun after a kill computes exactly
 the missing chunks and ends with the same files as an uninterrupted run.
+
+Each chunk is explained as `jaxsal.explain(method=[...])` explains a list: methods of the
+single-backward family with identical settings are computed together (one backward per ReLU
+rule, jaxsal.front.share_groups), every other method on its own.
 """
 from __future__ import annotations
 
@@ -134,12 +138,13 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     `actions` array).
     `objects` (a `jaxsal.io.objects.ObjectsInput` aligned with `source`) adds per-frame object
     shares per method (DIR/_objects, `jaxsal.load_object_shares`); `store_maps=False` then keeps
-    only those shares, not the maps.
+    only those shares, not the maps. Methods computed together (summary "computed_together")
+    are each credited the group's time in maps_per_s.
     """
     from jaxsal.provenance import params_checksum as checksum_of
 
     import jaxsal
-    from jaxsal.front import explain
+    from jaxsal.front import explain_group, share_groups
 
     t0 = time.perf_counter()
     check_specs(specs)
@@ -160,6 +165,10 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                                      "one integer per frame stack), use a Dopamine replay directory (its "
                                      "$store$_action_ckpt files), or choose another target")
         source.actions(0, len(source))  # every part's actions read and checked before anything is written
+        for s in specs:
+            if "actions" in s.options:
+                raise SaliencyInputError(f"{s.alias}: --target q_action takes the actions from the input; "
+                                         "drop its actions option")
     n = len(source)
     if not store_maps and objects is None:
         raise SaliencyInputError("storing no maps leaves nothing to store: --store shares needs --objects")
@@ -218,24 +227,14 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     done_before = total - sum(rows(i) for i in todo)
 
     key = jax.random.PRNGKey(seed)
-    calls = []
-    for s in specs:
-        common, own = s.split()
-        fn = get_method(s.method)
-        kw = dict(common, **own)
-        kw.setdefault("target", target)
-        kw.setdefault("layout", layout)
-        if "key" in accepted_options(fn) or s.method in STOCHASTIC:
-            kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
-        calls.append((s, kw))
+    use_actions = target == "q_action"
+    base = {s.alias: _explain_args(s, target, layout, key, batch_size) for s in specs}
 
     # every chunk is padded to the same rows (one compiled executable for all), a multiple of
     # the local devices, and lands on them already split along the batch axis
     ndev = jax.local_device_count()
     pad_to = -(-min(chunk, n) // ndev) * ndev
     sharding = batch_sharding()
-
-    use_actions = target == "q_action"
 
     def load(i):
         x = pad_rows(np.asarray(source.read(i * chunk, i * chunk + rows(i))), pad_to)
@@ -255,6 +254,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             store.write_outputs(out, i, outputs)
 
     seconds = {s.alias: 0.0 for s in specs}
+    shared: dict = {}  # alias -> the aliases computed together with it (one backward per chunk)
     first_chunk_s: dict = {}
     reader_q: queue.Queue = queue.Queue(maxsize=2)
     reader_err: list = []
@@ -290,28 +290,32 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             if item is None:
                 break
             i, m, x, acts = item
-            if acts is not None:
-                kw_acts = {"actions": acts}
-            else:
-                kw_acts = {}
             outputs = {k: np.asarray(v)[:m] for k, v in forward(params, x, acts).items()}
             outputs.update(row_ids(source, i * chunk, i * chunk + m))  # which state of the input each row is
             results = []
-            for s, kw in calls:
-                if method_done(s.alias, i):
+            calls = _chunk_calls(apply_fn, x, acts, base, f"frames {i * chunk}:{i * chunk + m}")
+            groups = share_groups(calls)  # the same every chunk: it depends on the settings only
+            for group in groups:
+                # a group with any chunk missing is computed whole, so a resumed job writes
+                # what an uninterrupted one would (the same computation, not a smaller one)
+                if all(method_done(a, i) for a in group):
                     continue
                 ts = time.perf_counter()
                 try:
-                    maps = explain(apply_fn, params, x, method=s.method, batch_size=batch_size, **kw_acts, **kw)
-                    shares = None if objects is None else objs.chunk_shares(
-                        maps, objects.boxes[i * chunk:i * chunk + m], m)  # from the float32 maps
-                    maps = np.asarray(maps[:m]).astype(dtype) if store_maps else None
+                    maps = explain_group(apply_fn, params, x, calls, group)
+                    for a in group:
+                        shares = None if objects is None else objs.chunk_shares(
+                            maps[a], objects.boxes[i * chunk:i * chunk + m], m)  # from the float32 maps
+                        results.append((a, np.asarray(maps[a][:m]).astype(dtype) if store_maps else None,
+                                        shares))
                 except SaliencyInputError as e:  # say which frames, keep it one line
-                    raise SaliencyInputError(f"{s.alias}, frames {i * chunk}:{i * chunk + m}: {e}") from None
-                seconds[s.alias] += time.perf_counter() - ts
-                if not first_chunk_s.get(s.alias):
-                    first_chunk_s[s.alias] = (m, time.perf_counter() - ts)  # includes compilation
-                results.append((s.alias, maps, shares))
+                    raise SaliencyInputError(f"{'+'.join(group)}, frames {i * chunk}:{i * chunk + m}: {e}") from None
+                took = time.perf_counter() - ts
+                for a in group:  # each method of a group took the group's time
+                    seconds[a] += took
+                    if not first_chunk_s.get(a):
+                        first_chunk_s[a] = (m, took)  # includes compilation
+                shared.update({a: list(group) for a in group if len(group) > 1})
             writer.put((i, results, outputs))
             computed += m
             if bar is not None:
@@ -337,12 +341,54 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             a: (round((computed - first_chunk_s[a][0]) / (t - first_chunk_s[a][1]), 2)
                 if a in first_chunk_s and computed > first_chunk_s[a][0] and t > first_chunk_s[a][1] else None)
             for a, t in seconds.items()},
+        "computed_together": sorted({tuple(g) for g in shared.values()}),
         "out": str(out.absolute()), "complete": complete, "process_id": process_id,
         "num_processes": num_processes, "devices": jax.local_device_count(),
     }
     if todo or not (out / f"summary-p{process_id}.json").exists():  # nothing to do: write nothing (read-only ok)
         store._atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
     return summary
+
+
+EXPLAIN_ARGS = ("target", "layer", "per_frame", "layout", "key", "batch_size", "actions")
+"""The common arguments of jaxsal.explain; every other option is the method's own."""
+
+
+def _explain_args(spec: MethodSpec, target, layout, key, batch_size) -> tuple[str, dict, dict]:
+    """(method, common, options) of a spec as `jaxsal.explain(method=spec.method, ...)` gets
+    them in a job: the job's target, layout and batch size unless the spec sets its own, and
+    the job's key for methods that take one (the same key every chunk)."""
+    common, own = spec.split()
+    kw = dict(common, **own)
+    kw.setdefault("target", target)
+    kw.setdefault("layout", layout)
+    kw.setdefault("batch_size", batch_size)
+    if "key" in accepted_options(get_method(spec.method)) or spec.method in STOCHASTIC:
+        kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
+    args = {k: kw.pop(k, False if k == "per_frame" else None) for k in EXPLAIN_ARGS}
+    return spec.method, args, kw
+
+
+def _chunk_calls(apply_fn, x, acts, base: dict, where: str) -> dict:
+    """The calls {alias: (method, common, options)} for one chunk, as jaxsal.explain makes
+    them: each layout resolved for these frames, pixels checked once, the chunk's actions."""
+    from jaxsal.validate import check_pixels, resolve_layout
+
+    try:
+        check_pixels(x, getattr(apply_fn, "jaxsal_pixels", None))
+    except SaliencyInputError as e:
+        raise SaliencyInputError(f"{where}: {e}") from None
+    calls = {}
+    for alias, (method, common, own) in base.items():
+        try:
+            lay = resolve_layout(x.shape, common["layout"], getattr(apply_fn, "jaxsal_layout", None))
+        except SaliencyInputError as e:
+            raise SaliencyInputError(f"{alias}, {where}: {e}") from None
+        common = dict(common, layout=lay)
+        if acts is not None:
+            common["actions"] = acts
+        calls[alias] = (method, common, own)
+    return calls
 
 
 OUTPUTS = store.OUTPUTS
