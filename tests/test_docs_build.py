@@ -32,6 +32,7 @@ def test_the_site_builds_strict_with_every_page(tmp_path):
         assert (site / page).is_file(), page
     api = (site / "api" / "jaxsal" / "index.html").read_text()
     assert 'id="jaxsal.explain"' in api, "the API page documents jaxsal.explain under its public name"
+    assert 'id="jaxsal.load_maps"' in api and 'id="jaxsal.gradcam"' not in api, "the members listed, and only those"
     methods = (site / "api" / "methods" / "index.html").read_text()
     for name in ("gradcam", "rise", "integrated_gradients"):
         assert f'id="jaxsal.{name}"' in methods, name

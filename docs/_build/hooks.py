@@ -41,7 +41,7 @@ def _repo_files():
             yield p, rel
 
 
-LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+\.) \S")
+LIST_ITEM = re.compile(r"^(?:[-*+]|\d+\.) \S")  # top-level items only: indented ones may be YAML (::: options)
 FENCE = re.compile(r"^\s*(```|~~~)")
 
 
