@@ -20,7 +20,7 @@ $(VENV)/.linked: $(BIN)/jaxsal $(PKG_DIRS)
 	$(BIN)/pip install --quiet --no-deps -e . $(EDITABLE)
 	touch $(VENV)/.linked
 
-.PHONY: venv demo test test-slow
+.PHONY: venv demo test test-slow docs docs-serve
 venv: $(VENV)/.linked
 
 demo: venv
@@ -40,5 +40,17 @@ $(VENV)/.clients-extra: $(BIN)/jaxsal
 	$(BIN)/pip install --quiet --force-reinstall --no-deps tfp-nightly
 	touch $@
 
-test-slow: venv $(VENV)/.clients-extra
+test-slow: venv $(VENV)/.clients-extra $(VENV)/.docs-extra
 	$(BIN)/python -m pytest -q -m slow
+
+# the documentation site: mkdocs.yml and docs/, the docstrings (mkdocstrings) and the notebooks with their
+# committed outputs (mkdocs-jupyter, nothing executed); built into site/ (git-ignored), warnings are errors
+$(VENV)/.docs-extra: $(BIN)/jaxsal
+	$(BIN)/pip install --quiet -e ".[test,docs]" $(EDITABLE)
+	touch $@
+
+docs: venv $(VENV)/.docs-extra
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: venv $(VENV)/.docs-extra
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve

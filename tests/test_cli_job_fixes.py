@@ -228,5 +228,9 @@ def test_agents_report_frames_as_the_cards_do(capsys):
                 assert f"{c['env_steps_trained']:,} env steps x{c['frames_trained'] // c['env_steps_trained']}" \
                     in lines[name], lines[name]
     assert "trained=6,266,880 frames" in lines["breakout"]
-    readme = (ROOT / "README.md").read_text()
-    assert "| 6,266,880 |" in readme  # the README table counts frames too
+    from jaxsal_agents.export import cards_markdown
+
+    page = (ROOT / "docs" / "agents.md").read_text()
+    assert "| 6,266,880 |" in page  # the documentation's table counts frames too
+    assert cards_markdown() in page, ("docs/agents.md must hold the cards' table: paste the output of "
+                                      "`python -m jaxsal_agents.export --table`")

@@ -6,7 +6,7 @@ LayerNorm -> ReLU) that is before the LayerNorm and the ReLU, so A can be negati
 `layer_activation="post_relu"` takes A = ReLU of what the ReLU actually sees: the named
 module's output, or, when normalisation modules follow it directly (same output shape, class
 name containing "Norm", e.g. our `conv3_norm`), the outermost of those; its gradient is dY/dA
-at that point. This is the A of Selvaraju et al. and of shared/spec/methods.md (feature maps
+at that point. This is the A of Selvaraju et al. and of Paper A's method description (feature maps
 after the ReLU). It assumes the network applies a ReLU right there, as the Nature CNN does;
 flax ReLUs are functions, not modules, so this cannot be checked from the module calls.
 As with any `layer_activation`, dY/dA is read through the network's own ReLU, so it is 0 where

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 OBJECTS = "_objects"
 FORMAT_HELP = ("an .npz with boxes (N, F, K, 4) int16 (y0, x0, y1, x1), labels (N, F, K) int8 (-1 = none) and "
-               "classes (C,) str; see `jaxsal.io.objects` or the README section 'Object shares in batch jobs'")
+               "classes (C,) str; see `jaxsal.io.objects` or docs/guides/objects.md")
 RECORD_HINT = "python -m jaxsal_agents.record_objects --agent NAME --steps N --out DIR (writes DIR/obs.npy and its boxes)"
 SHARE_KEYS = ("positive", "absolute", "chance", "present", "pointing",
               "per_frame_positive", "per_frame_absolute", "per_frame_chance")

@@ -37,7 +37,7 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None
           return_grid: bool = False):
     """SARFA maps (N, H, W) on a grid of disk perturbations every `stride` px, resized.
 
-    Defaults are Paper B's (its code and shared/spec/methods.md): a hard black disk of radius 2
+    Defaults are Paper B's (its code and its stated parameters): a hard black disk of radius 2
     (the pixels with dy^2 + dx^2 <= radius^2 set to `fill`=0 in all stacked frames, no blur),
     centred every 2 px. mask_shape="gaussian" is our earlier variant, kept as an option:
     Greydanus' 5-pixel disk blurred with sigma `radius` and divided by its max, a soft mask
