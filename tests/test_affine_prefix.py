@@ -161,6 +161,7 @@ def test_fast_prefix_is_an_option_of_ig_and_smoothgrad_only():
         jaxsal.explain(fn, p, _obs(2), method="gradient", fast_prefix=False)
 
 
+@pytest.mark.slow
 def test_shipped_nature_cnn_fast_equals_plain():
     """The shipped Breakout agent (Nature CNN with LayerNorm): prefix x/255 -> conv1 -> bias."""
     jaxsal_agents = pytest.importorskip("jaxsal_agents")

@@ -15,6 +15,7 @@ def _params(num_actions=4):
     return model, model.init(jax.random.PRNGKey(0), np.zeros((1, 84, 84, 4), np.uint8))
 
 
+@pytest.mark.slow
 def test_export_round_trip_float16(tmp_path):
     model, params = _params()
     export_params(tmp_path / "p.msgpack", params)
@@ -60,6 +61,7 @@ def test_unknown_agent_name_lists_shipped():
         jaxsal_agents.load("nope")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", jaxsal_agents.available())
 def test_every_shipped_agent_loads_and_acts(name):
     agent = jaxsal_agents.load(name)

@@ -42,6 +42,7 @@ def test_training_env_clips_rewards_and_eval_does_not():
 @pytest.mark.parametrize("game, channels, actions", [
     ("minatar-breakout", 4, 3), ("minatar-spaceinvaders", 6, 4), ("minatar-asterix", 4, 5),
     ("minatar-freeway", 7, 3)])
+@pytest.mark.slow
 def test_minatar_env(game, channels, actions):
     env = make_env(game, num_envs=3)
     obs = env.reset()

@@ -53,6 +53,7 @@ def test_active_actions_match_the_full_batch_and_compile_few_shapes():
     assert set(shapes) <= {30, 16, 8, 4, 2, 1}   # a handful of compiled shapes, never one per count
 
 
+@pytest.mark.slow
 def test_play_games_equals_the_plain_full_batch_loop():
     """The active-games shortcut changes no return (reference: the network on every env, every step)."""
     agent = jaxsal_agents.load("minatar-breakout")

@@ -51,6 +51,7 @@ def test_minatar_networks(cls):
     assert "conv1" in model.init(KEY, obs)["params"]
 
 
+@pytest.mark.slow
 def test_split_attention_agent():
     obs = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 84, 84, 10)), jnp.uint8)
     model = networks.SplitAttentionDQN(4, lstm_features=32)

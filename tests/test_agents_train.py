@@ -5,6 +5,8 @@ import pytest
 from jaxsal_agents.train import PQNConfig, q_lambda_targets, train
 from jaxsal_agents.train_ppo import PPOConfig, train as train_ppo
 
+pytestmark = pytest.mark.slow  # training runs and resumes: learning checks
+
 
 def test_q_lambda_targets_match_slow_reference():
     rng = np.random.default_rng(0)

@@ -14,6 +14,8 @@ from jaxsal_agents.errors import AgentInputError
 from jaxsal_agents.framestack import make_stacked_env
 from jaxsal_agents.networks import MinAtarDuelingDQN
 
+pytestmark = pytest.mark.slow  # training runs and resumes: learning checks
+
 
 def test_double_dqn_target_matches_slow_reference():
     """y = r + gamma (1 - d) Q_target(s', argmax_a Q_online(s', a)), one transition at a time."""

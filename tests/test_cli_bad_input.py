@@ -85,7 +85,7 @@ def _finished_job(d, card, out):
                  "--out", str(out), "--quiet", "--chunk", "4"]) == 0
 
 
-@pytest.mark.parametrize("where", ["new", "empty", "finished job"])
+@pytest.mark.parametrize("where", ["new", "empty", pytest.param("finished job", marks=pytest.mark.slow)])
 def test_bad_input_is_one_line_exit_2_nothing_written(inputs, tmp_path, capsys, where):
     d, card, atari = inputs
     failed = []

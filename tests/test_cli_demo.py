@@ -9,6 +9,8 @@ import jaxsal
 from jaxsal.cli import main
 from tests import test_cli_support  # noqa: F401  (registers the test stand-in methods)
 
+pytestmark = pytest.mark.slow  # the demo end to end (make demo runs it too)
+
 
 def test_demo_end_to_end_few_frames(tmp_path, capsys):
     pytest.importorskip("envpool")

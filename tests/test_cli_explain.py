@@ -38,6 +38,7 @@ def _close(a, b, rtol=1e-4):
     np.testing.assert_allclose(a, b, rtol=0, atol=rtol * scale)
 
 
+@pytest.mark.slow
 def test_every_input_format(tmp_path, agent_card, agent):
     x = frames(13, seed=1)
     np.savez_compressed(tmp_path / "buf.npz", obs=x)

@@ -140,6 +140,7 @@ def test_finished_job_reruns_read_only(tmp_path, card, read_only, capsys):
 
 
 # --------------------------------------------------------------------------- 7d: SIGTERM
+@pytest.mark.slow
 def test_sigterm_stops_like_ctrl_c_and_resumes(tmp_path):
     card = make_agent_files(tmp_path / "agent")
     np.save(tmp_path / "buf.npy", frames(30, seed=7))

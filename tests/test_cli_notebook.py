@@ -4,6 +4,8 @@ import os
 import pytest
 from _notebooks import ROOT, run_notebook
 
+pytestmark = pytest.mark.slow  # executes a notebook
+
 
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     pytest.importorskip("envpool")

@@ -7,6 +7,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import jaxsal
 from jaxsal.cli import main
@@ -18,6 +19,7 @@ def _files(d):
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("chunk_*.np[yz]"))}
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_output(tmp_path):
     card = make_agent_files(tmp_path / "agent")
     np.savez_compressed(tmp_path / "buf.npz", obs=frames(24, seed=7))

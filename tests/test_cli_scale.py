@@ -11,6 +11,9 @@ import numpy as np
 import jaxsal
 from jaxsal.cli import main
 from tests.test_cli_support import ROOT, cli_env, frames, make_agent_files, run_cli
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, multi-device and buffer-size scaling
 
 
 def _free_port():

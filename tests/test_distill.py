@@ -12,6 +12,8 @@ from jaxsal_agents.framestack import FrameStackEnv
 from jaxsal_agents.networks import MinAtarDQN
 from jaxsal_agents.zoo import Agent
 
+pytestmark = pytest.mark.slow  # trains a student
+
 
 class GridEnv:
     """Fake MinAtar-like single-frame env (no gymnax compile): seeded random binary 10x10x3 frames."""

@@ -164,6 +164,7 @@ def test_conv_eligible_rejects_what_it_cannot_do():
     pytest.param("occlusion", {"patch": 8, "stride": 8, "incremental": False},
                  marks=pytest.mark.slow),
 ])
+@pytest.mark.slow
 def test_methods_through_fast_apply_equal_plain(method, kw):
     apply_fn, params, x = _nature()
     x = x[:3]

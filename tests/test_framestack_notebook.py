@@ -1,5 +1,8 @@
 """The small frame-stacking-bug notebook runs end to end (nbclient), quickly, without errors."""
 from _notebooks import run_notebook
+import pytest
+
+pytestmark = pytest.mark.slow  # executes a notebook
 
 
 def test_frame_stack_bug_notebook_executes():

@@ -204,6 +204,7 @@ def test_errors_are_clear():
         separation_step([0, 1], np.zeros((2, 3)), np.zeros((2, 3)))
 
 
+@pytest.mark.slow
 def test_no_update_premise_identical_slots_get_identical_first_layer_updates():
     """The `no_update` argument of the module docstring, checked on our MinAtar network and
     PQN's optimiser: with every stacked slot holding the same frame, each slot's first-layer

@@ -1,5 +1,8 @@
 """The small Paper B notebook runs end to end (nbclient), quickly, without errors."""
 from _notebooks import run_notebook
+import pytest
+
+pytestmark = pytest.mark.slow  # executes a notebook
 
 
 def test_paper_b_small_notebook_executes():

@@ -174,6 +174,7 @@ def test_group_norms_pairs_each_layer_with_its_norm(ln_dqn):
     assert float(p["params"]["conv1_norm"]["LayerNorm_0"]["scale"][0]) == 3.5
 
 
+@pytest.mark.slow
 def test_sanity_norms_option_and_draws(ln_dqn):
     model, params, obs = ln_dqn
     kw = dict(method="_t_grad", key=jax.random.PRNGKey(4), metrics=("spearman",), return_maps=True)

@@ -6,6 +6,9 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # sharded == unsharded over fake devices in subprocesses (tests/test_sharding.py keeps one in the fast loop)
 
 ROOT = Path(__file__).resolve().parents[1]
 

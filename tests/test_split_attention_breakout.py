@@ -12,6 +12,8 @@ pytest.importorskip("envpool")
 from jaxsal_agents.snapshots import METHODS, load_snapshots  # noqa: E402
 from experiments.split_attention_breakout import main, parse, snapshot_callback  # noqa: E402
 
+pytestmark = pytest.mark.slow  # trains an agent
+
 TINY = ["--frames", "3", "--lstm-features", "4", "--num-envs", "2", "--rollout", "2",
         "--minibatches", "1", "--probes", "2", "--probe-steps", "3", "--snapshot-every", "1",
         "--ckpt-every", "100", "--time-limit", "0"]
