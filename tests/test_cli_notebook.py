@@ -5,6 +5,7 @@ import pytest
 from _notebooks import ROOT, run_notebook
 
 
+@pytest.mark.slow  # a Jupyter kernel and the whole notebook; the committed outputs are checked fast
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     pytest.importorskip("envpool")
     monkeypatch.setenv("JAXSAL_NB_STEPS", "6")
