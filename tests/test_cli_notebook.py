@@ -7,6 +7,7 @@ from _notebooks import ROOT, run_notebook
 pytestmark = pytest.mark.slow  # executes a notebook
 
 
+@pytest.mark.slow  # a Jupyter kernel and the whole notebook; the committed outputs are checked fast
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     pytest.importorskip("envpool")
     monkeypatch.setenv("JAXSAL_NB_STEPS", "6")

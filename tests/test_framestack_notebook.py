@@ -1,10 +1,13 @@
 """The small frame-stacking-bug notebook runs end to end (nbclient), quickly, without errors."""
+import pytest
+
 from _notebooks import run_notebook
 import pytest
 
 pytestmark = pytest.mark.slow  # executes a notebook
 
 
+@pytest.mark.slow  # a Jupyter kernel and the whole notebook; the committed outputs are checked fast
 def test_frame_stack_bug_notebook_executes():
     text, has_png, seconds = run_notebook("frame_stack_bug.ipynb")
     assert "reversed    [[1, 0, 0, 0], [2, 1, 0, 0], [3, 2, 1, 0], [4, 3, 2, 1], [5, 4, 3, 2]]" in text

@@ -1,0 +1,32 @@
+"""Shared test setup.
+
+XLA compiles dominate this suite on CPU: many tests build the same small programs (the same model
+and method on the same shapes) as new Python functions, which jax's in-memory caches cannot match.
+A session-wide persistent compilation cache (keyed on the program, its compile options and the XLA
+flags) lets every later compile of an identical program load the executable instead; it lives in a
+temporary folder shared by the xdist workers and the CLI subprocesses (through the environment) and
+is removed at the end, so each run starts cold. JAXSAL_TEST_COMPILE_CACHE=0 turns it off; a
+JAX_COMPILATION_CACHE_DIR set by the caller is used as it is.
+"""
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+
+
+def _session_compile_cache():
+    if os.environ.get("JAXSAL_TEST_COMPILE_CACHE", "1") == "0" or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    d = tempfile.mkdtemp(prefix="jaxsal-test-xla-")
+    atexit.register(shutil.rmtree, d, True)  # the process that made it (the xdist controller) removes it
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=d, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    if "jax" in sys.modules:  # imported before this file: the environment was read already
+        import jax
+        jax.config.update("jax_compilation_cache_dir", d)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+_session_compile_cache()
