@@ -4,8 +4,6 @@ import os
 import pytest
 from _notebooks import ROOT, run_notebook
 
-pytestmark = pytest.mark.slow  # executes a notebook
-
 
 @pytest.mark.slow  # a Jupyter kernel and the whole notebook; the committed outputs are checked fast
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):

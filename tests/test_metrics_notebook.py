@@ -2,9 +2,6 @@
 import pytest
 
 from _notebooks import run_notebook
-import pytest
-
-pytestmark = pytest.mark.slow  # executes a notebook
 
 
 @pytest.mark.slow  # a Jupyter kernel and the whole notebook; the committed outputs are checked fast
