@@ -63,11 +63,12 @@ def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
     if "layout" in accepted and common.get("layout") is None:
         # resolved (and checked against the frames' shape) here, so a registered method of the
         # user's gets "NHWC"/"NCHW" as before; a method that does not take layout= is left alone
-        shape = tuple(obs.shape) if hasattr(obs, "shape") else np.shape(obs)
-        common = dict(common, layout=resolve_layout(shape, None, getattr(apply_fn, "jaxsal_layout", None)))
+        common = dict(common, layout=_model_layout(apply_fn, obs))
     for k, v in common.items():
         if k in accepted:
             kwargs[k] = v
+        elif k == "layout" and v is not None and v == _model_layout(apply_fn, obs):
+            continue  # the layout the model's frames have anyway: nothing for the method to take
         elif not is_default(k, v):
             raise SaliencyInputError(f"method {name!r} does not take {k}={v!r}; it accepts: "
                                      f"{', '.join(accepted)}")
@@ -75,6 +76,13 @@ def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
 
 
 COMMON_ARGS = tuple(FRONT_DEFAULTS)
+
+
+def _model_layout(apply_fn, obs) -> str:
+    """The layout a call with layout=None uses: the model's declared one, else NHWC (checked
+    against the frames' shape)."""
+    shape = tuple(obs.shape) if hasattr(obs, "shape") else np.shape(obs)
+    return resolve_layout(shape, None, getattr(apply_fn, "jaxsal_layout", None))
 
 
 def method_options(name: str) -> dict:

@@ -23,7 +23,8 @@ def test_the_readme_opens_with_the_two_set_up_commands():
     assert first_block[0].startswith("make demo ") and first_block[1].startswith("make test "), first_block
 
 
-@pytest.mark.parametrize("method", jaxsal.methods())
+@pytest.mark.parametrize("method", [m for m in jaxsal.methods()
+                                    if jaxsal.METHODS[m].__module__.startswith("jaxsal.")])  # not tests' stand-ins
 def test_every_method_has_a_page_with_its_options_and_defaults(method):
     page = ROOT / "docs" / "methods" / f"{method}.md"
     assert page.is_file(), f"docs/methods/{method}.md is missing"

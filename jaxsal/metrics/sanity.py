@@ -113,7 +113,7 @@ def _resolve_model(model, apply_fn, obs):
 
 
 def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LAYERS, key=None, *,
-                 target="q_chosen", actions=None, apply_fn=None, layout: str = "NHWC",
+                 target="q_chosen", actions=None, apply_fn=None, layout: str | None = None,
                  batch_size: int | None = None, metrics=METRICS, similarity_batch_size: int = 256,
                  return_maps: bool = False, norms: str = "with_layer", draw: int = 0,
                  original=None, **method_options):
@@ -153,7 +153,7 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
     if method_options.get("per_frame"):
         raise SaliencyInputError("sanity_check compares 2-D maps; per_frame=True is not supported")
     fn = get_method(method)
-    x = check_obs(obs, layout)
+    x = check_obs(obs, layout or "NHWC")
     layers = group_norms(params, layers, norms)
     apply_fn, init_fn = _resolve_model(model, apply_fn, x)
     known = _layer_names(params)
@@ -180,7 +180,9 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
         raise SaliencyInputError("init_fn(key) returned params whose tree differs from `params`; "
                                  "is it the same architecture and action count?") from None
 
-    opts = dict(method_options, target=target, layout=layout, batch_size=batch_size)
+    opts = dict(method_options, target=target, batch_size=batch_size)
+    if layout is not None:  # else the method resolves the model's declared layout
+        opts["layout"] = layout
     if actions is not None:
         opts["actions"] = actions
     if "key" in accepted_options(fn):
