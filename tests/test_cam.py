@@ -305,6 +305,7 @@ def test_time_distributed_errors(td):
     assert jaxsal.gradcam(m.apply, p, x7, layer="conv", per_frame=True).shape == (2, 8, 8, 3)
 
 
+@pytest.mark.slow  # ~35 CPU s (its LSTMs); per-frame CAM on time-distributed trunks is checked above
 def test_split_attention_agent_per_frame_cam():
     """Paper A's split-attention agent: its shared trunk runs on N*T frames; one map per frame
     (the frame-summed default on this agent is checked by tests/test_snapshots.py's slow test)."""
