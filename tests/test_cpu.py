@@ -37,6 +37,7 @@ def _maps(tmp_path, name, fast: str):
     return np.load(out)
 
 
+@pytest.mark.slow  # two fresh processes, four methods on the Nature CNN each (~35 CPU s)
 def test_fast_kernels_give_the_same_maps(tmp_path):
     plain, fast = _maps(tmp_path, "plain", "0"), _maps(tmp_path, "fast", "1")
     assert not bool(plain["used"])
