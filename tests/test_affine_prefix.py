@@ -1,4 +1,4 @@
-"""The affine-prefix fast path of IG and SmoothGrad (jaxsal.backprop.prefix / pathavg): the split
+"""The affine-prefix fast path of IG and SmoothGrad (jaxsal.gradient.prefix / pathavg): the split
 is found where it should be and nowhere else, and the maps equal the plain path's."""
 import flax.linen as nn
 import jax
@@ -9,8 +9,8 @@ from jax import lax
 
 import jaxsal
 from jaxsal.targets import get_target
-from jaxsal.backprop.pathavg import interpolated_gradient
-from jaxsal.backprop.prefix import split_affine
+from jaxsal.gradient.pathavg import interpolated_gradient
+from jaxsal.gradient.prefix import split_affine
 
 H, W, C, A = 16, 16, 2, 3
 
@@ -161,20 +161,23 @@ def test_fast_prefix_is_an_option_of_ig_and_smoothgrad_only():
         jaxsal.explain(fn, p, _obs(2), method="gradient", fast_prefix=False)
 
 
-@pytest.mark.slow
-def test_shipped_nature_cnn_fast_equals_plain():
+SHIPPED_CASES = [  # IG with a baseline in the fast loop; the other three (~10 CPU s each) are slow
+    pytest.param("integrated_gradients", {"steps": 3, "baseline": np.full((84, 84, 4), 20.0, np.float32)},
+                 id="ig"),
+    pytest.param("integrated_gradients", {"steps": 3, "rule": "guided"}, id="ig_guided", marks=pytest.mark.slow),
+    pytest.param("smoothgrad", {"n_samples": 3, "key": jax.random.PRNGKey(0)}, id="smoothgrad",
+                 marks=pytest.mark.slow),
+    pytest.param("smoothgrad", {"n_samples": 3, "key": jax.random.PRNGKey(0), "rule": "guided"},
+                 id="smoothgrad_guided", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("method,kw", SHIPPED_CASES)
+def test_shipped_nature_cnn_fast_equals_plain(method, kw):
     """The shipped Breakout agent (Nature CNN with LayerNorm): prefix x/255 -> conv1 -> bias."""
     jaxsal_agents = pytest.importorskip("jaxsal_agents")
     ag = jaxsal_agents.load("breakout")
     sp = split_affine(ag.apply_fn, ag.params, (84, 84, 4))
     assert sp is not None and sp.costly == 1
     obs = np.random.default_rng(0).integers(0, 256, (2, 84, 84, 4), dtype=np.uint8)
-    base = np.full((84, 84, 4), 20.0, np.float32)
-    for method, kw in [("integrated_gradients", {"steps": 3, "baseline": base}),
-                       ("integrated_gradients", {"steps": 3, "rule": "guided"}),
-                       ("smoothgrad", {"n_samples": 3, "key": jax.random.PRNGKey(0)}),
-                       ("smoothgrad", {"n_samples": 3, "key": jax.random.PRNGKey(0),
-                                       "rule": "guided"})]:
-        plain = jaxsal.explain(ag.apply_fn, ag.params, obs, method=method, fast_prefix=False,
-                               **kw)
-        _same(jaxsal.explain(ag.apply_fn, ag.params, obs, method=method, **kw), plain)
+    plain = jaxsal.explain(ag.apply_fn, ag.params, obs, method=method, fast_prefix=False, **kw)
+    _same(jaxsal.explain(ag.apply_fn, ag.params, obs, method=method, **kw), plain)

@@ -39,10 +39,10 @@ def test_training_env_clips_rewards_and_eval_does_not():
     assert np.max(np.concatenate(rewards)) >= 10
 
 
-@pytest.mark.parametrize("game, channels, actions", [
-    ("minatar-breakout", 4, 3), ("minatar-spaceinvaders", 6, 4), ("minatar-asterix", 4, 5),
-    ("minatar-freeway", 7, 3)])
-@pytest.mark.slow
+@pytest.mark.parametrize("game, channels, actions", [  # asterix and freeway: ~10 CPU s of gymnax compile each
+    ("minatar-breakout", 4, 3), ("minatar-spaceinvaders", 6, 4),
+    pytest.param("minatar-asterix", 4, 5, marks=pytest.mark.slow),
+    pytest.param("minatar-freeway", 7, 3, marks=pytest.mark.slow)])
 def test_minatar_env(game, channels, actions):
     env = make_env(game, num_envs=3)
     obs = env.reset()

@@ -21,6 +21,7 @@ def test_q_lambda_targets_match_slow_reference():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # a learning check (49k env steps); resuming is checked fast by the target-network run
 def test_minatar_pqn_return_improves_and_resumes(tmp_path):
     cfg = PQNConfig(game="minatar-breakout", steps=49152, num_envs=64, rollout=16, ckpt_every=8,
                     eps_decay_frac=0.2, run_dir=str(tmp_path / "run"), lr=1e-3)
@@ -116,6 +117,7 @@ def test_warm_start_from_exported_params(tmp_path):
     assert 0 < max(jax.tree.leaves(moved)) < 1.0  # trained on from the seed, not from a fresh init
 
 
+@pytest.mark.slow  # a training subprocess
 def test_sigterm_stops_after_the_update_with_a_checkpoint(tmp_path):
     """A killed session loses nothing: SIGTERM ends the run after its update, checkpointed."""
     import signal

@@ -305,12 +305,12 @@ def test_time_distributed_errors(td):
     assert jaxsal.gradcam(m.apply, p, x7, layer="conv", per_frame=True).shape == (2, 8, 8, 3)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~35 CPU s (its LSTMs); per-frame CAM on time-distributed trunks is checked above
 def test_split_attention_agent_per_frame_cam():
     """Paper A's split-attention agent: its shared trunk runs on N*T frames; one map per frame
     (the frame-summed default on this agent is checked by tests/test_snapshots.py's slow test)."""
     from jaxsal_agents.networks import SplitAttentionDQN
-    from jaxsal.backprop.layers import resolve_layer
+    from jaxsal.gradient.layers import resolve_layer
     m = SplitAttentionDQN(3, frames=4, lstm_features=8)
     x = obs((2, 84, 84, 4), seed=7, lo=0, hi=255)
     # random params of init's shapes (eager flax init of the LSTMs takes ~15 s on a busy CPU)

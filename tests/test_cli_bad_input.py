@@ -2,6 +2,7 @@
 names the fix, exit 2, no traceback, and the output directory holds nothing new (not created when it
 did not exist, untouched when it did, earlier results never deleted)."""
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -85,8 +86,17 @@ def _finished_job(d, card, out):
                  "--out", str(out), "--quiet", "--chunk", "4"]) == 0
 
 
-@pytest.mark.parametrize("where", ["new", "empty", pytest.param("finished job", marks=pytest.mark.slow)])
-def test_bad_input_is_one_line_exit_2_nothing_written(inputs, tmp_path, capsys, where):
+@pytest.fixture(scope="module")
+def finished(inputs, tmp_path_factory):
+    """One finished job, copied for each case (15 runs of the same job would cost ~10 CPU s)."""
+    d, card, _ = inputs
+    out = tmp_path_factory.mktemp("finished") / "job"
+    _finished_job(d, card, out)
+    return out
+
+
+@pytest.mark.parametrize("where", ["new", "empty", "finished job"])
+def test_bad_input_is_one_line_exit_2_nothing_written(inputs, tmp_path, capsys, where, request):
     d, card, atari = inputs
     failed = []
     for i, (name, (argv, what, fix)) in enumerate(_cases(d, card, atari).items()):
@@ -94,7 +104,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(inputs, tmp_path, capsys, 
         if where == "empty":
             out.mkdir()
         elif where == "finished job":
-            _finished_job(d, card, out)
+            shutil.copytree(request.getfixturevalue("finished"), out)
         before = _tree(out)
         capsys.readouterr()
         code = main(argv + ["--out", str(out)])

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import jaxsal
 from jaxsal.cli import main
@@ -40,6 +41,7 @@ def test_sharded_over_four_devices_equals_one(tmp_path):
     np.testing.assert_allclose(four, one, rtol=0, atol=1e-5 * np.abs(one).max())
 
 
+@pytest.mark.slow  # two jax.distributed CLI processes; the 4-device subprocess above stays in the fast loop
 def test_two_processes_share_one_output(tmp_path):
     card = make_agent_files(tmp_path / "agent")
     np.save(tmp_path / "x.npy", frames(10, seed=4))
@@ -67,6 +69,7 @@ def _peak_rss_mb(card, inp, out):
     return int(peak) / 1024, int(base) / 1024
 
 
+@pytest.mark.slow  # two CLI subprocesses over 160 MB of frames
 def test_peak_memory_flat_in_buffer_size(tmp_path):
     card = make_agent_files(tmp_path / "agent", game="breakout", num_actions=4)
     rng = np.random.default_rng(0)

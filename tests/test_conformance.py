@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import parameterized
 
 import jaxsal
@@ -82,6 +83,10 @@ def test_every_registered_method_has_a_case():
 
 
 METHODS = [(m, m) for m in sorted(CASES)]
+QUICK = {"gradient", "gradcam", "occlusion", "rise"}
+"""One method per family (gradient, CAM, deterministic and stochastic perturbation) runs every
+check in the fast loop; the others run the eager shape/batching/chunking/layout checks there, and
+their jit, vmap and scan checks (a compile each, ~70 CPU s together) are `slow` tests."""
 
 
 class Conformance(chex.TestCase):
@@ -130,3 +135,14 @@ class Conformance(chex.TestCase):
         chex.assert_shape(vm, (2, N, H, W))
         _close(vm, loop, f"{method}: vmap == loop")
         _close(scanned, loop, f"{method}: inside lax.scan == loop")
+
+
+def _mark_slow_variants():
+    """The generated test methods are named test_<check>_<method>[__with_jit|__without_jit]."""
+    for base in ("test_shapes_batching_chunking_layout", "test_deterministic_vmap_and_scan"):
+        for method in set(CASES) - QUICK:
+            name = f"{base}_{method}" + ("__with_jit" if base == "test_shapes_batching_chunking_layout" else "")
+            setattr(Conformance, name, pytest.mark.slow(getattr(Conformance, name)))
+
+
+_mark_slow_variants()

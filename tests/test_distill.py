@@ -90,6 +90,7 @@ def _held_out(teacher, model, params):
     return distill_loss(model.apply(params, jnp.asarray(obs)), q_t, 0.02, 1.0)
 
 
+@pytest.mark.slow  # a learning check; distill's training loop and resume are checked fast below
 def test_student_with_more_frames_learns_the_teacher(tmp_path, teacher):
     """A 6-frame student learns a 4-frame teacher (which reads the newest 4 frames): held-out loss
     falls to under half and action agreement rises."""

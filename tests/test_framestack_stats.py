@@ -223,13 +223,17 @@ def test_no_update_premise_identical_slots_get_identical_first_layer_updates():
     frames = (rng.random((32, 5, 10, 10, 3)) < 0.2).astype(np.float32)     # 5 frames per state
     targets = jnp.asarray(rng.normal(size=32), jnp.float32)
 
+    @jax.jit  # one compile for both stacks (op by op, the optimiser's update takes seconds)
+    def step(p, state, obs):
+        def loss(q):
+            return jnp.mean((model.apply(q, obs)[:, 0] - targets) ** 2)
+        updates, state = tx.update(jax.grad(loss)(p), state, p)
+        return jax.tree.map(lambda a, b: a + b, p, updates), state
+
     def deltas(obs):
-        def loss(p):
-            return jnp.mean((model.apply(p, obs)[:, 0] - targets) ** 2)
         p, state = params, tx.init(params)
         for _ in range(3):
-            updates, state = tx.update(jax.grad(loss)(p), state, p)
-            p = jax.tree.map(lambda a, b: a + b, p, updates)
+            p, state = step(p, state, obs)
         d = np.asarray(p["params"]["conv1"]["kernel"] - params["params"]["conv1"]["kernel"])
         return [d[:, :, 3 * j:3 * j + 3] for j in range(4)]
 

@@ -58,8 +58,15 @@ def _maps(fn, case):
     return np.asarray(jaxsal.explain(fn, P, X, method=method, **CASES[case]))
 
 
-@pytest.mark.parametrize("wrap", list(APPLIES))
-@pytest.mark.parametrize("case", list(CASES))
+EVERY_WRAP = {"gradient", "guided_backprop", "gradcam"}
+"""Every case runs through the jit called directly in the fast loop; through the other two wraps,
+one plain gradient, one ReLU rule and one layer method do (the rest are `slow` tests)."""
+
+
+@pytest.mark.parametrize("case,wrap", [
+    pytest.param(case, wrap, id=f"{case}-{wrap}",
+                 marks=() if wrap == "jit" or case in EVERY_WRAP else pytest.mark.slow)
+    for case in CASES for wrap in APPLIES])
 def test_maps_through_a_jitted_apply_equal_the_plain_apply(case, wrap):
     want = _maps(NET.apply, case)
     got = _maps(APPLIES[wrap], case)

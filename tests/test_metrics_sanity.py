@@ -10,20 +10,30 @@ import flax.linen as nn
 from jaxsal_agents.networks import NatureDQN, _Norm
 from jaxsal import SaliencyInputError
 from jaxsal.metrics import cascade, sanity_check
+from jaxsal.batching import cached_jit
 from jaxsal.registry import METHODS, register
 from jaxsal.targets import get_target, resolve_actions
 
 SEEN_ACTIONS = []
 
 
+def _abs_grad(apply_fn, target):
+    tgt = get_target(target)
+
+    def f(params, obs, a):
+        g = jax.grad(lambda o: tgt.score(apply_fn(params, o), a).sum())(jnp.asarray(obs, jnp.float32))
+        return jnp.abs(g).sum(-1)
+    return f
+
+
 def _grad_map(apply_fn, params, obs, *, target="q_chosen", actions=None, layout="NHWC",
               batch_size=None):
-    """|d target / d obs| summed over frames (a plain gradient map for these tests)."""
+    """|d target / d obs| summed over frames (a plain gradient map for these tests; compiled once
+    per model and shape, as jaxsal's methods are: op by op, each randomised model costs seconds)."""
     tgt = get_target(target)
     a = resolve_actions(tgt, apply_fn(params, obs), actions)
     SEEN_ACTIONS.append(np.asarray(a))
-    g = jax.grad(lambda o: tgt.score(apply_fn(params, o), a).sum())(jnp.asarray(obs, jnp.float32))
-    return jnp.abs(g).sum(-1)
+    return cached_jit(_abs_grad, apply_fn, target)(params, obs, a)
 
 
 def _noise_map(apply_fn, params, obs, *, target="q_chosen", actions=None, key=None, batch_size=None):

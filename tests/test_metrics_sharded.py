@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow  # sharded == unsharded over fake devices in subprocesses (tests/test_sharding.py keeps one in the fast loop)
-
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent("""
@@ -52,8 +50,16 @@ def _run(tmp_path, ndev):
     return dict(np.load(out))
 
 
+def _run_here(tmp_path):
+    """The same script in this process, on its one device (a subprocess start saved)."""
+    out = tmp_path / "metrics_here.npz"
+    exec(SCRIPT.format(root=str(ROOT), out_path=str(out)), {})
+    return dict(np.load(out))
+
+
+@pytest.mark.slow  # a 4-device subprocess; tests/test_sharding.py and test_cli_scale.py keep one each fast
 def test_sharded_metrics_equal_unsharded(tmp_path):
-    one, four = _run(tmp_path, 1), _run(tmp_path, 4)
+    one, four = _run_here(tmp_path), _run(tmp_path, 4)
     assert int(one.pop("ndev")) == 1 and int(four.pop("ndev")) == 4
     assert set(one) == set(four)
     for k in one:

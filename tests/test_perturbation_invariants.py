@@ -126,7 +126,7 @@ def test_bad_input_is_one_clear_error(call, match):
         call(tiny_obs(2))
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a 4-device subprocess; tests/test_sharding.py and test_cli_scale.py keep one each fast
 def test_sharded_equals_unsharded():
     script = textwrap.dedent("""
         import jax, numpy as np

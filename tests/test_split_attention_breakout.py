@@ -19,6 +19,7 @@ TINY = ["--frames", "3", "--lstm-features", "4", "--num-envs", "2", "--rollout",
         "--ckpt-every", "100", "--time-limit", "0"]
 
 
+@pytest.mark.slow  # ~60 CPU s: tracing the split-attention agent's LSTMs for training and snapshots
 def test_main_trains_snapshots_and_draws_strips_and_keeps_snapshots_on_resume(tmp_path):
     run = tmp_path / "run"
     first = main(TINY + ["--steps", "8", "--run-dir", str(run)])          # 2 updates of 2x2 steps
