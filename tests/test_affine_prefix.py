@@ -1,4 +1,4 @@
-"""The affine-prefix fast path of IG and SmoothGrad (jaxsal.gradient.prefix / pathavg): the split
+"""The affine-prefix fast path of IG and SmoothGrad (jaxsal.backprop.prefix / pathavg): the split
 is found where it should be and nowhere else, and the maps equal the plain path's."""
 import flax.linen as nn
 import jax
@@ -9,8 +9,8 @@ from jax import lax
 
 import jaxsal
 from jaxsal.targets import get_target
-from jaxsal.gradient.pathavg import interpolated_gradient
-from jaxsal.gradient.prefix import split_affine
+from jaxsal.backprop.pathavg import interpolated_gradient
+from jaxsal.backprop.prefix import split_affine
 
 H, W, C, A = 16, 16, 2, 3
 

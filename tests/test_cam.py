@@ -310,7 +310,7 @@ def test_split_attention_agent_per_frame_cam():
     """Paper A's split-attention agent: its shared trunk runs on N*T frames; one map per frame
     (the frame-summed default on this agent is checked by tests/test_snapshots.py's slow test)."""
     from jaxsal_agents.networks import SplitAttentionDQN
-    from jaxsal.gradient.layers import resolve_layer
+    from jaxsal.backprop.layers import resolve_layer
     m = SplitAttentionDQN(3, frames=4, lstm_features=8)
     x = obs((2, 84, 84, 4), seed=7, lo=0, hi=255)
     # random params of init's shapes (eager flax init of the LSTMs takes ~15 s on a busy CPU)

@@ -16,7 +16,7 @@ _MAPS = textwrap.dedent("""
     used = cpu.use_fast_kernels()
     import jax, numpy as np, jaxsal
     from jaxsal_agents.networks import NatureDQN
-    from jaxsal.fastconv import fast_apply
+    from jaxsal.backprop.strided_conv import fast_apply
     m = NatureDQN(6)
     p = m.init(jax.random.PRNGKey(0), np.zeros((1, 84, 84, 4), np.uint8))
     x = np.random.default_rng(0).integers(0, 256, (3, 84, 84, 4), dtype=np.uint8)
