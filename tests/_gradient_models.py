@@ -85,7 +85,7 @@ def cleanrl_agent(seed=0, shape=(1, 2, 16, 16)):
 
 def init(model, shape, seed=0, scale=1.0):
     """Params of a flax model for inputs of `shape`, weights scaled by `scale`."""
-    p = model.init(jax.random.PRNGKey(seed), jnp.zeros(shape))
+    p = jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros(shape))  # one compile, not one per op
     return jax.tree.map(lambda w: w * scale, p)
 
 

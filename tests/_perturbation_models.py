@@ -7,11 +7,16 @@ import numpy as np
 H, W, C, A = 12, 12, 2, 3
 
 
-def tiny_params(seed=0):
+@jax.jit  # one compile, not one per op (many test modules build these at import)
+def _tiny_params(seed):
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
     return {"k": jax.random.normal(k1, (3, 3, C, 4)) * 0.5,
             "w": jax.random.normal(k2, (5 * 5 * 4, A)) * 0.3,
             "b": jax.random.normal(k3, (A,)) * 0.1}
+
+
+def tiny_params(seed=0):
+    return _tiny_params(seed)
 
 
 def tiny_apply(params, obs):

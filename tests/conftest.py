@@ -7,6 +7,12 @@ flags) lets every later compile of an identical program load the executable inst
 temporary folder shared by the xdist workers and the CLI subprocesses (through the environment) and
 is removed at the end, so each run starts cold. JAXSAL_TEST_COMPILE_CACHE=0 turns it off; a
 JAX_COMPILATION_CACHE_DIR set by the caller is used as it is.
+
+The fast loop (`-m 'not slow'`, the default) also compiles at XLA's backend optimisation level 0:
+LLVM's passes change how fast the code runs, not what it computes, and on these small programs
+compiling costs far more than running (a quarter less CPU time in all). The slow tests (training,
+peers, benchmarks) and any other selection compile as users do. JAXSAL_TEST_XLA_OPT=default keeps
+the default everywhere.
 """
 import atexit
 import os
@@ -30,3 +36,14 @@ def _session_compile_cache():
 
 
 _session_compile_cache()
+
+
+OPT0 = "--xla_backend_optimization_level=0"
+
+
+def pytest_configure(config):
+    """Level-0 compiles for the fast loop only; set before any backend starts (xdist workers inherit it)."""
+    fast_loop = (config.getoption("markexpr") or "").strip() == "not slow"
+    if fast_loop and os.environ.get("JAXSAL_TEST_XLA_OPT") != "default" \
+            and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPT0}".strip()

@@ -95,9 +95,10 @@ IG_GUIDED = ("integrated_gradients", {"steps": 5, "rule": "guided", "baseline": 
 SG = ("smoothgrad", {"n_samples": 5, "key": jax.random.PRNGKey(0)})
 SG_GUIDED = ("smoothgrad", {"n_samples": 5, "key": jax.random.PRNGKey(0), "rule": "guided"})
 SG_VAR = ("smoothgrad", {"n_samples": 5, "key": jax.random.PRNGKey(0), "variant": "vargrad"})
-CASES = [("scaled", *c) for c in (IG, IG_GUIDED, SG, SG_GUIDED, SG_VAR)] + [
-    ("layernorm", *IG), ("layernorm", *SG_GUIDED), ("nchw", *IG), ("nchw", *SG_GUIDED),
-    ("nonlinear_first", *IG), ("nonlinear_first", *SG)]
+_SLOW = pytest.mark.slow  # ~5 CPU s each; the fast loop keeps one case per model
+CASES = [("scaled", *IG), ("scaled", *SG), ("layernorm", *SG_GUIDED), ("nchw", *IG), ("nonlinear_first", *SG)] + [
+    pytest.param(*c, marks=_SLOW) for c in [("scaled", *IG_GUIDED), ("scaled", *SG_GUIDED), ("scaled", *SG_VAR),
+                                            ("layernorm", *IG), ("nchw", *SG_GUIDED), ("nonlinear_first", *IG)]]
 
 
 def _same(fast, plain):

@@ -26,7 +26,7 @@ def test_bucket_sizes():
 @pytest.mark.parametrize("method,kw", [
     ("gradient", {}),  # the CAM methods run the same family engine
     ("smoothgrad", {"n_samples": 4, "key": jax.random.PRNGKey(0)}),  # as IG: sample groups
-    ("occlusion", {"patch": 4, "stride": 4}),  # the perturbation engine
+    pytest.param("occlusion", {"patch": 4, "stride": 4}, marks=pytest.mark.slow),  # the perturbation engine (~9 CPU s)
 ])
 def test_smaller_batches_reuse_the_compiled_programs(method, kw):
     obs = np.random.default_rng(0).integers(0, 256, (64, H, W, C), dtype=np.uint8)

@@ -31,7 +31,7 @@ class Tiny(nn.Module):
 
 
 MODEL = Tiny()
-PARAMS = MODEL.init(jax.random.PRNGKey(0), jnp.zeros((1, H, W, C)))
+PARAMS = jax.jit(MODEL.init)(jax.random.PRNGKey(0), jnp.zeros((1, H, W, C)))
 KEY = jax.random.PRNGKey(7)
 
 # method -> options of its conformance case (small sample counts; the method's own

@@ -91,12 +91,14 @@ def test_rule_leaves_alone_what_it_cannot_do_exactly():
         np.testing.assert_allclose(jax.grad(rewrite(f))(x), jax.grad(f)(x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("method,kw", [
-    ("gradient", {}), ("guided_backprop", {}), ("grad_x_input", {}),
-    ("gradcam", {"layer": "conv1"}), ("g2gradcam", {}), ("guided_gradcam", {}),
+@pytest.mark.parametrize("method,kw", [  # one per rule and engine in the fast loop; the rest slow
+    ("gradient", {}), ("guided_backprop", {}), pytest.param("grad_x_input", {}, marks=pytest.mark.slow),
+    ("gradcam", {"layer": "conv1"}), pytest.param("g2gradcam", {}, marks=pytest.mark.slow),
+    pytest.param("guided_gradcam", {}, marks=pytest.mark.slow),
     ("smoothgrad", {"n_samples": 3, "key": jax.random.PRNGKey(0)}),
-    ("smoothgrad", {"n_samples": 3, "key": jax.random.PRNGKey(0), "rule": "guided"}),
-    ("integrated_gradients", {"steps": 3, "rule": "guided"}),
+    pytest.param("smoothgrad", {"n_samples": 3, "key": jax.random.PRNGKey(0), "rule": "guided"},
+                 marks=pytest.mark.slow),
+    pytest.param("integrated_gradients", {"steps": 3, "rule": "guided"}, marks=pytest.mark.slow),
 ])
 def test_default_maps_equal_the_plain_path(method, kw):
     from tests.test_conformance import MODEL, PARAMS, _obs

@@ -29,7 +29,7 @@ class Net(nn.Module):
 
 NET = Net()
 X = np.random.default_rng(0).integers(0, 256, (3, 20, 20, 2)).astype(np.float32)
-P = NET.init(jax.random.PRNGKey(0), X[:1])
+P = jax.jit(NET.init)(jax.random.PRNGKey(0), X[:1])
 JITTED = jax.jit(NET.apply)
 JITTED(P, X)  # the jit's cache is warm, as SBX's is after training
 NESTED = jax.jit(lambda p, x: JITTED(p, x) * 1.0)

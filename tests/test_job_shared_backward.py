@@ -56,6 +56,7 @@ def _count_runs(monkeypatch):
     return runs
 
 
+@pytest.mark.slow  # ~30 CPU s: six jobs; the fast loop keeps the program count and the partial-group resume
 def test_list_job_matches_single_jobs_and_the_list_call(tmp_path, nature):
     card, agent, x, inp = nature
     assert _job(card, inp, tmp_path / "all", METHODS, "--option", "g.layer=conv2") == 0

@@ -26,11 +26,13 @@ class Tiny(nn.Module):
 
 
 MODEL = Tiny()
-PARAMS = MODEL.init(jax.random.PRNGKey(0), jnp.zeros((1, H, W, C)))
+PARAMS = jax.jit(MODEL.init)(jax.random.PRNGKey(0), jnp.zeros((1, H, W, C)))
 OBS = jnp.asarray(np.random.default_rng(0).integers(0, 256, (N, H, W, C)), jnp.uint8)
 OPTIONS = {"smoothgrad": {"n_samples": 3, "key": jax.random.PRNGKey(1)},
            "integrated_gradients": {"steps": 3}}
-METHODS = sorted(FAMILY) + ["smoothgrad", "integrated_gradients"]
+FAST = {"gradient", "guided_backprop", "gradcam", "smoothgrad"}  # one per rule and engine; the rest slow (~3 CPU s each)
+METHODS = [m if m in FAST else pytest.param(m, marks=pytest.mark.slow)
+           for m in sorted(FAMILY) + ["smoothgrad", "integrated_gradients"]]
 
 
 def _weights(shape):

@@ -29,7 +29,7 @@ class TwoConv(nn.Module):
 
 OBS = tiny_obs(3, seed=9)
 MODEL = TwoConv()
-PARAMS = MODEL.init(jax.random.PRNGKey(1), OBS[:1])
+PARAMS = jax.jit(MODEL.init)(jax.random.PRNGKey(1), OBS[:1])
 
 
 @pytest.mark.parametrize("method,opts", [

@@ -20,9 +20,8 @@ SCRIPT = textwrap.dedent("""
     x = obs((6, 8, 8, 2), seed=3, lo=0, hi=255)
     p = init(m, x.shape, seed=1)
     key = jax.random.PRNGKey(5)
-    out = jaxsal.explain(m.apply, p, x, method=["gradient", "gradcam", "g2gradcam",
-                         "smoothgrad", "integrated_gradients"], layer="conv", key=key,
-                         n_samples=5, steps=6, batch_size=12)
+    out = jaxsal.explain(m.apply, p, x, method=["gradient", "gradcam", "smoothgrad"], layer="conv",
+                         key=key, n_samples=5, batch_size=12)
     out["gradcam_b3"] = jaxsal.gradcam(m.apply, p, x, layer="conv", batch_size=3)
     out["ndev"] = np.array(jax.local_device_count())
     np.savez({out_path!r}, **{{k: np.asarray(v) for k, v in out.items()}})

@@ -97,6 +97,7 @@ def _cfg(tmp_path, d):
                      epochs=1, run_dir=str(tmp_path / d), ckpt_every=1000)
 
 
+@pytest.mark.slow  # trains PQN; the snapshot hook itself is checked without training above
 def test_callback_in_pqn_training_records_at_the_right_updates(setup, tmp_path):
     from jaxsal_agents.train import train
     env, probe, model, _ = setup
