@@ -204,6 +204,18 @@ def is_traced(*trees) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(trees))
 
 
+def in_host_memory(x) -> bool:
+    """A concrete jax array whose every shard lives on a CPU device: numpy views it without a copy."""
+    return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            and all(d.platform == "cpu" for d in x.devices()))
+
+
+def head(x, k: int = 1):
+    """x's first k rows, through numpy for arrays in host memory (a device slice compiles one
+    program per new number of states); for probing shapes and structure."""
+    return (np.asarray(x) if in_host_memory(x) else x)[:k]
+
+
 def pad_rows(x, size):
     """x (m, ...) padded to `size` rows by repeating its last row (results of padded rows are
     cut off; repeating a real row keeps them finite)."""
@@ -219,6 +231,9 @@ def iter_chunks(arrays, size: int):
     """Yield (chunk arrays padded to `size` rows and sharded over local devices, real rows)."""
     n = arrays[0].shape[0]
     sharding = batch_sharding()
+    # a jax array in host memory is sliced and padded as a numpy view: device slices and pads
+    # would compile a program per new number of states
+    arrays = [np.asarray(a) if in_host_memory(a) else a for a in arrays]
     for start in range(0, n, size):
         chunk = [pad_rows(a[start:start + size], size) for a in arrays]
         # always device arrays, so every chunk hits the same jit cache entry (numpy and jax
@@ -228,11 +243,27 @@ def iter_chunks(arrays, size: int):
         yield chunk, min(size, n - start)
 
 
+def cut(x, m: int):
+    """x's first m rows. On CPU devices through numpy: a device slice is one XLA program per
+    new (shape, m), compiled at ~0.2 s, so every new number of states would pay a compile."""
+    if x.shape[0] == m:
+        return x
+    if in_host_memory(x):
+        return jax.device_put(np.asarray(x)[:m])
+    return x[:m]
+
+
 def concat(outs: list):
-    """Concatenate per-chunk output pytrees along axis 0."""
+    """Concatenate per-chunk output pytrees along axis 0 (on CPU devices in numpy, for the
+    reason `cut` gives: a device concatenate compiles once per new number of chunks)."""
     if len(outs) == 1:
         return outs[0]
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+
+    def cat(*xs):
+        if all(in_host_memory(x) for x in xs):
+            return jax.device_put(np.concatenate([np.asarray(x) for x in xs], axis=0))
+        return jnp.concatenate(xs, axis=0)
+    return jax.tree.map(cat, *outs)
 
 
 def run(chunk_fn: Callable, arrays, size: int, traced: bool | None = None):
@@ -250,7 +281,7 @@ def run(chunk_fn: Callable, arrays, size: int, traced: bool | None = None):
     if traced is None:
         traced = is_traced(arrays)
     if not traced:
-        outs = [jax.tree.map(lambda o: o[:m], chunk_fn(jax.tree.unflatten(tree, chunk)))
+        outs = [jax.tree.map(lambda o: cut(o, m), chunk_fn(jax.tree.unflatten(tree, chunk)))
                 for chunk, m in iter_chunks(leaves, size)]
         return concat(outs)
     if n <= size:  # one program over the whole batch: nothing to pad under the caller's jit
@@ -259,6 +290,17 @@ def run(chunk_fn: Callable, arrays, size: int, traced: bool | None = None):
     stacked = [pad_rows(a, k * size).reshape((k, size) + a.shape[1:]) for a in leaves]
     out = jax.lax.map(lambda c: chunk_fn(jax.tree.unflatten(tree, c)), stacked)
     return jax.tree.map(lambda o: o.reshape((k * size,) + o.shape[2:])[:n], out)
+
+
+def per_state(build: Callable[..., Callable], args: tuple, consts, *arrays, batch_size: int | None = None):
+    """build(*args)(consts, *chunks) over the states of `arrays`, jitted once per build and
+    args and run in bucket-padded chunks: glue after a method's main program (reshapes,
+    resizes, weighted sums) compiles no new program for a new number of states. Traced: one
+    call inside the caller's program."""
+    fn = cached_jit(build, *args)
+    if is_traced(consts, arrays):
+        return fn(consts, *arrays)
+    return map_batched(fn, consts, *arrays, batch_size=default_rows() if batch_size is None else batch_size)
 
 
 def accumulate(fn: Callable, statics: list, traced: bool):

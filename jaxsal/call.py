@@ -75,7 +75,7 @@ def _check_obs_lazy(obs, layout):
         return check_obs(obs, layout)
     dtype = np.dtype(obs.dtype)
     if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
-        check_obs(obs[:1], layout)
+        check_obs(batching.head(obs), layout)
         return obs
     return check_obs(obs, layout)
 

@@ -58,7 +58,9 @@ def sample_groups(total: int, rows: int):
 
 
 def state_index(n: int):
-    return jnp.arange(n, dtype=jnp.int32)
+    """0..n-1 as a host array: chunked and padded like the frames (jnp.arange would compile one
+    program per new number of states)."""
+    return np.arange(n, dtype=np.int32)
 
 
 def as_key(key, method):

@@ -115,7 +115,7 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
                       batch_size=batch_size)
     layout = prep.layout  # resolved: the caller's, else the model's declared one
     uses_layer = any(m in LAYER_METHODS for m in methods)
-    x1 = as_float(prep.x[:1])
+    x1 = as_float(batching.head(prep.x))
     if uses_layer and isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
         layer, layer_activation = _structure_cached(cam_site, apply_fn, params, x1, layer, layer_activation)
     get_activation(layer_activation)

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import targets as T
-from jaxsal.batching import (LRU, cached_jit, chunk_size, is_traced, map_batched, pad_rows, run,
-                             static_key)
+from jaxsal.batching import (LRU, cached_jit, chunk_size, in_host_memory, is_traced, map_batched, pad_rows,
+                             per_state, run, static_key)
 from jaxsal.call import Call, as_float, check_call
 from jaxsal.errors import SaliencyInputError
 from jaxsal.validate import check_positive_int, to_nhwc
@@ -87,6 +87,8 @@ def resolve_fill(fill, x, obs_max: float):
         raise SaliencyInputError(
             f"fill must be a finite number (fraction of the value range: 0 black, 0.5 grey) or "
             f"'black'/'grey'/'mean', got {fill!r}")
+    if isinstance(obs_max, (int, float)):  # on the host: a device fill would compile per new N
+        return np.full((n, 1, 1, c), float(fill) * obs_max, np.float32)
     return jnp.full((n, 1, 1, c), float(fill) * obs_max, jnp.float32)  # obs_max may be traced
 
 
@@ -102,11 +104,33 @@ def clean_pass(apply_fn, params, obs, *, layout=None, target="q_chosen", actions
     call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
     layout = call.layout  # resolved: the caller's, else the model's declared one
-    x = to_nhwc(as_float(call.x), layout)
+    x = _float_nhwc(call.x, layout)
     vmax = resolve_obs_max(obs, obs_max)
-    fn = cached_jit(_apply_layout, apply_fn, layout)
-    out0 = map_batched(fn, params, x, batch_size=call.rows)
-    return CleanPass(call, x, vmax, out0, T.resolve_actions(call.target, out0, call.actions))
+    if call.actions is None and call.target.name == "q_action":
+        raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
+    out0, chosen = map_batched(cached_jit(_clean_forward, apply_fn, layout, call.target), params, x,
+                               batch_size=call.rows)
+    actions = chosen if call.actions is None else jnp.asarray(call.actions, jnp.int32)
+    return CleanPass(call, x, vmax, out0, actions)
+
+
+def _float_nhwc(x, layout):
+    """float32 NHWC frames; on the host for host arrays (a device cast or transpose compiles
+    one program per new number of states)."""
+    if isinstance(x, np.ndarray) or (in_host_memory(x) and not is_traced(x)):
+        x = np.asarray(x, np.float32)
+        return jax.device_put(x if layout == "NHWC" else np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
+    return to_nhwc(as_float(x), layout)
+
+
+def _clean_forward(apply_fn, layout, target):
+    """The clean output and each state's explained action (the target's choice), per chunk."""
+    fn = _apply_layout(apply_fn, layout)
+
+    def f(params, x):
+        out = fn(params, x)
+        return out, jax.lax.stop_gradient(target.choose(out)).astype(jnp.int32)
+    return f
 
 
 def _row_sq_norm(tree):
@@ -273,6 +297,8 @@ def _run_chunks(prep, params, n_pert, consts, states, fn):
         return sc[:, :n_pert], jnp.broadcast_to(leak, sc.shape[:1])
 
     scores, leaks = run(chunk_fn, st, s, traced)
+    if not traced and in_host_memory(leaks):  # a device reduction would compile per new N
+        return scores, bool(np.asarray(leaks).any())
     return scores, jnp.any(leaks)
 
 
@@ -288,15 +314,31 @@ def use_incremental(incremental, box_hw, image_hw) -> bool:
     return incremental
 
 
+UPSAMPLE = {"bilinear": "linear", "nearest": "nearest"}
+
+
+def _grid_map(grid_hw, hw, method):
+    """(S, gy * gx) or (S, gy, gx) scores -> (S, gy, gx) grid, resized to (S, H, W) unless hw is None."""
+    def f(_, scores):
+        grid = scores.reshape((scores.shape[0],) + tuple(grid_hw))
+        if hw is None or tuple(grid_hw) == tuple(hw):
+            return grid
+        return jax.image.resize(grid, (scores.shape[0],) + tuple(hw), method)
+    return f
+
+
+def grid_map(scores, grid_hw, hw, method: str = "bilinear"):
+    """(N, gy * gx) or (N, gy, gx) patch scores -> (N, H, W) map (half-pixel-centred resize, as PIL/skimage
+    do), or the (N, gy, gx) grid itself with hw=None; in bucket-padded chunks (batching.per_state)."""
+    if method not in UPSAMPLE:
+        raise SaliencyInputError(f"upsample must be one of {sorted(UPSAMPLE)}, got {method!r}")
+    return per_state(_grid_map, (tuple(grid_hw), None if hw is None else tuple(hw), UPSAMPLE[method]),
+                     None, scores)
+
+
 def upsample_grid(grid, hw, method: str = "bilinear"):
     """(N, gy, gx) score grid -> (N, H, W) map (half-pixel-centred resize, as PIL/skimage do)."""
-    methods = {"bilinear": "linear", "nearest": "nearest"}
-    if method not in methods:
-        raise SaliencyInputError(f"upsample must be one of {sorted(methods)}, got {method!r}")
-    n = grid.shape[0]
-    if grid.shape[1:] == tuple(hw):
-        return grid
-    return jax.image.resize(grid, (n,) + tuple(hw), methods[method])
+    return grid_map(grid, grid.shape[1:], hw, method)
 
 
 def check_fits(name: str, value, hw, minimum: int = 1) -> int:

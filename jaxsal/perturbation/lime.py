@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsal.batching import per_state
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
 from jaxsal.registry import register
@@ -147,6 +148,13 @@ def _ridge(z, y, valid, kernel_width, alpha):
     return coef * valid
 
 
+def _paint():
+    """Each pixel gets its segment's coefficient: (S, D) coef, (S, H, W) segments -> (S, H, W)."""
+    def f(_, coef, segs):
+        return jnp.take_along_axis(coef, segs.reshape(segs.shape[0], -1), axis=1).reshape(segs.shape)
+    return f
+
+
 @register("lime", stochastic=True)
 def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, segmentation: str = "slic", n_samples: int | None = None,
@@ -192,10 +200,14 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
         else:
             segs = _check_segments(segments, n, (h, w))
         d_max = int(segs.max()) + 1
-    valid = (jnp.arange(d_max)[None, :] <= jnp.asarray(segs).reshape(n, -1).max(-1)[:, None]
-             ).astype(jnp.float32)
+    if isinstance(segs, np.ndarray):  # on the host: device glue would compile per new N
+        valid = (np.arange(d_max)[None, :] <= segs.reshape(n, -1).max(-1)[:, None]).astype(np.float32)
+        segs_j = segs
+    else:
+        valid = (jnp.arange(d_max)[None, :] <= jnp.asarray(segs).reshape(n, -1).max(-1)[:, None]
+                 ).astype(jnp.float32)
+        segs_j = jnp.asarray(segs)
     z = lime_samples(key, n_samples, d_max)
-    segs_j = jnp.asarray(segs)
     fillv = C.resolve_fill(fill, prep.x, prep.obs_max)
 
     def perturb(consts, st, idx):
@@ -209,7 +221,7 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
     per = max(1, (1 << 25) // (n_samples * d_max + d_max * d_max))
     coef = C.map_batched(lambda zz, yy, vv: _ridge(zz, yy, vv, kernel_width, ridge_alpha),
                          z, y, valid, batch_size=per)
-    maps = jnp.take_along_axis(coef, segs_j.reshape(n, -1), axis=1).reshape(n, h, w)
+    maps = per_state(_paint, (), None, coef, segs_j)
     if return_coefficients:
         return maps, (coef, segs)
     return maps

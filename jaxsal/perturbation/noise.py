@@ -1,6 +1,7 @@
 """Noise sensitivity (Greydanus et al. 2018): blur a soft local disk, measure the output change."""
 from __future__ import annotations
 
+from jaxsal.batching import per_state
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
 from jaxsal.perturbation import _disk as D
@@ -32,7 +33,7 @@ def disk_grid_scores(prep, apply_fn, params, *, radius, stride, perturbation, bl
     gy, gx = len(ys), len(xs)
     if perturbation == "blur":
         sig = C.check_positive_float("blur_sigma", blur_sigma, allow_zero=True)
-        alt = D.blur_frames(prep.x, D.blur_matrix(h, sig), D.blur_matrix(w, sig))
+        alt = per_state(_blurred, (), (D.blur_matrix(h, sig), D.blur_matrix(w, sig)), prep.x)
     else:
         alt = C.resolve_fill(fill, prep.x, prep.obs_max)
     consts = {}
@@ -53,7 +54,12 @@ def disk_grid_scores(prep, apply_fn, params, *, radius, stride, perturbation, bl
     scores = C.perturbation_scores(
         prep, apply_fn, params, perturb=perturb, score=score_fn, n_pert=gy * gx,
         consts=consts, states={"alt": alt}, box=box)
-    return scores.reshape(n, gy, gx)
+    return C.grid_map(scores, (gy, gx), None)
+
+
+def _blurred():
+    """Each frame blurred on its own: (bh, bw), (S, H, W, C) -> (S, H, W, C)."""
+    return lambda b, x: D.blur_frames(x, *b)
 
 
 @register("noise_sensitivity")

@@ -63,7 +63,4 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
         score=C.make_score(score, prep.target), n_pert=gy * gx, states={"fill": fillv},
         box=(patch, patch, lambda i: ((i // gx) * stride, (i % gx) * stride))
         if C.use_incremental(incremental, (patch, patch), (h, w)) else None)
-    grid = scores.reshape(n, gy, gx)
-    if return_grid:
-        return grid
-    return C.upsample_grid(grid, (h, w), upsample)
+    return C.grid_map(scores, (gy, gx), None if return_grid else (h, w), upsample)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsal.batching import per_state
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
 from jaxsal.registry import register
@@ -128,10 +129,13 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
         prep, apply_fn, params, perturb=perturb,
         score=C.make_score("target", prep.target), n_pert=m, consts={"masks": masks},
         states={"fill": fillv})
-    sal = _weighted_sum(scores, masks.reshape(m, h * w)) / (m * p_keep)
-    return sal.reshape(n, h, w)
+    return per_state(_saliency, (float(m * p_keep),), masks, scores)
 
 
-@jax.jit
-def _weighted_sum(scores, flat_masks):
-    return jnp.matmul(scores, flat_masks, precision=jax.lax.Precision.HIGHEST)
+def _saliency(norm):
+    """(S, n_masks) scores, masks (n_masks, H, W) -> (S, H, W): sum_i score_i * mask_i / norm."""
+    def f(masks, scores):
+        m, h, w = masks.shape
+        sal = jnp.matmul(scores, masks.reshape(m, h * w), precision=jax.lax.Precision.HIGHEST) / norm
+        return sal.reshape(scores.shape[0], h, w)
+    return f

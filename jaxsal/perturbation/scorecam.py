@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.batching import cached_jit, map_batched
+from jaxsal.batching import cached_jit, head, map_batched, per_state
 from jaxsal.errors import SaliencyInputError
 from jaxsal.backprop import cam
 from jaxsal.backprop.cam_site import CAM_ACTIVATIONS, cam_site
@@ -71,10 +71,9 @@ def _mask_input(consts, st, idx):
     return st["x"] * channel_masks(a, consts["uy"], consts["ux"])  # (H, W, 1) over all C
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _combine(A, scores, hw):
+def _combine(hw):
     """ReLU(sum_k softmax_k(s)_k A^k), upsampled to hw as every jaxsal CAM: (N, H, W)."""
-    return cam.upsample(cam.cam_map(A, jax.nn.softmax(scores, axis=-1)), hw)
+    return lambda _, A, scores: cam.upsample(cam.cam_map(A, jax.nn.softmax(scores, axis=-1)), hw)
 
 
 def _build_activations(model, layer, activation):
@@ -100,7 +99,7 @@ def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=N
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size)
     model = C._apply_layout(apply_fn, prep.layout)   # the model on NHWC frames (prep.x)
-    x1 = prep.x[:1]
+    x1 = head(prep.x)
     if isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
         layer, layer_activation = cam_site(model, params, x1, layer, layer_activation)
     get_activation(layer_activation)
@@ -120,4 +119,4 @@ def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=N
     scores = C.perturbation_scores(prep, apply_fn, params, perturb=_mask_input,
                                    score=C.make_score("target", prep.target), n_pert=n_ch,
                                    consts=consts, states={"A": A})
-    return _combine(A, scores, hw)
+    return per_state(_combine, (hw,), None, A, scores)
