@@ -2,6 +2,9 @@
 region gets a nonzero effect from the class inside it and exactly zero from the others; removing
 it flips the greedy action where the object carries the Q-value; a map on that object agrees 1
 within states. Tiny 16x16 frames, 4 stacked frames, 5 states: each test takes seconds."""
+import re
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -209,3 +212,14 @@ def test_agreement_across_states_and_intervals_over_the_callers_units():
         effect_agreement(s, eff, groups=[0, 1])
     with pytest.raises(SaliencyInputError, match="both be \\(N, C\\)"):
         effect_agreement(s[:, :2], eff)
+
+
+def test_the_guides_example_runs_and_prints_what_it_says(capsys):
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "objects.md").read_text()
+    section = page.split("## Causal effects", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "docs/guides/objects.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    effect = [float(v) for v in re.findall(r"-?\d+\.?\d*", out[0])]
+    assert effect == pytest.approx([75.5556, 0.0], abs=1e-3) and out[1].split() == ["[", "True", "False]"], out
+    assert "'mean': 1.0, 'low': 1.0, 'high': 1.0, 'states': 8" in out[2], out
