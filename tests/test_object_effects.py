@@ -89,6 +89,10 @@ def test_only_the_read_object_has_an_effect_and_its_removal_flips_the_action():
     np.testing.assert_array_equal(np.asarray(res.flips)[:, 0], [False, True, True, True, True])
     assert not np.asarray(res.flips)[:, 1:].any()
     assert np.asarray(res.present).all()
+    given = object_effects(apply_fn, params, obs, _boxes(), actions=np.zeros(N, int))   # explain Q_0 everywhere
+    # state 0: its dim ball (70) over backgrounds 30..60, 16 px in each of 4 frames, averaged over READ's 4 x 32 px
+    assert float(given.effect[0, 0]) == pytest.approx(16 * (40 + 30 + 20 + 10) / 128, abs=1e-4)
+    np.testing.assert_allclose(given.effect[1:], res.effect[1:], atol=1e-5)
 
 
 def test_background_is_each_frames_mode_outside_the_objects():
@@ -128,8 +132,10 @@ def test_jit_batched_per_example_and_chunking_agree():
     assert jitted.classes == eager.classes
     jit_chunked = jax.jit(lambda o, m: object_effects(apply_fn, params, o, m, batch_size=4))(obs, masks)
     chunked = object_effects(apply_fn, params, obs, _boxes(), batch_size=4)     # C + 1 = 4 rows: one state a chunk
+    boxes = _boxes()
+    closed = jax.jit(lambda o: object_effects(apply_fn, params, o, boxes, batch_size=8))(obs)   # ObjectBoxes closed over
     one = [object_effects(apply_fn, params, obs[i:i + 1], _boxes()[i]) for i in range(N)]
-    for other in (jitted, jit_chunked, chunked):
+    for other in (jitted, jit_chunked, chunked, closed):
         np.testing.assert_allclose(other.effect, eager.effect, atol=1e-4)
         np.testing.assert_array_equal(other.flips, eager.flips)
     np.testing.assert_allclose(np.concatenate([r.effect for r in one]), eager.effect, atol=1e-4)
