@@ -229,3 +229,16 @@ def test_the_guides_example_runs_and_prints_what_it_says(capsys):
     effect = [float(v) for v in re.findall(r"-?\d+\.?\d*", out[0])]
     assert effect == pytest.approx([75.5556, 0.0], abs=1e-3) and out[1].split() == ["[", "True", "False]"], out
     assert "'mean': 1.0, 'low': 1.0, 'high': 1.0, 'states': 8" in out[2], out
+
+
+def test_bootstrap_correlations_from_copy_counts_equal_scipy_on_the_expanded_resamples():
+    from scipy import stats
+
+    from jaxsal.metrics.effects import _weighted_spearman
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(0, 4, 12).astype(float), rng.integers(0, 5, 12).astype(float)   # many ties
+    w = rng.integers(0, 3, (6, 12)).astype(float)
+    got = _weighted_spearman(a, b, w)
+    want = [stats.spearmanr(np.repeat(a, r.astype(int)), np.repeat(b, r.astype(int)))[0] for r in w]
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    assert np.isnan(_weighted_spearman(np.ones(4), np.arange(4.0), np.ones((1, 4))))[0]

@@ -218,10 +218,33 @@ def _spearman(a, b) -> float:
     ok = np.isfinite(a) & np.isfinite(b)
     if ok.sum() < 2:
         return float("nan")
-    ra, rb = stats.rankdata(a[ok]), stats.rankdata(b[ok])
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = np.sqrt((ra @ ra) * (rb @ rb))
-    return float(ra @ rb / den) if den > 0 else float("nan")
+    return float(_weighted_spearman(a[ok], b[ok], np.ones((1, int(ok.sum()))))[0])
+
+
+def _weighted_ranks(v, w):
+    """Average ranks (1-based) of v (n,) in the sample holding w[r, i] copies of v[i]: row r of
+    (R, n). A value's rank is (copies of smaller values) + (copies of equal values + 1) / 2,
+    what `scipy.stats.rankdata` gives the expanded sample."""
+    _, inv = np.unique(v, return_inverse=True)
+    inv = inv.reshape(-1)
+    order = np.argsort(inv, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(inv[order]) != 0])
+    group = np.add.reduceat(w[:, order], starts, axis=1)                # (R, G) copies per tie group
+    rank = np.cumsum(group, 1) - group + (group + 1.0) / 2.0
+    return rank[:, inv]
+
+
+def _weighted_spearman(a, b, w):
+    """(R,) Spearman correlations of the samples holding w[r, i] copies of the pair (a[i], b[i])
+    (bootstrap resamples as counts: one sort for all of them); NaN where a side is constant."""
+    ra, rb = _weighted_ranks(a, w), _weighted_ranks(b, w)
+    tot = w.sum(1, keepdims=True)
+    ra = ra - (w * ra).sum(1, keepdims=True) / tot
+    rb = rb - (w * rb).sum(1, keepdims=True) / tot
+    cov, va, vb = (w * ra * rb).sum(1), (w * ra * ra).sum(1), (w * rb * rb).sum(1)
+    den = np.sqrt(va * vb)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 1e-12 * np.maximum(tot[:, 0], 1) ** 3, cov / den, np.nan)
 
 
 def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed: int = 0, level: float = 0.95,
@@ -291,7 +314,6 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
         raise SaliencyInputError(f"n_resamples must be a positive integer, got {n_resamples!r}")
     if not 0 < level < 1:
         raise SaliencyInputError(f"level must be in (0, 1), got {level!r}")
-    members = [np.flatnonzero(unit == u) for u in range(k)]
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, k, (int(n_resamples), k))
     alpha = (1.0 - level) / 2.0
@@ -306,18 +328,22 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
     r = np.array([_spearman(s[i], e[i]) for i in range(n)])
     ok = np.isfinite(r)
     sums = np.bincount(unit, np.where(ok, r, 0.0), k)
-    counts = np.bincount(unit, ok.astype(np.float64), k)
+    n_ok = np.bincount(unit, ok.astype(np.float64), k)
     with np.errstate(invalid="ignore", divide="ignore"):
-        boot = sums[pick].sum(1) / counts[pick].sum(1)
+        boot = sums[pick].sum(1) / n_ok[pick].sum(1)
     lo, hi = interval(boot)
     within = {"mean": float(r[ok].mean()) if ok.any() else float("nan"), "low": lo, "high": hi,
               "states": int(ok.sum())}
     across = {}
-    resampled = [np.concatenate([members[u] for u in row]) for row in pick]
+    counts = np.bincount((np.arange(len(pick))[:, None] * k + pick).ravel(), minlength=len(pick) * k)
+    counts = counts.reshape(len(pick), k).astype(np.float64)             # (R, units): copies of each unit
     for j, name in enumerate(names):
+        ok = np.isfinite(s[:, j]) & np.isfinite(e[:, j])
         rho = _spearman(s[:, j], e[:, j])
-        boot = np.array([_spearman(s[idx, j], e[idx, j]) for idx in resampled]) if np.isfinite(rho) else np.array([])
+        boot = np.array([])
+        if np.isfinite(rho):      # resamples as per-state copy counts, in slices of 256 (memory: 256 x N)
+            boot = np.concatenate([_weighted_spearman(s[ok, j], e[ok, j], counts[r:r + 256][:, unit[ok]])
+                                   for r in range(0, len(pick), 256)])
         lo, hi = interval(boot)
-        across[name] = {"rho": rho, "low": lo, "high": hi,
-                        "states": int((np.isfinite(s[:, j]) & np.isfinite(e[:, j])).sum())}
+        across[name] = {"rho": rho, "low": lo, "high": hi, "states": int(ok.sum())}
     return {"within_state": within, "across_states": across, "units": k, "level": level, "share": share}
