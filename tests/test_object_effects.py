@@ -104,8 +104,19 @@ def test_background_is_each_frames_mode_outside_the_objects():
     wrong = object_effects(apply_fn, params, obs, masks, fill=0)             # black, not the background
     assert np.abs(np.asarray(wrong.effect) - np.asarray(bg.effect)).max() > 1.0
     from jaxsal.metrics.effects import background
-    est = background(jnp.asarray(obs, jnp.float32), jnp.asarray(masks))
-    np.testing.assert_array_equal(np.asarray(est), np.broadcast_to(BG, (N, F)))
+    for uint8 in (False, True):                       # sorted runs (any frames) and the 0..255 histogram
+        est = background(jnp.asarray(obs, jnp.float32), jnp.asarray(masks), uint8)
+        np.testing.assert_array_equal(np.asarray(est), np.broadcast_to(BG, (N, F)))
+    as_float = object_effects(apply_fn, params, obs.astype(np.float32), masks, classes=bg.classes)
+    np.testing.assert_allclose(as_float.effect, bg.effect, atol=1e-5)
+    ties = np.zeros((1, 4, 4, 1), np.float32)
+    ties[0, :2, :, 0] = 9.0                           # 8 pixels of 9, 8 of 0: a tie, the smaller value wins
+    no_objects = np.zeros((1, 1, 1, 4, 4), bool)
+    on_zeros = no_objects.copy()
+    on_zeros[0, 0, 0, 2:, 1:] = True                  # an object over 6 of the zeros: 9 is the background
+    for uint8 in (False, True):
+        assert float(background(jnp.asarray(ties), no_objects, uint8)[0, 0]) == 0.0
+        assert float(background(jnp.asarray(ties), on_zeros, uint8)[0, 0]) == 9.0
 
 
 @pytest.mark.parametrize("kind", ["scalar", "per_frame", "per_state", "image"])
@@ -133,7 +144,7 @@ def test_jit_batched_per_example_and_chunking_agree():
     jit_chunked = jax.jit(lambda o, m: object_effects(apply_fn, params, o, m, batch_size=4))(obs, masks)
     chunked = object_effects(apply_fn, params, obs, _boxes(), batch_size=4)     # C + 1 = 4 rows: one state a chunk
     boxes = _boxes()
-    closed = jax.jit(lambda o: object_effects(apply_fn, params, o, boxes, batch_size=8))(obs)   # ObjectBoxes closed over
+    closed = jax.jit(lambda o: object_effects(apply_fn, params, o, boxes, batch_size=8))(obs)   # boxes closed over
     one = [object_effects(apply_fn, params, obs[i:i + 1], _boxes()[i]) for i in range(N)]
     for other in (jitted, jit_chunked, chunked, closed):
         np.testing.assert_allclose(other.effect, eager.effect, atol=1e-4)
