@@ -162,7 +162,7 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
     when removing c lowers the output. `flips[i, c]`: the greedy action (argmax of the Q-values,
     or of the logits for policy targets) differs without c. batch_size: model rows per forward
     pass; a chunk holds batch_size // (C + 1) states (at least one: C + 1 rows). Batch-independent,
-    so chunking never changes a result; works under jax.jit / vmap (pass masks as an array then,
+    so chunking never changes a result; works under jax.jit (pass masks as an array then,
     or an ObjectBoxes closed over)."""
     from jaxsal.objects.boxes import ObjectBoxes
 
