@@ -717,6 +717,24 @@ def _sweep_source(agent, cell, out: Path, target: str):
     return (_Limited(source, inp["limit"]) if "limit" in inp else source), n
 
 
+_SWEEP_MODELS: dict = {}  # agent card (JSON) -> the apply_fn of its architecture, shared by its checkpoints
+
+
+def _sweep_agent(cell):
+    """The cell's agent. Checkpoints of one card (a shipped name, a card, a .msgpack with its card)
+    share one apply_fn, so the compiled programs of one cell serve the next instead of compiling again."""
+    import dataclasses
+
+    from jaxsal.agent_spec import is_function_spec
+    from jaxsal.loaders import FILE_SUFFIXES
+
+    agent = load_agent(cell.spec, cell.model, None)
+    if is_function_spec(cell.spec) or Path(cell.spec).suffix in FILE_SUFFIXES or not agent.card:
+        return agent
+    key = json.dumps([agent.card, agent.layout, agent.pixels], sort_keys=True, default=str)
+    return dataclasses.replace(agent, apply_fn=_SWEEP_MODELS.setdefault(key, agent.apply_fn))
+
+
 def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:
     """Run one cell of a sweep: its explain job (run_job: resumable, chunked) in DIR/<cell>/job,
     then its statistics and metrics; the record (status ok or error with its one-line message,
@@ -728,7 +746,7 @@ def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:
     where = Path(out) / cell.path
     rec = {"cell": cell.path, "status": "ok", "error": "", "frames": None, "metrics": {}}
     try:
-        agent = load_agent(cell.spec, cell.model, None)
+        agent = _sweep_agent(cell)
         source, n_input = _sweep_source(agent, cell, Path(out), sett["target"])
         rec["frames"] = len(source)
         objects = None

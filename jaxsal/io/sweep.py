@@ -521,7 +521,7 @@ def cell_metrics(apply_fn, params, source, job_dir, cell: Cell, metrics, sett: d
                                    "gives only apply_fn: drop 'sanity' for it")
         k = min(n, sett["sanity_frames"])
         x = np.asarray(source.read(0, k))
-        opts = {key: v for key, v in cell.options.items() if key != "target"}
+        opts = {key: v for key, v in cell.options.items() if key not in ("target", "per_frame")}  # on 2-D maps
         res = sanity_check(init_fn, params, x, method=cell.method_name, layers=sanity_layers(params),
                            key=jax.random.PRNGKey(sett["seed"]), apply_fn=apply_fn, layout=layout,
                            target=sett["target"], **opts)
