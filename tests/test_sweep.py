@@ -259,3 +259,29 @@ gradient = { per_frame = true }
     assert np.isfinite(t["newest_share"]).all()             # per-frame maps: frame shares
     assert json.loads(t["input_spec"][0]) == {"play": 3, "seed": 2}
     assert (tmp_path / "out" / "cells" / "tiny" / "tiny1" / "play3-seed2" / "_rollout" / "input" / "obs.npy").exists()
+
+
+def test_objects_metric_shares_per_class(tmp_path, capsys):
+    from tests import _object_agent
+
+    obs, ob = _object_agent.buffer(3)
+    np.save(tmp_path / "buf.npy", obs)
+    text = f"""
+agents = ["{ROOT / 'tests' / '_object_agent.py'}:load"]
+inputs = ["buf.npy"]
+metrics = ["objects"]
+[methods]
+gradient = {{}}
+"""
+    (tmp_path / "sweep.toml").write_text(text)
+    capsys.readouterr()
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 2            # no boxes beside the buffer yet
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'objects'" in err[0] and "buf" in err[0] and not (tmp_path / "out").exists()
+    ob.save(tmp_path / "buf.objects.npz")
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 0
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["agent"]) == ["load"] and list(t["status"]) == ["ok"]
+    assert t["objects_target_absolute"][0] > 0.99 and t["objects_other_absolute"][0] < 1e-3  # it reads BOX only
+    np.testing.assert_allclose(t["objects_target_chance"], 144 / 84 ** 2, rtol=1e-5)
+    assert t["objects_target_pointing"][0] == 1
