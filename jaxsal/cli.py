@@ -718,17 +718,24 @@ def _sweep_source(agent, cell, out: Path, target: str):
 
 
 _SWEEP_MODELS: dict = {}  # agent card (JSON) -> the apply_fn of its architecture, shared by its checkpoints
+_SWEEP_LAST: dict = {}  # the agent of the last cell (and its spec, checkpoint and their files' times)
 
 
 def _sweep_agent(cell):
-    """The cell's agent. Checkpoints of one card (a shipped name, a card, a .msgpack with its card)
-    share one apply_fn, so the compiled programs of one cell serve the next instead of compiling again."""
+    """The cell's agent, loaded once for the consecutive cells of one checkpoint. Checkpoints of one
+    card (a shipped name, a card, a .msgpack with its card) share one apply_fn, so the compiled
+    programs of one cell serve the next instead of compiling again."""
     import dataclasses
 
     from jaxsal.agent_spec import is_function_spec
     from jaxsal.loaders import FILE_SUFFIXES
 
-    agent = load_agent(cell.spec, cell.model, None)
+    stamp = [(p, os.stat(p).st_mtime_ns) for p in (cell.spec.rpartition(":")[0] if is_function_spec(cell.spec)
+                                                    else cell.spec, cell.model) if p and os.path.exists(p)]
+    key = (cell.spec, cell.model, tuple(stamp))
+    if _SWEEP_LAST.get("key") != key:  # consecutive cells of one checkpoint load it once
+        _SWEEP_LAST.update(key=key, agent=load_agent(cell.spec, cell.model, None))
+    agent = _SWEEP_LAST["agent"]
     if is_function_spec(cell.spec) or Path(cell.spec).suffix in FILE_SUFFIXES or not agent.card:
         return agent
     key = json.dumps([agent.card, agent.layout, agent.pixels], sort_keys=True, default=str)

@@ -117,7 +117,7 @@ def test_another_config_into_the_same_dir_is_refused(swept, tmp_path, capsys):
     capsys.readouterr()
     assert _sweep(other, out) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "another config" in err[0] and "chunk" in err[0] and "--out" in err[0]
+    assert len(err) == 1 and "another config" in err[0] and "chunk differs" in err[0] and "--out" in err[0]
     assert sorted(str(p) for p in out.rglob("*")) == before
 
 
@@ -285,3 +285,26 @@ gradient = {{}}
     assert t["objects_target_absolute"][0] > 0.99 and t["objects_other_absolute"][0] < 1e-3  # it reads BOX only
     np.testing.assert_allclose(t["objects_target_chance"], 144 / 84 ** 2, rtol=1e-5)
     assert t["objects_target_pointing"][0] == 1
+
+
+def test_plan_names_every_cell_readably(tmp_path):
+    make_agent_files(tmp_path / "runs" / "pong", seed=0)
+    make_agent_files(tmp_path / "runs" / "pong", seed=1)
+    np.save(tmp_path / "buf.npy", frames(2))
+    (tmp_path / "minatar-breakout").mkdir()       # a folder named like a shipped agent: the name still wins
+    raw = {"agents": ["minatar-breakout", "runs/pong/*.msgpack",
+                      {"card": "runs/pong/tiny0.json", "checkpoints": ["runs/pong/tiny1.msgpack"], "name": "own"}],
+           "inputs": ["buf.npy", {"play": 500, "seed": 1}, {"path": "buf.npy", "limit": 2}],
+           "methods": {"gradcam": {"layer": "conv3"}, "coarse": {"method": "occlusion", "patch": 6}}}
+    cells, metrics, sett = sw.plan(raw, tmp_path)
+    assert metrics == [] and sett == sw.DEFAULTS
+    assert len(cells) == 4 * 3 * 2
+    assert [c.path for c in cells[:6]] == [f"cells/minatar-breakout/default/{i}/{m}"
+                                           for i in ("buf", "play500-seed1", "buf-first2") for m in ("gradcam", "coarse")]
+    assert cells[0].spec == "minatar-breakout" and cells[0].game == "minatar-breakout"
+    assert [c.path for c in cells[6:24:6]] == ["cells/pong/tiny0/buf/gradcam", "cells/pong/tiny1/buf/gradcam",
+                                               "cells/own/tiny1/buf/gradcam"]
+    assert cells[18].spec == str(tmp_path / "runs/pong/tiny0.json") and cells[18].model.endswith("tiny1.msgpack")
+    assert cells[1].method_name == "occlusion" and cells[1].options == {"patch": 6}
+    assert cells[2].input_spec == {"play": 500, "seed": 1}
+    assert cells[4].input_spec == {"path": str(tmp_path / "buf.npy"), "limit": 2}

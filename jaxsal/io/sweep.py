@@ -175,7 +175,7 @@ def _resolve(text: str, base: Path) -> str:
         head, _, fn = text.rpartition(":")
         return f"{base / head}:{fn}" if head.endswith(".py") and not Path(head).is_absolute() else text
     p = Path(text)
-    if p.is_absolute() or GLOB_CHARS.search(text) or p.suffix or (base / p).exists() or "/" in text:
+    if p.is_absolute() or GLOB_CHARS.search(text) or p.suffix or "/" in text:
         return str(p if p.is_absolute() else base / p)
     return text  # a shipped name
 
@@ -436,7 +436,8 @@ def check_dir(out, stored: dict, config_name: str):
         keys = sorted(k for k in set(old.get("config", {})) | set(stored["config"])
                       if old.get("config", {}).get(k) != stored["config"].get(k)) or ["config_dir"]
         raise SweepConfigError(f"{out} holds a sweep of another config ({out / CONFIG_TOML}; {', '.join(keys)} "
-                               f"differ from {config_name}): rerun with that config, or choose another --out")
+                               f"{'differs' if len(keys) == 1 else 'differ'} in {config_name}): rerun with that "
+                               "config, or choose another --out")
 
 
 # --------------------------------------------------------------------------- per cell
