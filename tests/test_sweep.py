@@ -216,23 +216,32 @@ def test_workers_run_cells_in_processes(swept, tmp_path):
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
+def _mid_job(out):
+    """A cell whose job has written a chunk but which has no record yet (killed there, it is half done)."""
+    return [p.parent.parent.parent for p in out.glob("cells/*/*/*/*/job/*/chunk_*.npy")
+            if not (p.parent.parent.parent / "cell.json").exists()]
+
+
 @pytest.mark.slow
 def test_sigkill_mid_sweep_then_rerun(swept, tmp_path):
     d, cfg, ref = swept
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "jaxsal.cli", "sweep", str(cfg), "--out", str(out), "--quiet"],
-                            env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_cli_support.py"), "sweep", str(cfg),
+                             "--out", str(out), "--quiet"], env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.5"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240
-    while time.time() < deadline and len(list(out.rglob("cell.json"))) < 2:
+    while time.time() < deadline and not (len(list(out.rglob("cell.json"))) >= 2 and _mid_job(out)):
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
+        time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    done = len(list(out.rglob("cell.json")))
-    assert 2 <= done < 6
+    half = _mid_job(out)
+    assert half and 2 <= len(list(out.rglob("cell.json"))) < 6
     t = jaxsal.load_sweep(out)                    # the table so far: finished rows, the rest pending
     assert list(t["status"]).count("ok") >= 2 and "pending" in set(t["status"])
+    kept = {p: p.stat().st_mtime_ns for p in half[0].glob("job/*/chunk_*.npy")}
     assert _sweep(cfg, out) == 0
+    assert all(p.stat().st_mtime_ns == ns for p, ns in kept.items())   # the half-done job resumed
     a, b = _without_seconds(out), _without_seconds(ref)
     for k in a:
         if a[k].dtype.kind == "f":
