@@ -317,3 +317,20 @@ def test_plan_names_every_cell_readably(tmp_path):
     assert cells[1].method_name == "occlusion" and cells[1].options == {"patch": 6}
     assert cells[2].input_spec == {"play": 500, "seed": 1}
     assert cells[4].input_spec == {"path": str(tmp_path / "buf.npy"), "limit": 2}
+
+
+def test_bad_command_line_exit_2_nothing_written(swept, tmp_path, capsys):
+    d, cfg, ref = swept
+    capsys.readouterr()
+    assert _sweep(cfg, tmp_path / "out", "--workers", 0) == 2
+    assert _sweep(tmp_path / "missing.toml", tmp_path / "out") == 2
+    assert _sweep(tmp_path, tmp_path / "out") == 2                        # a folder, not a file
+    moved = tmp_path / "moved"                                             # the same text, another folder
+    shutil.copytree(d / "runs", moved / "runs")
+    shutil.copy(d / "buf.npy", moved / "buf.npy")
+    (moved / "sweep.toml").write_text(cfg.read_text())
+    assert _sweep(moved / "sweep.toml", ref) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and "--workers" in err[0] and "does not exist" in err[1] and "cannot read" in err[2]
+    assert "run that file" in err[3] and str(d) in err[3]
+    assert not (tmp_path / "out").exists()

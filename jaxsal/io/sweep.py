@@ -92,6 +92,9 @@ def read_config(path) -> dict:
         raise SweepConfigError(f"sweep config {p} does not exist; give the path of a .toml file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise SweepConfigError(f"{p.name} is not valid TOML: {str(e).splitlines()[0]}") from None
+    except OSError as e:
+        raise SweepConfigError(f"cannot read sweep config {p} ({e.strerror or e}); give the path of a .toml file") \
+            from None
 
 
 def _hint(key: str, known) -> str:
@@ -432,9 +435,12 @@ def check_dir(out, stored: dict, config_name: str):
         old = json.loads((out / CONFIG_JSON).read_text())
     except (OSError, ValueError):
         raise SweepConfigError(f"--out {out} is not empty and holds no sweep ({CONFIG_JSON}); choose another --out")
-    if old.get("config") != stored["config"] or old.get("config_dir") != stored["config_dir"]:
+    if old.get("config") == stored["config"] and old.get("config_dir") != stored["config_dir"]:
+        raise SweepConfigError(f"{out} holds this sweep run from the config in {old.get('config_dir')} (its paths are "
+                               "relative to that folder): run that file, or choose another --out")
+    if old.get("config") != stored["config"]:
         keys = sorted(k for k in set(old.get("config", {})) | set(stored["config"])
-                      if old.get("config", {}).get(k) != stored["config"].get(k)) or ["config_dir"]
+                      if old.get("config", {}).get(k) != stored["config"].get(k))
         raise SweepConfigError(f"{out} holds a sweep of another config ({out / CONFIG_TOML}; {', '.join(keys)} "
                                f"{'differs' if len(keys) == 1 else 'differ'} in {config_name}): rerun with that "
                                "config, or choose another --out")
