@@ -815,9 +815,12 @@ def _run_workers(todo, out: Path, metrics, sett, workers: int, finished):
                 err = tempfile.TemporaryFile()
                 proc = subprocess.Popen([sys.executable, "-c", "from jaxsal.cli import sweep_worker; sweep_worker()"],
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
-                proc.stdin.write(json.dumps({"cell": cell.as_dict(), "out": str(out.absolute()), "metrics": metrics,
-                                             "settings": sett}).encode())
-                proc.stdin.close()
+                try:
+                    proc.stdin.write(json.dumps({"cell": cell.as_dict(), "out": str(out.absolute()),
+                                                 "metrics": metrics, "settings": sett}).encode())
+                    proc.stdin.close()
+                except BrokenPipeError:  # the worker died at once: recorded below from its exit code
+                    pass
                 running[proc] = (cell, err)
             time.sleep(0.05)
             for proc in [p for p in running if p.poll() is not None]:
@@ -825,9 +828,10 @@ def _run_workers(todo, out: Path, metrics, sett, workers: int, finished):
                 if sw.read_record(out, cell) is None:
                     err.seek(0)
                     lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+                    why = f"worker exited with code {proc.returncode}" + (f": {lines[-1][:300]}" if lines else "")
                     sw.write_record(out / cell.path / sw.CELL_RECORD, {
                         "cell": cell.path, "status": "error", "frames": None, "metrics": {}, "seconds": None,
-                        "error": f"worker exited with code {proc.returncode}" + (f": {lines[-1][:300]}" if lines else "")})
+                        "error": why})
                 err.close()
                 finished(cell)
     except BaseException:

@@ -309,7 +309,8 @@ def test_plan_names_every_cell_readably(tmp_path):
     assert metrics == [] and sett == sw.DEFAULTS
     assert len(cells) == 4 * 3 * 2
     assert [c.path for c in cells[:6]] == [f"cells/minatar-breakout/default/{i}/{m}"
-                                           for i in ("buf", "play500-seed1", "buf-first2") for m in ("gradcam", "coarse")]
+                                           for i in ("buf", "play500-seed1", "buf-first2")
+                                           for m in ("gradcam", "coarse")]
     assert cells[0].spec == "minatar-breakout" and cells[0].game == "minatar-breakout"
     assert [c.path for c in cells[6:24:6]] == ["cells/pong/tiny0/buf/gradcam", "cells/pong/tiny1/buf/gradcam",
                                                "cells/own/tiny1/buf/gradcam"]
@@ -334,3 +335,19 @@ def test_bad_command_line_exit_2_nothing_written(swept, tmp_path, capsys):
     assert len(err) == 4 and "--workers" in err[0] and "does not exist" in err[1] and "cannot read" in err[2]
     assert "run that file" in err[3] and str(d) in err[3]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_worker_that_dies_is_recorded(swept, tmp_path, monkeypatch, capsys):
+    d, cfg, ref = swept
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    for m in ("gradient", "gradcam"):
+        (out / "cells" / "runs" / "tiny1" / "buf" / m / "cell.json").unlink()
+    monkeypatch.setattr(sys, "executable", "/bin/sh")     # every worker fails to start: sh -c 'from jaxsal...'
+    capsys.readouterr()
+    assert _sweep(cfg, out, "--workers", 2) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("worker exited with code" in e for e in err)
+    t = jaxsal.load_sweep(out)
+    assert list(t["status"]) == ["ok"] * 3 + ["error", "error", "ok"]
+    assert t["error"][3].startswith("worker exited with code ") and "sh:" in t["error"][3]  # its last stderr line
