@@ -2,6 +2,7 @@
 
     jaxsal explain --agent breakout --methods gradcam,rise --input buffer.npz --out maps/
     jaxsal render maps/
+    jaxsal sweep sweep.toml --out runs/sweep/
     jaxsal demo
     jaxsal agents
 
@@ -686,6 +687,207 @@ def cmd_demo(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- sweep
+def _sweep_source(agent, cell, out: Path, target: str):
+    """(the cell's frames in the model's layout, the whole input's length): a buffer (cut to its
+    limit), or the agent's own rollout, played once per agent checkpoint x input and shared by its
+    methods (a lock keeps parallel workers from playing it twice)."""
+    import fcntl
+
+    from jaxsal.io import open_source
+    from jaxsal.io.layout import as_layout
+
+    inp = cell.input_spec
+    if "path" in inp:
+        source = open_source(Path(inp["path"]))
+    else:
+        where = out / cell.input_dir
+        where.mkdir(parents=True, exist_ok=True)
+        saved = where / "_rollout" / "input" / "obs.npy"
+        with open(where / ".play.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not saved.exists():
+                play(agent, inp["play"], saved.parent.parent, game=inp.get("game"), seed=inp["seed"], quiet=True,
+                     target=target)
+        source = open_source(saved)
+    source = as_layout(source, agent.layout)
+    _check_model(agent, source.shape, None, target)
+    _check_frames(agent, source.shape)
+    n = len(source)
+    return (_Limited(source, inp["limit"]) if "limit" in inp else source), n
+
+
+_SWEEP_MODELS: dict = {}  # agent card (JSON) -> the apply_fn of its architecture, shared by its checkpoints
+_SWEEP_LAST: dict = {}  # the agent of the last cell (and its spec, checkpoint and their files' times)
+
+
+def _sweep_agent(cell):
+    """The cell's agent, loaded once for the consecutive cells of one checkpoint. Checkpoints of one
+    card (a shipped name, a card, a .msgpack with its card) share one apply_fn, so the compiled
+    programs of one cell serve the next instead of compiling again."""
+    import dataclasses
+
+    from jaxsal.agent_spec import is_function_spec
+    from jaxsal.loaders import FILE_SUFFIXES
+
+    stamp = [(p, os.stat(p).st_mtime_ns) for p in (cell.spec.rpartition(":")[0] if is_function_spec(cell.spec)
+                                                    else cell.spec, cell.model) if p and os.path.exists(p)]
+    key = (cell.spec, cell.model, tuple(stamp))
+    if _SWEEP_LAST.get("key") != key:  # consecutive cells of one checkpoint load it once
+        _SWEEP_LAST.update(key=key, agent=load_agent(cell.spec, cell.model, None))
+    agent = _SWEEP_LAST["agent"]
+    if is_function_spec(cell.spec) or Path(cell.spec).suffix in FILE_SUFFIXES or not agent.card:
+        return agent
+    key = json.dumps([agent.card, agent.layout, agent.pixels], sort_keys=True, default=str)
+    return dataclasses.replace(agent, apply_fn=_SWEEP_MODELS.setdefault(key, agent.apply_fn))
+
+
+def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:
+    """Run one cell of a sweep: its explain job (run_job: resumable, chunked) in DIR/<cell>/job,
+    then its statistics and metrics; the record (status ok or error with its one-line message,
+    frames, seconds) goes to DIR/<cell>/cell.json. Errors are recorded, never raised."""
+    from jaxsal.io import MethodSpec, run_job
+    from jaxsal.io import sweep as sw
+
+    t0 = time.perf_counter()
+    where = Path(out) / cell.path
+    rec = {"cell": cell.path, "status": "ok", "error": "", "frames": None, "metrics": {}}
+    try:
+        agent = _sweep_agent(cell)
+        source, n_input = _sweep_source(agent, cell, Path(out), sett["target"])
+        rec["frames"] = len(source)
+        objects = None
+        if "objects" in metrics:
+            from jaxsal.io.layout import to_nhwc_shape
+            from jaxsal.io.objects import for_job
+
+            objects, _ = for_job("auto", "maps", cell.input_spec.get("path"), agent.card.get("game"), n_input,
+                                 to_nhwc_shape(source.shape, agent.layout), cell.input_spec.get("limit"))
+        inp = cell.input_spec
+        input_id = {k: inp[k] for k in ("play", "seed", "game") if k in inp} if "play" in inp else None
+        spec = MethodSpec(cell.method, cell.method_name, cell.options)
+        run_job(agent.apply_fn, agent.params, source, where / sw.JOB, [spec], target=sett["target"],
+                chunk=sett["chunk"], batch_size=sett["batch_size"], seed=sett["seed"],
+                agent={"name": agent.name, "card": agent.card}, input_id=input_id, quiet=True, layout=agent.layout,
+                extra_meta={"sweep_cell": cell.path}, objects=objects)
+        module = getattr(getattr(agent.apply_fn, "fn", None), "__self__", None)
+        init = module if hasattr(module, "init") and hasattr(module, "apply") else None
+        rec["metrics"] = sw.cell_metrics(agent.apply_fn, agent.params, source, where / sw.JOB, cell, metrics, sett,
+                                         layout=agent.layout, init_fn=init)
+    except Exception as e:  # noqa: BLE001 (recorded in the table; the other cells go on)
+        if os.environ.get("JAXSAL_DEBUG"):
+            raise
+        rec.update(status="error", error=_message(e), metrics={})
+    rec["seconds"] = round(time.perf_counter() - t0, 3)
+    sw.write_record(where / sw.CELL_RECORD, rec)
+    return rec
+
+
+def sweep_worker():
+    """A worker process of `jaxsal sweep --workers N`: reads one cell (JSON) on stdin, runs it."""
+    from jaxsal import cpu
+
+    cpu.use_fast_kernels(warn=False)
+    from jaxsal.io import sweep as sw
+
+    job = json.loads(sys.stdin.read())
+    run_sweep_cell(sw.Cell(**job["cell"]), Path(job["out"]), job["metrics"], job["settings"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown (XLA threads); the record is on disk
+
+
+def _run_workers(todo, out: Path, metrics, sett, workers: int, finished):
+    """Run the cells in up to `workers` processes at once (`sweep_worker`, the cell as JSON on
+    stdin); a worker that dies without a record gets an error record; `finished(cell)` after each."""
+    import subprocess
+    import tempfile
+
+    from jaxsal.io import sweep as sw
+
+    pending, running = list(todo), {}
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                cell = pending.pop(0)
+                (out / cell.path).mkdir(parents=True, exist_ok=True)
+                (out / cell.path / sw.CELL_RECORD).unlink(missing_ok=True)  # an old error: retried now
+                err = tempfile.TemporaryFile()
+                proc = subprocess.Popen([sys.executable, "-c", "from jaxsal.cli import sweep_worker; sweep_worker()"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
+                try:
+                    proc.stdin.write(json.dumps({"cell": cell.as_dict(), "out": str(out.absolute()),
+                                                 "metrics": metrics, "settings": sett}).encode())
+                    proc.stdin.close()
+                except BrokenPipeError:  # the worker died at once: recorded below from its exit code
+                    pass
+                running[proc] = (cell, err)
+            time.sleep(0.05)
+            for proc in [p for p in running if p.poll() is not None]:
+                cell, err = running.pop(proc)
+                if sw.read_record(out, cell) is None:
+                    err.seek(0)
+                    lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+                    why = f"worker exited with code {proc.returncode}" + (f": {lines[-1][:300]}" if lines else "")
+                    sw.write_record(out / cell.path / sw.CELL_RECORD, {
+                        "cell": cell.path, "status": "error", "frames": None, "metrics": {}, "seconds": None,
+                        "error": why})
+                err.close()
+                finished(cell)
+    except BaseException:
+        for proc in running:
+            proc.terminate()  # SIGTERM: a job keeps its finished chunks, a rerun resumes
+        for proc in running:
+            proc.wait()
+        raise
+
+
+def cmd_sweep(args) -> int:
+    from jaxsal.io import sweep as sw
+
+    if args.workers < 1:
+        raise CLIError(f"--workers must be a positive integer, got {args.workers}")
+    path = Path(args.config)
+    raw = sw.read_config(path)
+    base = path.absolute().parent
+    cells, metrics, sett = sw.plan(raw, base)  # every check before anything is written
+    out = Path(args.out)
+    stored = sw.stored_config(raw, base)
+    sw.check_dir(out, stored, path.name)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / sw.CONFIG_JSON).exists():
+        from jaxsal.io.store import _atomic_write
+
+        _atomic_write(out / sw.CONFIG_TOML, path.read_bytes())
+        _atomic_write(out / sw.CONFIG_JSON, json.dumps(stored, indent=2, sort_keys=True).encode())
+    done = [c for c in cells if (sw.read_record(out, c) or {}).get("status") == "ok"]
+    todo = [c for c in cells if c not in done]
+    _say(f"sweep: {len(cells)} cells ({len(done)} done already), {len(todo)} to run with "
+         f"{args.workers} worker(s) into {out}", args.quiet)
+    sw.write_table(out, cells, metrics, sett, base)
+
+    def finished(cell):
+        rec = sw.read_record(out, cell) or {}
+        _say(f"  {cell.path}: {rec.get('status')}" + (f" ({rec.get('error')})" if rec.get("error") else
+                                                       f" in {rec.get('seconds')}s"), args.quiet)
+        sw.write_table(out, cells, metrics, sett, base)
+
+    if args.workers == 1:
+        for cell in todo:
+            run_sweep_cell(cell, out, metrics, sett)
+            finished(cell)
+    else:
+        _run_workers(todo, out, metrics, sett, args.workers, finished)
+    table = sw.write_table(out, cells, metrics, sett, base)
+    failed = [c for c in cells if (sw.read_record(out, c) or {}).get("status") != "ok"]
+    for c in failed:
+        print(f"jaxsal: error: cell {c.path} failed: {(sw.read_record(out, c) or {}).get('error')}", file=sys.stderr)
+    _say(f"sweep done: {len(cells) - len(failed)} of {len(cells)} cells ok; table {table} "
+         f"(jaxsal.load_sweep('{out}'))" + ("; rerun the same command to retry the failed cells" if failed else ""),
+         args.quiet)
+    return EXIT_INTERNAL if failed else 0
+
+
 # --------------------------------------------------------------------------- entry point
 def _explain_epilog() -> str:
     from jaxsal.registry import METHODS
@@ -712,6 +914,17 @@ def _explain_epilog() -> str:
             "  python -m jaxsal_agents.record_objects --agent pong --steps 500 --out buf/\n"
             "  jaxsal explain --agent pong --methods gradient,gradcam --input buf/obs.npy --objects --store shares "
             "--out shares/")
+
+
+SWEEP_EPILOG = """config (TOML; docs/guides/sweeps.md):
+  agents = ["breakout", "runs/pong/*.msgpack"]   # any --agent SPEC; a glob: its checkpoints, sorted
+  inputs = ["buffer.npy", { play = 500, seed = 1 }]
+  metrics = ["insertion", "objects"]             # also deletion, sanity; map statistics always
+  [methods]
+  gradcam = { layer = "conv3" }
+  occlusion = { patch = 6 }
+outputs: DIR/cells/AGENT/CHECKPOINT/INPUT/METHOD/job (a `jaxsal explain` output: jaxsal.load_maps),
+  DIR/results.csv (one row per cell: jaxsal.load_sweep(DIR)), DIR/sweep.toml (the config)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -797,6 +1010,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-gif", action="store_true", help="write only the MP4")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_demo)
+
+    w = sub.add_parser("sweep", help="explain every agent x checkpoint x input x method of a TOML config into "
+                                     "one table",
+                       description="Run one resumable explain job per agent x checkpoint x input x method of a TOML "
+                                   "config, with map statistics and the config's metrics, into DIR/results.csv "
+                                   "(jaxsal.load_sweep). A rerun computes only what is missing.",
+                       epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    w.add_argument("config", help="the sweep's .toml file (paths in it are relative to its folder)")
+    w.add_argument("--out", required=True, help="output directory (a rerun with the same config resumes)")
+    w.add_argument("--workers", type=int, default=1, help="cells run at once, each in a process of its own "
+                                                          "(default 1: one after another, in this process)")
+    w.add_argument("--quiet", action="store_true", help="no progress lines")
+    w.set_defaults(fn=cmd_sweep)
 
     a = sub.add_parser("agents", help="list the shipped agents, or an agent's layers (--layers SPEC)")
     a.add_argument("--layers", metavar="SPEC", help="print the layer names (for layer= / --option M.layer=) "
