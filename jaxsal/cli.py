@@ -856,10 +856,10 @@ def cmd_sweep(args) -> int:
     sw.check_dir(out, stored, path.name)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / sw.CONFIG_JSON).exists():
-        from jaxsal.io.store import _atomic_write
+        from jaxsal.io.store import atomic_write
 
-        _atomic_write(out / sw.CONFIG_TOML, path.read_bytes())
-        _atomic_write(out / sw.CONFIG_JSON, json.dumps(stored, indent=2, sort_keys=True).encode())
+        atomic_write(out / sw.CONFIG_TOML, path.read_bytes())
+        atomic_write(out / sw.CONFIG_JSON, json.dumps(stored, indent=2, sort_keys=True).encode())
     done = [c for c in cells if (sw.read_record(out, c) or {}).get("status") == "ok"]
     todo = [c for c in cells if c not in done]
     _say(f"sweep: {len(cells)} cells ({len(done)} done already), {len(todo)} to run with "

@@ -346,7 +346,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         "num_processes": num_processes, "devices": jax.local_device_count(),
     }
     if todo or not (out / f"summary-p{process_id}.json").exists():  # nothing to do: write nothing (read-only ok)
-        store._atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
+        store.atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
     return summary
 
 

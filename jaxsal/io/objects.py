@@ -216,11 +216,11 @@ def chunk_shares(maps, boxes, rows: int | None = None) -> dict:
 
 def write_shares(out, alias: str, index: int, shares: dict):
     """One chunk's object shares of one method, atomically (an .npz, no pickle)."""
-    from jaxsal.io.store import _atomic_write
+    from jaxsal.io.store import atomic_write
 
     path = objects_path(out, alias, index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, lambda f: np.savez(f, **{k: np.ascontiguousarray(v) for k, v in shares.items()}))
+    atomic_write(path, lambda f: np.savez(f, **{k: np.ascontiguousarray(v) for k, v in shares.items()}))
 
 
 def drop_temp_files(out, aliases):
@@ -299,7 +299,7 @@ def summary_lines(out, methods) -> list[str]:
 
 def write_meta(out, objects: ObjectsInput, store_maps: bool):
     """DIR/_objects/meta.json: where the boxes came from and what each stored array means."""
-    from jaxsal.io.store import _atomic_write
+    from jaxsal.io.store import atomic_write
 
     d = Path(out) / OBJECTS
     d.mkdir(parents=True, exist_ok=True)
@@ -307,7 +307,7 @@ def write_meta(out, objects: ObjectsInput, store_maps: bool):
             "doc": "see the docstring of jaxsal.io.objects; load with jaxsal.load_object_shares(DIR, METHOD)"}
     data = json.dumps(meta, indent=2, sort_keys=True).encode()
     if not ((d / "meta.json").exists() and (d / "meta.json").read_bytes() == data):  # a rerun: read-only ok
-        _atomic_write(d / "meta.json", data)
+        atomic_write(d / "meta.json", data)
 
 
 def for_job(objects_arg, store: str, input_path, game, n_frames: int, frame_shape_nhwc, limit=None):

@@ -27,7 +27,7 @@ class JobConfigError(SaliencyInputError):
     """The output directory holds results of a different job."""
 
 
-def _atomic_write(path: Path, data):
+def atomic_write(path: Path, data):
     """Write bytes (or call data(file)) to a temp file, fsync, then rename over path."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -52,7 +52,7 @@ def write_chunk(out: Path, method: str, index: int, maps: np.ndarray):
     """Write one chunk of maps atomically (temp file, fsync, rename)."""
     path = chunk_path(out, method, index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, lambda f: np.save(f, np.ascontiguousarray(maps), allow_pickle=False))
+    atomic_write(path, lambda f: np.save(f, np.ascontiguousarray(maps), allow_pickle=False))
 
 
 def outputs_path(out: Path, index: int) -> Path:
@@ -76,7 +76,7 @@ def write_outputs(out: Path, index: int, outputs: dict):
     """One chunk's explained actions and model outputs, atomically (an .npz, no pickle)."""
     path = outputs_path(out, index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, lambda f: _write_npz(f, outputs))
+    atomic_write(path, lambda f: _write_npz(f, outputs))
 
 
 def _write_npz(f, arrays: dict):
@@ -172,7 +172,7 @@ def open_job(out, config: dict, meta: dict) -> dict:
             if d.is_dir() and (d / "meta.json").exists():
                 (d / "meta.json").unlink()
         manifest = {"format": FORMAT, "config": config, **meta}
-        _atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True).encode())
+        atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True).encode())
         return read_manifest(out)
     if old != json.loads(json.dumps(config)):
         diff = sorted(k for k in set(old) | set(config) if old.get(k) != json.loads(json.dumps(config.get(k))))
@@ -197,7 +197,7 @@ def update_manifest(out, **fields):
     """Merge provenance fields (e.g. a summary) into the manifest, atomically."""
     manifest = read_manifest(out)
     manifest.update(fields)
-    _atomic_write(Path(out) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
+    atomic_write(Path(out) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
 
 
 def write_method_meta(out, alias: str, manifest: dict):
@@ -212,7 +212,7 @@ def write_method_meta(out, alias: str, manifest: dict):
             "chunk": cfg["chunk"], "dtype": cfg["dtype"], "seed": cfg["seed"],
             "version": manifest.get("version"), "created": manifest.get("created"),
             "layout": "chunk_XXXXXXX.npy: maps of frames [i*chunk, (i+1)*chunk)"}
-    _atomic_write(d / "meta.json", json.dumps(meta, indent=2, sort_keys=True).encode())
+    atomic_write(d / "meta.json", json.dumps(meta, indent=2, sort_keys=True).encode())
 
 
 def missing_chunks(out, method: str, n_chunks: int) -> list[int]:

@@ -540,10 +540,10 @@ def cell_metrics(apply_fn, params, source, job_dir, cell: Cell, metrics, sett: d
 
 def write_record(path, record: dict):
     """A cell's own summary (status, frames, seconds, metrics), atomically: a cell is done when it exists."""
-    from jaxsal.io.store import _atomic_write
+    from jaxsal.io.store import atomic_write
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(Path(path), json.dumps(record, indent=2, sort_keys=True, allow_nan=True).encode())
+    atomic_write(Path(path), json.dumps(record, indent=2, sort_keys=True, allow_nan=True).encode())
 
 
 def read_record(out, cell: Cell) -> dict | None:
@@ -601,7 +601,7 @@ def table_rows(out, cells: list[Cell], metrics: list[str], sett: dict, base) -> 
 
 def write_table(out, cells, metrics, sett, base) -> Path:
     """DIR/results.csv from the cells' records, atomically; the same records give the same bytes."""
-    from jaxsal.io.store import _atomic_write
+    from jaxsal.io.store import atomic_write
 
     cols, rows = table_rows(out, cells, metrics, sett, base)
     buf = io.StringIO()
@@ -610,7 +610,7 @@ def write_table(out, cells, metrics, sett, base) -> Path:
     for r in rows:
         w.writerow([_fmt(r.get(c)) for c in cols])
     path = Path(out) / RESULTS
-    _atomic_write(path, buf.getvalue().encode())
+    atomic_write(path, buf.getvalue().encode())
     return path
 
 
