@@ -75,6 +75,24 @@ def test_stored_effects_are_object_effects_of_the_frames(job):
         jaxsal.load_object_shares(d / "no_eff", "gradient", effects=True)
 
 
+def test_q_action_effects_use_the_buffers_actions(job, tmp_path):
+    """--target q_action: the effects are for the action taken in the buffer, as the maps are."""
+    _, obs, ob = job
+    acts = np.array([1, 0, 1, 1, 0, 1])
+    np.savez(tmp_path / "buf.npz", obs=obs, actions=acts)
+    ob.save(tmp_path / "buf.objects.npz")
+    assert main(["explain", "--agent", AGENT, "--methods", "gradient", "--input", str(tmp_path / "buf.npz"),
+                 "--objects", "--effects", "--target", "q_action", "--chunk", "4", "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 0
+    e = jaxsal.load_object_effects(tmp_path / "o")
+    apply_fn, params = _object_agent.load()
+    ref = object_effects(apply_fn, params, obs, ob, target="q_action", actions=acts)
+    np.testing.assert_array_equal(e["action"], acts)
+    np.testing.assert_allclose(e["effect"], np.asarray(ref.effect), rtol=1e-5, atol=1e-6)
+    assert (e["effect"][acts == 1] == 0).all()          # Q_1 is a constant: removing anything changes nothing
+    assert np.abs(e["effect"][acts == 0, 0]).min() > 1e-3
+
+
 def test_incomplete_effects(job, tmp_path):
     d, _, _ = job
     out = tmp_path / "cut"
