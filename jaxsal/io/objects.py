@@ -293,7 +293,7 @@ def _chunks_done(out, cfg, exists, what: str, allow_incomplete: bool) -> list[in
     return done
 
 
-def load_object_effects(out, allow_incomplete: bool = False, _chunks=None) -> dict:
+def load_object_effects(out, allow_incomplete: bool = False) -> dict:
     """Per-frame object effects of a `jaxsal explain --objects --effects` output directory:
     {"classes": (C names), "frame": (N,), "effect": (N, C) float32 (how much the explained output drops
     when the class is removed), "flips": (N, C) bool (the greedy action changes), "present": (N, C) bool,
@@ -305,9 +305,13 @@ def load_object_effects(out, allow_incomplete: bool = False, _chunks=None) -> di
     if "effects" not in cfg.get("objects", {}):
         raise SaliencyInputError(f"{out} has no object effects: rerun `jaxsal explain` with --objects --effects "
                                  "into a new --out")
+    return _read_effects(out, cfg, _chunks_done(out, cfg, lambda i: effects_path(out, i).exists(), "object effects",
+                                                allow_incomplete))
+
+
+def _read_effects(out, cfg, done) -> dict:
+    """`load_object_effects`'s dict from the effects files of chunks `done`."""
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
-    done = _chunks if _chunks is not None else _chunks_done(
-        out, cfg, lambda i: effects_path(out, i).exists(), "object effects", allow_incomplete)
     classes = tuple(cfg["objects"]["classes"])
     c = len(classes)
     parts: dict = {k: [] for k in ("frame",) + EFFECT_KEYS}
@@ -360,7 +364,7 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
            for k in empty}
     res["classes"] = classes
     if effects:
-        eff = load_object_effects(out, _chunks=done)
+        eff = _read_effects(out, cfg, done)
         res.update({k: eff[k] for k in ("effect", "flips", "score", "action")})
     return res
 
