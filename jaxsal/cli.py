@@ -489,8 +489,12 @@ def _saved(out: Path, specs) -> str:
         cfg = store.read_manifest(out)["config"]
         n_chunks = -(-int(cfg["n"]) // int(cfg["chunk"]))
         maps = cfg.get("store") != "shares"
+        from jaxsal.io.objects import effects_path
+
+        effects = "effects" in cfg.get("objects", {})
         done = sum(store.outputs_path(out, i).exists()
                    and (not maps or all(store.chunk_path(out, s.alias, i).exists() for s in specs))
+                   and (not effects or effects_path(out, i).exists())
                    for i in range(n_chunks))
     except Exception:  # noqa: BLE001 (the message is a courtesy)
         return f"finished chunks are kept in {out}"
