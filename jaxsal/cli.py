@@ -386,6 +386,9 @@ def cmd_explain(args) -> int:
                        f"Record with ale-py instead: {RECORD_HINT}, then jaxsal explain --input DIR/obs.npy --objects")
     if args.store == "shares" and args.objects is None:
         raise CLIError("--store shares keeps only the object shares: add --objects [FILE]")
+    if args.effects and args.objects is None:
+        from jaxsal.io.objects import EFFECTS_NEED_OBJECTS
+        raise CLIError(EFFECTS_NEED_OBJECTS)
     if args.play is not None and args.num_processes > 1:
         raise CLIError("--play records one rollout: run it with one process, then explain its "
                        "OUT/input/obs.npy with --input on several processes")
@@ -414,7 +417,7 @@ def cmd_explain(args) -> int:
     if args.objects is not None and summary["complete"]:
         from jaxsal.io.objects import summary_lines
 
-        for line in summary_lines(out, [a for a, _ in pairs]):
+        for line in summary_lines(out, [a for a, _ in pairs], effects=args.effects):
             _say(line, args.quiet)
     return 0
 
@@ -486,8 +489,12 @@ def _saved(out: Path, specs) -> str:
         cfg = store.read_manifest(out)["config"]
         n_chunks = -(-int(cfg["n"]) // int(cfg["chunk"]))
         maps = cfg.get("store") != "shares"
+        from jaxsal.io.objects import effects_path
+
+        effects = "effects" in cfg.get("objects", {})
         done = sum(store.outputs_path(out, i).exists()
                    and (not maps or all(store.chunk_path(out, s.alias, i).exists() for s in specs))
+                   and (not effects or effects_path(out, i).exists())
                    for i in range(n_chunks))
     except Exception:  # noqa: BLE001 (the message is a courtesy)
         return f"finished chunks are kept in {out}"
@@ -503,7 +510,7 @@ def _objects_for(args, agent, source):
     objects = args.objects if args.objects in (None, "auto") else str(Path(args.objects).absolute())
     where = None if args.input is None else str(Path(args.input).absolute())
     return for_job(objects, args.store, where, agent.card.get("game"), len(source),
-                   to_nhwc_shape(source.shape, agent.layout), args.limit)
+                   to_nhwc_shape(source.shape, agent.layout), args.limit, effects=args.effects)
 
 
 class _Limited:
@@ -906,7 +913,8 @@ def _explain_epilog() -> str:
             "outputs: DIR/METHOD/chunk_*.npy maps (jaxsal.load_maps), DIR/_outputs per-frame action,\n"
             "  Q-values/logits and index in the input (jaxsal.load_outputs: row number, or Dopamine buffer\n"
             "  index and checkpoint), DIR/manifest.json (resolved options), with --objects\n"
-            "  DIR/_objects/METHOD/chunk_*.npz per-frame object shares (jaxsal.load_object_shares)\n"
+            "  DIR/_objects/METHOD/chunk_*.npz per-frame object shares (jaxsal.load_object_shares), with\n"
+            "  --effects DIR/_objects/_effects/chunk_*.npz per-frame object effects (jaxsal.load_object_effects)\n"
             "examples:\n"
             "  jaxsal explain --agent my_agent.py:load --methods gradcam,gradient --input buffer.npz --out maps/\n"
             "  jaxsal explain --agent runs/x/dqn_atari_jax.cleanrl_model --methods gradcam --input replay/ "
@@ -965,6 +973,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "per stacked frame; jaxsal.load_object_shares) from the boxes in FILE (.npz: boxes, "
                         "labels, classes; see jaxsal.io.objects), or without FILE from INPUT.objects.npz beside "
                         "the input (python -m jaxsal_agents.record_objects writes both)")
+    e.add_argument("--effects", action="store_true",
+                   help="with --objects: also remove each object class from each state (its pixels set to the "
+                        "frame's background) and store how much the explained output drops and whether the greedy "
+                        "action flips (jaxsal.load_object_effects; jaxsal render draws them)")
     e.add_argument("--store", choices=["maps", "shares"], default="maps",
                    help="maps (default; with --objects also the shares) or shares: only the object shares, "
                         "a few numbers per frame instead of the maps")

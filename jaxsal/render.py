@@ -13,7 +13,10 @@ Colour scales are fixed over everything rendered together (a whole video, a whol
 
 Jobs run with `--objects` have boxes per stacked frame: grids and videos outline the newest
 frame's objects on the frame and on every overlay (class colours, legend below), the
-per-stacked-frame view each frame's own objects.
+per-stacked-frame view each frame's own objects. Jobs run with `--objects --effects` also get,
+for the states of the per-stacked-frame views, effects_XXXXXX.png: the frame, the overlays and
+boxes, and a bar per class of how much the explained output drops when the class is removed
+(thick outline and "flips": the greedy action changes).
 """
 from __future__ import annotations
 
@@ -339,6 +342,70 @@ def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int
     return _save_png(path, np.concatenate(rows, 0))
 
 
+TARGET_SYMBOL = {"q_chosen": "Q", "q_action": "Q", "advantage": "A", "value": "V", "policy_logit": "logit",
+                 "log_prob": "log p", "softmax_chosen": "p"}
+
+
+def effect_bars(effect, flips, present, classes, height: int, width: int = 240, target: str = "q_chosen",
+                action: int | None = None) -> np.ndarray:
+    """RGB uint8 (height, width): a bar per class of how much the explained output drops when the class
+    is removed (`jaxsal.metrics.object_effects`: effect (C,), flips (C,), present (C,) of one state),
+    in the class's box colour, on a scale fixed to this state's largest |effect|; a bar whose removal
+    flips the greedy action is outlined thick and marked "flips", an absent class says so."""
+    from jaxsal.objects.draw import colour
+
+    sym = TARGET_SYMBOL.get(str(target), str(target))
+    title = f"{sym} drop when removed" + (f" (action {action})" if action is not None and sym in ("Q", "logit") else "")
+    img = Image.fromarray(np.full((height, width, 3), 255, np.uint8))
+    d = ImageDraw.Draw(img)
+    d.text((4, 2), _fit(title, width - 8), fill=(0, 0, 0))
+    eff = np.asarray(effect, np.float64)
+    here = np.asarray(present, bool) & np.isfinite(eff)
+    top = float(np.abs(eff[here]).max()) if here.any() else 0.0
+    top = top or 1.0
+    name_w = int(min(width // 3, max([_text_width(str(c)) for c in classes] + [20]) + 8))
+    value_w = int(_text_width("-0.000e-00 flips")) + 8                 # the values, in a column on the right
+    x0, x1 = name_w, width - value_w
+    neg = bool((eff[here] < 0).any())
+    zero = (x0 + x1) // 2 if neg else x0
+    half = (x1 - zero) if not neg else (x1 - x0) // 2
+    c = len(classes)
+    row_h = int(max(10, min(22, (height - 34) // max(c, 1))))
+    y = 20
+    d.line([(zero, y - 2), (zero, y + row_h * c)], fill=(0, 0, 0))
+    for j, name in enumerate(classes):
+        yc = y + j * row_h
+        d.text((4, yc + (row_h - 11) // 2), _fit(str(name), name_w - 6), fill=(0, 0, 0))
+        if not here[j]:
+            d.text((zero + 4, yc + (row_h - 11) // 2), "not on screen", fill=(150, 150, 150))
+            continue
+        v = float(eff[j])
+        end = zero + int(round(v / top * half))
+        lo, hi = sorted((zero, end))
+        thick = bool(flips[j])
+        d.rectangle([lo, yc + 2, max(hi, lo + 1), yc + row_h - 3], fill=tuple(int(k) for k in colour(j)),
+                    outline=(0, 0, 0), width=2 if thick else 1)
+        text = f"{v:.3g}" + (" flips" if thick else "")
+        d.text((x1 + 6, yc + (row_h - 11) // 2), text, fill=(200, 0, 0) if thick else (0, 0, 0))
+    d.text((4, min(height - 12, y + row_h * c + 2)),
+           _fit("thick outline, \"flips\": the greedy action changes", width - 8), fill=(90, 90, 90))
+    return np.asarray(img)
+
+
+def effects_png(path, frames, maps: dict, i: int, effects: dict, row: int, scale: int = 3,
+                scales: dict | None = None, scheme: str = "auto", boxes=None, caption: str | None = None,
+                target: str = "q_chosen") -> Path:
+    """One state's causal object effects: frame | map overlay per method (with the object boxes) | a bar
+    per class of how much the explained output drops when the class is removed (flipped actions marked);
+    `effects` is `jaxsal.load_object_effects`'s dict, `row` state i's row in it; colour bars below."""
+    scales = scales or {k: Scale(flat_map(m[i]), scheme) for k, m in maps.items()}
+    pic = composite(frames, maps, scales, i, scale=scale, boxes=boxes)
+    bars = effect_bars(effects["effect"][row], effects["flips"][row], effects["present"][row], effects["classes"],
+                       pic.shape[0], target=target, action=int(effects["action"][row]))
+    pic = _label(np.concatenate([pic, bars], 1), caption or f"frame {i}")
+    return _save_png(path, np.concatenate([pic, _box_legend(boxes, pic.shape[1]), legend(scales, pic.shape[1])], 0))
+
+
 def _save_png(path, img) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -453,6 +520,16 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     for i in shown:
         pngs.append(stack_png(gallery / f"stack_{start + i:06d}.png", frames, maps, i, scale=scale,
                               scales=stack_scales, boxes=ob))
+    if "effects" in cfg.get("objects", {}):  # --effects: one figure per shown state, its effects beside its maps
+        from jaxsal.io.objects import load_object_effects
+
+        eff = load_object_effects(out, allow_incomplete=True)
+        where = {int(f): r for r, f in enumerate(eff["frame"])}
+        for i in shown:
+            if start + i in where:
+                pngs.append(effects_png(gallery / f"effects_{start + i:06d}.png", frames, maps, i, eff,
+                                        where[start + i], scale=scale, scales=scales, boxes=ob,
+                                        caption=captions.get(i), target=cfg.get("target", "q_chosen")))
     vids = []
     for ext in videos:
         vids.append(video(gallery / f"episode.{ext}", frames, maps, fps=fps, scale=2 if ext == "gif" else scale,

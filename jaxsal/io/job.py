@@ -138,7 +138,10 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     `actions` array).
     `objects` (a `jaxsal.io.objects.ObjectsInput` aligned with `source`) adds per-frame object
     shares per method (DIR/_objects, `jaxsal.load_object_shares`); `store_maps=False` then keeps
-    only those shares, not the maps. Methods computed together (summary "computed_together")
+    only those shares, not the maps. With `objects.effects` each chunk also gets the causal effects of
+    removing each object class (`jaxsal.metrics.object_effects` with this target and the actions the
+    maps explain; DIR/_objects/_effects, `jaxsal.load_object_effects`), once for all methods.
+    Methods computed together (summary "computed_together")
     are each credited the group's time in maps_per_s.
     """
     from jaxsal.provenance import params_checksum as checksum_of
@@ -212,6 +215,11 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         return ((not store_maps or store.chunk_path(out, alias, i).exists())
                 and (objects is None or objs.objects_path(out, alias, i).exists()))
 
+    effects = objects is not None and objects.effects
+
+    def effects_done(i):
+        return not effects or objs.effects_path(out, i).exists()
+
     if num_processes == 1:  # nobody else writes here: drop temp files left by a killed run
         for s in specs:
             for tmp in (out / s.alias).glob(".chunk_*.tmp") if (out / s.alias).exists() else ():
@@ -222,7 +230,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     mine = [i for i in range(n_chunks) if i % num_processes == process_id]
     rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
     todo = [i for i in mine if any(not method_done(s.alias, i) for s in specs)
-            or not store.outputs_done(out, i)]
+            or not store.outputs_done(out, i) or not effects_done(i)]
     total = sum(rows(i) for i in mine)
     done_before = total - sum(rows(i) for i in todo)
 
@@ -244,7 +252,9 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     forward = _outputs_fn(apply_fn, target)
 
     def save(item):
-        i, results, outputs = item
+        i, results, outputs, chunk_effects = item
+        if chunk_effects is not None and not objs.effects_path(out, i).exists():
+            objs.write_effects(out, i, chunk_effects)
         for alias, maps, shares in results:
             if maps is not None and not store.chunk_path(out, alias, i).exists():
                 store.write_chunk(out, alias, i, maps)
@@ -284,6 +294,13 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     threading.Thread(target=reader, daemon=True).start()
     bar = _progress(total, done_before, quiet)
     computed = 0
+    effects_s = 0.0
+    effects_layout = None
+    if effects:
+        from jaxsal.validate import resolve_layout
+
+        effects_layout = resolve_layout((pad_to,) + tuple(source.shape[1:]), layout,
+                                        getattr(apply_fn, "jaxsal_layout", None))
     try:
         while True:
             item = reader_q.get()
@@ -316,7 +333,17 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                     if not first_chunk_s.get(a):
                         first_chunk_s[a] = (m, took)  # includes compilation
                 shared.update({a: list(group) for a in group if len(group) > 1})
-            writer.put((i, results, outputs))
+            chunk_effects = None
+            if effects and not effects_done(i):
+                ts = time.perf_counter()
+                try:
+                    chunk_effects = objs.chunk_effects(
+                        apply_fn, params, x, objects.boxes[i * chunk:i * chunk + m], m, target,
+                        actions=acts, layout=effects_layout or "NHWC", batch_size=batch_size)
+                except SaliencyInputError as e:
+                    raise SaliencyInputError(f"object effects, frames {i * chunk}:{i * chunk + m}: {e}") from None
+                effects_s += time.perf_counter() - ts
+            writer.put((i, results, outputs, chunk_effects))
             computed += m
             if bar is not None:
                 bar.update(m)
@@ -332,7 +359,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         raise writer.error
     wall = time.perf_counter() - t0
     complete = all(method_done(s.alias, i) for s in specs for i in range(n_chunks)) and all(
-        store.outputs_done(out, i) for i in range(n_chunks))
+        store.outputs_done(out, i) and effects_done(i) for i in range(n_chunks))
     summary = {
         "frames": n, "frames_this_process": total, "frames_computed": computed,
         "frames_resumed": done_before, "wall_s": round(wall, 3),
@@ -342,6 +369,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 if a in first_chunk_s and computed > first_chunk_s[a][0] and t > first_chunk_s[a][1] else None)
             for a, t in seconds.items()},
         "computed_together": sorted({tuple(g) for g in shared.values()}),
+        **({"effects_s": round(effects_s, 3)} if effects else {}),
         "out": str(out.absolute()), "complete": complete, "process_id": process_id,
         "num_processes": num_processes, "devices": jax.local_device_count(),
     }

@@ -25,6 +25,14 @@ for per-frame maps (`--option M.per_frame=true`) frame f's map on frame f's obje
 map's mass (these sum over f to `positive`); for maps summed over the stack, the map's share on
 frame f's objects alone (which frame's object positions the map covers; they need not sum to the
 union's share). `jaxsal.load_object_shares(DIR, method)` reads them back.
+
+With `--effects` the job also removes each object class from each state (`jaxsal.metrics.object_effects`,
+the job's --target and the actions the maps explain, the same boxes) and writes, once per chunk for all
+methods, DIR/_objects/_effects/chunk_XXXXXXX.npz: `effect` (n, C) float32 (the explained output minus
+that without the class: how much it drops), `flips` (n, C) bool (the greedy action changes), `present`
+(n, C) bool, `score` (n,) float32 and `action` (n,) int32 (the original state's explained output and
+action). `jaxsal.load_object_effects(DIR)` reads them, `load_object_shares(DIR, method, effects=True)`
+returns them with the shares.
 """
 from __future__ import annotations
 
@@ -45,12 +53,18 @@ OBJECTS = "_objects"
 FORMAT_HELP = ("an .npz with boxes (N, F, K, 4) int16 (y0, x0, y1, x1), labels (N, F, K) int8 (-1 = none) and "
                "classes (C,) str; see `jaxsal.io.objects` or docs/guides/objects.md")
 RECORD_HINT = "python -m jaxsal_agents.record_objects --agent NAME --steps N --out DIR (writes DIR/obs.npy and its boxes)"
+EFFECTS = "_effects"       # DIR/_objects/_effects: method aliases may not start with "_"
+EFFECT_KEYS = ("effect", "flips", "present", "score", "action")
 SHARE_KEYS = ("positive", "absolute", "chance", "present", "pointing",
               "per_frame_positive", "per_frame_absolute", "per_frame_chance")
 
 
 def objects_path(out, alias: str, index: int) -> Path:
     return Path(out) / OBJECTS / alias / f"chunk_{index:07d}.npz"
+
+
+def effects_path(out, index: int) -> Path:
+    return Path(out) / OBJECTS / EFFECTS / f"chunk_{index:07d}.npz"
 
 
 def beside(input_path) -> Path:
@@ -73,6 +87,7 @@ class ObjectsInput:
     path: str | None = None
     game: str | None = None
     checksum: str | None = None
+    effects: bool = False   # also the causal effects of removing each class (--effects)
 
     @property
     def classes(self) -> tuple:
@@ -84,11 +99,19 @@ class ObjectsInput:
 
     def config(self) -> dict:
         """What decides the shares (compared when a job is resumed)."""
-        return {"checksum": self.checksum, "classes": list(self.classes), "frames": int(self.boxes.boxes.shape[1])}
+        cfg = {"checksum": self.checksum, "classes": list(self.classes), "frames": int(self.boxes.boxes.shape[1])}
+        if self.effects:  # only then: configs of jobs without effects stay as they were
+            cfg["effects"] = {"fill": "background"}
+        return cfg
 
     def describe(self) -> dict:
-        return {"path": self.path, "game": self.game, "classes": list(self.classes),
-                "files": f"{OBJECTS}/<method>/chunk_XXXXXXX.npz: per-frame object shares (jaxsal.load_object_shares)"}
+        d = {"path": self.path, "game": self.game, "classes": list(self.classes),
+             "files": f"{OBJECTS}/<method>/chunk_XXXXXXX.npz: per-frame object shares (jaxsal.load_object_shares)"}
+        if self.effects:
+            d["effects_files"] = (f"{OBJECTS}/{EFFECTS}/chunk_XXXXXXX.npz: per frame and class, how much the explained "
+                                  "output drops when the class is removed, and whether the greedy action flips "
+                                  "(jaxsal.load_object_effects)")
+        return d
 
 
 def read_objects(path, game: str | None = None) -> ObjectsInput:
@@ -223,35 +246,110 @@ def write_shares(out, alias: str, index: int, shares: dict):
     atomic_write(path, lambda f: np.savez(f, **{k: np.ascontiguousarray(v) for k, v in shares.items()}))
 
 
+def chunk_effects(apply_fn, params, x, boxes, rows: int, target: str, actions=None, layout: str = "NHWC",
+                  batch_size: int | None = 256) -> dict:
+    """One chunk's frames x (padded rows, on device, the model's layout), the ObjectBoxes of its first
+    `rows` states -> the arrays stored per chunk with --effects (module doc), as numpy, for those rows.
+    `actions`: the chunk's (padded) actions for target q_action, else None (the target's own choice,
+    as the maps explain). The boxes are padded like `chunk_shares`'s."""
+    from jaxsal.metrics.effects import object_effects
+    from jaxsal.objects import ObjectBoxes
+
+    pad = x.shape[0] - len(boxes)
+    if pad > 0:
+        boxes = ObjectBoxes.concatenate([boxes, boxes[np.full(pad, len(boxes) - 1)]])
+    eff = object_effects(apply_fn, params, x, boxes, target=target, actions=actions, layout=layout,
+                         batch_size=batch_size or 256)
+    out = {"effect": (eff.effect, np.float32), "flips": (eff.flips, bool), "present": (eff.present, bool),
+           "score": (eff.score, np.float32), "action": (eff.actions, np.int32)}
+    return {k: np.asarray(v, t)[:rows] for k, (v, t) in out.items()}
+
+
+def write_effects(out, index: int, effects: dict):
+    """One chunk's object effects, atomically (an .npz, no pickle)."""
+    from jaxsal.io.store import atomic_write
+
+    path = effects_path(out, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: np.savez(f, **{k: np.ascontiguousarray(v) for k, v in effects.items()}))
+
+
 def drop_temp_files(out, aliases):
-    """Temp files a killed single-process run left in the shares directories."""
-    for a in aliases:
+    """Temp files a killed single-process run left in the shares (and effects) directories."""
+    for a in list(aliases) + [EFFECTS]:
         d = Path(out) / OBJECTS / a
         for tmp in d.glob(".chunk_*.tmp") if d.exists() else ():
             tmp.unlink(missing_ok=True)
 
 
-def load_object_shares(out, method: str, allow_incomplete: bool = False) -> dict:
+def _chunks_done(out, cfg, exists, what: str, allow_incomplete: bool) -> list[int]:
+    n, chunk = int(cfg["n"]), int(cfg["chunk"])
+    n_chunks = -(-n // chunk)
+    done = [i for i in range(n_chunks) if exists(i)]
+    if len(done) < n_chunks and not allow_incomplete:
+        raise SaliencyInputError(
+            f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks of {what} missing); "
+            "rerun the same `jaxsal explain` command, or pass allow_incomplete=True for the finished chunks")
+    return done
+
+
+def load_object_effects(out, allow_incomplete: bool = False) -> dict:
+    """Per-frame object effects of a `jaxsal explain --objects --effects` output directory:
+    {"classes": (C names), "frame": (N,), "effect": (N, C) float32 (how much the explained output drops
+    when the class is removed), "flips": (N, C) bool (the greedy action changes), "present": (N, C) bool,
+    "score": (N,) float32, "action": (N,) int32} (meanings in `jaxsal.io.objects`). With
+    allow_incomplete, the frames of the chunks finished so far (in order; "frame" says which)."""
+    from jaxsal.io.store import read_manifest
+
+    cfg = read_manifest(out)["config"]
+    if "effects" not in cfg.get("objects", {}):
+        raise SaliencyInputError(f"{out} has no object effects: rerun `jaxsal explain` with --objects --effects "
+                                 "into a new --out")
+    return _read_effects(out, cfg, _chunks_done(out, cfg, lambda i: effects_path(out, i).exists(), "object effects",
+                                                allow_incomplete))
+
+
+def _read_effects(out, cfg, done) -> dict:
+    """`load_object_effects`'s dict from the effects files of chunks `done`."""
+    n, chunk = int(cfg["n"]), int(cfg["chunk"])
+    classes = tuple(cfg["objects"]["classes"])
+    c = len(classes)
+    parts: dict = {k: [] for k in ("frame",) + EFFECT_KEYS}
+    for i in done:
+        with np.load(effects_path(out, i), allow_pickle=False) as z:
+            for k in EFFECT_KEYS:
+                parts[k].append(z[k])
+        parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
+    empty = {"frame": ((0,), np.int64), "effect": ((0, c), np.float32), "flips": ((0, c), bool),
+             "present": ((0, c), bool), "score": ((0,), np.float32), "action": ((0,), np.int32)}
+    res = {k: np.concatenate(parts[k]) if parts[k] else np.zeros(*empty[k]) for k in empty}
+    res["classes"] = classes
+    return res
+
+
+def load_object_shares(out, method: str, allow_incomplete: bool = False, effects: bool = False) -> dict:
     """Per-frame object shares of `method` in a `jaxsal explain --objects` output directory:
     {"classes": (C names), "frame": (N,), "positive"/"absolute"/"chance": (N, C) float32,
     "present"/"pointing": (N, C) bool, "per_frame_positive"/"_absolute"/"_chance": (N, F, C)}
     (meanings in `jaxsal.io.objects`). Column c is class `classes[c]`. With allow_incomplete,
-    the frames of the chunks finished so far (in order; "frame" says which)."""
+    the frames of the chunks finished so far (in order; "frame" says which). effects=True (a job
+    run with --effects): also "effect" (N, C), "flips" (N, C), "score" (N,), "action" (N,) of
+    `load_object_effects`, for the same frames (with allow_incomplete: the chunks that have both)."""
     from jaxsal.io.store import read_manifest
 
     cfg = read_manifest(out)["config"]
+    if effects and "objects" in cfg and "effects" not in cfg["objects"]:
+        raise SaliencyInputError(f"{out} has no object effects: rerun `jaxsal explain` with --objects --effects "
+                                 "into a new --out (or load the shares without effects=True)")
     if "objects" not in cfg:
         raise SaliencyInputError(f"{out} has no object shares: rerun `jaxsal explain` with --objects into a new --out")
     if method not in cfg["methods"]:
         raise SaliencyInputError(f"{out} has no object shares for method {method!r}; it holds "
                                  f"{', '.join(cfg['methods'])}")
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
-    n_chunks = -(-n // chunk)
-    done = [i for i in range(n_chunks) if objects_path(out, method, i).exists()]
-    if len(done) < n_chunks and not allow_incomplete:
-        raise SaliencyInputError(
-            f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks of {method!r} shares missing); "
-            "rerun the same `jaxsal explain` command, or pass allow_incomplete=True for the finished chunks")
+    done = _chunks_done(out, cfg, lambda i: objects_path(out, method, i).exists()
+                        and (not effects or effects_path(out, i).exists()),
+                        f"{method!r} shares" + (" or effects" if effects else ""), allow_incomplete)
     classes = tuple(cfg["objects"]["classes"])
     parts: dict = {"frame": []}
     for i in done:
@@ -265,6 +363,9 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False) -> dict
                np.zeros(empty[k], bool if k in ("present", "pointing") else np.int64 if k == "frame" else np.float32))
            for k in empty}
     res["classes"] = classes
+    if effects:
+        eff = _read_effects(out, cfg, done)
+        res.update({k: eff[k] for k in ("effect", "flips", "score", "action")})
     return res
 
 
@@ -283,8 +384,9 @@ def mean_shares(shares: dict) -> dict:
     return out
 
 
-def summary_lines(out, methods) -> list[str]:
-    """A few lines for the end of a job: each method's mean positive share per class vs chance."""
+def summary_lines(out, methods, effects: bool = False) -> list[str]:
+    """A few lines for the end of a job: each method's mean positive share per class vs chance (and with
+    `effects`, each class's mean effect and how often removing it flips the action)."""
     lines = ["object shares (positive mass on the class, mean over frames showing it; chance = area share):"]
     for m in methods:
         try:
@@ -294,6 +396,15 @@ def summary_lines(out, methods) -> list[str]:
         cells = ", ".join(f"{c} {r['positive']:.2f} (chance {r['chance']:.2f})" for c, r in table.items()
                           if r["states"])
         lines.append(f"  {m}: {cells or 'no class on screen'}")
+    if effects:
+        try:
+            e = load_object_effects(out, allow_incomplete=True)
+        except SaliencyInputError:
+            return lines
+        cells = [f"{c} {e['effect'][e['present'][:, j], j].mean():.3g} (flips {e['flips'][e['present'][:, j], j].mean():.0%})"
+                 for j, c in enumerate(e["classes"]) if e["present"][:, j].any()]
+        lines.append("object effects (drop of the explained output when the class is removed, mean over frames "
+                     f"showing it; how often the greedy action flips): {', '.join(cells) or 'no class on screen'}")
     return lines
 
 
@@ -304,22 +415,29 @@ def write_meta(out, objects: ObjectsInput, store_maps: bool):
     d = Path(out) / OBJECTS
     d.mkdir(parents=True, exist_ok=True)
     meta = {**objects.describe(), "maps_stored": store_maps, "keys": list(SHARE_KEYS),
+            **({"effect_keys": list(EFFECT_KEYS)} if objects.effects else {}),
             "doc": "see the docstring of jaxsal.io.objects; load with jaxsal.load_object_shares(DIR, METHOD)"}
     data = json.dumps(meta, indent=2, sort_keys=True).encode()
     if not ((d / "meta.json").exists() and (d / "meta.json").read_bytes() == data):  # a rerun: read-only ok
         atomic_write(d / "meta.json", data)
 
 
-def for_job(objects_arg, store: str, input_path, game, n_frames: int, frame_shape_nhwc, limit=None):
-    """`jaxsal explain`'s --objects [FILE] and --store maps|shares -> (ObjectsInput or None, store_maps).
-    The boxes are checked against the whole input, then cut to `--limit` like the frames."""
+EFFECTS_NEED_OBJECTS = "--effects removes the objects of the boxes that --objects reads: add --objects [FILE]"
+
+
+def for_job(objects_arg, store: str, input_path, game, n_frames: int, frame_shape_nhwc, limit=None,
+            effects: bool = False):
+    """`jaxsal explain`'s --objects [FILE], --store maps|shares and --effects -> (ObjectsInput or None,
+    store_maps). The boxes are checked against the whole input, then cut to `--limit` like the frames."""
     if store not in ("maps", "shares"):
         raise SaliencyInputError(f"--store must be maps or shares, got {store!r}")
     if objects_arg is None:
         if store == "shares":
             raise SaliencyInputError("--store shares keeps only the object shares: add --objects [FILE]")
+        if effects:
+            raise SaliencyInputError(EFFECTS_NEED_OBJECTS)
         return None, True
-    objects = find_objects(objects_arg, input_path, game)
+    objects = dataclasses.replace(find_objects(objects_arg, input_path, game), effects=bool(effects))
     check_aligned(objects, n_frames, frame_shape_nhwc)
     if limit is not None and limit < n_frames:
         objects = objects.limited(limit)

@@ -1,0 +1,238 @@
+"""`jaxsal explain --objects --effects`: per-frame causal object effects (`jaxsal.metrics.object_effects`)
+stored beside the object shares, resumable; `jaxsal render` draws them; bad flag combinations end in one
+line with nothing written."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import jaxsal
+from jaxsal.cli import main
+from jaxsal.io import objects as objs
+from jaxsal.metrics import object_effects
+from jaxsal.objects.draw import PALETTE
+from jaxsal.render import effect_bars
+from tests import _object_agent
+from tests.test_cli_objects import AGENT, N, _same, _small_job, _state
+from tests.test_cli_support import ROOT, cli_env
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """The synthetic one-object agent (it reads only "target") with --objects --effects, chunks of 4."""
+    d = tmp_path_factory.mktemp("effects")
+    obs, ob = _object_agent.buffer(N)
+    np.save(d / "buf.npy", obs)
+    ob.save(d / "buf.objects.npz")
+    argv = ["explain", "--agent", AGENT, "--methods", "gradient", "--input", str(d / "buf.npy"), "--objects",
+            "--effects", "--chunk", "4", "--out", str(d / "o"), "--quiet"]
+    assert main(argv) == 0
+    return d, obs, ob
+
+
+def test_stored_effects_are_object_effects_of_the_frames(job):
+    d, obs, ob = job
+    out = d / "o"
+    assert sorted(p.name for p in (out / "_objects" / "_effects").iterdir()) == ["chunk_0000000.npz",
+                                                                                "chunk_0000001.npz"]
+    e = jaxsal.load_object_effects(out)
+    apply_fn, params = _object_agent.load()
+    ref = object_effects(apply_fn, params, obs, ob)
+    assert e["classes"] == ref.classes == ("target", "other")
+    np.testing.assert_array_equal(e["frame"], np.arange(N))
+    np.testing.assert_allclose(e["effect"], np.asarray(ref.effect), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(e["flips"], np.asarray(ref.flips))
+    np.testing.assert_array_equal(e["present"], np.asarray(ref.present))
+    np.testing.assert_allclose(e["score"], np.asarray(ref.score), rtol=1e-6)
+    np.testing.assert_array_equal(e["action"], np.asarray(ref.actions))
+    assert e["effect"].dtype == np.float32 and e["flips"].dtype == bool and e["action"].dtype == np.int32
+    # the agent reads only "target": removing it moves Q_0, removing "other" changes nothing
+    assert np.abs(e["effect"][:, 0]).min() > 1e-3 and (e["effect"][:, 1] == 0).all()
+    # the same actions the maps explain
+    np.testing.assert_array_equal(e["action"], jaxsal.load_outputs(out)["action"])
+    s = jaxsal.load_object_shares(out, "gradient", effects=True)
+    for k in ("effect", "flips", "score", "action"):
+        np.testing.assert_array_equal(s[k], e[k], err_msg=k)
+    plain = jaxsal.load_object_shares(out, "gradient")
+    assert "effect" not in plain
+    for k in objs.SHARE_KEYS:
+        np.testing.assert_array_equal(s[k], plain[k], err_msg=k)
+    # a job without --effects has none, and says how to get them
+    shutil.copytree(out, d / "no_eff")
+    cfg = jaxsal.io.read_manifest(d / "no_eff")
+    del cfg["config"]["objects"]["effects"]
+    (d / "no_eff" / "manifest.json").write_text(json.dumps(cfg))
+    with pytest.raises(jaxsal.SaliencyInputError, match="--objects --effects"):
+        jaxsal.load_object_effects(d / "no_eff")
+    with pytest.raises(jaxsal.SaliencyInputError, match="--objects --effects"):
+        jaxsal.load_object_shares(d / "no_eff", "gradient", effects=True)
+
+
+def test_q_action_effects_use_the_buffers_actions(job, tmp_path):
+    """--target q_action: the effects are for the action taken in the buffer, as the maps are."""
+    _, obs, ob = job
+    acts = np.array([1, 0, 1, 1, 0, 1])
+    np.savez(tmp_path / "buf.npz", obs=obs, actions=acts)
+    ob.save(tmp_path / "buf.objects.npz")
+    assert main(["explain", "--agent", AGENT, "--methods", "gradient", "--input", str(tmp_path / "buf.npz"),
+                 "--objects", "--effects", "--target", "q_action", "--chunk", "4", "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 0
+    e = jaxsal.load_object_effects(tmp_path / "o")
+    apply_fn, params = _object_agent.load()
+    ref = object_effects(apply_fn, params, obs, ob, target="q_action", actions=acts)
+    np.testing.assert_array_equal(e["action"], acts)
+    np.testing.assert_allclose(e["effect"], np.asarray(ref.effect), rtol=1e-5, atol=1e-6)
+    assert (e["effect"][acts == 1] == 0).all()          # Q_1 is a constant: removing anything changes nothing
+    assert np.abs(e["effect"][acts == 0, 0]).min() > 1e-3
+
+
+def test_incomplete_effects(job, tmp_path):
+    d, _, _ = job
+    out = tmp_path / "cut"
+    shutil.copytree(d / "o", out)
+    (out / "_objects" / "_effects" / "chunk_0000000.npz").unlink()
+    with pytest.raises(jaxsal.SaliencyInputError, match="1 of 2 chunks of object effects missing"):
+        jaxsal.load_object_effects(out)
+    e = jaxsal.load_object_effects(out, allow_incomplete=True)
+    np.testing.assert_array_equal(e["frame"], [4, 5])
+    s = jaxsal.load_object_shares(out, "gradient", allow_incomplete=True, effects=True)
+    np.testing.assert_array_equal(s["frame"], [4, 5])          # only the chunks that have both
+    assert s["positive"].shape == s["effect"].shape == (2, 2)
+
+
+def _effect_files(out):
+    return {p.name: p.read_bytes() for p in (out / "_objects" / "_effects").glob("chunk_*.npz")}
+
+
+def _eff_same(out, ref):
+    a, b = jaxsal.load_object_effects(out), jaxsal.load_object_effects(ref)
+    for k in objs.EFFECT_KEYS + ("frame",):
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_resume_computes_only_the_missing_effects(tmp_path):
+    args = _small_job(tmp_path) + ["--effects"]
+    assert main(args + ["--out", str(tmp_path / "ref")]) == 0
+    ref = _state(tmp_path / "ref")
+    assert len(ref[0]) == 4 * (2 + 2 + 1 + 1)       # 4 chunks x (2 maps + 2 shares + effects + outputs)
+    out = tmp_path / "cut"
+    shutil.copytree(tmp_path / "ref", out)
+    eff = out / "_objects" / "_effects"
+    (eff / "chunk_0000001.npz").unlink()                                  # maps and shares kept, effects lost
+    (eff / "chunk_0000002.npz").unlink()                                  # effects and a map lost
+    (out / "standin_grad" / "chunk_0000002.npy").unlink()
+    (out / "_objects" / "standin_noise" / "chunk_0000003.npz").unlink()   # shares lost, effects kept
+    (eff / ".chunk_0000001.npz.77.tmp").write_bytes(b"partial")
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("chunk_*")}
+    assert main(args + ["--out", str(out)]) == 0
+    _same(_state(out), ref)
+    _eff_same(out, tmp_path / "ref")
+    assert sorted(_effect_files(out)) == sorted(_effect_files(tmp_path / "ref"))
+    assert not list(out.rglob("*.tmp"))
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())    # nothing finished is rewritten
+    # the same job without --effects, or a job without effects asked for them: another job, refused
+    assert main(_small_job(tmp_path) + ["--out", str(out)]) == 2
+    plain = tmp_path / "plain"
+    assert main(_small_job(tmp_path) + ["--out", str(plain)]) == 0
+    assert main(args + ["--out", str(plain)]) == 2
+    assert not (plain / "_objects" / "_effects").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_keeps_effects_aligned(tmp_path):
+    args = _small_job(tmp_path) + ["--effects"]
+    assert main(args + ["--out", str(tmp_path / "ref")]) == 0
+    ref = _state(tmp_path / "ref")
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_cli_support.py"), *args, "--out", str(out)],
+                            env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.3"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(out.rglob("chunk_*"))) < 5:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = sorted(str(p.relative_to(out)) for p in out.rglob("chunk_*"))
+    assert 5 <= len(partial) < len(ref[0]), partial
+    assert main(args + ["--out", str(out)]) == 0
+    _same(_state(out), ref)
+    _eff_same(out, tmp_path / "ref")
+    assert sorted(_effect_files(out)) == sorted(_effect_files(tmp_path / "ref"))
+
+
+def test_bad_flag_combinations_write_nothing(job, tmp_path, capsys):
+    d, _, _ = job
+    buf = str(d / "buf.npy")
+    cases = [
+        (["--input", buf, "--effects"], "add --objects"),
+        (["--input", buf, "--effects", "--store", "shares"], "add --objects"),
+        (["--play", "5", "--objects", "--effects"], "--play records with EnvPool"),
+    ]
+    for extra, frag in cases:
+        out = tmp_path / "o"
+        capsys.readouterr()
+        assert main(["explain", "--agent", AGENT, "--methods", "gradient", "--out", str(out), "--quiet", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("jaxsal: error:") and "\n" not in err and frag in err, (extra, err)
+        assert not out.exists(), extra
+    capsys.readouterr()
+    assert main(["explain", "--agent", AGENT, "--methods", "gradient", "--input", buf, "--effects",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "--effects removes the objects of the boxes that --objects reads" in capsys.readouterr().err
+
+
+def test_render_draws_the_effects(job, tmp_path):
+    d, _, _ = job
+    gal = tmp_path / "gal"
+    assert main(["render", str(d / "o"), "--video", "none", "--grid-frames", "2", "--scale", "3",
+                 "--out", str(gal), "--quiet"]) == 0
+    figs = sorted(p.name for p in gal.glob("effects_*.png"))
+    assert figs == ["effects_000000.png", "effects_000005.png"]
+    assert "effects_000000.png" in (gal / "index.html").read_text()
+    img = np.asarray(Image.open(gal / "effects_000000.png").convert("RGB"))
+    tiles = 2 * 84 * 3                                  # frame | gradient overlay, then the bars
+    assert img.shape[1] == tiles + 240
+    top = 14 + 14
+    y0, x0, y1, x1 = _object_agent.BOX
+    assert (img[top + 3 * y0, 3 * x0:3 * x1] == PALETTE[0]).all()          # the boxes on the frame
+    bars = img[top - 14:, tiles:]
+    e = jaxsal.load_object_effects(d / "o")
+    assert e["effect"][0, 0] != 0 and (bars == PALETTE[0]).all(-1).sum() > 50   # the "target" bar
+    assert not (bars == PALETTE[1]).all(-1).any()                          # "other" changes nothing: no bar
+    # without effects in the job: no effects figure
+    plain = tmp_path / "plain"
+    assert main(["explain", "--agent", AGENT, "--methods", "gradient", "--input", str(d / "buf.npy"), "--objects",
+                 "--chunk", "4", "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    assert main(["render", str(tmp_path / "p"), "--video", "none", "--grid-frames", "2", "--out", str(plain),
+                 "--quiet"]) == 0
+    assert not list(plain.glob("effects_*.png"))
+
+
+def test_effect_bars_scale_and_flips():
+    """Bar lengths follow the effects on one scale; a flipped class is outlined thick and marked in red."""
+    img = effect_bars([2.0, 1.0, -1.0, 0.0], [True, False, False, False], [True, True, True, False],
+                      ("ball", "paddle", "bricks", "enemy"), height=140)
+    assert img.shape == (140, 240, 3)
+    width = [(img == PALETTE[k]).all(-1).sum(1).max() for k in range(3)]
+    assert abs(width[0] - 2 * width[1]) <= 3 and abs(width[1] - width[2]) <= 2 and width[1] > 10
+    cols = [np.flatnonzero((img == PALETTE[k]).all(-1).any(0)) for k in range(3)]
+    assert cols[2].max() < cols[1].min()                # the negative bar lies left of zero
+    values = img[:, max(c.max() for c in cols) + 3:].astype(int)    # the column of numbers right of the bars
+    red = (values[..., 0] > 120) & (values[..., 1] < 60) & (values[..., 2] < 60)
+    rows = np.flatnonzero(red.any(1))
+    ball_rows = np.flatnonzero((img == PALETTE[0]).all(-1).any(1))
+    assert len(rows) and rows.min() >= ball_rows.min() - 4 and rows.max() <= ball_rows.max() + 4  # "flips"
+    for k, thick in ((0, 2), (1, 1)):                   # the outline left of each bar (from zero)
+        r = np.flatnonzero((img == PALETTE[k]).all(-1).any(1))[0] + 3
+        first = cols[k].min()
+        edge = img[r, first - 3:first]
+        assert ((edge == 0).all(-1)).sum() == thick, (k, edge)
+    assert not (img == PALETTE[3]).all(-1).any()        # an absent class gets no bar
