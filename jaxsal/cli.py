@@ -547,8 +547,16 @@ def _frame_range(text: str | None):
 
 def cmd_render(args) -> int:
     from jaxsal.render import render_dir
+    from jaxsal.render_sweep import is_sweep_dir, render_sweep
 
     start, stop = _frame_range(args.frames)
+    if is_sweep_dir(args.dir):  # a `jaxsal sweep` DIR: metric curves and a grid of one frame per cell
+        t = time.perf_counter()
+        res = render_sweep(args.dir, gallery=args.out, methods=args.methods.split(",") if args.methods else None,
+                           frame=start, scheme=args.scheme, scale=args.scale)
+        _say(f"rendered the sweep's curves ({len(res['panels'])} panels) and grid ({len(res['grid'].rows)} rows x "
+             f"{len(res['grid'].methods)} methods) in {time.perf_counter() - t:.1f}s; open {res['html']}", args.quiet)
+        return 0
     frames = None
     if args.input:
         from jaxsal.io import open_source
@@ -975,7 +983,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_explain)
 
     r = sub.add_parser("render", help="PNG grids, videos and an HTML gallery of an explain output")
-    r.add_argument("dir", help="output directory of `jaxsal explain`")
+    r.add_argument("dir", help="output directory of `jaxsal explain`, or of `jaxsal sweep` (then: curves.png, "
+                               "each metric against checkpoint, and grid.png, frame START of --frames in every "
+                               "cell)")
     r.add_argument("--methods", help="comma list of methods to show (default all)")
     r.add_argument("--out", help="gallery directory (default DIR/gallery)")
     r.add_argument("--frames", help="START:STOP range of frames (videos are capped at 1000 frames)")
