@@ -1045,7 +1045,9 @@ SWEEP_EPILOG = """config (TOML; docs/guides/sweeps.md):
   gradcam = { layer = "conv3" }
   occlusion = { patch = 6 }
 outputs: DIR/cells/AGENT/CHECKPOINT/INPUT/METHOD/job (a `jaxsal explain` output: jaxsal.load_maps),
-  DIR/results.csv (one row per cell: jaxsal.load_sweep(DIR)), DIR/sweep.toml (the config)"""
+  DIR/results.csv (one row per cell: jaxsal.load_sweep(DIR)), DIR/sweep.toml (the config)
+pictures: jaxsal render DIR (curves.png: each metric against checkpoint; grid.png: a frame per cell)
+ray: --ray local:4 or --ray ADDRESS (pip install 'jaxsal[ray]'; --out shared by every node)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
