@@ -911,7 +911,10 @@ def _run_ray(todo, out: Path, metrics, sett, address: str, cpus: float, gpus: fl
                                    f"({str(e).splitlines()[0]}); give its address (ray start --head prints it), "
                                    "or --ray local") from None
         started = True
-    task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(ray_cell)
+    # Ray hides no GPU from a task that asked for none: its JAX would take the node's GPUs (and their
+    # memory) anyway, so such a task runs JAX on the CPU it was given
+    env = {"env_vars": {"JAX_PLATFORMS": "cpu"}} if gpus == 0 else None
+    task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0, runtime_env=env)(ray_cell)
     refs = {}
     try:
         for cell in todo:

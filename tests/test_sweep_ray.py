@@ -2,6 +2,8 @@
 JSON out) writing into the shared --out, the same table as a local run; Ray is an optional extra
 (jaxsal[ray]) whose absence is one line naming the install."""
 import importlib.util
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -9,7 +11,7 @@ import pytest
 
 import jaxsal
 from jaxsal.cli import main
-from tests.test_cli_support import frames, make_agent_files
+from tests.test_cli_support import ROOT, frames, make_agent_files
 
 N = 3
 CONFIG = """
@@ -66,7 +68,10 @@ def test_ray_local_gives_the_local_table(tmp_path, capsys):
     import ray
 
     cfg = _setup(tmp_path)
-    assert main(["sweep", str(cfg), "--out", str(tmp_path / "local"), "--quiet"]) == 0
+    # the local run in a process on the CPU, as the Ray tasks without --gpus-per-cell
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-m", "jaxsal.cli", "sweep", str(cfg), "--out", str(tmp_path / "local"),
+                    "--quiet"], env=env, check=True, timeout=600)
     assert main(["sweep", str(cfg), "--out", str(tmp_path / "ray"), "--ray", "local:2"]) == 0
     said = capsys.readouterr().out
     assert "Ray tasks (local:2, 1 CPU(s) each)" in said and "8 of 8 cells ok" in said
