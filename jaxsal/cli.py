@@ -874,6 +874,18 @@ def ray_cell(job_json: str) -> str:
     return json.dumps(rec, allow_nan=True)
 
 
+def ray_task_env(gpus: float) -> dict | None:
+    """The Ray runtime environment of a cell's task. Ray hides no GPU from a task that asked for none,
+    whose JAX would take the node's GPUs (and their memory) anyway: such a task runs JAX on the CPU.
+    A task given a fraction of a GPU preallocates that fraction of its memory (XLA's default, 75% of
+    the whole GPU, would not leave room for the others sharing it)."""
+    if gpus == 0:
+        return {"env_vars": {"JAX_PLATFORMS": "cpu"}}
+    if gpus < 1:
+        return {"env_vars": {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 * gpus:.3f}"}}
+    return None
+
+
 def _ray_address(address: str) -> tuple[bool, int | None]:
     """(local, CPUS) of --ray: local, local:CPUS (a Ray instance started here) or a cluster's address."""
     kind, colon, n = address.partition(":")
@@ -911,10 +923,7 @@ def _run_ray(todo, out: Path, metrics, sett, address: str, cpus: float, gpus: fl
                                    f"({str(e).splitlines()[0]}); give its address (ray start --head prints it), "
                                    "or --ray local") from None
         started = True
-    # Ray hides no GPU from a task that asked for none: its JAX would take the node's GPUs (and their
-    # memory) anyway, so such a task runs JAX on the CPU it was given
-    env = {"env_vars": {"JAX_PLATFORMS": "cpu"}} if gpus == 0 else None
-    task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0, runtime_env=env)(ray_cell)
+    task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0, runtime_env=ray_task_env(gpus))(ray_cell)
     refs = {}
     try:
         for cell in todo:
