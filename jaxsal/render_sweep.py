@@ -230,6 +230,9 @@ def render_sweep(out, gallery=None, methods=None, metrics=None, frame: int = 0, 
     out = Path(out)
     table = load_sweep(out)
     gallery = Path(gallery) if gallery is not None else out / "gallery"
+    if not (np.asarray(table["status"]) == "ok").any():
+        raise SaliencyInputError(f"{out}: no cell is finished yet (none has status ok in {out / 'results.csv'}); "
+                                 "run the sweep (its command again resumes it) before rendering")
     layout = grid_layout(table, methods)  # checks the methods first
     panels, pos, xlabel = curve_panels(table, metrics)
     panels = [Panel(p.metric, [ln for ln in p.lines if ln.method in layout.methods]) for p in panels]

@@ -123,3 +123,33 @@ def test_the_cli_renders_a_sweep_dir(swept, tmp_path, capsys):
     assert "frame 7" in capsys.readouterr().err
     assert main(["render", str(out), "--out", str(tmp_path / "g"), "--methods", "nosuch"]) == 2
     assert "no method 'nosuch'" in capsys.readouterr().err
+
+
+def test_played_inputs_each_row_its_own_rollout(tmp_path):
+    make_agent_files(tmp_path / "runs", seed=0)
+    make_agent_files(tmp_path / "runs", seed=1)
+    (tmp_path / "sweep.toml").write_text('agents = ["runs/*.msgpack"]\ninputs = [{ play = 3, seed = 2 }]\n'
+                                         '[methods]\ngradient = {}\n')
+    assert main(["sweep", str(tmp_path / "sweep.toml"), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    res = rs.render_sweep(tmp_path / "out")
+    lay = res["grid"]
+    assert lay.rows == [("runs", "tiny0", "play3-seed2"), ("runs", "tiny1", "play3-seed2")]
+    # each row draws its own checkpoint's rollout (from the cell's job), not the first row's
+    for r, (a, c, i) in enumerate(lay.rows):
+        x, m = rs._cell_frame_and_map(tmp_path / "out", lay.cells[(r, "gradient")], "gradient", 1)
+        want = np.load(tmp_path / "out" / "cells" / a / c / i / "_rollout" / "input" / "obs.npy")[1]
+        np.testing.assert_array_equal(x, want)
+        np.testing.assert_array_equal(m, np.asarray(jaxsal.load_maps(
+            tmp_path / "out" / "cells" / a / c / i / "gradient" / "job", "gradient"))[1])
+    assert [p.metric for p in res["panels"]] == ["map_mass", "map_positive_share", "map_entropy"]
+
+
+def test_a_sweep_with_no_finished_cell_is_one_line(swept, tmp_path, capsys):
+    _, ref = swept
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    text = (out / "results.csv").read_text().replace(",ok,", ",pending,")
+    (out / "results.csv").write_text(text)
+    assert main(["render", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no cell is finished" in err[0]
