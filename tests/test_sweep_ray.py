@@ -94,3 +94,22 @@ def test_ray_local_gives_the_local_table(tmp_path, capsys):
     before = (tmp_path / "ray" / "results.csv").read_bytes()
     assert main(["sweep", str(cfg), "--out", str(tmp_path / "ray"), "--ray", "local:2", "--quiet"]) == 0
     assert (tmp_path / "ray" / "results.csv").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_ray_task_that_raises_is_recorded_and_the_others_complete(tmp_path, monkeypatch, capsys):
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed (pip install 'jaxsal[ray]')")
+    make_agent_files(tmp_path / "runs", seed=0)
+    np.save(tmp_path / "buf.npy", frames(N, seed=1))
+    (tmp_path / "sweep.toml").write_text('agents = ["runs/*.msgpack"]\ninputs = ["buf.npy"]\n[methods]\n'
+                                         'gradient = {}\ngradcam = { layer = "conv9" }\n')
+    # JAXSAL_DEBUG (inherited by the Ray workers) makes the cell raise out of its task instead of
+    # recording its own error: the sweep records the failed task
+    monkeypatch.setenv("JAXSAL_DEBUG", "1")
+    assert main(["sweep", str(tmp_path / "sweep.toml"), "--out", str(tmp_path / "out"), "--ray", "local:2",
+                 "--quiet"]) == 1
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["status"]) == ["ok", "error"]
+    assert t["error"][1].startswith("Ray task failed") and "conv9" in t["error"][1]
+    assert "cell cells/runs/tiny0/buf/gradcam failed: Ray task failed" in capsys.readouterr().err
