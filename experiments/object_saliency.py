@@ -90,20 +90,27 @@ def spearman(a, b):
     return float(spearmanr(a[ok], b[ok]).statistic)
 
 
+def play_states(agent, n_states, seed=0, num_envs=4):
+    """(obs, boxes, steps): the study's states of `agent`, greedy with epsilon 0.05 on ale-py, subsampled
+    evenly (also what experiments.object_saliency_sweep.record writes for a sweep)."""
+    from jaxsal_agents.ale import collect_objects
+
+    steps = max(3 * -(-n_states // num_envs), 300)    # play long enough to pass the game's start, then subsample
+    batch, boxes = collect_objects(agent, steps, num_envs=num_envs, epsilon=0.05, seed=seed)
+    idx = np.linspace(0, len(batch) - 1, n_states).round().astype(int)
+    return batch.obs[idx], boxes[idx], steps
+
+
 def study_game(game, agent_name, n_states, methods, seed=0, early_params=None, num_envs=4):
     import jax
     import jax.numpy as jnp
 
     import jaxsal_agents
-    from jaxsal_agents.ale import collect_objects
     from jaxsal.metrics import object_attribution, object_pointing
 
     t0 = time.time()
     agent = jaxsal_agents.load(agent_name)
-    steps = max(3 * -(-n_states // num_envs), 300)    # play long enough to pass the game's start, then subsample
-    batch, boxes = collect_objects(agent, steps, num_envs=num_envs, epsilon=0.05, seed=seed)
-    idx = np.linspace(0, len(batch) - 1, n_states).round().astype(int)
-    obs, boxes = batch.obs[idx], boxes[idx]
+    obs, boxes, steps = play_states(agent, n_states, seed, num_envs)
     maps = explain_all(agent, obs, methods)
     rand = np.asarray(jax.random.uniform(jax.random.PRNGKey(seed), (len(obs), 84, 84)))
     rnd_shares = object_attribution(rand, boxes)

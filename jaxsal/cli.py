@@ -554,8 +554,16 @@ def _frame_range(text: str | None):
 
 def cmd_render(args) -> int:
     from jaxsal.render import render_dir
+    from jaxsal.render_sweep import is_sweep_dir, render_sweep
 
     start, stop = _frame_range(args.frames)
+    if is_sweep_dir(args.dir):  # a `jaxsal sweep` DIR: metric curves and a grid of one frame per cell
+        t = time.perf_counter()
+        res = render_sweep(args.dir, gallery=args.out, methods=args.methods.split(",") if args.methods else None,
+                           frame=start, scheme=args.scheme, scale=args.scale)
+        _say(f"rendered the sweep's curves ({len(res['panels'])} panels) and grid ({len(res['grid'].rows)} rows x "
+             f"{len(res['grid'].methods)} methods) in {time.perf_counter() - t:.1f}s; open {res['html']}", args.quiet)
+        return 0
     frames = None
     if args.input:
         from jaxsal.io import open_source
@@ -849,11 +857,132 @@ def _run_workers(todo, out: Path, metrics, sett, workers: int, finished):
         raise
 
 
+RAY_HINT = "pip install 'jaxsal[ray]'"
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise CLIError(f"--ray needs Ray, which is not installed: {RAY_HINT}") from None
+    return ray
+
+
+def ray_cell(job_json: str) -> str:
+    """A Ray task of `jaxsal sweep --ray`: one cell, given and returned as JSON (the cell spec, DIR,
+    metrics and settings in; its record out); the cell's files go to the shared DIR."""
+    from jaxsal import cpu
+
+    cpu.use_fast_kernels(warn=False)
+    from jaxsal.io import sweep as sw
+
+    job = json.loads(job_json)
+    rec = run_sweep_cell(sw.Cell(**job["cell"]), Path(job["out"]), job["metrics"], job["settings"])
+    return json.dumps(rec, allow_nan=True)
+
+
+def ray_task_env(gpus: float) -> dict | None:
+    """The Ray runtime environment of a cell's task. Ray hides no GPU from a task that asked for none,
+    whose JAX would take the node's GPUs (and their memory) anyway: such a task runs JAX on the CPU.
+    A task given a fraction of a GPU preallocates that fraction of its memory (XLA's default, 75% of
+    the whole GPU, would not leave room for the others sharing it)."""
+    if gpus == 0:
+        return {"env_vars": {"JAX_PLATFORMS": "cpu"}}
+    if gpus < 1:
+        return {"env_vars": {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 * gpus:.3f}"}}
+    return None
+
+
+def _ray_address(address: str) -> tuple[bool, int | None]:
+    """(local, CPUS) of --ray: local, local:CPUS (a Ray instance started here) or a cluster's address."""
+    kind, colon, n = address.partition(":")
+    if kind != "local":
+        return False, None
+    if colon and not (n.isdigit() and int(n) > 0):
+        raise CLIError(f"--ray {address!r}: use local, local:CPUS (a positive integer) or a cluster ADDRESS")
+    return True, int(n) if n else None
+
+
+def _run_ray(todo, out: Path, metrics, sett, address: str, cpus: float, gpus: float, finished):
+    """Run the cells as Ray tasks (`ray_cell`, `cpus` CPUs and `gpus` GPUs each) on the cluster at
+    `address`, or on a Ray instance started here (`local`, `local:CPUS`), or on the one this process
+    has already started (ray.init); `finished(cell)` after each. A task that dies is recorded as an
+    error; a record missing from DIR after its task (a DIR the node does not share) too."""
+    from jaxsal.io import sweep as sw
+
+    if not todo:
+        return
+    ray = _import_ray()
+    started = False
+    if not ray.is_initialized():
+        import warnings
+
+        local, num = _ray_address(address)
+        with warnings.catch_warnings():  # Ray starts its processes with fork+exec, which is safe here
+            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+            if local:
+                ray.init(num_cpus=num, include_dashboard=False, log_to_driver=False)
+            else:
+                try:
+                    ray.init(address=address, log_to_driver=False)
+                except ConnectionError as e:
+                    raise CLIError(f"--ray {address}: cannot connect to a Ray cluster there "
+                                   f"({str(e).splitlines()[0]}); give its address (ray start --head prints it), "
+                                   "or --ray local") from None
+        started = True
+    task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0, runtime_env=ray_task_env(gpus))(ray_cell)
+    refs = {}
+    try:
+        for cell in todo:
+            (out / cell.path).mkdir(parents=True, exist_ok=True)
+            (out / cell.path / sw.CELL_RECORD).unlink(missing_ok=True)  # an old error: retried now
+            job = json.dumps({"cell": cell.as_dict(), "out": str(out.absolute()), "metrics": metrics,
+                              "settings": sett})
+            refs[task.remote(job)] = cell
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            for ref in ready:
+                cell = refs.pop(ref)
+                try:
+                    ray.get(ref)
+                    why = None if sw.read_record(out, cell) is not None else (
+                        f"its Ray task finished but left no record in {out.absolute()}: --out must be a folder "
+                        "every Ray node shares")
+                except Exception as e:  # noqa: BLE001 (the task or its worker died)
+                    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+                    why = f"Ray task failed: {type(e).__name__}" + (f": {lines[-1][:300]}" if lines else "")
+                if why is not None:
+                    sw.write_record(out / cell.path / sw.CELL_RECORD, {
+                        "cell": cell.path, "status": "error", "frames": None, "metrics": {}, "seconds": None,
+                        "error": why})
+                finished(cell)
+    except BaseException:
+        for ref in refs:
+            ray.cancel(ref)  # a job keeps its finished chunks, a rerun resumes
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def cmd_sweep(args) -> int:
     from jaxsal.io import sweep as sw
 
     if args.workers < 1:
         raise CLIError(f"--workers must be a positive integer, got {args.workers}")
+    if args.ray is None and (args.cpus_per_cell is not None or args.gpus_per_cell is not None):
+        raise CLIError("--cpus-per-cell and --gpus-per-cell are for --ray; add --ray local or --ray ADDRESS")
+    cpus = 1.0 if args.cpus_per_cell is None else args.cpus_per_cell
+    gpus = 0.0 if args.gpus_per_cell is None else args.gpus_per_cell
+    if args.ray is not None:
+        if args.workers != 1:
+            raise CLIError("--workers is for local processes; with --ray the cluster's CPUs and --cpus-per-cell "
+                           "decide how many cells run at once")
+        if not cpus > 0 or gpus < 0:
+            raise CLIError(f"--cpus-per-cell must be positive and --gpus-per-cell not negative, got {cpus:g} and "
+                           f"{gpus:g}")
+        _ray_address(args.ray)
+        _import_ray()  # before anything is written
     path = Path(args.config)
     raw = sw.read_config(path)
     base = path.absolute().parent
@@ -869,8 +998,10 @@ def cmd_sweep(args) -> int:
         atomic_write(out / sw.CONFIG_JSON, json.dumps(stored, indent=2, sort_keys=True).encode())
     done = [c for c in cells if (sw.read_record(out, c) or {}).get("status") == "ok"]
     todo = [c for c in cells if c not in done]
-    _say(f"sweep: {len(cells)} cells ({len(done)} done already), {len(todo)} to run with "
-         f"{args.workers} worker(s) into {out}", args.quiet)
+    how = f"Ray tasks ({args.ray}, {cpus:g} CPU(s)" + (f", {gpus:g} GPU(s)" if gpus else "") + " each)" \
+        if args.ray is not None else f"{args.workers} worker(s)"
+    _say(f"sweep: {len(cells)} cells ({len(done)} done already), {len(todo)} to run with {how} into {out}",
+         args.quiet)
     sw.write_table(out, cells, metrics, sett, base)
 
     def finished(cell):
@@ -879,7 +1010,9 @@ def cmd_sweep(args) -> int:
                                                        f" in {rec.get('seconds')}s"), args.quiet)
         sw.write_table(out, cells, metrics, sett, base)
 
-    if args.workers == 1:
+    if args.ray is not None:
+        _run_ray(todo, out, metrics, sett, args.ray, cpus, gpus, finished)
+    elif args.workers == 1:
         for cell in todo:
             run_sweep_cell(cell, out, metrics, sett)
             finished(cell)
@@ -932,7 +1065,9 @@ SWEEP_EPILOG = """config (TOML; docs/guides/sweeps.md):
   gradcam = { layer = "conv3" }
   occlusion = { patch = 6 }
 outputs: DIR/cells/AGENT/CHECKPOINT/INPUT/METHOD/job (a `jaxsal explain` output: jaxsal.load_maps),
-  DIR/results.csv (one row per cell: jaxsal.load_sweep(DIR)), DIR/sweep.toml (the config)"""
+  DIR/results.csv (one row per cell: jaxsal.load_sweep(DIR)), DIR/sweep.toml (the config)
+pictures: jaxsal render DIR (curves.png: each metric against checkpoint; grid.png: a frame per cell)
+ray: --ray local:4 or --ray ADDRESS (pip install 'jaxsal[ray]'; --out shared by every node)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -987,7 +1122,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_explain)
 
     r = sub.add_parser("render", help="PNG grids, videos and an HTML gallery of an explain output")
-    r.add_argument("dir", help="output directory of `jaxsal explain`")
+    r.add_argument("dir", help="output directory of `jaxsal explain`, or of `jaxsal sweep` (then: curves.png, "
+                               "each metric against checkpoint, and grid.png, frame START of --frames in every "
+                               "cell)")
     r.add_argument("--methods", help="comma list of methods to show (default all)")
     r.add_argument("--out", help="gallery directory (default DIR/gallery)")
     r.add_argument("--frames", help="START:STOP range of frames (videos are capped at 1000 frames)")
@@ -1033,6 +1170,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--out", required=True, help="output directory (a rerun with the same config resumes)")
     w.add_argument("--workers", type=int, default=1, help="cells run at once, each in a process of its own "
                                                           "(default 1: one after another, in this process)")
+    w.add_argument("--ray", metavar="ADDRESS", help="run the cells as tasks on the Ray cluster at ADDRESS (e.g. "
+                                                    "ray://head:10001 or auto), or on a Ray instance started here: "
+                                                    "local (every CPU) or local:CPUS; --out must be a folder every "
+                                                    f"node shares (needs {RAY_HINT})")
+    w.add_argument("--cpus-per-cell", type=float, help="CPUs each Ray task asks for (default 1; with --ray)")
+    w.add_argument("--gpus-per-cell", type=float, help="GPUs each Ray task asks for (default 0; with --ray)")
     w.add_argument("--quiet", action="store_true", help="no progress lines")
     w.set_defaults(fn=cmd_sweep)
 
