@@ -40,7 +40,12 @@ $(VENV)/.clients-extra: $(BIN)/jaxsal
 	$(BIN)/pip install --quiet --force-reinstall --no-deps tfp-nightly
 	touch $@
 
-test-slow: venv $(VENV)/.clients-extra $(VENV)/.docs-extra
+# `jaxsal sweep --ray local` is tested with a real local Ray instance (the ray extra)
+$(VENV)/.ray-extra: $(BIN)/jaxsal
+	$(BIN)/pip install --quiet -e ".[test,ray]" $(EDITABLE)
+	touch $@
+
+test-slow: venv $(VENV)/.clients-extra $(VENV)/.docs-extra $(VENV)/.ray-extra
 	$(BIN)/python -m pytest -q -m slow
 
 # the documentation site: mkdocs.yml and docs/, the docstrings (mkdocstrings) and the notebooks with their
