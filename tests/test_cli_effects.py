@@ -2,12 +2,7 @@
 stored beside the object shares, resumable; `jaxsal render` draws them; bad flag combinations end in one
 line with nothing written."""
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -21,7 +16,7 @@ from jaxsal.objects.draw import PALETTE
 from jaxsal.render import effect_bars
 from tests import _object_agent
 from tests.test_cli_objects import AGENT, N, _same, _small_job, _state
-from tests.test_cli_support import ROOT, cli_env
+from tests.test_cli_support import sigkill_after_chunks
 
 
 @pytest.fixture(scope="module")
@@ -151,16 +146,7 @@ def test_sigkill_then_resume_keeps_effects_aligned(tmp_path):
     assert main(args + ["--out", str(tmp_path / "ref")]) == 0
     ref = _state(tmp_path / "ref")
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_cli_support.py"), *args, "--out", str(out)],
-                            env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.3"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while time.time() < deadline and len(list(out.rglob("chunk_*"))) < 5:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    partial = sorted(str(p.relative_to(out)) for p in out.rglob("chunk_*"))
+    partial = sigkill_after_chunks(args, out, 5)
     assert 5 <= len(partial) < len(ref[0]), partial
     assert main(args + ["--out", str(out)]) == 0
     _same(_state(out), ref)

@@ -1,11 +1,6 @@
 """`jaxsal explain --objects`: per-frame object shares next to (or instead of) the maps, resumable;
 `jaxsal render` draws the boxes; every bad objects input ends in one line naming the fix."""
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +13,7 @@ from jaxsal.metrics import object_attribution, object_pointing
 from jaxsal.objects import ObjectBoxes
 from jaxsal.objects.draw import PALETTE
 from tests import _object_agent
-from tests.test_cli_support import ROOT, cli_env, frames, make_agent_files
+from tests.test_cli_support import ROOT, frames, make_agent_files, sigkill_after_chunks
 
 AGENT = f"{ROOT / 'tests' / '_object_agent.py'}:load"
 N = 6
@@ -148,16 +143,7 @@ def test_sigkill_then_resume_keeps_maps_and_shares_aligned(tmp_path):
     assert main(args + ["--out", str(tmp_path / "ref")]) == 0
     ref = _state(tmp_path / "ref")
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_cli_support.py"), *args, "--out", str(out)],
-                            env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.3"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while time.time() < deadline and len(list(out.rglob("chunk_*"))) < 4:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    partial = sorted(str(p.relative_to(out)) for p in out.rglob("chunk_*"))
+    partial = sigkill_after_chunks(args, out, 4)
     assert 4 <= len(partial) < len(ref[0]), partial
     assert main(args + ["--out", str(out)]) == 0
     _same(_state(out), ref)

@@ -140,6 +140,24 @@ def cli_env(**extra) -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAXSAL_FAST_CPU="0", **extra)
 
 
+def sigkill_after_chunks(args, out, n: int, timeout: float = 240.0) -> list[str]:
+    """Run `jaxsal *args --out out` in a subprocess with slow writes, SIGKILL it once n chunk files
+    exist, and return the chunk files it left (relative to out), for the kill-and-resume tests."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_cli_support.py"), *args, "--out", str(out)],
+                            env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.3"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.time() + timeout
+    while time.time() < deadline and len(list(Path(out).rglob("chunk_*"))) < n:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return sorted(str(q.relative_to(out)) for q in Path(out).rglob("chunk_*"))
+
+
 def run_cli(*args, env=None, timeout=300, **kw) -> subprocess.CompletedProcess:
     """Run the CLI in a subprocess with the stand-ins registered (environment: `cli_env`)."""
     e = cli_env(**(env or {}))
