@@ -124,6 +124,19 @@ def build_model(study: plan.Study, env):
     return _MODELS[key]
 
 
+def record_provenance(run_dir):
+    """Appends this start's (or resumption's) host, CPU flags, versions and git commit to
+    RUN/provenance.json: a run resumed on another machine lists both."""
+    from experiments.machine import provenance
+
+    path = Path(run_dir) / "provenance.json"
+    starts = json.loads(path.read_text()) if path.exists() else []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(starts + [provenance()], indent=1))
+    tmp.replace(path)
+
+
 def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=default_env_fn,
               time_limit: float = 0.0, env_threads: int = 0, log=print) -> dict:
     """Train (or resume, or skip if done) one registered run; returns its done record
@@ -157,6 +170,7 @@ def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=def
     snaps = SaliencySnapshots(probe, run_dir / "snapshots", every=study.snapshot_every,
                               methods=plan.SNAPSHOT_METHODS, num_frames=study.frames,
                               frame_methods=plan.FRAME_METHODS, target=plan.TARGET)
+    record_provenance(run_dir)
     t0 = time.time()
     out = train(cfg, log=log, callback=snaps, env_fn=env_fn, model=model)
     rec = {"rows": snaps.rows, "steps": int(out["step"]), "wall_s": round(time.time() - t0, 1)}
@@ -397,7 +411,7 @@ def cam_rows(snapshot) -> np.ndarray | None:
 
 def export_runs(study: plan.Study, runs_dir, dest, state: int = 0, log=print) -> list[str]:
     """Copy the finished runs into `dest` as small, committable folders that the analysis reads
-    exactly as the full ones: done.json, config.json, returns.csv, snapshots/meta.json and
+    exactly as the full ones: done.json, config.json, returns.csv, provenance.json, snapshots/meta.json and
     stats.csv, every snapshot's `frame_shares` (all the primary statistic needs) and `cam_rows`
     (the CAM row profiles the secondary analyses need). The figure's seed (the study's first)
     also keeps its probe frames and probe `state`'s maps. No orbax checkpoint travels: an
@@ -413,7 +427,7 @@ def export_runs(study: plan.Study, runs_dir, dest, state: int = 0, log=print) ->
             continue
         keep_maps = s == study.seeds[0]
         (run_dest / "snapshots").mkdir(parents=True, exist_ok=True)
-        for f in ("done.json", "config.json", "returns.csv", "snapshots/meta.json", "snapshots/stats.csv") + (
+        for f in ("done.json", "config.json", "returns.csv", "snapshots/meta.json", "snapshots/stats.csv", "provenance.json") + (
                 ("snapshots/probe.npy",) if keep_maps else ()):
             if (run_src / f).exists() and (run_src / f).resolve() != (run_dest / f).resolve():
                 shutil.copyfile(run_src / f, run_dest / f)

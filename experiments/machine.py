@@ -4,6 +4,9 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import socket
+import subprocess
+from pathlib import Path
 
 import jax
 
@@ -37,3 +40,35 @@ def machine_info() -> dict:
     except OSError:
         pass
     return info
+
+
+def git_state(repo=None) -> dict:
+    """The checkout's commit and whether its tracked files differ from it (None where git is absent)."""
+    repo = Path(repo or Path(__file__).resolve().parents[1])
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD")
+    return {"git_commit": commit or None,
+            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None}
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo), sorted; empty where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next(l for l in f if l.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    return sorted(line.split(":", 1)[1].split())
+
+
+def provenance() -> dict:
+    """What a training run records each time it starts or resumes: host, CPU and its flags, versions,
+    load, and the git commit (with a dirty flag) of the code that runs."""
+    return {**machine_info(), "hostname": socket.gethostname(), "cpu_flags": cpu_flags(), **git_state()}

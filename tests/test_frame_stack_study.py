@@ -81,6 +81,10 @@ def test_minatar_study_end_to_end_resumes_and_writes_the_summary(tmp_path):
     assert s["seeds"] == [100, 101]
     assert set(s["steps"]) == {f"{v}_s{x}" for v in TINY_MINATAR.variants for x in (100, 101)}
     assert set(s["steps"].values()) == {96}
+    # each start and resumption records its host and commit: the resumed run lists two
+    starts = json.loads((tmp_path / "runs" / "reuse_s100" / "provenance.json").read_text())
+    assert len(starts) == 2 and all(len(p["git_commit"]) == 40 and p["hostname"] and p["cpu_flags"]
+                                    for p in starts)
     assert s["complete"] and not s["truncated"] and s["checkpoints"] == [32, 64, 96]
     assert set(s["bugs"]) == {"reuse", "reversed"} and s["alpha_per_bug"] == pytest.approx(0.025)
     for b in s["bugs"].values():
