@@ -13,9 +13,29 @@ METHODS: dict[str, Callable] = {}
 STOCHASTIC: set[str] = set()
 
 
-def register(name: str, stochastic: bool = False):
-    """Decorator: make `fn(apply_fn, params, obs, **kwargs)` available as `explain(method=name)`."""
+def identity(fn) -> tuple:
+    """Who defined a registered method: (module, qualified name); a CAM variant names its weights."""
+    return getattr(fn, "jaxsal_identity", (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)))
+
+
+def check_free(name: str, ident: tuple, replace: bool = False):
+    """Refuses a method name that another definition holds (unless `replace`): registering a taken
+    name would silently swap a built-in method for every caller. The same definition run again
+    (a reloaded module, a re-run notebook cell) may register again."""
+    if not isinstance(name, str) or not name:
+        raise SaliencyInputError(f"a method name must be a non-empty string, got {name!r}")
+    old = METHODS.get(name)
+    if old is not None and not replace and identity(old) != tuple(ident):
+        raise SaliencyInputError(
+            f"method {name!r} is already registered ({'.'.join(map(str, identity(old)))}); choose another "
+            f"name, or pass replace=True to replace it for every caller")
+
+
+def register(name: str, stochastic: bool = False, *, replace: bool = False):
+    """Decorator: make `fn(apply_fn, params, obs, **kwargs)` available as `explain(method=name)`.
+    A name that another method holds is refused unless `replace=True`."""
     def wrap(fn):
+        check_free(name, identity(fn), replace)
         METHODS[name] = fn
         if stochastic:
             STOCHASTIC.add(name)

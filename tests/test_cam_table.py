@@ -8,7 +8,8 @@ import pytest
 import jaxsal
 from jaxsal.backprop import cam, family
 from jaxsal.backprop.layers import tap
-from jaxsal.registry import METHODS
+from jaxsal.errors import SaliencyInputError
+from jaxsal.registry import METHODS, register
 from tests.test_conformance import MODEL, PARAMS, _obs
 
 
@@ -55,3 +56,22 @@ def test_register_cam_rejects_an_unknown_rule():
     with pytest.raises(ValueError, match="rule must be"):
         jaxsal.register_cam("bad_cam_test", cam.gradcam_weights, rule="deconvnet")
     assert "bad_cam_test" not in METHODS
+
+
+def test_a_taken_name_is_refused_unless_replaced():
+    with pytest.raises(SaliencyInputError, match="'xgradcam' is already registered.*replace=True"):
+        jaxsal.register_cam("xgradcam", cam.gradcam_weights)
+    assert cam.CAMS["xgradcam"].weights is not cam.gradcam_weights        # the built-in is untouched
+    with pytest.raises(SaliencyInputError, match="'occlusion' is already registered"):
+        register("occlusion")(lambda apply_fn, params, obs: None)
+    try:  # the same definition again (a re-run cell) and an explicit replace are allowed
+        jaxsal.register_cam("cam_again_test", cam.gradcam_weights)
+        jaxsal.register_cam("cam_again_test", cam.gradcam_weights)
+        with pytest.raises(SaliencyInputError, match="already registered"):   # another weight function
+            jaxsal.register_cam("cam_again_test", cam.gradcam_pp_weights)
+        jaxsal.register_cam("cam_again_test", cam.gradcam_pp_weights, replace=True)
+        assert cam.CAMS["cam_again_test"].weights is cam.gradcam_pp_weights
+    finally:
+        METHODS.pop("cam_again_test", None)
+        cam.CAMS.pop("cam_again_test", None)
+        family.FAMILY.pop("cam_again_test", None)

@@ -22,7 +22,7 @@ from jaxsal.backprop.common import finish, objective, run_chunks
 from jaxsal.backprop.cam_site import CAM_ACTIVATIONS, cam_site
 from jaxsal.backprop.layers import get_activation, resolve_tap, tap
 from jaxsal.backprop.rules import rewrite
-from jaxsal.registry import register
+from jaxsal.registry import check_free, register
 from jaxsal.validate import to_nhwc
 
 INPUT_RULES = {"gradient": "plain", "grad_x_input": "plain", "guided_backprop": "guided",
@@ -162,16 +162,19 @@ def _structure_cached(fn, apply_fn, params, x1, layer, activation=None):
 
 
 def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: bool = False,
-                 guided_input: bool = False, doc: str | None = None):
+                 guided_input: bool = False, doc: str | None = None, replace: bool = False):
     """Add a CAM variant (its channel weights w = weights(A, g) -> (N, K)) and register it as
     `jaxsal.explain(method=name)`. Usable as a decorator on the weight function. rule: the
     ReLU rule of dY/dA ("plain"/"guided"); normalise: maps / their max; guided_input: times
-    guided backprop (input resolution). Returns the registered method."""
+    guided backprop (input resolution); replace: allow a name another method holds (refused
+    otherwise). Returns the registered method."""
     if weights is None:
         return lambda w: register_cam(name, w, rule=rule, normalise=normalise,
-                                      guided_input=guided_input, doc=doc)
+                                      guided_input=guided_input, doc=doc, replace=replace)
     if rule not in ("plain", "guided"):
         raise ValueError(f"rule must be 'plain' or 'guided', got {rule!r}")
+    ident = (getattr(weights, "__module__", __name__), getattr(weights, "__qualname__", repr(weights)))
+    check_free(name, ident, replace)  # before the table changes
     cam.CAMS[name] = cam.CamSpec(weights, rule, bool(normalise), bool(guided_input))
     FAMILY[name] = None
 
@@ -183,9 +186,10 @@ def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: boo
                        layer_activation=layer_activation, fast_conv=fast_conv)[name]
 
     method.__name__ = method.__qualname__ = name
-    method.__module__ = getattr(weights, "__module__", __name__)  # who defined the variant
+    method.__module__ = ident[0]  # who defined the variant
+    method.jaxsal_identity = ident
     method.__doc__ = doc or (weights.__doc__ or f"CAM variant {name!r}")
-    return register(name)(method)
+    return register(name, replace=True)(method)
 
 
 gradcam = register_cam("gradcam", cam.gradcam_weights, doc=(
