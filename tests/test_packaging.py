@@ -1,5 +1,6 @@
 """Packaging: one version source (jaxsal.__version__) shown by `jaxsal --version` and in the
 installed metadata and CITATION.cff; the LICENSE the metadata declares is there."""
+import re
 import subprocess
 import sys
 from importlib.metadata import metadata, version
@@ -24,3 +25,12 @@ def test_license_file_matches_the_declared_license():
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     md = metadata("jaxsal")
     assert "MIT" in (md.get("License-Expression") or md.get("License") or "")
+
+
+def test_the_front_pages_count_the_registered_methods():
+    import jaxsal
+
+    n = len(jaxsal.methods())
+    for page in ("README.md", "docs/index.md"):
+        counts = re.findall(r"\b(\d+) methods\b", (ROOT / page).read_text())
+        assert counts and all(int(c) == n for c in counts), (page, counts, n)
