@@ -13,7 +13,7 @@ EDITABLE := --config-settings editable_mode=strict
 $(BIN)/jaxsal: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]" $(EDITABLE)
+	$(BIN)/pip install --quiet -e ".[test,agents]" $(EDITABLE)
 	touch $(BIN)/jaxsal $(VENV)/.linked
 
 $(VENV)/.linked: $(BIN)/jaxsal $(PKG_DIRS)

@@ -16,19 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from .area_resize import resize_area
-from .envs import check_game
+from .envs import check_game, needs_extra
 
 ROM_NAMES = {"pong": "pong", "breakout": "breakout", "mspacman": "ms_pacman",
              "spaceinvaders": "space_invaders", "frostbite": "frostbite", "seaquest": "seaquest"}
 
 
 def ale_module():
-    try:
-        import ale_py
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError("ground-truth objects need ale-py (it ships the ROMs): "
-                          "pip install 'jaxsal[objects]' or pip install ale-py") from e
-    return ale_py
+    return needs_extra("ale_py", "emulator frames with ground-truth objects (ale-py ships the ROMs)")
 
 
 class _OneEnv:

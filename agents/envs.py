@@ -43,6 +43,18 @@ def check_game(game: str) -> str:
     raise AgentLoadError(f"unknown game {game!r}; known games: {known}")
 
 
+def needs_extra(module: str, what: str):
+    """`module` imported, or an AgentLoadError naming the extra that installs it (the core install
+    explains loaded agents on buffers and needs no emulator)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise AgentLoadError(f"{what} needs {module}, which the core install leaves out; fix: "
+                             f"pip install 'jaxsal[agents]'") from None
+
+
 def is_minatar(game: str) -> bool:
     return check_game(game) in MINATAR_GAMES
 
@@ -52,8 +64,7 @@ class AtariEnv:
 
     def __init__(self, game: str, num_envs: int = 8, train: bool = True, seed: int = 0,
                  frame_stack: int = 4, max_episode_steps: int = 27000, num_threads: int = 0):
-        import envpool
-
+        envpool = needs_extra("envpool", "playing Atari games")
         self.game = check_game(game)
         self.num_envs = num_envs
         self.train = train
@@ -85,9 +96,9 @@ class MinAtarEnv:
     """gymnax MinAtar, vmapped and jitted, auto-resetting; observations float32 (N, 10, 10, C)."""
 
     def __init__(self, game: str, num_envs: int = 64, train: bool = True, seed: int = 0):
-        import gymnax
         import jax
 
+        gymnax = needs_extra("gymnax", "playing MinAtar games")
         self.game = check_game(game)
         self.num_envs = num_envs
         env, params = gymnax.make(MINATAR_GAMES[self.game])

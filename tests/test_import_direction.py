@@ -225,8 +225,9 @@ def test_pyproject_installs_agents_as_jaxsal_agents_with_its_data_and_entry_poin
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     st = cfg["tool"]["setuptools"]
     folders = {_module_name(p.parent) for p in (ROOT / "jaxsal").rglob("__init__.py")}
-    assert set(st["packages"]) == folders | {"jaxsal_agents"}, "the explicit package list must match the folders"
+    assert set(st["packages"]) == folders | {"jaxsal_agents", "jaxsal_agents.shipped"}, \
+        "the explicit package list must match the folders"
     assert st["package-dir"] == {"jaxsal_agents": "agents"}
-    assert st["package-data"]["jaxsal_agents"] == ["shipped/*.msgpack", "shipped/*.json"]
+    assert st["package-data"]["jaxsal_agents.shipped"] == ["*.msgpack", "*.json"]
     assert "agents" not in st["packages"] and "agents" not in st["package-data"]
     assert cfg["project"]["entry-points"]["jaxsal.agents"] == {"shipped": "jaxsal_agents.provider"}
