@@ -30,8 +30,8 @@ It needs correct runs as a reference: a correct agent's value falls as it learns
 alone does not say what went wrong (in the MinAtar study correct, reuse and no_update all end
 below 0); a bug shows as a difference from the correct runs (above them: attention moving to
 the oldest slot; below: collapse onto the newest slot). The AUC criterion against correct runs
-(`separation_step`) measures how early it is reliable. The single-scalar `newest_share` (share on the newest slot, one method, one
-snapshot) is the earlier statistic, kept for comparison.
+(`separation_step`) measures how early it is reliable. The single-scalar `newest_share` (share
+on the newest slot, one method, one snapshot) is the earlier statistic, kept for comparison.
 
 Honest provenance: the three design choices above were picked on the first three seeds of
 the MinAtar experiment out of a few dozen variants (per method, windows 1/4/6, age vs newest
