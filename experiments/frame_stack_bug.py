@@ -5,7 +5,7 @@ The pre-registered study (experiments/frame_stack_bug_preregistration.md; every 
 experiments.frame_stack_plan, runner and analysis in experiments.frame_stack_study):
 
     python -m experiments.frame_stack_bug --study minatar      # MinAtar, seeds 100-107, 96k steps
-    python -m experiments.frame_stack_bug --study atari        # Breakout DDDQN, seeds 100-104 (GPU)
+    python -m experiments.frame_stack_bug --study atari        # Breakout, dueling PQN agent, seeds 100-104 (GPU)
     python -m experiments.frame_stack_bug --study atari --shard 1/4 --no-analysis   # parallel workers
     python -m experiments.frame_stack_bug --study atari --analyse-only
     python -m experiments.frame_stack_bug --study replay_dddqn  # replay DDDQN, MinAtar, seeds 200-207

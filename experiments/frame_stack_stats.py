@@ -26,11 +26,12 @@ newest .. k-1 = oldest):
   3. causal trailing mean over the last `window` snapshots: a stable value (training noise
      between consecutive snapshots is large at small budgets), and at step t it uses only
      snapshots up to t, so it is still an online detector.
-It needs no reference run: the sign alone says what went wrong (up: attention moving to the
-oldest slot, i.e. a reversed stack; down: collapse onto the newest slot, older slots useless).
-The AUC criterion against correct runs (`separation_step`) measures how early it is
-reliable. The single-scalar `newest_share` (share on the newest slot, one method, one
-snapshot) is the earlier statistic, kept for comparison.
+It needs correct runs as a reference: a correct agent's value falls as it learns, so the sign
+alone does not say what went wrong (in the MinAtar study correct, reuse and no_update all end
+below 0); a bug shows as a difference from the correct runs (above them: attention moving to
+the oldest slot; below: collapse onto the newest slot). The AUC criterion against correct runs
+(`separation_step`) measures how early it is reliable. The single-scalar `newest_share` (share
+on the newest slot, one method, one snapshot) is the earlier statistic, kept for comparison.
 
 Honest provenance: the three design choices above were picked on the first three seeds of
 the MinAtar experiment out of a few dozen variants (per method, windows 1/4/6, age vs newest

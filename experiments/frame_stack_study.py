@@ -1,7 +1,7 @@
 """The pre-registered frame-stack-bug study (experiments/frame_stack_bug_preregistration.md).
 
     python -m experiments.frame_stack_bug --study minatar          # 40 runs, MinAtar Breakout
-    python -m experiments.frame_stack_bug --study atari            # 15 runs, Breakout DDDQN (GPU)
+    python -m experiments.frame_stack_bug --study atari            # 15 runs, Breakout, dueling PQN agent (GPU)
     python -m experiments.frame_stack_bug --study atari --shard 0/4 --no-analysis   # 4 in parallel
     python -m experiments.frame_stack_bug --study atari --analyse-only
     python -m experiments.frame_stack_bug --study replay_dddqn     # 48 runs, replay DDDQN on MinAtar

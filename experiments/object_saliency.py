@@ -7,20 +7,23 @@ For each game with an object table (jaxsal.objects) and a shipped agent: play th
 ale-py with EnvPool's preprocessing (jaxsal_agents.ale.collect_objects, epsilon 0.05 so that play
 does not loop), explain every state with each method and measure
   - each method's mean share of positive attribution per object class (over the states that
-    show the class) with a 95% block-bootstrap interval, against the class's area share (chance) and
-    against the share of a uniform random map on the same states;
+    show the class) with a 95% stationary-bootstrap interval at the automatic block length, against
+    the class's area share (chance) and against the share of a uniform random map on the same states;
   - the object pointing game: how often the map's maximum is on an object, and on which class;
   - how the shares change from a random-init agent (same network) to an early snapshot
     (`--early-params`, optional) to the trained agent;
   - agreement with occlusion (score "drop", the causal reference): per state, does the method's
     top class (highest share minus chance) equal occlusion's, and the Spearman correlation of
     the mean per-class shares.
-Writes experiments/results/objects/<game>/summary.json (keys agent, states, methods, ...), a
-figure per game (shares.png) and experiments/results/objects/README.md.
+Writes experiments/results/objects/<game>/summary.json (keys agent, states, methods, ...), the
+per-state shares behind every interval (shares_per_state.csv.gz), a figure per game (shares.png)
+and experiments/results/objects/README.md.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import gzip
 import json
 import time
 from pathlib import Path
@@ -33,22 +36,29 @@ METHODS = {"gradient": {}, "grad_x_input": {}, "integrated_gradients": {}, "guid
 REFERENCE = "occlusion"
 
 
-BLOCK = 25        # states per bootstrap block: consecutive states are autocorrelated (as Paper B's statistics)
 RESAMPLES = 10_000
+INTERVAL = ("95% percentile stationary bootstrap of the mean over states in play order, at each series' automatic "
+            f"mean block length (Politis & White 2004, as the Paper B re-analysis), {RESAMPLES} resamples")
 
 
-def bootstrap_ci(values, block_len: int = BLOCK, n_boot: int = RESAMPLES, seed: int = 0):
-    """95% block-bootstrap interval of the mean over states in play order (NaNs dropped); (nan, nan) when empty.
+def bootstrap_interval(values, n_boot: int = RESAMPLES, seed: int = 0) -> dict:
+    """{"ci": [low, high], "block_len"}: the 95% stationary-bootstrap interval of the mean over states in
+    play order (NaNs dropped) at the series' automatic block length; NaNs when empty.
 
-    Resampling blocks of consecutive states, not single states, keeps the interval honest when
-    neighbouring frames are near copies of each other (jaxsal.metrics.statistics)."""
-    from jaxsal.metrics.statistics import block_bootstrap_ci
+    Consecutive states are near copies of each other, so fixed short blocks give intervals far too narrow;
+    the automatic length follows the series' own autocorrelation (jaxsal.metrics.statistics)."""
+    from jaxsal.metrics.statistics import stationary_bootstrap_ci
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
     if v.size == 0:
-        return [float("nan"), float("nan")]
-    _, lo, hi = block_bootstrap_ci(v, block_len, n_boot, seed=seed)
-    return [lo, hi]
+        return {"ci": [float("nan"), float("nan")], "block_len": float("nan")}
+    r = stationary_bootstrap_ci(v, None, n_boot, seed=seed)
+    return {"ci": [r["low"], r["high"]], "block_len": r["block_len"]}
+
+
+def bootstrap_ci(values, n_boot: int = RESAMPLES, seed: int = 0):
+    """[low, high] of `bootstrap_interval`."""
+    return bootstrap_interval(values, n_boot, seed)["ci"]
 
 
 def explain_all(agent, obs, methods, params=None):
@@ -67,7 +77,7 @@ def class_table(shares, boxes, random_shares):
     for i, c in enumerate(shares.classes):
         here = present[:, i]
         out[c] = {"share": float(np.nanmean(pos[here, i])) if here.any() else float("nan"),
-                  "ci": bootstrap_ci(pos[here, i]),
+                  **bootstrap_interval(pos[here, i]),
                   "chance": float(chance[here, i].mean()) if here.any() else float("nan"),
                   "random_map_share": float(np.nanmean(rnd[here, i])) if here.any() else float("nan"),
                   "states": int(here.sum())}
@@ -119,7 +129,7 @@ def study_game(game, agent_name, n_states, methods, seed=0, early_params=None, n
                "states": int(len(obs)), "policy": f"greedy, epsilon 0.05, ale-py with EnvPool preprocessing, {num_envs} envs x {steps} steps "
                          f"subsampled evenly",
                "classes": list(boxes.classes),
-               "interval": f"95% percentile block bootstrap of the mean over states in play order, blocks of {BLOCK}, {RESAMPLES} resamples", "methods": {m: class_table(s, boxes, rnd_shares) for m, s in shares.items()}}
+               "interval": INTERVAL, "methods": {m: class_table(s, boxes, rnd_shares) for m, s in shares.items()}}
     # pointing game
     point = {}
     union_area = np.asarray(boxes.masks("union").any(1).mean((-2, -1)))
@@ -159,7 +169,20 @@ def study_game(game, agent_name, n_states, methods, seed=0, early_params=None, n
                        for m in grad_methods}
     summary["training_stages"] = over
     summary["seconds"] = round(time.time() - t0, 1)
-    return summary, obs, maps, boxes
+    return summary, obs, maps, boxes, shares
+
+
+def write_per_state(shares, path):
+    """path (.csv.gz): method, class, state, share (positive share; empty where the class is not shown),
+    the rows every interval in summary.json is computed from, in play order."""
+    with gzip.open(path, "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "class", "state", "share"])
+        for m, sh in shares.items():
+            present, pos = np.asarray(sh.present), np.asarray(sh.positive, np.float64)
+            for i, c in enumerate(sh.classes):
+                for t in range(len(pos)):
+                    w.writerow([m, c, t, f"{pos[t, i]:.6g}" if present[t, i] and np.isfinite(pos[t, i]) else ""])
 
 
 def figure(summary, obs, maps, boxes, out_png):
@@ -197,16 +220,33 @@ def figure(summary, obs, maps, boxes, out_png):
     plt.close(fig)
 
 
+SCOPE = ("One agent per game was explained (the shipped one), on the states of one play session per game ({policy}). "
+         "Every interval resamples those states, so it describes **these states of one agent**, not the agent's play "
+         "in general or other agents.")
+OLD_INTERVAL = ("**The intervals of {games} are too short, and they cannot be recomputed.** They resample fixed blocks of 25 "
+                "states, that is 75 steps of one environment's play. On the Paper B reproduction's consecutive states "
+                "the dependence reaches further: even 100-state block means stay autocorrelated there, and the series "
+                "drift within an episode. So these intervals are too narrow. The run that wrote them kept only the "
+                "means and intervals, not the per-state shares, so they cannot be recomputed at the automatic block "
+                "length; no such numbers are given here. A new run of `python -m experiments.object_saliency` keeps "
+                "them (`shares_per_state.csv.gz`) and computes its intervals at the automatic length.")
+
+
 def write_readme(out_dir):
     """experiments/results/objects/README.md from every game's summary.json."""
+    summaries = [json.loads(f.read_text()) for f in sorted(Path(out_dir).glob("*/summary.json"))]
     lines = ["# Object-level saliency: what the shipped agents look at", "",
-             "`python -m experiments.object_saliency` (see its docstring). Shares of positive attribution per object",
-             "class (mean over states showing the class, 95% block-bootstrap interval over 25-state blocks), chance = the class's area share,",
+             "`python -m experiments.object_saliency` (see its docstring). Shares of positive attribution per object "
+             "class (mean over states showing the class, with a 95% interval), chance = the class's area share, "
              "random = a uniform random map on the same states.", ""]
-    for f in sorted(Path(out_dir).glob("*/summary.json")):
-        s = json.loads(f.read_text())
-        lines += [f"## {s['game']} ({s['agent']}, {s['states']} states)", "",
-                  "| method | " + " | ".join(s["classes"]) + " |", "|---|" + "---|" * len(s["classes"])]
+    if summaries:
+        lines += [SCOPE.format(policy="; ".join(sorted({s["policy"] for s in summaries}))), ""]
+    old = [s["game"] for s in summaries if "blocks of 25" in s["interval"]]
+    if old:
+        lines += [OLD_INTERVAL.format(games=", ".join(old)), ""]
+    for s in summaries:
+        lines += [f"## {s['game']} ({s['agent']}, {s['states']} states)", "", f"Intervals: {s['interval']}.", ""]
+        lines += ["| method | " + " | ".join(s["classes"]) + " |", "|---|" + "---|" * len(s["classes"])]
         for m, row in s["methods"].items():
             cells = [f"{row[c]['share']:.3f} [{row[c]['ci'][0]:.3f}, {row[c]['ci'][1]:.3f}]" for c in s["classes"]]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -252,10 +292,11 @@ def main(argv=None):
             p.error(f"no object table for {g}; tables: {sorted(TABLES)}")
         if name not in jaxsal_agents.available():
             p.error(f"no shipped agent {name!r}; shipped: {jaxsal_agents.available()}")
-        summary, obs, maps, boxes = study_game(g, name, a.states, methods, a.seed, a.early_params)
+        summary, obs, maps, boxes, shares = study_game(g, name, a.states, methods, a.seed, a.early_params)
         out = Path(a.out) / g
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_per_state(shares, out / "shares_per_state.csv.gz")
         figure(summary, obs, maps, boxes, out / "shares.png")
         print(f"{g}: {summary['states']} states, {summary['seconds']} s -> {out / 'summary.json'}")
     write_readme(a.out)

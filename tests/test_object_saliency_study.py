@@ -1,7 +1,12 @@
 """experiments.object_saliency helpers on known answers (the study itself runs minutes)."""
+import csv
+import gzip
+import json
+
 import numpy as np
 
-from experiments.object_saliency import bootstrap_ci, top_class
+from experiments.object_saliency import (INTERVAL, bootstrap_ci, bootstrap_interval, top_class, write_per_state,
+                                         write_readme)
 from jaxsal.metrics import object_attribution
 from jaxsal.objects import ObjectBoxes
 
@@ -35,3 +40,46 @@ def test_bootstrap_ci_resamples_blocks_of_consecutive_states():
     se_runs = runs.std(ddof=1) / np.sqrt(16)
     assert hi - lo > 2.5 * se_runs          # ~3.9 se for a 95% interval
     assert hi - lo > 3 * (2 * 1.96 * v.std() / np.sqrt(400))
+
+
+def test_intervals_follow_the_series_autocorrelation():
+    # an AR(1) series (rho 0.9): the automatic block length is long and the interval wider than
+    # the one that treats the states as independent
+    rng = np.random.default_rng(2)
+    x = np.zeros(500)
+    for t in range(1, 500):
+        x[t] = 0.9 * x[t - 1] + rng.normal()
+    r = bootstrap_interval(x)
+    iid = 2 * 1.96 * x.std() / np.sqrt(500)
+    assert r["block_len"] > 5
+    assert r["ci"][1] - r["ci"][0] > 2 * iid
+
+
+def _summary(game, interval):
+    row = {"share": 0.1, "ci": [0.05, 0.15], "chance": 0.01, "random_map_share": 0.01, "states": 10}
+    return {"game": game, "agent": game, "states": 10, "policy": "greedy", "classes": ["ball"], "interval": interval,
+            "methods": {"gradient": {"ball": row}}, "pointing": {"random_map": {"on_any_object": 0.1, "chance": 0.1}}}
+
+
+def test_the_readme_labels_intervals_over_25_state_blocks_as_too_short(tmp_path):
+    old = "95% percentile block bootstrap of the mean over states in play order, blocks of 25, 10000 resamples"
+    for game, interval in (("pong", old), ("breakout", INTERVAL)):
+        (tmp_path / game).mkdir()
+        (tmp_path / game / "summary.json").write_text(json.dumps(_summary(game, interval)))
+    write_readme(tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert "**The intervals of pong are too short" in text
+    assert "One agent per game was explained" in text and "these states of one agent" in text
+    assert f"Intervals: {INTERVAL}." in text
+
+
+def test_per_state_shares_are_written_in_play_order(tmp_path):
+    b = np.zeros((3, 1, 1, 4), np.int16)
+    b[:, 0, 0] = (0, 0, 42, 84)
+    labels = np.array([[[0]], [[-1]], [[0]]], np.int8)      # the class is absent from state 1
+    maps = np.ones((3, 84, 84), np.float32)
+    shares = {"gradient": object_attribution(maps, ObjectBoxes(b, labels, ("half",)))}
+    write_per_state(shares, tmp_path / "s.csv.gz")
+    rows = list(csv.DictReader(gzip.open(tmp_path / "s.csv.gz", "rt")))
+    assert [r["state"] for r in rows] == ["0", "1", "2"]
+    assert [r["share"] for r in rows] == ["0.5", "", "0.5"]
