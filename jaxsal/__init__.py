@@ -25,7 +25,7 @@ from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jax
 from jaxsal.registry import method_options, options_table  # noqa: E402
 from jaxsal import loaders  # noqa: E402,F401  (agents trained elsewhere: CleanRL, SB3, flax msgpack)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 explain.__doc__ = (explain.__doc__ or "") + (
     "\n    Methods and their options (defaults), also `jaxsal.method_options(name)`:\n"
     + options_table() + "\n")
