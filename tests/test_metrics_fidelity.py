@@ -260,3 +260,13 @@ def test_all_lists_the_scores_of_the_target():
     v = deletion(ac_apply, None, X, MAP, pixels_per_step=1, score="all", target="value")
     assert set(v) == {"ratio", "normalized", "difference", "raw"}
     np.testing.assert_allclose(v["raw"]["curves"][0], 11 - S_IN, atol=1e-5)
+
+
+def test_a_callable_target_is_followed_raw():
+    r = insertion(linear_apply, None, X, MAP, pixels_per_step=1, target=lambda out: out[:, 0] - 3.0)
+    assert r["score"] == "raw"
+    np.testing.assert_allclose(r["curves"][0], S_IN - 3.0, atol=1e-5)
+    with pytest.warns(RuntimeWarning, match="callable"):
+        nz = insertion(linear_apply, None, X, MAP, pixels_per_step=1, target=lambda out: out[:, 0] * 0.0,
+                       score="normalized")                                 # 0 / 0 everywhere
+    assert np.isnan(nz["auc"]).all()
