@@ -175,8 +175,10 @@ def _warn_undefined(mode, score, ok, target):
     if isinstance(ok, jax.core.Tracer) or bool(ok.all()):
         return
     shown = target if isinstance(target, str) else "a callable"
+    policy = (" (if it reads a policy's logits, as from a (logits, value) tuple, pass target='log_prob': "
+              "followed as the action's probability)" if target in Q_TARGETS else "")
     warnings.warn(f"{mode}: score {score!r} of target {shown!r} is undefined (NaN) for {int((~ok).sum())} of "
-                  f"{ok.shape[0]} states, where {WHY['ratio' if score == 'q_value' else score]}; "
+                  f"{ok.shape[0]} states, where {WHY['ratio' if score == 'q_value' else score]}{policy}; "
                   "score='difference' (the curve minus the fully removed input's score, in the target's "
                   "units) is defined for every state", RuntimeWarning, stacklevel=4)
 
