@@ -34,11 +34,14 @@ def is_sweep_dir(out) -> bool:
 
 
 def metric_columns(table: dict) -> list[str]:
-    """The numeric columns of the table worth a panel: statistics and metrics with a finite value."""
+    """The numeric columns of the table worth a panel: statistics and metrics with a finite value
+    (a `*_defined` share only where some frames' score was undefined)."""
     from jaxsal.io.sweep import STRING_COLUMNS
 
-    return [k for k, v in table.items() if k not in STRING_COLUMNS and k not in NOT_METRICS
-            and np.isfinite(np.asarray(v, np.float64)).any()]
+    def shown(k, v):
+        v = np.asarray(v, np.float64)
+        return np.isfinite(v).any() and not (k.endswith("_defined") and (v[np.isfinite(v)] == 1).all())
+    return [k for k, v in table.items() if k not in STRING_COLUMNS and k not in NOT_METRICS and shown(k, v)]
 
 
 def checkpoint_positions(checkpoints) -> tuple[dict, str]:

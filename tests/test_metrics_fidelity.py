@@ -170,3 +170,103 @@ def test_score_all_equals_single_scores(tiny):
         one = deletion(model.apply, params, obs, maps, pixels_per_step=16, score=score)
         np.testing.assert_allclose(both[score]["curves"], one["curves"], rtol=1e-6)
         np.testing.assert_allclose(both[score]["auc"], one["auc"], rtol=1e-6)
+
+
+# ----------------------------------------------------------------- targets: the curve follows the explanation's
+S_IN = np.array([0., 2., 5., 9., 10.])       # pixel sum of X after inserting 0..4 pixels in MAP's order
+
+
+def ac_apply(params, obs):
+    """A linear actor-critic, (logits, value): logits (S / 10, 0.5, 0), V = S + 1, S = the pixel sum."""
+    s = obs.reshape(obs.shape[0], -1).sum(-1)
+    return jnp.stack([s / 10, jnp.full_like(s, 0.5), jnp.zeros_like(s)], -1), s + 1
+
+
+def _softmax_row(logits, a):
+    e = np.exp(np.asarray(logits, np.float64))
+    return e[a] / e.sum()
+
+
+def test_value_target_follows_v_not_the_greedy_logit():
+    r = insertion(ac_apply, None, X, MAP, pixels_per_step=1, target="value")
+    assert r["score"] == "ratio"                                          # V(x_t) / V(x), V(x) = 11
+    np.testing.assert_allclose(r["curves"][0], (S_IN + 1) / 11, atol=1e-6)
+    d = insertion(ac_apply, None, X, MAP, pixels_per_step=1, target="value", score="difference")
+    np.testing.assert_allclose(d["curves"][0], S_IN, atol=1e-5)          # V(x_t) - V(black), V(black) = 1
+    nz = deletion(ac_apply, None, X, MAP, pixels_per_step=1, target="value", score="normalized")
+    np.testing.assert_allclose(nz["curves"][0], (10 - S_IN) / 10, atol=1e-6)   # 1 at x, 0 at black
+
+
+@pytest.mark.parametrize("target", ["log_prob", "policy_logit"])
+def test_policy_target_follows_the_action_probability(target):
+    r = insertion(ac_apply, None, X, MAP, pixels_per_step=1, target=target)
+    assert r["score"] == "raw" and int(r["actions"][0]) == 0               # argmax of logits (1, .5, 0) on x
+    want = [_softmax_row([s / 10, 0.5, 0.0], 0) for s in S_IN]
+    np.testing.assert_allclose(r["curves"][0], want, atol=1e-6)
+    assert float(r["auc"][0]) == pytest.approx(np.mean(want), abs=1e-6)
+    given = deletion(ac_apply, None, X, MAP, pixels_per_step=1, target=target, actions=np.array([2]))
+    want = [_softmax_row([s / 10, 0.5, 0.0], 2) for s in 10 - S_IN]                    # deletion: S = 10, 8, 5, 1, 0
+    np.testing.assert_allclose(given["curves"][0], want, atol=1e-6)
+
+
+def test_q_target_on_an_actor_critic_dict_follows_the_probability():
+    """A loader's actor-critic ({"logits", "value"}, no Q-values): q_chosen reads the logits, so the
+    curve is pi(a|x_t), not the logit (defined only up to a per-state constant)."""
+    ac_dict = lambda p, o: dict(zip(("logits", "value"), ac_apply(p, o)))
+    r = insertion(ac_dict, None, X, MAP, pixels_per_step=1)
+    np.testing.assert_allclose(r["curves"][0], [_softmax_row([s / 10, 0.5, 0.0], 0) for s in S_IN], atol=1e-6)
+    assert r["score"] == "raw"
+    with pytest.raises(SaliencyInputError, match="q_value"):
+        insertion(ac_dict, None, X, MAP, pixels_per_step=1, score="q_value")
+
+
+def test_q_action_scores_the_given_action_and_needs_one():
+    q = insertion(linear_apply, None, X, MAP, pixels_per_step=1, target="q_action", actions=np.array([1]))
+    np.testing.assert_allclose(q["curves"][0], 1.0, atol=1e-6)           # Q1 = 1 whatever is inserted
+    with pytest.raises(SaliencyInputError, match="q_action.*actions"):
+        insertion(linear_apply, None, X, MAP, pixels_per_step=1, target="q_action")
+
+
+def test_ratio_of_a_score_near_or_below_zero_is_nan_with_a_warning():
+    neg = lambda p, o: -linear_apply(p, o) + jnp.array([0.0, 2.0])       # Q = (-S, 1): argmax is 1 ... Q1 = 1
+    low = lambda p, o: linear_apply(p, o) * jnp.array([1.0, 0.0]) + jnp.array([-9.95, -1.0])  # Q0(x) = 0.05
+    with pytest.warns(RuntimeWarning, match="1 of 1 states.*difference"):
+        r = insertion(low, None, X, MAP, pixels_per_step=1)              # Q0(black) / Q0(x) = -199
+    assert np.isnan(r["auc"][0]) and np.isnan(r["curves"]).all()
+    d = insertion(low, None, X, MAP, pixels_per_step=1, score="difference")
+    np.testing.assert_allclose(d["curves"][0], S_IN, atol=1e-5)
+    with pytest.warns(RuntimeWarning, match="q_value"):
+        insertion(neg, None, X, MAP, pixels_per_step=1, target="q_action", actions=np.array([0]))  # Q0(x) < 0
+    ok = insertion(neg, None, X, MAP, pixels_per_step=1)                  # argmax is Q1 = 1 > 0: defined
+    np.testing.assert_allclose(ok["curves"][0], 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(target="value", score="q_value"), "ratio"),
+    (dict(target="log_prob", score="advantage"), "advantage"),
+    (dict(target="value", apply=linear_apply), "value"),
+    (dict(target="nope"), "unknown target"),
+])
+def test_score_or_target_the_model_lacks(kwargs, msg):
+    apply = kwargs.pop("apply", ac_apply)
+    with pytest.raises(SaliencyInputError, match=msg):
+        insertion(apply, None, X, MAP, pixels_per_step=1, **kwargs)
+
+
+def test_all_lists_the_scores_of_the_target():
+    q = deletion(linear_apply, None, X, MAP, pixels_per_step=1, score="all")
+    assert set(q) == {"q_value", "advantage", "ratio", "normalized", "difference", "raw"}
+    np.testing.assert_allclose(q["q_value"]["curves"], q["ratio"]["curves"])
+    v = deletion(ac_apply, None, X, MAP, pixels_per_step=1, score="all", target="value")
+    assert set(v) == {"ratio", "normalized", "difference", "raw"}
+    np.testing.assert_allclose(v["raw"]["curves"][0], 11 - S_IN, atol=1e-5)
+
+
+def test_a_callable_target_is_followed_raw():
+    r = insertion(linear_apply, None, X, MAP, pixels_per_step=1, target=lambda out: out[:, 0] - 3.0)
+    assert r["score"] == "raw"
+    np.testing.assert_allclose(r["curves"][0], S_IN - 3.0, atol=1e-5)
+    with pytest.warns(RuntimeWarning, match="callable"):
+        nz = insertion(linear_apply, None, X, MAP, pixels_per_step=1, target=lambda out: out[:, 0] * 0.0,
+                       score="normalized")                                 # 0 / 0 everywhere
+    assert np.isnan(nz["auc"]).all()

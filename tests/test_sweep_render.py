@@ -53,6 +53,13 @@ def test_curve_layout_one_panel_per_metric_one_line_per_method_and_group(swept):
     assert line.y == [float(t["insertion_auc"][r]) for r in rows]                  # tiny0 then tiny1
 
 
+def test_a_defined_share_gets_a_panel_only_where_some_frames_were_undefined():
+    t = {"status": np.array(["ok", "ok"]), "insertion_auc": np.array([0.4, np.nan]),   # no frame defined: a gap
+         "insertion_defined": np.array([1.0, 0.0]), "deletion_auc": np.array([0.2, 0.3]),
+         "deletion_defined": np.array([1.0, 1.0])}
+    assert rs.metric_columns(t) == ["insertion_auc", "insertion_defined", "deletion_auc"]
+
+
 def test_checkpoint_positions_numbers_or_order():
     pos, label = rs.checkpoint_positions(["step_200", "step_1000", "step_30"])
     assert pos == {"step_200": 200.0, "step_1000": 1000.0, "step_30": 30.0} and "number" in label

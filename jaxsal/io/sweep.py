@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -492,7 +493,10 @@ def sanity_layers(params) -> list[str]:
 def cell_metrics(apply_fn, params, source, job_dir, cell: Cell, metrics, sett: dict, *, layout: str = "NHWC",
                  init_fn=None, num_frames: int | None = None) -> dict:
     """{column: value} of one finished cell: the map statistics and each metric, means over its
-    frames (read chunk by chunk from the job in `job_dir` and from `source`, the frames explained)."""
+    frames (read chunk by chunk from the job in `job_dir` and from `source`, the frames explained).
+    Insertion/deletion follow the sweep's target (q_action: the source's actions) with the score
+    jaxsal.metrics picks for it; `{name}_auc` is the mean over the frames whose score is defined,
+    `{name}_defined` their share (NaN AUC where none is)."""
     import jax
 
     from jaxsal.io.store import load_maps
@@ -509,10 +513,15 @@ def cell_metrics(apply_fn, params, source, job_dir, cell: Cell, metrics, sett: d
         if {"insertion", "deletion"} & set(metrics):
             x = np.asarray(source.read(a, b))
             flat = m.sum(-1) if m.ndim == 4 else m
+            acts = np.asarray(source.actions(a, b)) if sett["target"] == "q_action" else None
             for name, fn in (("insertion", insertion), ("deletion", deletion)):
                 if name in metrics:
-                    auc = fn(apply_fn, params, x, flat, layout=layout, batch_size=sett["batch_size"])["auc"]
-                    per.setdefault(f"{name}_auc", []).append(np.asarray(auc))
+                    with warnings.catch_warnings():  # undefined states: NaN, counted in {name}_defined
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        auc = np.asarray(fn(apply_fn, params, x, flat, target=sett["target"], actions=acts,
+                                            layout=layout, batch_size=sett["batch_size"])["auc"])
+                    per.setdefault(f"{name}_auc", []).append(auc)
+                    per.setdefault(f"{name}_defined", []).append(np.isfinite(auc).astype(np.float64))
     out = {k: _mean(np.concatenate(v)) for k, v in per.items()}
     if "objects" in metrics:
         from jaxsal.io.objects import load_object_shares, mean_shares

@@ -1,25 +1,35 @@
 """Insertion and deletion fidelity (Paper B / Petsiuk 2018): how fast the agent's score
 recovers (insertion) or collapses (deletion) when pixels are moved in order of saliency.
 
-All steps of all states run as one batched forward pass per chunk of states on device:
-for a chunk of B states the model sees B x (steps + 1) perturbed frame stacks at once.
+The curve follows the explanation's target (`jaxsal.explain`'s names: q_chosen, q_action,
+value, advantage, policy_logit, log_prob, softmax_chosen, or a callable) on the action the
+library's target resolution chooses on the clean input (or the caller's `actions`). A policy
+target is followed as the action's probability: logits are defined only up to a per-state
+constant, so a logit curve means nothing. All steps of all states run as one batched forward
+pass per chunk of states: for a chunk of B states the model sees B x (steps + 1) stacks at once.
 """
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import targets as T
-from jaxsal.batching import cached_jit, default_rows, map_batched
+from jaxsal.batching import cached_jit, map_batched
+from jaxsal.call import as_float, check_call
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics.similarity import check_maps
-from jaxsal.validate import check_obs, check_positive_int, spatial_shape
+from jaxsal.validate import check_positive_int
 
 SUBSTRATES = ("black", "random", "blur")
-SCORES = ("q_value", "advantage")
+SCORES = ("auto", "ratio", "normalized", "difference", "raw", "q_value", "advantage")
+GENERAL = ("ratio", "normalized", "difference", "raw")      # defined for every target
+Q_TARGETS = ("q_chosen", "q_action")
+POLICY_TARGETS = ("policy_logit", "log_prob")               # followed as the action's probability
+MAX_SCALE = 100.0  # a ratio or normalised curve beyond this magnitude divides by ~0: undefined (NaN)
 
 
 def gaussian_blur(x, sigma: float, truncate: float = 4.0):
@@ -48,21 +58,61 @@ def _order_masks(m, steps: int, per_step: int):
     return (rank[None, :] < counts[:, None]).reshape((steps + 1,) + m.shape)
 
 
-def chosen_actions(apply_fn, params, obs, batch_size: int | None = 256):
-    """argmax Q(obs) per state (the action every perturbed copy is scored on), chunked."""
-    fn = cached_jit(_argmax_q, apply_fn)
-    return map_batched(fn, params, obs, batch_size=batch_size)
+def scores_for(target) -> tuple[str, tuple]:
+    """(the score `score="auto"` picks, every score defined) for a target name or callable.
+
+    Q targets keep Paper B's `q_value` = Q_a(x_t) / Q_a(x); value follows V the same way (`ratio`);
+    advantage, policy targets (the action's probability) and callables are followed as they are (`raw`)."""
+    name = target if isinstance(target, str) else None
+    if name in Q_TARGETS:
+        return "q_value", ("q_value", "advantage") + GENERAL
+    if name == "advantage":
+        return "raw", ("advantage",) + GENERAL
+    if name == "value":
+        return "ratio", GENERAL
+    return "raw", GENERAL
 
 
-def _argmax_q(apply_fn):
-    return lambda p, o: jnp.argmax(T.q_of(apply_fn(p, o)), -1).astype(jnp.int32)
+def _check_score(score, target, shown: str) -> tuple[str, tuple]:
+    """(the resolved score or "all", the scores to compute); a score the target lacks is an error."""
+    auto, defined = scores_for(target)
+    if score not in SCORES + ("all",):
+        raise SaliencyInputError(f"score must be one of {SCORES} or 'all', got {score!r}")
+    if score == "q_value" and score not in defined:
+        raise SaliencyInputError(
+            f"score='q_value' is Q_a(x_t) / Q_a(x), defined for the Q targets {Q_TARGETS} on Q-values; target "
+            f"{shown} is not: use score='ratio' (the same fraction of what it follows), 'normalized', "
+            "'difference' or 'raw'")
+    if score == "advantage" and score not in defined:
+        raise SaliencyInputError(
+            f"score='advantage' is Q_a(x_t) - mean_b Q_b(x_t), defined for Q targets and 'advantage' on "
+            f"Q-values; target {shown} is not: use one of {GENERAL}")
+    if score == "all":
+        return "all", defined
+    score = auto if score == "auto" else score
+    return score, (score,)
+
+
+def _follow(target):
+    """f(out, actions) -> (M,): the scalar a curve follows; a policy target's action probability."""
+    if target in POLICY_TARGETS:
+        log_prob = T.get_target("log_prob").score
+        return lambda o, a: jnp.exp(log_prob(o, a))
+    return T.get_target(target).score
+
+
+def _policy_only(apply_fn, params, x) -> bool:
+    """True when the model's output is a dict with policy logits and no Q-values (an actor-critic)."""
+    out = jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct((1,) + tuple(x.shape[1:]), jnp.float32))
+    return isinstance(out, dict) and not any(k in out for k in T.Q_KEYS) and any(k in out for k in T.LOGIT_KEYS)
 
 
 def _build_substrate(substrate: str, layout: str, pixel_range: tuple, blur_sigma: float):
     lo, hi = pixel_range
 
     def fn(_, obs, keys):
-        x = obs if layout == "NHWC" else jnp.transpose(obs, (0, 2, 3, 1))     # NHWC
+        x = as_float(obs)
+        x = x if layout == "NHWC" else jnp.transpose(x, (0, 2, 3, 1))     # NHWC
         if substrate == "black":
             return jnp.zeros_like(x)
         if substrate == "random":
@@ -71,38 +121,84 @@ def _build_substrate(substrate: str, layout: str, pixel_range: tuple, blur_sigma
     return fn
 
 
-def _build(apply_fn, steps: int, per_step: int, layout: str):
-    """One compiled function for every mode, substrate and score (they differ only in data):
-    x_t = where(top-t mask, first, second); returns both scores, (B, steps + 1) each."""
+def _build(apply_fn, steps: int, per_step: int, layout: str, target, given: bool, clean: int,
+           with_advantage: bool):
+    """One compiled function per target (modes, substrates and scores differ only in data):
+    x_t = where(top-t mask, first, second); the action is resolved on the clean row `clean` of
+    each state's curve (x_t = x there) by jaxsal.targets.resolve_actions, unless `given`.
+    Returns f (B, steps + 1), the actions (B,) and, for Q outputs, the advantage curve."""
+    tgt = T.get_target(target)
+    follow = _follow(target)
 
-    def fn(params, obs, first, second, maps, actions):
-        b = obs.shape[0]
+    def fn(params, first, second, maps, actions):
+        b = first.shape[0]
         masks = jax.vmap(lambda m: _order_masks(m, steps, per_step))(maps)[..., None]  # (B,S+1,H,W,1)
         xt = jnp.where(masks, first[:, None], second[:, None])
         xt = xt.reshape((b * (steps + 1),) + first.shape[1:])
         if layout == "NCHW":
             xt = jnp.transpose(xt, (0, 3, 1, 2))
-        q = T.q_of(apply_fn(params, xt))
-        q = q.reshape((b, steps + 1) + q.shape[1:])
-        qa = jnp.take_along_axis(q, actions[:, None, None], axis=-1)[..., 0]  # (B, S+1)
-        q0 = jnp.take_along_axis(T.q_of(apply_fn(params, obs)), actions[:, None], axis=-1)
-        return {"q_value": qa / q0, "advantage": qa - q.mean(-1)}
+        out = apply_fn(params, xt)
+        clean_out = jax.tree.map(lambda v: v.reshape((b, steps + 1) + v.shape[1:])[:, clean], out)
+        a = T.resolve_actions(tgt, clean_out, actions if given else None)
+        rows = jnp.repeat(a, steps + 1)
+        res = {"f": follow(out, rows).reshape(b, steps + 1), "actions": a}
+        if with_advantage:
+            res["advantage"] = T.get_target("advantage").score(out, rows).reshape(b, steps + 1)
+        return res
     return fn
 
 
-def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score, key, actions,
+def _scored(name, f, adv, clean: int, sub: int):
+    """(curves (N, S+1), defined (N,) bool) of score `name` from the followed scalar f (N, S+1)."""
+    f_clean, f_sub = f[:, clean:clean + 1], f[:, sub:sub + 1]
+    if name == "advantage":
+        return adv, jnp.ones(f.shape[0], bool)
+    if name == "raw":
+        return f, jnp.ones(f.shape[0], bool)
+    if name == "difference":
+        return f - f_sub, jnp.ones(f.shape[0], bool)
+    if name in ("ratio", "q_value"):
+        c = f / f_clean
+        ok = (f_clean[:, 0] > 0) & jnp.all(jnp.isfinite(c) & (jnp.abs(c) <= MAX_SCALE), -1)
+    else:  # normalized: 0 at the substrate, 1 at the clean input
+        c = (f - f_sub) / (f_clean - f_sub)
+        ok = jnp.all(jnp.isfinite(c) & (jnp.abs(c) <= MAX_SCALE), -1)
+    return jnp.where(ok[:, None], c, jnp.nan), ok
+
+
+WHY = {"ratio": f"the clean score is not clearly positive (the curve would exceed {MAX_SCALE:g} times it)",
+       "normalized": "the clean and substrate scores are (nearly) equal"}
+
+
+def _warn_undefined(mode, score, ok, target):
+    """One RuntimeWarning naming how many states' `score` is undefined (NaN) and the score that always is."""
+    if isinstance(ok, jax.core.Tracer) or bool(ok.all()):
+        return
+    shown = target if isinstance(target, str) else "a callable"
+    policy = (" (if it reads a policy's logits, as from a (logits, value) tuple, pass target='log_prob': "
+              "followed as the action's probability)" if target in Q_TARGETS else "")
+    warnings.warn(f"{mode}: score {score!r} of target {shown!r} is undefined (NaN) for {int((~ok).sum())} of "
+                  f"{ok.shape[0]} states, where {WHY['ratio' if score == 'q_value' else score]}{policy}; "
+                  "score='difference' (the curve minus the fully removed input's score, in the target's "
+                  "units) is defined for every state", RuntimeWarning, stacklevel=4)
+
+
+def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score, key, target, actions,
             batch_size, layout, pixel_range, blur_sigma):
     if substrate not in SUBSTRATES:
         raise SaliencyInputError(f"substrate must be one of {SUBSTRATES}, got {substrate!r}")
-    if score not in SCORES + ("all",):
-        raise SaliencyInputError(f"score must be one of {SCORES} or 'all', got {score!r}")
-    x = check_obs(obs, layout)
-    h, w, _ = spatial_shape(x.shape, layout)
+    call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
+                      batch_size=batch_size)
+    x, layout, (h, w, _) = call.x, call.layout, call.hwc
+    shown = repr(target) if isinstance(target, str) else "a callable"
+    if target in Q_TARGETS and _policy_only(apply_fn, params, x):
+        shown += " (on this model's policy logits: it has no Q-values)"
+        target = "policy_logit"      # the "Q-vector" it reads is a policy's logits: follow pi(a|x_t)
+    score, names = _check_score(score, target, shown)
     n = x.shape[0]
     m = check_maps(maps, "maps", shape=(n, h, w))
     per_step = check_positive_int("pixels_per_step", pixels_per_step)
     steps = math.ceil(h * w / per_step)
-    batch_size = default_rows() if batch_size is None else batch_size
     if substrate == "random" and key is None:
         raise SaliencyInputError("substrate='random' needs key=jax.random.PRNGKey(seed) "
                                  "(same key -> same substrate)")
@@ -112,46 +208,65 @@ def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score
         lo, hi = (float(v) for v in pixel_range)
     except (TypeError, ValueError):
         raise SaliencyInputError(f"pixel_range must be (low, high), got {pixel_range!r}") from None
-    if actions is None:
-        actions = chosen_actions(apply_fn, params, x)
-    else:
-        q_shape = jax.eval_shape(lambda p, o: T.q_of(apply_fn(p, o)), params, x[:1]).shape
-        actions = jnp.asarray(T.check_actions(actions, n, q_shape[-1]))
     base = jax.random.PRNGKey(0) if key is None else key
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(n))
     sub_fn = cached_jit(_build_substrate, substrate, layout, (lo, hi), float(blur_sigma))
-    sub = map_batched(sub_fn, None, x, keys, batch_size=batch_size)
-    xs = x if layout == "NHWC" else jnp.transpose(x, (0, 2, 3, 1))
+    sub = map_batched(sub_fn, None, x, keys, batch_size=call.rows)
+    xs = as_float(x) if layout == "NHWC" else jnp.transpose(as_float(x), (0, 2, 3, 1))
     first, second = (xs, sub) if mode == "insertion" else (sub, xs)
-    fn = cached_jit(_build, apply_fn, steps, per_step, layout)
-    curves = map_batched(fn, params, x, first, second, m, actions, batch_size=batch_size,
-                         rows_per_state=steps + 1)
-    if score == "all":
-        return {k: {"auc": c.mean(-1), "curves": c} for k, c in curves.items()}
-    return {"auc": curves[score].mean(-1), "curves": curves[score]}
+    clean, empty = (steps, 0) if mode == "insertion" else (0, steps)   # rows where x_t = x, x_t = substrate
+    given = call.actions is not None
+    acts = call.actions if given else jnp.zeros((n,), jnp.int32)
+    fn = cached_jit(_build, apply_fn, steps, per_step, layout, target, given, clean, "advantage" in names)
+    res = map_batched(fn, params, first, second, m, acts, batch_size=call.rows, rows_per_state=steps + 1)
+    out = {}
+    for name in names:
+        c, ok = _scored(name, res["f"], res.get("advantage"), clean, empty)
+        out[name] = {"auc": c.mean(-1), "curves": c}
+    if score == "all":   # NaN marks the undefined states of each score; no warning for scores not asked for
+        return out
+    _warn_undefined(mode, score, ok, target)
+    return dict(out[score], score=score, actions=res["actions"])
 
 
 def insertion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_step: int = 84,
-              score: str = "q_value", key=None, *, actions=None, batch_size: int | None = None,
-              layout: str = "NHWC", pixel_range=(0.0, 255.0), blur_sigma: float = 5.0):
+              score: str = "auto", key=None, *, target="q_chosen", actions=None,
+              batch_size: int | None = None, layout: str = "NHWC", pixel_range=(0.0, 255.0),
+              blur_sigma: float = 5.0):
     """Insertion curves: start from `substrate`, insert pixels (all frames of a pixel at once)
-    by decreasing saliency, `pixels_per_step` per step; returns {"auc": (N,), "curves": (N, S+1)}.
+    by decreasing saliency, `pixels_per_step` per step; returns {"auc": (N,), "curves": (N, S+1),
+    "score": the score used, "actions": (N,) the actions scored}. Higher AUC = more faithful map.
 
-    substrate: "black" (0), "random" (uniform in `pixel_range` per pixel and frame; needs `key`)
-    or "blur" (spatial Gaussian blur, `blur_sigma` px). score: "q_value" = Q_a(x_t) / Q_a(x) or
-    "advantage" = Q_a(x_t) - mean_b Q_b(x_t), a = argmax Q(x) unless `actions` is given.
-    score="all" returns {"q_value": {...}, "advantage": {...}} from the same forward passes.
-    AUC is the mean of the curve (Paper B). `batch_size` bounds the model rows (states x
-    (steps + 1)) per forward pass (None: the backend's default). Higher insertion AUC = more faithful map.
+    The curve follows f(x_t), the explanation's `target` (as in jaxsal.explain) on action a:
+    `actions` (needed by q_action), else the target's choice on the clean frame
+    (jaxsal.targets.resolve_actions). A policy target (policy_logit, log_prob, or a Q target on a
+    dict output with logits and no Q-values) is followed as the action's probability pi(a|x_t),
+    since logits are defined only up to a per-state constant. x_0 is the fully removed
+    input (all substrate), x the clean one. score:
+      "ratio"      f(x_t) / f(x); "q_value" is its name for Q targets (Paper B's Q_a(x_t) / Q_a(x))
+      "normalized" (f(x_t) - f(x_0)) / (f(x) - f(x_0)): 0 at the substrate, 1 at the clean input
+      "difference" f(x_t) - f(x_0), in the target's units; defined for every state
+      "raw"        f(x_t) itself
+      "advantage"  Q_a(x_t) - mean_b Q_b(x_t) (Q targets and 'advantage')
+      "auto"       q_value for q_chosen/q_action, ratio for value, raw for the others
+      "all"        {score: {"auc", "curves"}} for every score the target has, one set of forward passes
+    A ratio or normalized curve of a state is NaN (with a RuntimeWarning) where it would divide by ~0:
+    a clean score <= 0 (ratio), or a curve beyond MAX_SCALE (100) in magnitude. "q_value" or
+    "advantage" for a target without Q-values is an error. substrate: "black" (0), "random" (uniform
+    in `pixel_range` per pixel and frame; needs `key`) or "blur" (spatial Gaussian blur, `blur_sigma`
+    px). AUC is the mean of the curve (Paper B). `batch_size` bounds the model rows (states x
+    (steps + 1)) per forward pass (None: the backend's default).
     """
     return _curves("insertion", apply_fn, params, obs, maps, substrate, pixels_per_step, score,
-                   key, actions, batch_size, layout, pixel_range, blur_sigma)
+                   key, target, actions, batch_size, layout, pixel_range, blur_sigma)
 
 
 def deletion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_step: int = 84,
-             score: str = "q_value", key=None, *, actions=None, batch_size: int | None = None,
-             layout: str = "NHWC", pixel_range=(0.0, 255.0), blur_sigma: float = 5.0):
-    """Deletion curves, the mirror of `insertion`: start from the observation and replace pixels
-    by the substrate in order of decreasing saliency. Lower deletion AUC = more faithful map."""
+             score: str = "auto", key=None, *, target="q_chosen", actions=None,
+             batch_size: int | None = None, layout: str = "NHWC", pixel_range=(0.0, 255.0),
+             blur_sigma: float = 5.0):
+    """Deletion curves, the mirror of `insertion` (same targets and scores, x_0 its last step): start
+    from the observation and replace pixels by the substrate in order of decreasing saliency. Lower
+    deletion AUC = more faithful map."""
     return _curves("deletion", apply_fn, params, obs, maps, substrate, pixels_per_step, score,
-                   key, actions, batch_size, layout, pixel_range, blur_sigma)
+                   key, target, actions, batch_size, layout, pixel_range, blur_sigma)
