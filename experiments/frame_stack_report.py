@@ -50,9 +50,17 @@ def render(summary: dict) -> str:
     plan = s["plan"]
     lines = [f"## {s['study']} study: {plan['game']}, seeds {s['seeds'][0]}-{s['seeds'][-1]} "
              f"({len(s['seeds'])} per variant), {plan['steps']:,} env steps per run", ""]
-    if s.get("truncated"):
+    if s.get("report") == "incomplete":
+        lines += [f"**Incomplete study, truncated** (the pre-registration's incomplete report): the rule "
+                  f"on the runs that exist, at the registered checkpoints all of them reached (up to step "
+                  f"{s['checkpoints'][-1]:,}); each bug against the correct runs of the same seeds. Missing "
+                  f"runs: {', '.join(s['missing_runs'])}; unfinished runs: {', '.join(s['incomplete_runs']) or 'none'}.", ""]
+    elif s.get("truncated"):
         lines += [f"**Interim / truncated**: analysed up to step {s['checkpoints'][-1]:,}; "
                   f"incomplete runs: {', '.join(s['incomplete_runs']) or 'none'}.", ""]
+    if s.get("cannot_reject"):
+        lines += ["With the seeds present the rule cannot reject (a miss below says nothing about the bug):", ""]
+        lines += [f"- {x}" for x in s["cannot_reject"]] + [""]
     lines += [f"Rule: {s['rule']}. Per-bug level {s['alpha_per_bug']:.4g} (family {s['family_alpha']}); "
               f"{len(s['checkpoints'])} checkpoints, {s['checkpoints'][0]:,} to {s['checkpoints'][-1]:,}.", "",
               "| bug | " + " | ".join(SIGNAL_NAMES.values()) + " | predicted map direction |",
@@ -68,12 +76,15 @@ def render(summary: dict) -> str:
     for v, f in s["final_returns"].items():
         lo, hi = f["ci95"]
         ci = "n/a" if lo is None else f"{lo:.2f} to {hi:.2f}"
+        if f["mean"] is None:
+            lines.append(f"| {v} | no run | n/a | n/a | |")
+            continue
         lines.append(f"| {v} | {f['mean']:.2f} | {_num(f['std'])} | {ci} | "
                      + ", ".join(f"{x:.2f}" for x in f["per_seed"]) + " |")
     lc = s["learning_check"]
     registered = ("" if lc.get("registered", s["study"] == "atari")
                   else " (registered for the Atari study only; descriptive here)")
-    lines += ["", f"Learning check{registered}: the correct agent's final return {lc['correct_final_return']:.2f} against the "
+    lines += ["", f"Learning check{registered}: the correct agent's final return {_num(lc['correct_final_return'])} against the "
               f"threshold {lc['threshold']:.2f} (2 x random play): **{'learned' if lc['learned'] else 'did not learn'}**."]
     per_update = plan["num_envs"] * plan["rollout"]
     short = {k: v for k, v in s["steps"].items() if v < plan["steps"] // per_update * per_update}
