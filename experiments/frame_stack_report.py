@@ -68,6 +68,22 @@ def render(summary: dict) -> str:
     for bug, b in s["bugs"].items():
         cells = [_detection(b[k]) for k in SIGNAL_NAMES]
         lines.append(f"| {bug} | " + " | ".join(cells) + f" | {_prediction(b['saliency'])} |")
+    windows = {int(k[7:]): k for b in s["bugs"].values() for k in b if k.startswith("return_") and k[7:].isdigit()}
+    if windows:
+        reg = next(iter(s["bugs"].values()))["return"]["statistic"]       # e.g. return_mean_100
+        windows[int(reg.rsplit("_", 1)[1])] = "return"
+        cols = sorted(windows)
+        lines += ["", f"Return-window sensitivity: detection step under the same rule with the mean of the last W "
+                  f"games (registered: W = {reg.rsplit('_', 1)[1]}; the others descriptive).", "",
+                  "| bug | " + " | ".join(f"W = {w}" for w in cols) + " |", "|---|" + "---|" * len(cols)]
+        for bug, b in s["bugs"].items():
+            lines.append(f"| {bug} | " + " | ".join(_step(b[windows[w]]["detection_step"]) for w in cols) + " |")
+    lead = s.get("lead")
+    if lead:
+        lines += ["", f"Lead test (registered; maps before returns, one-sided sign-flip over {len(lead['seeds'])} "
+                  f"seeds): per-seed mean lead {', '.join(f'{x:,.0f}' for x in lead['per_seed_mean_lead'])} env steps; "
+                  f"p = {lead['p']:.3g} (smallest attainable {lead['min_attainable_p']:.3g}, level {lead['alpha']}): "
+                  f"**{'maps first' if lead['maps_first'] else 'not shown'}**."]
     lines += ["", "Detection step: the first registered checkpoint from which the test rejects at every later "
               "one (env steps). Interval: 95% seed-bootstrap stability interval of the step (1,000 "
               "resamples); never: share of resamples with no detection.", "",

@@ -88,20 +88,22 @@ def per_seed_step(steps, diff, tau: float, never: int):
     return int(steps[t])
 
 
-def s1_lead(study: plan.Study, runs: dict, checkpoints) -> dict:
+def s1_lead(study: plan.Study, runs: dict, checkpoints, signals=None) -> dict:
     """S1 on `runs` {(variant, seed): rows}: per-seed detection steps of both signals and the lead
-    (return step - map step), with the one-sided sign-flip test over seeds of the bugs' mean lead."""
+    (return step - map step), with the one-sided sign-flip test over seeds of the bugs' mean lead.
+    `signals` {"maps": key, "return": key}: the registered S1_SIGNALS unless another study registers its own."""
+    signals = sp.S1_SIGNALS if signals is None else signals
     never = int(checkpoints[-1] + (checkpoints[1] - checkpoints[0]))
 
     def matrix(v, key):
         return np.stack([fss.at_checkpoints(runs[(v, s)], checkpoints, key) for s in study.seeds])
 
-    tau = {name: null_threshold(matrix("correct", key)) for name, key in sp.S1_SIGNALS.items()}
+    tau = {name: null_threshold(matrix("correct", key)) for name, key in signals.items()}
     per_bug, leads = {}, []
     for bug in study.bugs:
         steps = {name: [per_seed_step(checkpoints, d, tau[name], never)
                         for d in matrix(bug, key) - matrix("correct", key)]
-                 for name, key in sp.S1_SIGNALS.items()}
+                 for name, key in signals.items()}
         lead = np.array(steps["return"], float) - np.array(steps["maps"], float)
         leads.append(lead)
         m, _, lo, hi = fss.t_interval(lead)

@@ -4,7 +4,7 @@
     python -m experiments.frame_stack_bug --study atari            # 15 runs, Breakout DDDQN (GPU)
     python -m experiments.frame_stack_bug --study atari --shard 0/4 --no-analysis   # 4 in parallel
     python -m experiments.frame_stack_bug --study atari --analyse-only
-    python -m experiments.frame_stack_bug --study replay_dddqn     # 48 runs, replay DDDQN on MinAtar
+    python -m experiments.frame_stack_bug --study replay_dddqn     # 128 runs, replay DDDQN on MinAtar
                                                                    # (experiments/replay_dddqn_preregistration.md)
 
 Every number (variants, seeds, budget, snapshot and checkpoint schedules, the statistic's and
@@ -12,7 +12,7 @@ the rule's parameters) comes from experiments.frame_stack_plan (the PQN studies)
 experiments.replay_dddqn_plan (the replay-DDDQN study, which reuses the PQN studies' statistic
 and rule); nothing here can change them. `STUDIES` names them all.
 Each run trains PQN (jaxsal_agents.train; the replay-DDDQN study: jaxsal_agents.train_dqn, with
-its transition bug `misassembled` in the trainer and the frame-stack bugs in the env) on its own
+its graded transition bugs in the trainer, jaxsal_agents.train_dqn.corrupt_batch) on its own
 (possibly buggy) stack with SaliencySnapshots
 (Grad-CAM, G1Grad-CAM, G2Grad-CAM, Guided Backprop, gradient + per-frame shares) and is
 resumable: an interrupted run continues from its orbax checkpoint and its snapshot rows
@@ -61,16 +61,24 @@ def predicted_directions(study) -> dict:
 
 
 def split_bug(variant: str):
-    """(frame-stack bug for the env wrapper, transition bug for the replay trainer) of a variant."""
+    """(frame-stack bug for the env wrapper, transition bug for the replay trainer, its severity p)
+    of a variant: "reuse", "misassembled" (p = 1) or a graded "done_late_p0.3"."""
     from jaxsal_agents.framestack import BUGS
 
     if variant == "correct":
-        return None, None
+        return None, None, 1.0
     if variant in BUGS:
-        return variant, None
+        return variant, None, 1.0
     from jaxsal_agents.train_dqn import TRANSITION_BUGS
     if variant in TRANSITION_BUGS:
-        return None, variant
+        return None, variant, 1.0
+    bug, _, p = variant.rpartition("_p")
+    if bug in TRANSITION_BUGS:
+        try:
+            if 0.0 <= float(p) <= 1.0:
+                return None, bug, float(p)
+        except ValueError:
+            pass
     raise SystemExit(f"unknown variant {variant!r}")
 
 
@@ -143,7 +151,7 @@ def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=def
     {"rows", "steps", "wall_s"} or, if stopped by `time_limit`, {"rows", "steps", "done": False}."""
     from jaxsal_agents.snapshots import SaliencySnapshots, probe_states
 
-    stack_bug, transition_bug = split_bug(variant)
+    stack_bug, transition_bug, severity = split_bug(variant)
     run_dir = Path(runs_dir) / run_name(variant, seed)
     done_file = run_dir / "done.json"
     if done_file.exists():
@@ -159,7 +167,8 @@ def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=def
                         buffer_size=study.buffer_size, batch_size=study.batch_size, grad_steps=study.grad_steps,
                         learning_starts=study.learning_starts, lr=study.lr, target_every=study.target_every,
                         eps_decay_frac=study.eps_decay_frac, frames=study.frames, drop_trail=study.drop_trail,
-                        stack_bug=stack_bug or "", transition_bug=transition_bug or "", seed=seed,
+                        stack_bug=stack_bug or "", transition_bug=transition_bug or "",
+                        transition_bug_p=severity, seed=seed,
                         run_dir=str(run_dir), ckpt_every=study.ckpt_every, time_limit=time_limit)
     else:
         from jaxsal_agents.train import PQNConfig, train
@@ -208,8 +217,26 @@ def add_statistic(rows, shares, window=4):
     return rows
 
 
+def add_return_windows(rows, returns_csv, windows):
+    """Adds `return_mean_W` to each snapshot row for each window W: the mean of the last W games
+    the run finished before the row's step (RUN/returns.csv; NaN before the first game, as
+    `return_mean`, the PQN studies' W = 20)."""
+    steps, rets = [], []
+    with open(returns_csv, newline="") as f:
+        for r in csv.DictReader(f):
+            steps.append(int(r["step"]))
+            rets.append(float(r["return"]))
+    steps, rets = np.asarray(steps, np.int64), np.asarray(rets, np.float64)
+    for r in rows:
+        n = int(np.searchsorted(steps, int(r["step"]), side="left"))   # games logged at steps < the row's
+        for w in windows:
+            r[f"return_mean_{w}"] = float(rets[max(0, n - w):n].mean()) if n else float("nan")
+    return rows
+
+
 def load_run(study: plan.Study, variant: str, seed: int, runs_dir):
-    """(rows with both statistics, steps reached, finished?) of a run on disk, or None."""
+    """(rows with both statistics (and the study's return windows), steps reached, finished?) of a
+    run on disk, or None."""
     from jaxsal_agents.snapshots import load_snapshots
 
     run_dir = Path(runs_dir) / run_name(variant, seed)
@@ -230,6 +257,8 @@ def load_run(study: plan.Study, variant: str, seed: int, runs_dir):
     if [s for s, _ in snaps] != [r["step"] for r in rows]:
         raise SystemExit(f"{run_name(variant, seed)}: snapshot files do not match its rows")
     rows = add_statistic([dict(r) for r in rows], np.stack([a["frame_shares"] for _, a in snaps]), plan.WINDOW)
+    if getattr(study, "return_windows", None):
+        rows = add_return_windows(rows, run_dir / "returns.csv", study.return_windows)
     return rows, int(steps), done
 
 
@@ -279,7 +308,8 @@ def analyse(study: plan.Study, runs: dict, complete: bool, n_boot: int | None = 
     def matrix(variant, key, seeds):
         return np.stack([at_checkpoints(runs[(variant, s)], checkpoints, key) for s in seeds])
 
-    signals = {**getattr(study, "signals", plan.SIGNALS), **plan.SECONDARY}
+    signals = {**getattr(study, "signals", plan.SIGNALS), **plan.SECONDARY, **getattr(study, "descriptive_signals", {})}
+    return_key = signals["return"]
     bugs = {}
     for bug in study.bugs:
         seeds = paired_seeds(study, runs, bug)
@@ -306,10 +336,10 @@ def analyse(study: plan.Study, runs: dict, complete: bool, n_boot: int | None = 
     final = {}
     for v in study.variants:
         seeds = [s for s in study.seeds if (v, s) in runs]
-        x = matrix(v, "return_mean", seeds)[:, -1] if seeds else np.zeros(0)
+        x = matrix(v, return_key, seeds)[:, -1] if seeds else np.zeros(0)
         m, sd, lo, hi = t_interval(x) if seeds else (None, None, None, None)
         final[v] = {"mean": m, "std": sd, "ci95": [lo, hi], "per_seed": [float(a) for a in x],
-                    "seeds": seeds, "at_step": checkpoints[-1]}
+                    "seeds": seeds, "at_step": checkpoints[-1], "statistic": return_key}
     learned = final["correct"]["mean"] is not None and final["correct"]["mean"] >= study.learned_threshold
     return {"bugs": bugs, "final_returns": final, "checkpoints": checkpoints,
             "truncated": (not complete) or checkpoints != study.checkpoints,
@@ -392,7 +422,9 @@ def detection_figure(study: plan.Study, runs: dict, summary: dict, path):
     checkpoints = summary["checkpoints"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for ax, (signal, key, title) in zip(axes, [("return", "return_mean", f"return (last {plan.RETURN_GAMES} games)"),
+    ret_key = getattr(study, "signals", plan.SIGNALS)["return"]
+    ret_games = getattr(study, "return_window", plan.RETURN_GAMES)
+    for ax, (signal, key, title) in zip(axes, [("return", ret_key, f"return (last {ret_games} games)"),
                                               ("saliency", "stack_age_gain", "stack age gain (maps only)")]):
         for i, v in enumerate(study.variants):
             x = np.stack([at_checkpoints(runs[(v, s)], checkpoints, key) for s in study.seeds if (v, s) in runs])
@@ -524,6 +556,21 @@ def analyse_runs(study: plan.Study, out: Path, runs_dir: Path, n_boot, t0: float
     return summary
 
 
+def lead_test(study, runs: dict, checkpoints) -> dict:
+    """A study's registered lead test (the replay-DDDQN study): the secondary registration's S1
+    procedure on the study's own two signals: per seed and bug the first checkpoint from which the
+    paired difference stays beyond the correct runs' null spread tau, the lead = return step - map
+    step, and an exact one-sided sign-flip test over seeds of the per-seed mean lead at `lead_alpha`;
+    with the mean lead per bug (per severity: the dose-response, descriptive)."""
+    from experiments.frame_stack_secondary import s1_lead
+
+    sig = study.signals
+    out = s1_lead(study, runs, checkpoints, signals={"maps": sig["saliency"], "return": sig["return"]})
+    return dict(out, label="registered lead test", alpha=study.lead_alpha,
+                can_reject=bool(out["min_attainable_p"] <= study.lead_alpha),
+                maps_first=bool(out["p"] <= study.lead_alpha))
+
+
 def summarise(study: plan.Study, loaded: dict, n_boot: int | None = None) -> dict:
     """The summary of the registered runs on disk {(variant, seed): (rows, steps, finished)}: the
     rule's verdicts (`bugs`), `seeds`, `steps` per run, `final_returns`, and what the analysis
@@ -539,6 +586,8 @@ def summarise(study: plan.Study, loaded: dict, n_boot: int | None = None) -> dic
     missing = [run_name(v, s) for v, s in all_runs(study) if (v, s) not in loaded]
     complete = not missing and all(x[2] for x in loaded.values())
     res = analyse(study, runs, complete, n_boot=n_boot)
+    if getattr(study, "lead_alpha", None):
+        res["lead"] = lead_test(study, runs, res["checkpoints"]) if not missing else None
     cannot = [f"{bug} / {signal}: {r['n_bug']} vs {r['n_correct']} seeds, smallest attainable p "
               f"{r['min_attainable_p']:.3g} > per-bug level {r['alpha']:.3g}: the rule cannot reject"
               for bug, b in res["bugs"].items() for signal, ok in b["can_reject"].items()
