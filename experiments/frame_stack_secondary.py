@@ -14,11 +14,13 @@ S3  Paper A's claim 3 (CAM on the ball and the paddle before the return rises) o
     reject: the smallest attainable adjusted p is 4/32 = 0.125 (`s3_min_holm_p`), so its output says
     "S3 as registered has no power; reported descriptively" next to every result.
 Until every registered run is there (with its CAM row profiles for S2 and S3), `analyse` writes
-which ones are missing and computes nothing else: the registration allows no interim look.
+which ones are missing and computes nothing else: the registration allows no interim look. If the
+study ended incomplete, `--incomplete` reports S1 to S3 on the runs that exist, truncated, as registered.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -283,31 +285,64 @@ def probe_masks(study: plan.Study, runs_dir, rerun_dir=None) -> dict:
     return object_rows(probes[0])
 
 
-def analyse(study: plan.Study, runs_dir, rerun_dir=None, minatar_runs_dir=None, n_boot=None) -> dict:
+def complete_seeds(study: plan.Study, have) -> list[int]:
+    """The seeds for which every variant is in `have` (S1 pairs each seed's bugs with its correct run
+    and averages over the bugs; S3's unit is the seed)."""
+    return [s for s in study.seeds if all((v, s) in have for v in study.variants)]
+
+
+def analyse(study: plan.Study, runs_dir, rerun_dir=None, minatar_runs_dir=None, n_boot=None,
+            incomplete: bool = False) -> dict:
+    """S1 to S3 once every registered run (with its CAM rows for S2 and S3) is there; until then
+    only what is missing. `incomplete` (the study ended incomplete): the registration's incomplete
+    report instead, S1 to S3 "on the runs that exist, labelled truncated, with the missing runs
+    listed": at the registered checkpoints every existing run reached, on the seeds that have every
+    variant (S1) or every variant's CAM rows (S2, S3) (the reading implemented: the seed is S1's
+    and S3's unit, so a seed enters with all its runs or not at all)."""
     loaded = {(v, s): fss.load_run(study, v, s, runs_dir) for v, s in fss.all_runs(study)}
     missing = [fss.run_name(v, s) for (v, s), x in loaded.items() if x is None or not x[2]]
     cam = {(v, s): load_cam(study, v, s, runs_dir, rerun_dir) for v, s in fss.all_runs(study)}
     missing_cam = [fss.run_name(v, s) for (v, s), x in cam.items() if x is None]
     out = {"label": "secondary", "registration": "experiments/frame_stack_bug_secondary_registration.md",
            "missing_runs": missing, "missing_cam_rows": missing_cam}
-    if missing:
+    if missing and not incomplete:
         return out
-    runs = {k: x[0] for k, x in loaded.items()}
-    checkpoints = study.checkpoints
-    out["s1"] = s1_lead(study, runs, checkpoints)
+    runs = {k: x[0] for k, x in loaded.items() if x is not None}
+    view = study
+    if incomplete and missing:
+        seeds = complete_seeds(study, runs)
+        if len(seeds) < 2:
+            raise SystemExit(f"incomplete report: {len(seeds)} seed(s) with every variant; S1 needs two")
+        reached = min(max(int(r["step"]) for r in rows) for rows in runs.values())
+        checkpoints = [c for c in study.checkpoints if c <= reached]
+        if len(checkpoints) < 2:
+            raise SystemExit("incomplete report: fewer than two registered checkpoints reached by every run")
+        view = dataclasses.replace(study, seeds=tuple(seeds))
+        out.update(report="incomplete", truncated=True, checkpoints=checkpoints, s1_seeds=seeds)
+    else:
+        checkpoints = study.checkpoints
+    out["s1"] = s1_lead(view, runs, checkpoints)
     if minatar_runs_dir:
         m = plan.MINATAR
         mr = {(v, s): fss.load_run(m, v, s, minatar_runs_dir) for v, s in fss.all_runs(m)}
         if all(x is not None and x[2] for x in mr.values()):
             out["s1_minatar_post_hoc"] = dict(s1_lead(m, {k: x[0] for k, x in mr.items()}, m.checkpoints),
                                               label="post hoc (data seen before the registration)")
-    if missing_cam:
+    if missing_cam and not incomplete:
         return out
+    cam = {k: x for k, x in cam.items() if x is not None and k in runs}
+    if missing_cam:
+        seeds = complete_seeds(study, cam)
+        if not seeds:
+            return out
+        view = dataclasses.replace(study, seeds=tuple(seeds))
+        out.update(report="incomplete", truncated=True, checkpoints=checkpoints, cam_seeds=seeds)
     masks = probe_masks(study, runs_dir, rerun_dir)
-    out["s2"] = s2_cam_rule(study, cam, checkpoints, masks["ball_paddle"], n_boot)
-    reruns = {(v, s): fss.load_run(study, v, s, rerun_dir)[0] for v, s in fss.all_runs(study)
+    out["s2"] = s2_cam_rule(view, cam, checkpoints, masks["ball_paddle"], n_boot)
+    reruns = {(v, s): fss.load_run(study, v, s, rerun_dir)[0] for v, s in fss.all_runs(view)
               if fss.run_name(v, s) in sp.RETRAINED}      # load_cam found every one of them
-    out["s3"] = s3_claim3(study, s3_return_rows(runs, reruns), cam, masks)
+    mine = {k: rows for k, rows in runs.items() if k[1] in view.seeds}
+    out["s3"] = s3_claim3(view, s3_return_rows(mine, reruns), cam, masks)
     return out
 
 
@@ -318,9 +353,11 @@ def main(argv=None):
                     help="re-trained copies of the runs finished before the registration (CAM rows)")
     ap.add_argument("--minatar-runs-dir", default="experiments/results/frame_stack_bug/runs_minatar")
     ap.add_argument("--out", default="experiments/results/frame_stack_bug/atari_secondary.json")
+    ap.add_argument("--incomplete", action="store_true",
+                    help="the study ended incomplete: S1 to S3 on the runs that exist, truncated, missing runs listed")
     a = ap.parse_args(argv)
     res = analyse(plan.ATARI, a.runs_dir, a.rerun_dir if Path(a.rerun_dir).exists() else None,
-                  a.minatar_runs_dir if Path(a.minatar_runs_dir).exists() else None)
+                  a.minatar_runs_dir if Path(a.minatar_runs_dir).exists() else None, incomplete=a.incomplete)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     if "s3" in res:
         print(f"S3: {res['s3']['power']['note']} (smallest attainable Holm p {res['s3']['power']['min_holm_p']:.3g})")

@@ -196,3 +196,41 @@ def test_registration_numbers_match_the_primary_plan():
     assert sp.S3_RISE_RETURN == plan.ATARI.learned_threshold
     assert set(sp.CAM_METHODS) <= set(plan.SNAPSHOT_METHODS)
     assert set(sp.RETRAINED) <= {fss.run_name(*r) for r in fss.all_runs(plan.ATARI)}
+
+
+def _disk_run(run_dir, steps, rng, probe):
+    """A finished exported-like run: rows with the primary statistics' inputs, frame shares and
+    Grad-CAM / G1Grad-CAM maps of 3 probes (84x84) per snapshot, the probe stack."""
+    (run_dir / "snapshots").mkdir(parents=True)
+    rows = [{"step": t, "return_mean": float(rng.normal(2, 0.1)), "newest_share": 0.5} for t in steps]
+    (run_dir / "done.json").write_text(json.dumps({"rows": rows, "steps": steps[-1]}))
+    (run_dir / "snapshots" / "stats.csv").write_text("step\n" + "".join(f"{t}\n" for t in steps))
+    (run_dir / "snapshots" / "meta.json").write_text("{}")
+    np.save(run_dir / "snapshots" / "probe.npy", probe)
+    for t in steps:
+        np.savez_compressed(run_dir / "snapshots" / f"step_{t:09d}.npz", frame_shares=rng.random((3, 3, 4)),
+                            gradcam=rng.random((3, 84, 84)), g1gradcam=rng.random((3, 84, 84)))
+
+
+def test_incomplete_report_runs_s1_to_s3_on_the_seeds_that_exist_truncated(tmp_path):
+    study = dataclasses.replace(plan.ATARI, seeds=(100, 101, 102), steps=4 * 512, checkpoint_every=1, snapshot_every=1)
+    steps = [512, 1024, 1536, 2048]
+    probe = np.zeros((3, 84, 84, 4), np.float32)
+    probe[:, 60, 30:32, -1] = 1.0
+    probe[:, 75:78, 40:56, -1] = 1.0
+    rng = np.random.default_rng(0)
+    for v in study.variants:
+        for s in (100, 101):                                 # every seed-102 run is missing
+            for d in ("runs", "reruns") if fss.run_name(v, s) in sp.RETRAINED else ("runs",):
+                _disk_run(tmp_path / d / fss.run_name(v, s), steps, rng, probe)
+    res = sec.analyse(study, tmp_path / "runs", tmp_path / "reruns", n_boot=10)
+    assert set(res["missing_runs"]) == {f"{v}_s102" for v in study.variants} and "s1" not in res
+    res = sec.analyse(study, tmp_path / "runs", tmp_path / "reruns", n_boot=10, incomplete=True)
+    assert res["report"] == "incomplete" and res["truncated"] and res["checkpoints"] == steps
+    assert res["s1_seeds"] == [100, 101] and res["cam_seeds"] == [100, 101]
+    assert res["s1"]["seeds"] == [100, 101] and res["s1"]["min_attainable_p"] == 0.25 and not res["s1"]["can_reject"]
+    assert set(res["s2"]["bugs"]) == {"reuse", "reversed"}
+    assert res["s2"]["bugs"]["reuse"]["n_bug"] == 2 and not res["s2"]["bugs"]["reuse"]["can_reject"]
+    assert res["s3"]["power"]["min_holm_p"] == 1.0 and res["s3"]["power"]["note"] == sec.S3_NO_POWER
+    assert set(res["s3"]["rise_steps"]) == {fss.run_name(v, s) for v in study.variants for s in (100, 101)}
+    json.dumps(res)
