@@ -12,7 +12,8 @@ S3  Paper A's claim 3 (CAM on the ball and the paddle before the return rises) o
     against each run's own first snapshot (`s3_claim3`), each run's rise step from its own return
     curve (the re-run's for a re-trained run). As registered (5 seeds, Holm over 4 tests) it cannot
     reject: the smallest attainable adjusted p is 4/32 = 0.125 (`s3_min_holm_p`), so its output says
-    "S3 as registered has no power; reported descriptively" next to every result.
+    "S3 as registered has no power; reported descriptively" next to every result. Beside it, labelled
+    "not registered": one pooled test that can reject with 5 seeds (`s3_pooled_not_registered`).
 Until every registered run is there (with its CAM row profiles for S2 and S3), `analyse` writes
 which ones are missing and computes nothing else: the registration allows no interim look. If the
 study ended incomplete, `--incomplete` reports S1 to S3 on the runs that exist, truncated, as registered.
@@ -199,6 +200,52 @@ def s3_return_rows(runs: dict, reruns: dict) -> dict:
     return {k: reruns.get(k, rows) for k, rows in runs.items()}
 
 
+def _s3_per_seed(study: plan.Study, rise: dict, cam: dict, mask, methods: list) -> dict:
+    """Per seed (a), (b), (c) and (b) - (a) of S3.2 for the CAM share on `mask`, averaged over the
+    probes and the `methods` (indices into CAM_METHODS); (b), (c) only over the seed's rising runs."""
+    per_seed = {k: [] for k in ("a", "b", "c", "b_minus_a")}
+    for s in study.seeds:
+        vals = {k: [] for k in per_seed}
+        for v in study.variants:
+            steps, rows = cam[(v, s)]
+            share = np.array([np.nanmean(row_share(r, mask)[methods]) for r in rows])
+            steps = np.asarray(steps)
+            vals["a"].append(share[0])
+            rs = rise[fss.run_name(v, s)]
+            if rs is None:
+                continue
+            before, after = (steps > steps[0]) & (steps < rs), steps >= rs
+            if before.any():
+                vals["b"].append(share[before].mean())
+                vals["b_minus_a"].append(share[before].mean() - share[0])
+            if after.any():
+                vals["c"].append(share[after].mean())
+        for k in per_seed:
+            per_seed[k].append(float(np.mean(vals[k])) if vals[k] else np.nan)
+    return per_seed
+
+
+def _tested(per_seed: dict):
+    """(the seeds' finite (b) - (a) values, their exact one-sided sign-flip p of mean > 0; 1 if none)."""
+    units = np.array(per_seed["b_minus_a"])
+    units = units[np.isfinite(units)]
+    return units, (sign_flip_p(units, "greater") if units.size else 1.0)
+
+
+def s3_pooled_not_registered(study: plan.Study, runs: dict, cam: dict, masks: dict, alpha: float = 0.05) -> dict:
+    """NOT REGISTERED (written after S3's design was found to have no power, issue 41; not part of
+    the secondary registration, reported only with this label): one test instead of S3's four: the share on the ball-and-paddle rows averaged over both CAM
+    methods, per seed (b) - (a) as in S3, exact one-sided sign-flip at `alpha`. With 5 seeds its
+    smallest p is 1/32 = 0.031, so it rejects only when every seed agrees."""
+    rise = {fss.run_name(v, s): rise_step(runs[(v, s)]) for (v, s) in runs}
+    per_seed = _s3_per_seed(study, rise, cam, masks["ball_paddle"], list(range(len(sp.CAM_METHODS))))
+    units, p = _tested(per_seed)
+    min_p = 1 / 2 ** units.size if units.size else 1.0
+    return {"label": "not registered", "alpha": alpha, "seeds_tested": int(units.size), "p": p,
+            "min_attainable_p": min_p, "can_reject": bool(min_p <= alpha), "holds": bool(p <= alpha),
+            "b_minus_a": seed_summary(units) if units.size else None, "chance": float(masks["ball_paddle"].mean())}
+
+
 def s3_claim3(study: plan.Study, runs: dict, cam: dict, masks: dict) -> dict:
     """S3: per method and object, CAM row shares at the first snapshot (a), before the rise (b) and
     after it (c), seed-level, with the one-sided sign-flip test of (b) - (a) > 0 (Holm over 4).
@@ -209,30 +256,10 @@ def s3_claim3(study: plan.Study, runs: dict, cam: dict, masks: dict) -> dict:
     for mi, method in enumerate(sp.CAM_METHODS):
         for obj in sp.S3_OBJECTS:
             mask = masks[obj]
-            per_seed = {k: [] for k in ("a", "b", "c", "b_minus_a")}
             chance = float(mask.mean())
-            for s in study.seeds:
-                vals = {k: [] for k in per_seed}
-                for v in study.variants:
-                    steps, rows = cam[(v, s)]
-                    share = np.array([np.nanmean(row_share(r, mask)[mi]) for r in rows])
-                    steps = np.asarray(steps)
-                    vals["a"].append(share[0])
-                    rs = rise[fss.run_name(v, s)]
-                    if rs is None:
-                        continue
-                    before, after = (steps > steps[0]) & (steps < rs), steps >= rs
-                    if before.any():
-                        vals["b"].append(share[before].mean())
-                        vals["b_minus_a"].append(share[before].mean() - share[0])
-                    if after.any():
-                        vals["c"].append(share[after].mean())
-                for k in per_seed:
-                    per_seed[k].append(float(np.mean(vals[k])) if vals[k] else np.nan)
-            units = np.array(per_seed["b_minus_a"])
-            units = units[np.isfinite(units)]
+            per_seed = _s3_per_seed(study, rise, cam, mask, [mi])
             key = f"{method}/{obj}"
-            pvals[key] = sign_flip_p(units, "greater") if units.size else 1.0
+            units, pvals[key] = _tested(per_seed)
             result[key] = {k: (seed_summary(np.array(x)[np.isfinite(x)]) if np.isfinite(x).any() else None)
                            for k, x in per_seed.items()}
             result[key].update({"chance": chance, "seeds_tested": int(units.size), "p": pvals[key]})
@@ -341,8 +368,9 @@ def analyse(study: plan.Study, runs_dir, rerun_dir=None, minatar_runs_dir=None, 
     out["s2"] = s2_cam_rule(view, cam, checkpoints, masks["ball_paddle"], n_boot)
     reruns = {(v, s): fss.load_run(study, v, s, rerun_dir)[0] for v, s in fss.all_runs(view)
               if fss.run_name(v, s) in sp.RETRAINED}      # load_cam found every one of them
-    mine = {k: rows for k, rows in runs.items() if k[1] in view.seeds}
-    out["s3"] = s3_claim3(view, s3_return_rows(mine, reruns), cam, masks)
+    mine = s3_return_rows({k: rows for k, rows in runs.items() if k[1] in view.seeds}, reruns)
+    out["s3"] = s3_claim3(view, mine, cam, masks)
+    out["s3_pooled_not_registered"] = s3_pooled_not_registered(view, mine, cam, masks)
     return out
 
 

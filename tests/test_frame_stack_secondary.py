@@ -136,6 +136,13 @@ def test_s3_design_cannot_reject_and_says_so_next_to_its_result():
         t = r["tests"][f"{m}/paddle"]
         assert t["p"] == 1 / 32 and t["p_holm"] == 0.125 and not t["holds"] and not t["can_reject"]
         assert t["power"] == sec.S3_NO_POWER and t["min_holm_p"] == 0.125
+    # the one-test analysis added afterwards can reject with 5 seeds, and says it is not registered
+    runs = _rising(_runs(rng), CKPTS[6])
+    pooled = sec.s3_pooled_not_registered(STUDY, runs, _cam(rng, rise_gain=3.0, rise_at=CKPTS[6]), _masks())
+    assert pooled["label"] == "not registered" and pooled["can_reject"] and pooled["min_attainable_p"] == 1 / 32
+    assert pooled["p"] == 1 / 32 and pooled["holds"] and pooled["b_minus_a"]["mean"] > 0
+    flat = sec.s3_pooled_not_registered(STUDY, runs, _cam(rng), _masks())
+    assert not flat["holds"]
 
 
 def test_s3_detects_a_planted_rise_where_the_design_can_eight_seeds():
@@ -233,4 +240,5 @@ def test_incomplete_report_runs_s1_to_s3_on_the_seeds_that_exist_truncated(tmp_p
     assert res["s2"]["bugs"]["reuse"]["n_bug"] == 2 and not res["s2"]["bugs"]["reuse"]["can_reject"]
     assert res["s3"]["power"]["min_holm_p"] == 1.0 and res["s3"]["power"]["note"] == sec.S3_NO_POWER
     assert set(res["s3"]["rise_steps"]) == {fss.run_name(v, s) for v in study.variants for s in (100, 101)}
+    assert res["s3_pooled_not_registered"]["label"] == "not registered"
     json.dumps(res)
