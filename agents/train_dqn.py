@@ -1,8 +1,9 @@
 """Replay DDDQN (Paper A's agent, Rosynski et al. 2020): dueling network, target network,
 Double-DQN target, uniform replay of stacked transitions, epsilon-greedy exploration.
 
-Readable top to bottom: config -> network -> replay buffer -> stored transitions (where the
-replay-specific `misassembled` bug lives) -> Double-DQN target -> update -> loop.
+Readable top to bottom: config -> network -> replay buffer -> stored transitions -> transition
+bugs (replay-specific bugs in the sampled transitions, with a severity) -> Double-DQN target ->
+update -> loop.
 
 One update (the unit of agents.train's PQN update, so the snapshot and checkpoint schedules of
 experiments.* carry over): `rollout` steps of all `num_envs` vectorised envs, their transitions
@@ -50,7 +51,8 @@ from .envs import is_minatar, make_env
 from .errors import AgentInputError
 from .train import StopRequest, epsilon_at, make_act, parse_config, q_values
 
-TRANSITION_BUGS = ("misassembled",)   # bugs in the stored transitions (frame-stack bugs: agents.framestack)
+# bugs in the sampled transitions (corrupt_batch; frame-stack bugs of the env: agents.framestack)
+TRANSITION_BUGS = ("misassembled", "cross_episode", "done_late", "reward_late", "neighbour_next")
 
 
 @dataclasses.dataclass
@@ -76,7 +78,8 @@ class DQNConfig:
     frames: int = 0              # > 0: host-stack this many frames (agents.framestack); 0: the env's own frames
     drop_trail: bool = False     # with frames: drop MinAtar Breakout's trail channel
     stack_bug: str = ""          # with frames: a frame-stack bug of agents.framestack.BUGS
-    transition_bug: str = ""     # "" or one of TRANSITION_BUGS (the stored transitions)
+    transition_bug: str = ""     # "" or one of TRANSITION_BUGS (in the sampled transitions, corrupt_batch)
+    transition_bug_p: float = 1.0  # the bug's severity: the fraction of sampled transitions it corrupts
     seed: int = 0
     run_dir: str = "runs/dddqn"
     ckpt_every: int = 32         # updates between checkpoints
@@ -90,6 +93,13 @@ def check_transition_bug(bug) -> str | None:
     if bug not in TRANSITION_BUGS:
         raise AgentInputError(f"unknown transition bug {bug!r}; choose None or one of {TRANSITION_BUGS}")
     return bug
+
+
+def check_severity(p) -> float:
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise AgentInputError(f"transition_bug_p is a fraction of sampled transitions in [0, 1], got {p}")
+    return p
 
 
 def num_updates(cfg: DQNConfig) -> int:
@@ -148,9 +158,14 @@ def buffer_add(buffer: dict, batch: dict) -> dict:
     return {"data": data, "pos": (buffer["pos"] + n) % capacity, "size": jnp.minimum(buffer["size"] + n, capacity)}
 
 
+def buffer_indices(buffer: dict, key, batch_size: int):
+    """`batch_size` row indices drawn uniformly, with replacement, from the filled part of the buffer."""
+    return jax.random.randint(key, (batch_size,), 0, jnp.maximum(buffer["size"], 1))
+
+
 def buffer_sample(buffer: dict, key, batch_size: int) -> dict:
     """`batch_size` items drawn uniformly, with replacement, from the filled part of the buffer."""
-    idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(buffer["size"], 1))
+    idx = buffer_indices(buffer, key, batch_size)
     return {k: v[idx] for k, v in buffer["data"].items()}
 
 
@@ -159,19 +174,12 @@ def buffer_sample(buffer: dict, key, batch_size: int) -> dict:
 OBS_DTYPE = np.uint8   # stacks are stored as uint8 (MinAtar 0/1 grids, Atari 0-255 pixels): exact
 
 
-def transitions(obs, actions, rewards, dones, next_obs, bug: str | None = None) -> dict:
-    """A rollout's (T, E, ...) arrays as T*E transitions to store, time-major.
+def transitions(obs, actions, rewards, dones, next_obs) -> dict:
+    """A rollout's (T, E, ...) arrays as T*E transitions to store, time-major (row t * E + e).
 
-    Correct: (s_t, a_t, r_t, d_t, s_{t+1}) with s_{t+1} the stack the env returned after a_t (at a
-    game's end the next game's first stack, which d_t masks out of the target).
-    `misassembled`: the stored next-state stack is assembled at time step t instead of t+1 (read
-    before the step's new frame is pushed), so it equals the stored state: (s_t, a_t, r_t, d_t, s_t).
-    Only the stored next state changes: the agent acts on correct stacks, and the stored states,
-    actions, rewards and dones are correct."""
-    bug = check_transition_bug(bug)
-    if bug == "misassembled":
-        next_obs = obs
-
+    (s_t, a_t, r_t, d_t, s_{t+1}) with s_{t+1} the stack the env returned after a_t (at a game's
+    end the next game's first stack, which d_t masks out of the target). The buffer always holds
+    correct transitions; a transition bug corrupts what is sampled from it (corrupt_batch)."""
     def flat(x, dtype):
         x = np.asarray(x)
         return x.reshape((-1,) + x.shape[2:]).astype(dtype, copy=False)
@@ -185,6 +193,69 @@ def check_storable(obs) -> None:
     obs = np.asarray(obs)
     if not np.array_equal(obs, obs.astype(OBS_DTYPE)):
         raise AgentInputError(f"observations must be integers in 0..255 to be stored as {OBS_DTYPE.__name__}")
+
+
+# --- transition bugs: what a replay implementation gets wrong when it assembles a sampled batch -
+
+def _restack(x, idx, num_envs: int, frames: int):
+    """The stacks of rows `idx` rebuilt from the newest frame of the same env's previous rows
+    (row - a * num_envs holds age a), ignoring episode ends: a frame-indexed replay buffer that
+    assembles stacks across game boundaries."""
+    cap, c = x.shape[0], x.shape[-1] // frames
+    slots = [x[(idx - age * num_envs) % cap][..., -c:] for age in range(frames - 1, -1, -1)]   # oldest first
+    return jnp.concatenate(slots, -1)
+
+
+def corrupt_batch(data: dict, idx, batch: dict, key, bug: str, p: float, num_envs: int, frames: int = 0) -> dict:
+    """The sampled `batch` (rows `idx` of the buffer's `data`) with transition `bug` applied to each
+    transition independently with probability `p` (pure, jit-compatible; p = 0 returns `batch`).
+
+    Rows are time-major (row t * num_envs + e, the ring wrapping at a multiple of num_envs), so the
+    same env's previous step is row - num_envs and its neighbour env's row at the same step is
+    row - e + (e + 1) % num_envs. The bugs (each touches only the named fields):
+    - misassembled: next state = the state (assembled at step t instead of t+1): (s_t, a_t, r_t, d_t, s_t);
+    - cross_episode: state and next-state stacks rebuilt from the previous rows' newest frames
+      without stopping at a game's end, so a game's first frames-1 stacks hold the previous game's frames;
+    - done_late: done = the previous step's done (one step late: the game's last transition is
+      bootstrapped, the next game's first is cut);
+    - reward_late: reward = the previous step's reward (shifted one step);
+    - neighbour_next: next state = the neighbouring env's next state at the same step.
+    The rows older than the buffer's oldest (the first steps of a run, or past the ring's write
+    position) read whatever that row holds, as such a buffer would."""
+    cap = data["obs"].shape[0]
+    prev = (idx - num_envs) % cap
+    if bug == "misassembled":
+        new = {"next_obs": batch["obs"]}
+    elif bug == "cross_episode":
+        new = {"obs": _restack(data["obs"], idx, num_envs, frames),
+               "next_obs": _restack(data["next_obs"], idx, num_envs, frames)}
+    elif bug == "done_late":
+        new = {"done": data["done"][prev]}
+    elif bug == "reward_late":
+        new = {"reward": data["reward"][prev]}
+    elif bug == "neighbour_next":
+        e = idx % num_envs
+        new = {"next_obs": data["next_obs"][idx - e + (e + 1) % num_envs]}
+    else:
+        raise AgentInputError(f"unknown transition bug {bug!r}; choose one of {TRANSITION_BUGS}")
+    hit = jax.random.uniform(key, idx.shape) < p
+
+    def pick(k, v):
+        if k not in new:
+            return v
+        return jnp.where(hit.reshape(hit.shape + (1,) * (v.ndim - 1)), new[k], v)
+    return {k: pick(k, v) for k, v in batch.items()}
+
+
+def check_bug_layout(cfg: DQNConfig, bug: str | None, obs_shape) -> None:
+    """The bugs that read other rows need the ring to wrap at whole steps; cross_episode a host stack."""
+    if bug in (None, "misassembled"):
+        return
+    if cfg.buffer_size % cfg.num_envs:
+        raise AgentInputError(f"transition bug {bug!r} needs buffer_size a multiple of num_envs "
+                              f"({cfg.buffer_size} % {cfg.num_envs} != 0)")
+    if bug == "cross_episode" and (not cfg.frames or obs_shape[-1] % cfg.frames):
+        raise AgentInputError("transition bug 'cross_episode' rebuilds host stacks: set frames (e.g. 4)")
 
 
 # --- Double-DQN target and the update ---------------------------------------------------------
@@ -211,12 +282,18 @@ def make_update(model, tx, cfg: DQNConfig):
         q_a = jnp.take_along_axis(q, batch["action"][:, None], -1)[:, 0]
         return jnp.mean(optax.huber_loss(q_a, y, delta=cfg.huber_delta))
 
+    bug, p = check_transition_bug(cfg.transition_bug), check_severity(cfg.transition_bug_p)
+
     @jax.jit
     def update(params, target, opt_state, buffer, key):
         losses = []
         for _ in range(cfg.grad_steps):                  # unrolled on purpose (CPU trap)
             key, sub = jax.random.split(key)
-            batch = buffer_sample(buffer, sub, cfg.batch_size)
+            idx = buffer_indices(buffer, sub, cfg.batch_size)
+            batch = {k: v[idx] for k, v in buffer["data"].items()}
+            if bug is not None:                          # its own key: the correct run's stream is untouched
+                batch = corrupt_batch(buffer["data"], idx, batch, jax.random.fold_in(sub, 1), bug, p,
+                                      cfg.num_envs, cfg.frames)
             y = dqn_targets(model, params, target, batch, cfg.gamma)
             loss, grads = jax.value_and_grad(loss_fn)(params, batch, y)
             updates, opt_state = tx.update(grads, opt_state, params)
@@ -268,6 +345,7 @@ def train(cfg: DQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
     params=, apply_fn=, returns=)` after every update (e.g. SaliencySnapshots); `env_fn(game,
     num_envs, train=, seed=)` replaces the config's env; `model` replaces build_dqn_model."""
     bug = check_transition_bug(cfg.transition_bug)
+    check_severity(cfg.transition_bug_p)
     if cfg.num_envs * cfg.rollout > cfg.buffer_size:
         raise AgentInputError(f"buffer_size {cfg.buffer_size} < one update's {cfg.num_envs * cfg.rollout} transitions")
     env_fn = env_fn or default_env_fn(cfg)
@@ -277,6 +355,7 @@ def train(cfg: DQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
     env = env_fn(cfg.game, cfg.num_envs, train=True, seed=cfg.seed)
     obs = env.reset()
     check_storable(obs)
+    check_bug_layout(cfg, bug, env.obs_shape)
     model = model if model is not None else build_dqn_model(cfg, env.num_actions, env.obs_shape)
     tx = make_optimizer(cfg)
     state = restore_train_state(run_dir / "ckpt", initial_state(cfg, model, tx, env, obs))
@@ -321,7 +400,7 @@ def train(cfg: DQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
                     recent.append(ret)
                 obs, step = next_obs, step + cfg.num_envs
             tick = time.perf_counter()
-            buffer = buffer_add(buffer, transitions(*(np.stack(roll[k]) for k in roll), bug=bug))
+            buffer = buffer_add(buffer, transitions(*(np.stack(roll[k]) for k in roll)))
             if step >= cfg.learning_starts:
                 key, sub = jax.random.split(key)
                 params, opt_state, loss = update(params, target, opt_state, buffer, sub)

@@ -8,10 +8,11 @@ experiments.frame_stack_plan, runner and analysis in experiments.frame_stack_stu
     python -m experiments.frame_stack_bug --study atari        # Breakout, dueling PQN agent, seeds 100-104 (GPU)
     python -m experiments.frame_stack_bug --study atari --shard 1/4 --no-analysis   # parallel workers
     python -m experiments.frame_stack_bug --study atari --analyse-only
+    python -m experiments.frame_stack_bug --study atari --analyse-only --incomplete   # registered incomplete report
     python -m experiments.frame_stack_bug --study replay_dddqn  # replay DDDQN, MinAtar, seeds 200-207
                                                                 # (experiments/replay_dddqn_preregistration.md)
 
-With --study, only --out, --runs-dir, --shard, --no-analysis, --analyse-only, --export-runs,
+With --study, only --out, --runs-dir, --shard, --no-analysis, --analyse-only, --incomplete, --export-runs,
 --time-limit and --env-threads apply; the flags below belong to the EARLIER, exploratory experiment (seeds 0-5,
 statistic chosen on seeds 0-2), kept to reproduce its results:
 
@@ -95,6 +96,10 @@ def make_parser():
     g.add_argument("--shard", default=None, help="i/n: train every n-th registered run from i (parallel workers)")
     g.add_argument("--no-analysis", action="store_true", help="train only (a shard); analyse later")
     g.add_argument("--analyse-only", action="store_true", help="analyse the runs on disk, train nothing")
+    g.add_argument("--incomplete", action="store_true",
+                   help="the study cannot be completed: write the pre-registration's incomplete report "
+                        "(<study>_incomplete_summary.*: the rule on the runs that exist, at the checkpoints "
+                        "all of them reached, truncated, missing runs listed) instead of waiting for them")
     g.add_argument("--export-runs", default=None, metavar="DEST",
                    help="afterwards, copy the finished runs to DEST as small committable folders (the "
                         "statistic's inputs; maps of the first seed only) that --runs-dir DEST analyses alike")
@@ -253,7 +258,7 @@ def main(argv=None, log=lambda m: print(m, flush=True)):
         summary = frame_stack_study.run_study(
             frame_stack_study.STUDIES[args.study], out, args.runs_dir, shard=args.shard,
             train=not args.analyse_only, analysis=not args.no_analysis, time_limit=args.time_limit,
-            env_threads=args.env_threads, export_to=args.export_runs, log=log)
+            env_threads=args.env_threads, export_to=args.export_runs, incomplete=args.incomplete, log=log)
         return summary if summary is not None else {"analysed": False}
     from jaxsal_agents.framestack import check_bug
     if args.large:

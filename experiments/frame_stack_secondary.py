@@ -9,13 +9,19 @@ S1  paired per-seed lead of the maps over the returns (`s1_lead`), with the MinA
 S2  the primary rule on `cam_row_gain`, the Grad-CAM / G1Grad-CAM share on the ball-and-paddle rows
     (`s2_cam_rule`);
 S3  Paper A's claim 3 (CAM on the ball and the paddle before the return rises) over all runs,
-    against each run's own first snapshot (`s3_claim3`).
+    against each run's own first snapshot (`s3_claim3`), each run's rise step from its own return
+    curve (the re-run's for a re-trained run). As registered (5 seeds, Holm over 4 tests) it cannot
+    reject: the smallest attainable adjusted p is 4/32 = 0.125 (`s3_min_holm_p`), so its output says
+    "S3 as registered has no power; reported descriptively" next to every result. Beside it, labelled
+    "not registered": one pooled test that can reject with 5 seeds (`s3_pooled_not_registered`).
 Until every registered run is there (with its CAM row profiles for S2 and S3), `analyse` writes
-which ones are missing and computes nothing else: the registration allows no interim look.
+which ones are missing and computes nothing else: the registration allows no interim look. If the
+study ended incomplete, `--incomplete` reports S1 to S3 on the runs that exist, truncated, as registered.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -85,20 +91,22 @@ def per_seed_step(steps, diff, tau: float, never: int):
     return int(steps[t])
 
 
-def s1_lead(study: plan.Study, runs: dict, checkpoints) -> dict:
+def s1_lead(study: plan.Study, runs: dict, checkpoints, signals=None) -> dict:
     """S1 on `runs` {(variant, seed): rows}: per-seed detection steps of both signals and the lead
-    (return step - map step), with the one-sided sign-flip test over seeds of the bugs' mean lead."""
+    (return step - map step), with the one-sided sign-flip test over seeds of the bugs' mean lead.
+    `signals` {"maps": key, "return": key}: the registered S1_SIGNALS unless another study registers its own."""
+    signals = sp.S1_SIGNALS if signals is None else signals
     never = int(checkpoints[-1] + (checkpoints[1] - checkpoints[0]))
 
     def matrix(v, key):
         return np.stack([fss.at_checkpoints(runs[(v, s)], checkpoints, key) for s in study.seeds])
 
-    tau = {name: null_threshold(matrix("correct", key)) for name, key in sp.S1_SIGNALS.items()}
+    tau = {name: null_threshold(matrix("correct", key)) for name, key in signals.items()}
     per_bug, leads = {}, []
     for bug in study.bugs:
         steps = {name: [per_seed_step(checkpoints, d, tau[name], never)
                         for d in matrix(bug, key) - matrix("correct", key)]
-                 for name, key in sp.S1_SIGNALS.items()}
+                 for name, key in signals.items()}
         lead = np.array(steps["return"], float) - np.array(steps["maps"], float)
         leads.append(lead)
         m, _, lo, hi = fss.t_interval(lead)
@@ -109,7 +117,8 @@ def s1_lead(study: plan.Study, runs: dict, checkpoints) -> dict:
     p = sign_flip_p(per_seed, sp.S1_ALTERNATIVE)
     return {"label": "secondary", "tau": tau, "never_step": never, "seeds": list(study.seeds), "bugs": per_bug,
             "per_seed_mean_lead": per_seed.tolist(), "p": p, "alpha": sp.S1_ALPHA,
-            "min_attainable_p": 1 / 2 ** len(study.seeds), "maps_first": bool(p <= sp.S1_ALPHA)}
+            "min_attainable_p": 1 / 2 ** len(study.seeds), "can_reject": bool(1 / 2 ** len(study.seeds) <= sp.S1_ALPHA),
+            "maps_first": bool(p <= sp.S1_ALPHA)}
 
 
 # ---------------------------------------------------------------- S2 and S3: CAM rows
@@ -163,48 +172,110 @@ def rise_step(rows, level=sp.S3_RISE_RETURN):
     return None
 
 
+S3_NO_POWER = "S3 as registered has no power; reported descriptively"
+
+
+def s3_min_holm_p(n_seeds: int, n_tests: int = len(sp.CAM_METHODS) * len(sp.S3_OBJECTS)) -> float:
+    """The smallest Holm-adjusted p that S3's design can produce: each test's exact one-sided
+    sign-flip p is at least 1 / 2^n_seeds (every seed agreeing), and Holm multiplies the smallest
+    of the n_tests p-values by n_tests (the others by at least 1, never below it). 5 seeds, 4
+    tests: 4/32 = 0.125 > 0.05, so S3 as registered cannot reject."""
+    return min(1.0, n_tests / 2 ** n_seeds)
+
+
+def s3_power(n_seeds: int) -> dict:
+    """Whether S3's Holm family can reject at all with `n_seeds` seeds, from the design alone."""
+    m = len(sp.CAM_METHODS) * len(sp.S3_OBJECTS)
+    p = s3_min_holm_p(n_seeds, m)
+    ok = p <= sp.S3_FAMILY_ALPHA
+    return {"seeds": n_seeds, "tests": m, "min_raw_p": 1 / 2 ** n_seeds, "min_holm_p": p,
+            "family_alpha": sp.S3_FAMILY_ALPHA, "can_reject": bool(ok),
+            "note": "S3 can reject with these seeds" if ok else S3_NO_POWER}
+
+
+def s3_return_rows(runs: dict, reruns: dict) -> dict:
+    """The rows whose return curve gives each run's rise step R: R is per run (registration S3.1),
+    so a run re-trained for its CAM rows (`sp.RETRAINED`) takes R from the re-run's own return
+    curve, not the committed run's (a re-run is a fresh draw), whatever the reproduction check says."""
+    return {k: reruns.get(k, rows) for k, rows in runs.items()}
+
+
+def _s3_per_seed(study: plan.Study, rise: dict, cam: dict, mask, methods: list) -> dict:
+    """Per seed (a), (b), (c) and (b) - (a) of S3.2 for the CAM share on `mask`, averaged over the
+    probes and the `methods` (indices into CAM_METHODS); (b), (c) only over the seed's rising runs."""
+    per_seed = {k: [] for k in ("a", "b", "c", "b_minus_a")}
+    for s in study.seeds:
+        vals = {k: [] for k in per_seed}
+        for v in study.variants:
+            steps, rows = cam[(v, s)]
+            share = np.array([np.nanmean(row_share(r, mask)[methods]) for r in rows])
+            steps = np.asarray(steps)
+            vals["a"].append(share[0])
+            rs = rise[fss.run_name(v, s)]
+            if rs is None:
+                continue
+            before, after = (steps > steps[0]) & (steps < rs), steps >= rs
+            if before.any():
+                vals["b"].append(share[before].mean())
+                vals["b_minus_a"].append(share[before].mean() - share[0])
+            if after.any():
+                vals["c"].append(share[after].mean())
+        for k in per_seed:
+            per_seed[k].append(float(np.mean(vals[k])) if vals[k] else np.nan)
+    return per_seed
+
+
+def _tested(per_seed: dict):
+    """(the seeds' finite (b) - (a) values, their exact one-sided sign-flip p of mean > 0; 1 if none)."""
+    units = np.array(per_seed["b_minus_a"])
+    units = units[np.isfinite(units)]
+    return units, (sign_flip_p(units, "greater") if units.size else 1.0)
+
+
+def s3_pooled_not_registered(study: plan.Study, runs: dict, cam: dict, masks: dict, alpha: float = 0.05) -> dict:
+    """NOT REGISTERED (written after S3's design was found to have no power, issue 41; not part of
+    the secondary registration, reported only with this label): one test instead of S3's four: the share on the ball-and-paddle rows averaged over both CAM
+    methods, per seed (b) - (a) as in S3, exact one-sided sign-flip at `alpha`. With 5 seeds its
+    smallest p is 1/32 = 0.031, so it rejects only when every seed agrees."""
+    rise = {fss.run_name(v, s): rise_step(runs[(v, s)]) for (v, s) in runs}
+    per_seed = _s3_per_seed(study, rise, cam, masks["ball_paddle"], list(range(len(sp.CAM_METHODS))))
+    units, p = _tested(per_seed)
+    min_p = 1 / 2 ** units.size if units.size else 1.0
+    return {"label": "not registered", "alpha": alpha, "seeds_tested": int(units.size), "p": p,
+            "min_attainable_p": min_p, "can_reject": bool(min_p <= alpha), "holds": bool(p <= alpha),
+            "b_minus_a": seed_summary(units) if units.size else None, "chance": float(masks["ball_paddle"].mean())}
+
+
 def s3_claim3(study: plan.Study, runs: dict, cam: dict, masks: dict) -> dict:
     """S3: per method and object, CAM row shares at the first snapshot (a), before the rise (b) and
-    after it (c), seed-level, with the one-sided sign-flip test of (b) - (a) > 0 (Holm over 4)."""
+    after it (c), seed-level, with the one-sided sign-flip test of (b) - (a) > 0 (Holm over 4).
+    `runs` {(variant, seed): rows} must be the runs the CAM rows come from (`s3_return_rows`).
+    With 5 seeds the registered family cannot reject (`s3_power`): every result carries that note."""
     rise = {fss.run_name(v, s): rise_step(runs[(v, s)]) for (v, s) in runs}
     result, pvals = {}, {}
     for mi, method in enumerate(sp.CAM_METHODS):
         for obj in sp.S3_OBJECTS:
             mask = masks[obj]
-            per_seed = {k: [] for k in ("a", "b", "c", "b_minus_a")}
             chance = float(mask.mean())
-            for s in study.seeds:
-                vals = {k: [] for k in per_seed}
-                for v in study.variants:
-                    steps, rows = cam[(v, s)]
-                    share = np.array([np.nanmean(row_share(r, mask)[mi]) for r in rows])
-                    steps = np.asarray(steps)
-                    vals["a"].append(share[0])
-                    rs = rise[fss.run_name(v, s)]
-                    if rs is None:
-                        continue
-                    before, after = (steps > steps[0]) & (steps < rs), steps >= rs
-                    if before.any():
-                        vals["b"].append(share[before].mean())
-                        vals["b_minus_a"].append(share[before].mean() - share[0])
-                    if after.any():
-                        vals["c"].append(share[after].mean())
-                for k in per_seed:
-                    per_seed[k].append(float(np.mean(vals[k])) if vals[k] else np.nan)
-            units = np.array(per_seed["b_minus_a"])
-            units = units[np.isfinite(units)]
+            per_seed = _s3_per_seed(study, rise, cam, mask, [mi])
             key = f"{method}/{obj}"
-            pvals[key] = sign_flip_p(units, "greater") if units.size else 1.0
+            units, pvals[key] = _tested(per_seed)
             result[key] = {k: (seed_summary(np.array(x)[np.isfinite(x)]) if np.isfinite(x).any() else None)
                            for k, x in per_seed.items()}
             result[key].update({"chance": chance, "seeds_tested": int(units.size), "p": pvals[key]})
             a = result[key]["a"]
             result[key]["a_over_chance"] = a["mean"] / chance if a and chance else None
     adj = holm(pvals)
+    design = s3_power(len(study.seeds))
     for k in result:
         result[k]["p_holm"] = adj[k]
-        result[k]["holds"] = bool(adj[k] <= sp.S3_FAMILY_ALPHA)
-    return {"label": "secondary", "rise_level": sp.S3_RISE_RETURN, "rise_steps": rise, "tests": result}
+        result[k]["holds"] = bool(adj[k] <= sp.S3_FAMILY_ALPHA)    # the registered verdict
+        tested = s3_power(result[k]["seeds_tested"]) if result[k]["seeds_tested"] else None
+        result[k]["min_holm_p"] = tested["min_holm_p"] if tested else 1.0
+        result[k]["can_reject"] = bool(tested and tested["can_reject"])
+        result[k]["power"] = design["note"] if not result[k]["can_reject"] else tested["note"]
+    return {"label": "secondary", "power": design, "rise_level": sp.S3_RISE_RETURN, "rise_steps": rise,
+            "tests": result}
 
 
 # ---------------------------------------------------------------- loading and the whole analysis
@@ -241,29 +312,65 @@ def probe_masks(study: plan.Study, runs_dir, rerun_dir=None) -> dict:
     return object_rows(probes[0])
 
 
-def analyse(study: plan.Study, runs_dir, rerun_dir=None, minatar_runs_dir=None, n_boot=None) -> dict:
+def complete_seeds(study: plan.Study, have) -> list[int]:
+    """The seeds for which every variant is in `have` (S1 pairs each seed's bugs with its correct run
+    and averages over the bugs; S3's unit is the seed)."""
+    return [s for s in study.seeds if all((v, s) in have for v in study.variants)]
+
+
+def analyse(study: plan.Study, runs_dir, rerun_dir=None, minatar_runs_dir=None, n_boot=None,
+            incomplete: bool = False) -> dict:
+    """S1 to S3 once every registered run (with its CAM rows for S2 and S3) is there; until then
+    only what is missing. `incomplete` (the study ended incomplete): the registration's incomplete
+    report instead, S1 to S3 "on the runs that exist, labelled truncated, with the missing runs
+    listed": at the registered checkpoints every existing run reached, on the seeds that have every
+    variant (S1) or every variant's CAM rows (S2, S3) (the reading implemented: the seed is S1's
+    and S3's unit, so a seed enters with all its runs or not at all)."""
     loaded = {(v, s): fss.load_run(study, v, s, runs_dir) for v, s in fss.all_runs(study)}
     missing = [fss.run_name(v, s) for (v, s), x in loaded.items() if x is None or not x[2]]
     cam = {(v, s): load_cam(study, v, s, runs_dir, rerun_dir) for v, s in fss.all_runs(study)}
     missing_cam = [fss.run_name(v, s) for (v, s), x in cam.items() if x is None]
     out = {"label": "secondary", "registration": "experiments/frame_stack_bug_secondary_registration.md",
            "missing_runs": missing, "missing_cam_rows": missing_cam}
-    if missing:
+    if missing and not incomplete:
         return out
-    runs = {k: x[0] for k, x in loaded.items()}
-    checkpoints = study.checkpoints
-    out["s1"] = s1_lead(study, runs, checkpoints)
+    runs = {k: x[0] for k, x in loaded.items() if x is not None}
+    view = study
+    if incomplete and missing:
+        seeds = complete_seeds(study, runs)
+        if len(seeds) < 2:
+            raise SystemExit(f"incomplete report: {len(seeds)} seed(s) with every variant; S1 needs two")
+        reached = min(max(int(r["step"]) for r in rows) for rows in runs.values())
+        checkpoints = [c for c in study.checkpoints if c <= reached]
+        if len(checkpoints) < 2:
+            raise SystemExit("incomplete report: fewer than two registered checkpoints reached by every run")
+        view = dataclasses.replace(study, seeds=tuple(seeds))
+        out.update(report="incomplete", truncated=True, checkpoints=checkpoints, s1_seeds=seeds)
+    else:
+        checkpoints = study.checkpoints
+    out["s1"] = s1_lead(view, runs, checkpoints)
     if minatar_runs_dir:
         m = plan.MINATAR
         mr = {(v, s): fss.load_run(m, v, s, minatar_runs_dir) for v, s in fss.all_runs(m)}
         if all(x is not None and x[2] for x in mr.values()):
             out["s1_minatar_post_hoc"] = dict(s1_lead(m, {k: x[0] for k, x in mr.items()}, m.checkpoints),
                                               label="post hoc (data seen before the registration)")
-    if missing_cam:
+    if missing_cam and not incomplete:
         return out
+    cam = {k: x for k, x in cam.items() if x is not None and k in runs}
+    if missing_cam:
+        seeds = complete_seeds(study, cam)
+        if not seeds:
+            return out
+        view = dataclasses.replace(study, seeds=tuple(seeds))
+        out.update(report="incomplete", truncated=True, checkpoints=checkpoints, cam_seeds=seeds)
     masks = probe_masks(study, runs_dir, rerun_dir)
-    out["s2"] = s2_cam_rule(study, cam, checkpoints, masks["ball_paddle"], n_boot)
-    out["s3"] = s3_claim3(study, runs, cam, masks)
+    out["s2"] = s2_cam_rule(view, cam, checkpoints, masks["ball_paddle"], n_boot)
+    reruns = {(v, s): fss.load_run(study, v, s, rerun_dir)[0] for v, s in fss.all_runs(view)
+              if fss.run_name(v, s) in sp.RETRAINED}      # load_cam found every one of them
+    mine = s3_return_rows({k: rows for k, rows in runs.items() if k[1] in view.seeds}, reruns)
+    out["s3"] = s3_claim3(view, mine, cam, masks)
+    out["s3_pooled_not_registered"] = s3_pooled_not_registered(view, mine, cam, masks)
     return out
 
 
@@ -274,10 +381,14 @@ def main(argv=None):
                     help="re-trained copies of the runs finished before the registration (CAM rows)")
     ap.add_argument("--minatar-runs-dir", default="experiments/results/frame_stack_bug/runs_minatar")
     ap.add_argument("--out", default="experiments/results/frame_stack_bug/atari_secondary.json")
+    ap.add_argument("--incomplete", action="store_true",
+                    help="the study ended incomplete: S1 to S3 on the runs that exist, truncated, missing runs listed")
     a = ap.parse_args(argv)
     res = analyse(plan.ATARI, a.runs_dir, a.rerun_dir if Path(a.rerun_dir).exists() else None,
-                  a.minatar_runs_dir if Path(a.minatar_runs_dir).exists() else None)
+                  a.minatar_runs_dir if Path(a.minatar_runs_dir).exists() else None, incomplete=a.incomplete)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    if "s3" in res:
+        print(f"S3: {res['s3']['power']['note']} (smallest attainable Holm p {res['s3']['power']['min_holm_p']:.3g})")
     if res["missing_runs"] or res["missing_cam_rows"]:
         print(f"incomplete: {len(res['missing_runs'])} runs missing, {len(res['missing_cam_rows'])} without "
               f"CAM rows; computed: {[k for k in ('s1', 's2', 's3') if k in res] or 'nothing'}")

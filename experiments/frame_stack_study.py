@@ -4,7 +4,7 @@
     python -m experiments.frame_stack_bug --study atari            # 15 runs, Breakout, dueling PQN agent (GPU)
     python -m experiments.frame_stack_bug --study atari --shard 0/4 --no-analysis   # 4 in parallel
     python -m experiments.frame_stack_bug --study atari --analyse-only
-    python -m experiments.frame_stack_bug --study replay_dddqn     # 48 runs, replay DDDQN on MinAtar
+    python -m experiments.frame_stack_bug --study replay_dddqn     # 128 runs, replay DDDQN on MinAtar
                                                                    # (experiments/replay_dddqn_preregistration.md)
 
 Every number (variants, seeds, budget, snapshot and checkpoint schedules, the statistic's and
@@ -12,7 +12,7 @@ the rule's parameters) comes from experiments.frame_stack_plan (the PQN studies)
 experiments.replay_dddqn_plan (the replay-DDDQN study, which reuses the PQN studies' statistic
 and rule); nothing here can change them. `STUDIES` names them all.
 Each run trains PQN (jaxsal_agents.train; the replay-DDDQN study: jaxsal_agents.train_dqn, with
-its transition bug `misassembled` in the trainer and the frame-stack bugs in the env) on its own
+its graded transition bugs in the trainer, jaxsal_agents.train_dqn.corrupt_batch) on its own
 (possibly buggy) stack with SaliencySnapshots
 (Grad-CAM, G1Grad-CAM, G2Grad-CAM, Guided Backprop, gradient + per-frame shares) and is
 resumable: an interrupted run continues from its orbax checkpoint and its snapshot rows
@@ -61,16 +61,24 @@ def predicted_directions(study) -> dict:
 
 
 def split_bug(variant: str):
-    """(frame-stack bug for the env wrapper, transition bug for the replay trainer) of a variant."""
+    """(frame-stack bug for the env wrapper, transition bug for the replay trainer, its severity p)
+    of a variant: "reuse", "misassembled" (p = 1) or a graded "done_late_p0.3"."""
     from jaxsal_agents.framestack import BUGS
 
     if variant == "correct":
-        return None, None
+        return None, None, 1.0
     if variant in BUGS:
-        return variant, None
+        return variant, None, 1.0
     from jaxsal_agents.train_dqn import TRANSITION_BUGS
     if variant in TRANSITION_BUGS:
-        return None, variant
+        return None, variant, 1.0
+    bug, _, p = variant.rpartition("_p")
+    if bug in TRANSITION_BUGS:
+        try:
+            if 0.0 <= float(p) <= 1.0:
+                return None, bug, float(p)
+        except ValueError:
+            pass
     raise SystemExit(f"unknown variant {variant!r}")
 
 
@@ -143,7 +151,7 @@ def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=def
     {"rows", "steps", "wall_s"} or, if stopped by `time_limit`, {"rows", "steps", "done": False}."""
     from jaxsal_agents.snapshots import SaliencySnapshots, probe_states
 
-    stack_bug, transition_bug = split_bug(variant)
+    stack_bug, transition_bug, severity = split_bug(variant)
     run_dir = Path(runs_dir) / run_name(variant, seed)
     done_file = run_dir / "done.json"
     if done_file.exists():
@@ -159,7 +167,8 @@ def train_run(study: plan.Study, variant: str, seed: int, runs_dir, make_env=def
                         buffer_size=study.buffer_size, batch_size=study.batch_size, grad_steps=study.grad_steps,
                         learning_starts=study.learning_starts, lr=study.lr, target_every=study.target_every,
                         eps_decay_frac=study.eps_decay_frac, frames=study.frames, drop_trail=study.drop_trail,
-                        stack_bug=stack_bug or "", transition_bug=transition_bug or "", seed=seed,
+                        stack_bug=stack_bug or "", transition_bug=transition_bug or "",
+                        transition_bug_p=severity, seed=seed,
                         run_dir=str(run_dir), ckpt_every=study.ckpt_every, time_limit=time_limit)
     else:
         from jaxsal_agents.train import PQNConfig, train
@@ -208,8 +217,26 @@ def add_statistic(rows, shares, window=4):
     return rows
 
 
+def add_return_windows(rows, returns_csv, windows):
+    """Adds `return_mean_W` to each snapshot row for each window W: the mean of the last W games
+    the run finished before the row's step (RUN/returns.csv; NaN before the first game, as
+    `return_mean`, the PQN studies' W = 20)."""
+    steps, rets = [], []
+    with open(returns_csv, newline="") as f:
+        for r in csv.DictReader(f):
+            steps.append(int(r["step"]))
+            rets.append(float(r["return"]))
+    steps, rets = np.asarray(steps, np.int64), np.asarray(rets, np.float64)
+    for r in rows:
+        n = int(np.searchsorted(steps, int(r["step"]), side="left"))   # games logged at steps < the row's
+        for w in windows:
+            r[f"return_mean_{w}"] = float(rets[max(0, n - w):n].mean()) if n else float("nan")
+    return rows
+
+
 def load_run(study: plan.Study, variant: str, seed: int, runs_dir):
-    """(rows with both statistics, steps reached, finished?) of a run on disk, or None."""
+    """(rows with both statistics (and the study's return windows), steps reached, finished?) of a
+    run on disk, or None."""
     from jaxsal_agents.snapshots import load_snapshots
 
     run_dir = Path(runs_dir) / run_name(variant, seed)
@@ -230,6 +257,8 @@ def load_run(study: plan.Study, variant: str, seed: int, runs_dir):
     if [s for s, _ in snaps] != [r["step"] for r in rows]:
         raise SystemExit(f"{run_name(variant, seed)}: snapshot files do not match its rows")
     rows = add_statistic([dict(r) for r in rows], np.stack([a["frame_shares"] for _, a in snaps]), plan.WINDOW)
+    if getattr(study, "return_windows", None):
+        rows = add_return_windows(rows, run_dir / "returns.csv", study.return_windows)
     return rows, int(steps), done
 
 
@@ -256,22 +285,39 @@ def t_interval(x, level=0.95):
     return m, sd, m - h, m + h
 
 
+def paired_seeds(study: plan.Study, runs: dict, bug: str) -> list[int]:
+    """The seeds that have both `bug`'s run and the correct run in `runs`: the registered rule
+    compares "the bug's runs vs the correct runs of the same seeds", so a seed with only one of
+    them enters neither group (all seeds when the study is complete)."""
+    return [s for s in study.seeds if (bug, s) in runs and ("correct", s) in runs]
+
+
 def analyse(study: plan.Study, runs: dict, complete: bool, n_boot: int | None = None) -> dict:
-    """The pre-registered analysis of `runs` {(variant, seed): rows} (every registered run)."""
+    """The pre-registered analysis of `runs` {(variant, seed): rows}: every registered run, or,
+    for the registered incomplete report, the runs that exist (a missing run is absent from
+    `runs`; each bug is then judged on the seeds that have both of its runs, `paired_seeds`)."""
     steps_reached = min(max(int(r["step"]) for r in rows) for rows in runs.values())
     checkpoints = [c for c in study.checkpoints if c <= steps_reached]
     if not checkpoints:
-        raise SystemExit("no registered checkpoint reached by every run yet")
+        short = sorted(run_name(v, s) for (v, s), rows in runs.items()
+                       if max(int(r["step"]) for r in rows) < study.checkpoints[0])
+        raise SystemExit(f"no registered checkpoint reached by every run yet (first checkpoint "
+                         f"{study.checkpoints[0]:,}; short of it: {', '.join(short)})")
     boot = dict(plan.BOOTSTRAP, **({"n_boot": n_boot} if n_boot else {}))
 
-    def matrix(variant, key):
-        return np.stack([at_checkpoints(runs[(variant, s)], checkpoints, key) for s in study.seeds])
+    def matrix(variant, key, seeds):
+        return np.stack([at_checkpoints(runs[(variant, s)], checkpoints, key) for s in seeds])
 
+    signals = {**getattr(study, "signals", plan.SIGNALS), **plan.SECONDARY, **getattr(study, "descriptive_signals", {})}
+    return_key = signals["return"]
     bugs = {}
     for bug in study.bugs:
+        seeds = paired_seeds(study, runs, bug)
+        if not seeds:
+            raise SystemExit(f"{bug}: no seed has both its run and the correct run; nothing to compare")
         entry = {}
-        for name, key in {**plan.SIGNALS, **plan.SECONDARY}.items():
-            b, c = matrix(bug, key), matrix("correct", key)
+        for name, key in signals.items():
+            b, c = matrix(bug, key, seeds), matrix("correct", key, seeds)
             r = detection_rule.detect(checkpoints, b, c, study.alpha)
             r["interval"] = detection_rule.bootstrap_detection_interval(
                 checkpoints, b, c, study.alpha, n_boot=boot["n_boot"], seed=boot["seed"], level=boot["level"])
@@ -283,14 +329,18 @@ def analyse(study: plan.Study, runs: dict, complete: bool, n_boot: int | None = 
         entry["saliency"]["matches_prediction"] = (None if sal["detection_step"] is None or pred is None
                                                     else sal["direction"] == pred)
         bugs[bug] = {"saliency_detection_step": sal["detection_step"],
-                     "return_detection_step": entry["return"]["detection_step"], **entry}
+                     "return_detection_step": entry["return"]["detection_step"],
+                     "seeds": seeds,
+                     # can the rule reject at all with these seeds (smallest attainable p <= per-bug level)?
+                     "can_reject": {name: entry[name]["can_reject"] for name in signals}, **entry}
     final = {}
     for v in study.variants:
-        x = matrix(v, "return_mean")[:, -1]
-        m, sd, lo, hi = t_interval(x)
+        seeds = [s for s in study.seeds if (v, s) in runs]
+        x = matrix(v, return_key, seeds)[:, -1] if seeds else np.zeros(0)
+        m, sd, lo, hi = t_interval(x) if seeds else (None, None, None, None)
         final[v] = {"mean": m, "std": sd, "ci95": [lo, hi], "per_seed": [float(a) for a in x],
-                    "at_step": checkpoints[-1]}
-    learned = final["correct"]["mean"] >= study.learned_threshold
+                    "seeds": seeds, "at_step": checkpoints[-1], "statistic": return_key}
+    learned = final["correct"]["mean"] is not None and final["correct"]["mean"] >= study.learned_threshold
     return {"bugs": bugs, "final_returns": final, "checkpoints": checkpoints,
             "truncated": (not complete) or checkpoints != study.checkpoints,
             "learning_check": {"correct_final_return": final["correct"]["mean"],
@@ -324,12 +374,15 @@ def figure(study: plan.Study, runs: dict, runs_dir, path, state: int = 0, cols: 
     gs = fig.add_gridspec(nrow, cols + 6)
     ax_r, ax_s = fig.add_subplot(gs[:nrow // 2, :5]), fig.add_subplot(gs[nrow // 2:, :5])
     for i, v in enumerate(study.variants):
-        for s in study.seeds:
+        seeds = [s for s in study.seeds if (v, s) in runs]     # an incomplete study lacks some
+        for s in seeds:
             rows = runs[(v, s)]
             x = [r["step"] for r in rows]
             ax_r.plot(x, [r["return_mean"] for r in rows], color=colors[i], alpha=0.5,
-                      label=v if s == study.seeds[0] else None)
+                      label=v if s == seeds[0] else None)
             ax_s.plot(x, [r["stack_age_gain"] for r in rows], color=colors[i], alpha=0.5)
+        if (v, study.seeds[0]) not in runs:
+            continue
         snaps = load_snapshots(Path(runs_dir) / run_name(v, study.seeds[0]) / "snapshots")
         pick = np.unique(np.linspace(0, len(snaps) - 1, cols).round().astype(int))
         for j, m in enumerate(FIGURE_METHODS):
@@ -369,10 +422,12 @@ def detection_figure(study: plan.Study, runs: dict, summary: dict, path):
     checkpoints = summary["checkpoints"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for ax, (signal, key, title) in zip(axes, [("return", "return_mean", f"return (last {plan.RETURN_GAMES} games)"),
+    ret_key = getattr(study, "signals", plan.SIGNALS)["return"]
+    ret_games = getattr(study, "return_window", plan.RETURN_GAMES)
+    for ax, (signal, key, title) in zip(axes, [("return", ret_key, f"return (last {ret_games} games)"),
                                               ("saliency", "stack_age_gain", "stack age gain (maps only)")]):
         for i, v in enumerate(study.variants):
-            x = np.stack([at_checkpoints(runs[(v, s)], checkpoints, key) for s in study.seeds])
+            x = np.stack([at_checkpoints(runs[(v, s)], checkpoints, key) for s in study.seeds if (v, s) in runs])
             m = x.mean(0)
             h = stats.t.ppf(0.975, len(x) - 1) * x.std(0, ddof=1) / np.sqrt(len(x)) if len(x) > 1 else 0 * m
             step = None if v == "correct" else summary["bugs"][v][f"{signal}_detection_step"]
@@ -384,7 +439,8 @@ def detection_figure(study: plan.Study, runs: dict, summary: dict, path):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("env step")
         ax.legend(fontsize=7)
-    fig.suptitle(f"{study.game}: seed means with 95% t-bands ({len(study.seeds)} seeds per variant); dashed: "
+    n = sorted({len(f["seeds"]) for f in summary["final_returns"].values()})
+    fig.suptitle(f"{study.game}: seed means with 95% t-bands ({'/'.join(map(str, n))} seeds per variant); dashed: "
                  f"detection step under the pre-registered rule", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -449,9 +505,12 @@ def export_runs(study: plan.Study, runs_dir, dest, state: int = 0, log=print) ->
 
 
 def run_study(study: plan.Study, out, runs_dir=None, shard=None, train=True, analysis=True,
-              make_env=default_env_fn, time_limit=0.0, env_threads=0, n_boot=None, export_to=None, log=print):
+              make_env=default_env_fn, time_limit=0.0, env_threads=0, n_boot=None, export_to=None,
+              incomplete=False, log=print):
     """Train the registered runs (or a shard of them) and/or analyse whatever is on disk; with
-    `export_to`, then copy the finished runs there small (`export_runs`)."""
+    `export_to`, then copy the finished runs there small (`export_runs`). `incomplete`: the study
+    cannot be completed, so runs that are missing get the registered incomplete report
+    (`analyse_runs`) instead of no analysis."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(runs_dir) if runs_dir else out / f"runs_{study.name}"
@@ -459,46 +518,90 @@ def run_study(study: plan.Study, out, runs_dir=None, shard=None, train=True, ana
     if train:
         for v, s in shard_runs(all_runs(study), shard):
             train_run(study, v, s, runs_dir, make_env, time_limit=time_limit, env_threads=env_threads, log=log)
-    summary = analyse_runs(study, out, runs_dir, n_boot, t0, log) if analysis else None
+    summary = analyse_runs(study, out, runs_dir, n_boot, t0, log, incomplete=incomplete) if analysis else None
     if export_to:
         export_runs(study, runs_dir, export_to, log=log)
     return summary
 
 
-def analyse_runs(study: plan.Study, out: Path, runs_dir: Path, n_boot, t0: float, log):
-    """The analysis of every registered run on disk and its files in `out`; None while runs are missing."""
+def analyse_runs(study: plan.Study, out: Path, runs_dir: Path, n_boot, t0: float, log, incomplete: bool = False):
+    """The analysis of every registered run on disk and its files in `out` (<study>_summary.*).
+    While runs are missing: None, unless `incomplete` (the study cannot be completed), which
+    writes the registered incomplete report as <study>_incomplete_summary.* (the rule on the
+    runs that exist, at the registered checkpoints all of them reached, labelled truncated,
+    the missing runs listed: `summarise`)."""
     loaded = {(v, s): load_run(study, v, s, runs_dir) for v, s in all_runs(study)}
     missing = [run_name(v, s) for (v, s), x in loaded.items() if x is None]
-    if missing:
-        log(f"cannot analyse yet: no snapshots for {missing}")
+    if missing and not incomplete:
+        log(f"cannot analyse yet: no snapshots for {missing} (if the study cannot be completed: "
+            f"--incomplete writes the registered incomplete report)")
         return None
-    summary = summarise(study, loaded, n_boot=n_boot)
+    present = {k: x for k, x in loaded.items() if x is not None}
+    if not present:
+        raise SystemExit(f"no run of the {study.name} study in {runs_dir}: nothing to report")
+    summary = summarise(study, present, n_boot=n_boot)
     summary["wall_s_this_call"] = round(time.time() - t0, 1)
-    runs = {k: x[0] for k, x in loaded.items()}
-    (out / f"{study.name}_summary.json").write_text(json.dumps(summary, indent=1))
-    (out / f"{study.name}_summary.md").write_text(frame_stack_report.render(summary))
-    write_stats_csv(runs, out / f"{study.name}_stats.csv")
-    figure(study, runs, runs_dir, out / f"{study.name}_frame_stack_bug.png")
-    detection_figure(study, runs, summary, out / f"{study.name}_detection.png")
+    runs = {k: x[0] for k, x in present.items()}
+    prefix = f"{study.name}_incomplete" if not summary["complete"] and incomplete else study.name
+    (out / f"{prefix}_summary.json").write_text(json.dumps(summary, indent=1))
+    (out / f"{prefix}_summary.md").write_text(frame_stack_report.render(summary))
+    write_stats_csv(runs, out / f"{prefix}_stats.csv")
+    figure(study, runs, runs_dir, out / f"{prefix}_frame_stack_bug.png")
+    detection_figure(study, runs, summary, out / f"{prefix}_detection.png")
     for bug, b in summary["bugs"].items():
         log(f"{bug}: maps {b['saliency_detection_step']} ({b['saliency']['direction']}) "
             f"returns {b['return_detection_step']} ({b['return']['direction']})")
+    for line in summary["cannot_reject"]:
+        log(line)
     return summary
 
 
+def lead_test(study, runs: dict, checkpoints) -> dict:
+    """A study's registered lead test (the replay-DDDQN study): the secondary registration's S1
+    procedure on the study's own two signals: per seed and bug the first checkpoint from which the
+    paired difference stays beyond the correct runs' null spread tau, the lead = return step - map
+    step, and an exact one-sided sign-flip test over seeds of the per-seed mean lead at `lead_alpha`;
+    with the mean lead per bug (per severity: the dose-response, descriptive)."""
+    from experiments.frame_stack_secondary import s1_lead
+
+    sig = study.signals
+    out = s1_lead(study, runs, checkpoints, signals={"maps": sig["saliency"], "return": sig["return"]})
+    return dict(out, label="registered lead test", alpha=study.lead_alpha,
+                can_reject=bool(out["min_attainable_p"] <= study.lead_alpha),
+                maps_first=bool(out["p"] <= study.lead_alpha))
+
+
 def summarise(study: plan.Study, loaded: dict, n_boot: int | None = None) -> dict:
-    """The summary of every registered run {(variant, seed): (rows, steps, finished)}: the rule's
-    verdicts (`bugs`), `seeds`, `steps` per run, `final_returns`, and what the analysis covered."""
+    """The summary of the registered runs on disk {(variant, seed): (rows, steps, finished)}: the
+    rule's verdicts (`bugs`), `seeds`, `steps` per run, `final_returns`, and what the analysis
+    covered. A registered run absent from `loaded` is missing: the summary is then the
+    pre-registration's incomplete report (`report` "incomplete"): the rule applied at the
+    registered checkpoints every run that exists reached, `truncated`, the `missing_runs` listed.
+    Registration wording: "the rule is applied at the registered checkpoints that every run
+    reached"; a missing run reached none, so read literally over all registered runs no
+    checkpoint would remain and "the missing runs are listed" would describe an empty report.
+    The reading implemented: "every run" = every run that exists (those with snapshots), and each
+    bug is compared with the correct runs "of the same seeds" (`paired_seeds`)."""
     runs = {k: x[0] for k, x in loaded.items()}
-    complete = all(x[2] for x in loaded.values())
+    missing = [run_name(v, s) for v, s in all_runs(study) if (v, s) not in loaded]
+    complete = not missing and all(x[2] for x in loaded.values())
     res = analyse(study, runs, complete, n_boot=n_boot)
+    if getattr(study, "lead_alpha", None):
+        res["lead"] = lead_test(study, runs, res["checkpoints"]) if not missing else None
+    cannot = [f"{bug} / {signal}: {r['n_bug']} vs {r['n_correct']} seeds, smallest attainable p "
+              f"{r['min_attainable_p']:.3g} > per-bug level {r['alpha']:.3g}: the rule cannot reject"
+              for bug, b in res["bugs"].items() for signal, ok in b["can_reject"].items()
+              if not ok for r in (b[signal],)]
     return {
         "study": study.name,
         "preregistration": getattr(study, "preregistration", "experiments/frame_stack_bug_preregistration.md"),
+        "report": "complete" if complete else ("incomplete" if missing else "interim"),
         "bugs": res.pop("bugs"), "seeds": list(study.seeds),
         "steps": {run_name(v, s): x[1] for (v, s), x in loaded.items()},
         "final_returns": res.pop("final_returns"),
-        "complete": complete, "incomplete_runs": [run_name(v, s) for (v, s), x in loaded.items() if not x[2]],
+        "complete": complete, "missing_runs": missing,
+        "incomplete_runs": [run_name(v, s) for (v, s), x in loaded.items() if not x[2]],
+        "cannot_reject": cannot,
         **res, "variants": list(study.variants), "plan": {k: getattr(study, k) for k in study.__dataclass_fields__},
         "rule": "exact two-sided permutation test over seeds (difference of means) at each registered "
                 "checkpoint; fixed-sequence from the last checkpoint backwards at alpha_per_bug "

@@ -1,18 +1,20 @@
-"""The plan of the pre-registered replay-DDDQN frame-stack study (issue 32 item 4): the one source
-of truth for its seeds, variants, budget, trainer settings, snapshot and checkpoint schedules and
-the rule's level. experiments/replay_dddqn_preregistration.md describes and cites it;
-experiments.frame_stack_study runs and analyses it (`--study replay_dddqn`). Do not edit after the
-commit that freezes the pre-registration (its status line): a changed plan is then a new study
-(new seeds, new file).
+"""The plan of the replay-DDDQN study (issue 32 item 4, redesigned in issue 41 item 4): the one
+source of truth for its seeds, variants, budget, trainer settings, snapshot and checkpoint
+schedules, return statistic and the rule's levels. experiments/replay_dddqn_preregistration.md
+describes and cites it; experiments.frame_stack_study runs and analyses it (`--study
+replay_dddqn`). DRAFT until the registration's status line says frozen; after that commit a
+changed plan is a new study (new seeds, new file).
 
 Paper A's own setting on MinAtar: a replay-buffer DDDQN (jaxsal_agents.train_dqn: dueling head,
 target network, Double-DQN target, uniform replay) on MinAtar Breakout with the trail channel
-dropped and a 4-frame host stack (the env of the PQN MinAtar study), the correct stack, the four
-frame-stack bugs of jaxsal_agents.framestack and the replay-specific `misassembled` transition bug;
-seeds 200-207 (never used before: the PQN studies used 0-5 and 100-107; this study's pilot 0-3).
+dropped and a 4-frame host stack (the env of the PQN MinAtar study). The bugs are replay bugs in
+the sampled transitions (jaxsal_agents.train_dqn.corrupt_batch), each at three severities (the
+fraction p of sampled transitions it corrupts), so that a lead of the maps over the returns can
+show a dose-response; seeds 200-207 (never used: the PQN studies used 0-5 and 100-107; the pilots 0-3).
 
-The map statistic, the return statistic, the decision rule and its family-wise level are the PQN
-study's, imported from experiments.frame_stack_plan (unchanged; this module adds none).
+The map statistic and the decision rule are the PQN study's (experiments.frame_stack_plan,
+experiments.detection_rule); the return statistic is a longer window of the same training returns
+(RETURN_WINDOW games), with the PQN study's 20 and other windows reported as a sensitivity table.
 """
 from __future__ import annotations
 
@@ -21,6 +23,24 @@ import dataclasses
 from experiments.frame_stack_plan import LEARNED_FACTOR, Study
 
 RANDOM_MINATAR_BREAKOUT_RETURN = 0.41   # uniformly random play, this env: 1,002 games, env seeds 0-3 (pilot)
+
+# --- the bugs: jaxsal_agents.train_dqn.TRANSITION_BUGS, each at three severities -------------------
+BUGS = ("misassembled", "cross_episode", "done_late", "reward_late", "neighbour_next")
+SEVERITIES = (0.1, 0.3, 1.0)            # fraction of sampled transitions corrupted
+
+
+def variant(bug: str, p: float) -> str:
+    """A graded variant's name: "done_late_p0.3" (bug, severity p)."""
+    return f"{bug}_p{p:g}"
+
+
+# --- the return statistic: mean of the last RETURN_WINDOW games finished before the checkpoint --------
+RETURN_WINDOW = 100
+RETURN_WINDOWS_SENSITIVITY = (20, 50, 100, 200, 400)   # every window judged by the same rule, descriptive
+
+# --- the lead of the maps over the returns (the secondary registration's S1 test, on this study) -------
+LEAD_ALPHA = 0.05                       # one test: exact one-sided sign-flip over the 8 seeds (p >= 1/256);
+                                        # tau, steps and "never" as frame_stack_secondary_plan's S1 (0.95 quantile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +57,9 @@ class ReplayStudy(Study):
     random_return: float         # random-play return of the env (the learning check's unit)
     predicted: tuple             # ((bug, "+" | "-" | None), ...): registered map-statistic directions
     preregistration: str
+    return_window: int = RETURN_WINDOW
+    return_windows: tuple = RETURN_WINDOWS_SENSITIVITY
+    lead_alpha: float = LEAD_ALPHA  # the registered lead test (frame_stack_study.lead_test)
     ckpt_every: int = 128        # updates between orbax checkpoints (resumption only; not analysed)
     trainer: str = "dqn"
 
@@ -50,16 +73,26 @@ class ReplayStudy(Study):
     def learned_threshold(self) -> float:
         return LEARNED_FACTOR * self.random_return
 
+    @property
+    def signals(self) -> dict:
+        """The two families: the PQN study's map statistic, and the mean of the last
+        `return_window` training games."""
+        return {"saliency": "stack_age_gain", "return": f"return_mean_{self.return_window}"}
+
+    @property
+    def descriptive_signals(self) -> dict:
+        """The sensitivity table: the same rule on the other return windows (never a detection of the study)."""
+        return {f"return_{w}": f"return_mean_{w}" for w in self.return_windows if w != self.return_window}
+
 
 REPLAY_DDDQN = ReplayStudy(
     name="replay_dddqn", game="minatar-breakout",
-    variants=("correct", "reuse", "no_update", "reversed", "misaligned", "misassembled"),
+    variants=("correct",) + tuple(variant(b, p) for b in BUGS for p in SEVERITIES),
     seeds=tuple(range(200, 208)), steps=98_304, num_envs=16, rollout=8, lr=1e-3, epochs=0, minibatches=0,
     arch="minatar_dueling", target_every=8, frames=4, drop_trail=True, snapshot_every=16, checkpoint_every=32,
     buffer_size=50_000, batch_size=64, grad_steps=4, learning_starts=2_048, eps_decay_frac=0.1,
     random_return=RANDOM_MINATAR_BREAKOUT_RETURN,
-    predicted=(("reuse", "-"), ("no_update", "+"), ("reversed", "+"), ("misaligned", None),
-               ("misassembled", None)),
+    predicted=tuple((variant(b, p), None) for b in BUGS for p in SEVERITIES),
     preregistration="experiments/replay_dddqn_preregistration.md")
 
 STUDIES = {REPLAY_DDDQN.name: REPLAY_DDDQN}

@@ -1,5 +1,5 @@
 """The replay DDDQN trainer (jaxsal_agents.train_dqn): its Double-DQN target against a slow
-reference, the ring buffer (wraparound included), the `misassembled` transition bug, exact
+reference, the ring buffer (wraparound included), the graded transition bugs on a known buffer, exact
 resumption, and (slow) learning on MinAtar Breakout."""
 import csv
 import dataclasses
@@ -86,20 +86,98 @@ def _rollout(t=3, e=2, seed=0):
     return (obs, rng.integers(0, 3, (t, e)), rng.normal(size=(t, e)), (rng.random((t, e)) < 0.3) * 1.0, nxt)
 
 
-def test_misassembled_changes_only_the_stored_next_state():
+def test_transitions_are_stored_time_major_and_correct():
     obs, actions, rewards, dones, nxt = _rollout()
     good = T.transitions(obs, actions, rewards, dones, nxt)
-    bad = T.transitions(obs, actions, rewards, dones, nxt, bug="misassembled")
-    assert set(good) == set(bad) == {"obs", "action", "reward", "done", "next_obs"}
+    assert set(good) == {"obs", "action", "reward", "done", "next_obs"}
     flat = lambda x: np.asarray(x).reshape((6,) + np.shape(x)[2:])           # noqa: E731  time-major
-    np.testing.assert_array_equal(good["next_obs"], flat(nxt))               # correct: s_{t+1}
-    np.testing.assert_array_equal(bad["next_obs"], flat(obs))                # bug: s_t in the next-state slot
-    for k in ("obs", "action", "reward", "done"):
-        np.testing.assert_array_equal(good[k], bad[k])
+    np.testing.assert_array_equal(good["next_obs"], flat(nxt))
     np.testing.assert_array_equal(good["obs"], flat(obs))
     np.testing.assert_allclose(good["reward"], flat(rewards), rtol=1e-6)
-    with pytest.raises(AgentInputError, match="unknown transition bug"):
-        T.transitions(obs, actions, rewards, dones, nxt, bug="reuse")       # frame-stack bugs live in the env
+    np.testing.assert_array_equal(good["done"], flat(dones))
+
+
+# A tiny synthetic buffer with known contents: E envs, T steps (full ring), k-frame stacks of 1x1x1
+# frames; frame g(t, e) = 10 t + e + 1. Env 0's game ends at step 2 (its next game starts at step 3),
+# env 1's at step 4. s_t = [g(t-2), g(t-1), g(t)] within a game, the game's first frame repeated
+# before its start; next_obs(t) = s_{t+1}.
+E, STEPS, K = 2, 6, 3
+ENDS = {0: 2, 1: 4}
+
+
+def g(t, e):
+    return 10 * t + e + 1
+
+
+def _start(t, e):
+    return ENDS[e] + 1 if t > ENDS[e] else 0
+
+
+def _stack(t, e):
+    return [g(max(t - a, _start(t, e)), e) for a in range(K - 1, -1, -1)]
+
+
+def _synthetic():
+    rows = [(t, e) for t in range(STEPS) for e in range(E)]                  # time-major
+    data = {"obs": np.array([_stack(t, e) for t, e in rows], np.uint8).reshape(-1, 1, 1, K),
+            "next_obs": np.array([_stack(t + 1, e) for t, e in rows], np.uint8).reshape(-1, 1, 1, K),
+            "action": np.array([t % 3 for t, e in rows], np.int32),
+            "reward": np.array([t + 0.5 * e for t, e in rows], np.float32),
+            "done": np.array([float(t == ENDS[e]) for t, e in rows], np.float32)}
+    return rows, {k: jnp.asarray(v) for k, v in data.items()}
+
+
+def _expected(bug, t, e):
+    """What `bug` makes of transition (t, e), written out from the definitions (no buffer rows)."""
+    want = {"obs": _stack(t, e), "next_obs": _stack(t + 1, e), "action": t % 3, "reward": t + 0.5 * e,
+            "done": float(t == ENDS[e])}
+    tp = (t - 1) % STEPS                                  # the ring's previous step (t = 0 wraps)
+    if bug == "misassembled":
+        want["next_obs"] = want["obs"]
+    elif bug == "cross_episode":                          # newest frames of the previous rows, games ignored
+        want["obs"] = [g((t - a) % STEPS, e) for a in range(K - 1, -1, -1)]
+        want["next_obs"] = [g((t - a) % STEPS + 1, e) for a in range(K - 1, -1, -1)]
+    elif bug == "done_late":
+        want["done"] = float(tp == ENDS[e])
+    elif bug == "reward_late":
+        want["reward"] = tp + 0.5 * e
+    elif bug == "neighbour_next":
+        want["next_obs"] = _stack(t + 1, (e + 1) % E)
+    return want
+
+
+@pytest.mark.parametrize("bug", T.TRANSITION_BUGS)
+def test_each_transition_bug_does_what_it_says_on_a_known_buffer(bug):
+    rows, data = _synthetic()
+    idx = jnp.arange(len(rows))
+    batch = {k: v[idx] for k, v in data.items()}
+    f = jax.jit(T.corrupt_batch, static_argnames=("bug", "num_envs", "frames"))
+    out = f(data, idx, batch, jax.random.PRNGKey(0), bug=bug, p=1.0, num_envs=E, frames=K)
+    for i, (t, e) in enumerate(rows):
+        want = _expected(bug, t, e)
+        for k, v in want.items():
+            np.testing.assert_array_equal(np.asarray(out[k][i]).reshape(-1), np.reshape(v, -1), err_msg=f"{k} {t} {e}")
+    if bug == "cross_episode":      # env 0's new game (step 3) sees the old game's frames; mid-game rows are right
+        assert _expected(bug, 3, 0)["obs"] == [g(1, 0), g(2, 0), g(3, 0)] != _stack(3, 0)
+        assert _expected(bug, 2, 0)["obs"] == _stack(2, 0)
+    # severity 0: the batch itself, bit for bit; severity 0.5: each row is either, both occur
+    zero = f(data, idx, batch, jax.random.PRNGKey(0), bug=bug, p=0.0, num_envs=E, frames=K)
+    for k in batch:
+        np.testing.assert_array_equal(np.asarray(zero[k]), np.asarray(batch[k]))
+    many = jnp.tile(idx, 50)
+    big = {k: v[many] for k, v in data.items()}
+    half = f(data, many, big, jax.random.PRNGKey(1), bug=bug, p=0.5, num_envs=E, frames=K)
+    full = f(data, many, big, jax.random.PRNGKey(1), bug=bug, p=1.0, num_envs=E, frames=K)
+    changed = [k for k in batch if not np.array_equal(np.asarray(full[k]), np.asarray(big[k]))]
+    assert changed and set(changed) <= {"obs", "next_obs", "done", "reward"}
+    k = changed[0]
+    flat = lambda x: np.asarray(x).reshape(len(many), -1)      # noqa: E731
+    is_bug = (flat(half[k]) == flat(full[k])).all(1)
+    is_ok = (flat(half[k]) == flat(big[k])).all(1)
+    assert (is_bug | is_ok).all()
+    differs = ~(flat(full[k]) == flat(big[k])).all(1)           # rows the bug changes at all
+    share = (is_bug & ~is_ok)[differs].mean()
+    assert 0.35 < share < 0.65, share
 
 
 def _tiny(tmp_path, name, **kw):
@@ -108,23 +186,33 @@ def _tiny(tmp_path, name, **kw):
                           "ckpt_every": 4, "seed": 3, "run_dir": str(tmp_path / name), **kw})
 
 
-def test_misassembled_in_training_stores_the_state_as_next_state_and_acts_alike(tmp_path):
-    """Before the first gradient step both variants act identically; their buffers then differ
-    only in the next-state stacks, which under the bug are the states themselves."""
-    kw = dict(learning_starts=10**6, steps=4 * 4 * 3)
-    good = T.train(_tiny(tmp_path, "good", **kw), log=lambda m: None)["buffer"]
-    bad = T.train(_tiny(tmp_path, "bad", transition_bug="misassembled", **kw), log=lambda m: None)["buffer"]
+def test_severity_zero_trains_bit_for_bit_as_the_correct_trainer_and_severity_one_does_not(tmp_path):
+    """Every transition bug at p = 0 is the correct trainer exactly (same RNG stream, same params,
+    same games, same buffer); at p = 1 it changes training."""
+    good = T.train(_tiny(tmp_path, "good"), log=lambda m: None)
+    leaves = jax.tree.leaves((good["params"], good["target"]))
+    for bug in T.TRANSITION_BUGS:
+        zero = T.train(_tiny(tmp_path, f"{bug}0", transition_bug=bug, transition_bug_p=0.0), log=lambda m: None)
+        for a, b in zip(jax.tree.leaves((zero["params"], zero["target"])), leaves):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert zero["returns"] == good["returns"]
+        for k in good["buffer"]["data"]:
+            np.testing.assert_array_equal(np.asarray(zero["buffer"]["data"][k]), np.asarray(good["buffer"]["data"][k]))
+    one = T.train(_tiny(tmp_path, "mis1", transition_bug="misassembled"), log=lambda m: None)
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(jax.tree.leaves(one["params"]), jax.tree.leaves(good["params"])))
+
+
+def test_correct_buffer_next_state_is_the_next_state_acted_on(tmp_path):
+    """The next state of env e at step t is the state it acts on at step t+1 (rows time-major, 4
+    envs; gymnax resets inside the done step, so this holds across games too): the row layout the
+    transition bugs rely on."""
+    good = T.train(_tiny(tmp_path, "good", learning_starts=10**6, steps=4 * 4 * 3), log=lambda m: None)["buffer"]
     n = int(good["size"])
-    assert n == 48 == int(bad["size"])
-    g = {k: np.asarray(v[:n]) for k, v in good["data"].items()}
-    b = {k: np.asarray(v[:n]) for k, v in bad["data"].items()}
-    for k in ("obs", "action", "reward", "done"):
-        np.testing.assert_array_equal(g[k], b[k])
-    np.testing.assert_array_equal(b["next_obs"], b["obs"])
-    # correct: the next state of env e at step t is the state it acts on at step t+1 (rows
-    # time-major, 4 envs; gymnax resets inside the done step, so this holds across games too)
-    np.testing.assert_array_equal(g["next_obs"][:-4], g["obs"][4:])
-    assert (g["next_obs"] != g["obs"]).any()
+    assert n == 48
+    g_ = {k: np.asarray(v[:n]) for k, v in good["data"].items()}
+    np.testing.assert_array_equal(g_["next_obs"][:-4], g_["obs"][4:])
+    assert (g_["next_obs"] != g_["obs"]).any()
 
 
 def _returns_rows(run_dir):
@@ -181,6 +269,12 @@ def test_resume_without_env_state_reseeds_and_bad_configs_are_clear(tmp_path):
         T.train(_tiny(tmp_path, "x", buffer_size=8), log=lambda m: None)
     with pytest.raises(AgentInputError, match="unknown transition bug"):
         T.train(_tiny(tmp_path, "y", transition_bug="swapped"), log=lambda m: None)
+    with pytest.raises(AgentInputError, match="transition_bug_p"):
+        T.train(_tiny(tmp_path, "z", transition_bug="done_late", transition_bug_p=1.5), log=lambda m: None)
+    with pytest.raises(AgentInputError, match="multiple of num_envs"):
+        T.train(_tiny(tmp_path, "w", transition_bug="done_late", buffer_size=126), log=lambda m: None)
+    with pytest.raises(AgentInputError, match="set frames"):
+        T.train(_tiny(tmp_path, "v", transition_bug="cross_episode", frames=0, drop_trail=False), log=lambda m: None)
     with pytest.raises(AgentInputError, match="host frame stack"):
         T.default_env_fn(T.DQNConfig(stack_bug="reuse"))
 

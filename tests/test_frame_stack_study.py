@@ -234,3 +234,88 @@ def test_summary_its_markdown_and_figure_report_a_planted_bug_and_a_miss(tmp_pat
     assert "registered for the Atari study only" in md
     fss.detection_figure(study, {k: x[0] for k, x in loaded.items()}, s, tmp_path / "detection.png")
     assert (tmp_path / "detection.png").stat().st_size > 10_000
+
+
+def _planted(study, effect_from=32, drop=(), short=None, effect=1.0, seed=0):
+    """{(variant, seed): (rows, steps, finished)} with a map effect on every bug from `effect_from`;
+    runs in `drop` are missing, `short` {(variant, seed): last step} stopped early."""
+    rng = np.random.default_rng(seed)
+    loaded = {}
+    for v in study.variants:
+        for s in study.seeds:
+            if (v, s) in drop:
+                continue
+            last = (short or {}).get((v, s), study.steps)
+            rows = [{"step": t, "return_mean": float(rng.normal(2, 1)), "newest_share_gain": float(rng.normal()),
+                     "stack_age_gain": float(rng.normal(0, 0.1) - (effect if v != "correct" and t >= effect_from else 0))}
+                    for t in range(16, last + 1, 16)]
+            loaded[(v, s)] = (rows, last, last == study.steps)
+    return loaded
+
+
+FIVE = dataclasses.replace(TINY_MINATAR, seeds=tuple(range(100, 105)))
+
+
+def test_incomplete_report_applies_the_rule_to_the_runs_that_exist_truncated_with_the_missing_listed():
+    """The pre-registration's incomplete study (Atari's shape: all seed-104 runs missing, one run
+    stopped short): the rule at the checkpoints every existing run reached, 4 vs 4 seeds, labelled
+    truncated, the missing runs listed, and where the seeds cannot reach the per-bug level, said so."""
+    from experiments import frame_stack_report
+    study = dataclasses.replace(FIVE, variants=("correct", "reuse", "reversed"))        # per-bug level 0.025
+    drop = {(v, 104) for v in study.variants}
+    s = fss.summarise(study, _planted(study, drop=drop, short={("reuse", 103): 70}), n_boot=20)
+    assert s["report"] == "incomplete" and s["truncated"] and not s["complete"]
+    assert s["missing_runs"] == ["correct_s104", "reuse_s104", "reversed_s104"]
+    assert s["incomplete_runs"] == ["reuse_s103"]
+    assert s["checkpoints"] == [32, 64]                   # reuse_s103 reached step 70: 96 is cut
+    for bug, b in s["bugs"].items():
+        assert b["seeds"] == [100, 101, 102, 103]
+        for signal in ("saliency", "return", "saliency_old"):
+            r = b[signal]
+            assert (r["n_bug"], r["n_correct"]) == (4, 4) and r["min_attainable_p"] == pytest.approx(2 / 70)
+            assert b["can_reject"][signal] is False and r["can_reject"] is False
+        # the planted effect is as extreme as the data allow (p = 2/70), still above 0.025: missed
+        assert b["saliency"]["p_values"] == [pytest.approx(2 / 70)] * 2 and b["saliency_detection_step"] is None
+    assert len(s["cannot_reject"]) == 6 and "smallest attainable p 0.0286 > per-bug level 0.025" in s["cannot_reject"][0]
+    assert s["final_returns"]["correct"]["seeds"] == [100, 101, 102, 103]
+    md = frame_stack_report.render(json.loads(json.dumps(s)))
+    assert "Incomplete study, truncated" in md and "correct_s104, reuse_s104, reversed_s104" in md
+    assert "the rule cannot reject" in md and "cannot reject with these seeds" in md
+
+
+def test_incomplete_report_detects_where_the_seeds_allow_and_pairs_bug_and_correct_by_seed():
+    study = dataclasses.replace(FIVE, variants=("correct", "reuse"))                   # one bug: level 0.05
+    s = fss.summarise(study, _planted(study, drop={("correct", 104)}), n_boot=20)
+    b = s["bugs"]["reuse"]
+    # reuse_s104 exists but its seed's correct run does not: the seed enters neither group
+    assert s["missing_runs"] == ["correct_s104"] and b["seeds"] == [100, 101, 102, 103]
+    assert s["final_returns"]["reuse"]["seeds"] == list(FIVE.seeds)
+    assert b["saliency"]["min_attainable_p"] == pytest.approx(2 / 70) and b["can_reject"]["saliency"]
+    assert b["saliency_detection_step"] == 32 and b["saliency"]["direction"] == "-"
+    assert s["cannot_reject"] == [] and s["checkpoints"] == [32, 64, 96] and s["truncated"]
+
+
+def test_analysis_on_disk_waits_for_missing_runs_unless_the_study_is_declared_incomplete(tmp_path):
+    study = dataclasses.replace(FIVE, variants=("correct", "reuse"), seeds=(100, 101, 102))
+    loaded = _planted(study, drop={("reuse", 102)})
+    for (v, s), (rows, _, _) in loaded.items():
+        run = tmp_path / "runs" / fss.run_name(v, s)
+        _fake_run(run, steps=[r["step"] for r in rows])
+        for r in rows:
+            r["newest_share"] = 0.5
+        (run / "done.json").write_text(json.dumps({"rows": rows, "steps": rows[-1]["step"]}))
+        for f in (run / "snapshots").glob("step_*.npz"):       # the figure draws these maps too
+            with np.load(f) as z:
+                arrays = dict(z)
+            np.savez_compressed(f, guided_backprop=arrays["gradient"], **arrays)
+    logs = []
+    assert fss.run_study(study, tmp_path / "out", tmp_path / "runs", train=False, log=logs.append) is None
+    assert any("--incomplete" in m for m in logs) and not list((tmp_path / "out").iterdir())
+    s = fss.run_study(study, tmp_path / "out", tmp_path / "runs", train=False, n_boot=10, incomplete=True,
+                      log=logs.append)
+    assert s["report"] == "incomplete" and s["missing_runs"] == ["reuse_s102"]
+    out = json.loads((tmp_path / "out" / "minatar_incomplete_summary.json").read_text())
+    assert out["bugs"]["reuse"]["seeds"] == [100, 101] and not (tmp_path / "out" / "minatar_summary.json").exists()
+    for f in ("summary.md", "stats.csv", "frame_stack_bug.png", "detection.png"):
+        assert (tmp_path / "out" / f"minatar_incomplete_{f}").exists()
+    assert any("cannot reject" in m for m in logs)
