@@ -68,7 +68,17 @@ def cpu_flags() -> list[str]:
     return sorted(line.split(":", 1)[1].split())
 
 
+_LOADED: dict = {}
+
+
 def provenance() -> dict:
     """What a training run records each time it starts or resumes: host, CPU and its flags, versions,
-    load, and the git commit (with a dirty flag) of the code that runs."""
-    return {**machine_info(), "hostname": socket.gethostname(), "cpu_flags": cpu_flags(), **git_state()}
+    load, and the git commit (with a dirty flag) of the code that runs: the checkout as it was at this
+    process's first call, since a process keeps the modules it loaded then (a later run of the same
+    process records the same commit, and `git_commit_on_disk` if the checkout has moved since)."""
+    now = git_state()
+    loaded = _LOADED.setdefault("git", now)
+    rec = {**machine_info(), "hostname": socket.gethostname(), "cpu_flags": cpu_flags(), **loaded}
+    if now != loaded:
+        rec["git_commit_on_disk"] = now["git_commit"]
+    return rec
