@@ -571,8 +571,10 @@ def cmd_render(args) -> int:
     frames = None
     if args.input:
         from jaxsal.io import open_source
+        from jaxsal.io.readers import verify_input
 
         src = open_source(args.input)
+        verify_input(src)  # frames of corrupt bytes would be drawn as the job's
         frames = src.read(0, min(len(src), stop or len(src)))
     videos = () if args.video == "none" else tuple(v.strip() for v in args.video.split(",") if v.strip())
     for v in videos:

@@ -149,3 +149,16 @@ def test_a_sweep_verifies_its_inputs_before_any_cell(tmp_path, card, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "'obs.npy' is corrupt" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_render_refuses_corrupt_frames_to_draw_on(tmp_path, card, capsys):
+    np.save(tmp_path / "x.npy", frames(4))
+    out = tmp_path / "o"
+    assert main(["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(tmp_path / "x.npy"),
+                 "--out", str(out), "--quiet"]) == 0
+    np.savez(tmp_path / "moved.npz", obs=frames(48))
+    corrupt_member(tmp_path / "moved.npz", nbytes=200, at=0.1)
+    capsys.readouterr()
+    assert main(["render", str(out), "--input", str(tmp_path / "moved.npz"), "--video", "none", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'obs.npy' is corrupt" in err and not (out / "gallery").exists(), err
