@@ -34,8 +34,11 @@ class JobConfigError(SaliencyInputError):
 def mark_input_failed(out, error: str):
     """Record that the job's input failed to read (corrupt or truncated) while the job ran: the chunks
     written before may hold maps of corrupt frames, so nothing in `out` is served or resumed."""
-    if Path(out).is_dir():
-        atomic_write(Path(out) / INPUT_FAILED, json.dumps({"error": error, "time": stamp()}).encode())
+    try:
+        if Path(out).is_dir():
+            atomic_write(Path(out) / INPUT_FAILED, json.dumps({"error": error, "time": stamp()}).encode())
+    except OSError:
+        pass  # a folder that takes no writes took no chunks either; the input's error is what is reported
 
 
 def check_input_ok(out):
