@@ -38,7 +38,7 @@ def mark_input_failed(out, error: str):
         if Path(out).is_dir():
             atomic_write(Path(out) / INPUT_FAILED, json.dumps({"error": error, "time": stamp()}).encode())
     except OSError:
-        pass  # a folder that takes no writes took no chunks either; the input's error is what is reported
+        pass  # best effort (e.g. a full disk): the input's error is what is reported
 
 
 def check_input_ok(out):
