@@ -72,10 +72,12 @@ def _verify_zip_members(path, members):
     _VERIFIED.add(key)
 
 
-def _corrupt(path, member: str, e: Exception) -> SaliencyInputError:
+def _corrupt(path, member: str, e: Exception, before: bool = True) -> SaliencyInputError:
+    """The error for a corrupt member; `before`: found before anything was explained (else while a job read it)."""
     why = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return SaliencyInputError(f"{path}: member {member!r} is corrupt ({why[:200]}); nothing was explained: copy or "
-                              "download the file again (its bytes do not match the checksum the archive stores)")
+    return SaliencyInputError(f"{path}: member {member!r} is corrupt ({why[:200]}); "
+                              + ("nothing was explained: " if before else "") + "copy or download the file again "
+                              "(its bytes do not match the checksum the archive stores)")
 
 
 def verify_input(source):
@@ -280,7 +282,7 @@ class NpzSource:
             n = (stop - start) * self._row
             data = self._fh.read(n)
         except Exception as e:  # noqa: BLE001 (BadZipFile, zlib.error: corrupt bytes)
-            raise _corrupt(self.path, self._member, e) from None
+            raise _corrupt(self.path, self._member, e, before=False) from None
         if len(data) != n:
             raise SaliencyInputError(f"{self.path}: file is truncated (rows {start}:{stop} missing)")
         self._pos = target + n
