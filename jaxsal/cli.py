@@ -1264,7 +1264,8 @@ def _message(e: Exception, job: bool = True) -> str:
         hint = {errno.ENOSPC: "free some space there or choose another --out",
                 errno.EACCES: "choose a writable --out", errno.EROFS: "choose a writable --out"}.get(
             e.errno, "check the path")
-        return f"{what}{where}: {hint}" + ("; finished chunks are kept, rerun the same command to resume" if job else "")
+        resume = "; finished chunks are kept, rerun the same command to resume" if job else ""
+        return f"{what}{where}: {hint}{resume}"
     if _is_user_error(e):
         return str(e).splitlines()[0] if str(e) else type(e).__name__
     return f"internal error {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} " \

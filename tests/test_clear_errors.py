@@ -85,7 +85,8 @@ def _dict_agent(agents, name):
 def test_the_layer_list_names_layers_as_layer_takes_them(agents, tmp_path, capsys):
     """Dense_0 of Network, Actor and Critic: listed with the prefix a user must type, each accepted."""
     wrapper = tmp_path / "wrap.py"
-    wrapper.write_text(f"import types, importlib.util\nspec = importlib.util.spec_from_file_location('a', {str(agents)!r})\n"
+    wrapper.write_text("import types, importlib.util\n"
+                       f"spec = importlib.util.spec_from_file_location('a', {str(agents)!r})\n"
                        "m = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(m)\n"
                        "def load():\n    return types.SimpleNamespace(**m.load_ppo())\n")
     assert main(["agents", "--layers", f"{wrapper}:load"]) == 0, capsys.readouterr().err

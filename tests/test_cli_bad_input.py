@@ -93,9 +93,9 @@ def _cases(d, card, atari):
                                            "download the file again"),
         "corrupt shard among good ones": (base + ["--input", str(d / "shards"), "--chunk", "4"], "part2.npz",
                                           "download the file again"),
-        "a float [0, 1] shard after a uint8 one": (["explain", "--agent", str(atari), "--methods", "gradient", "--quiet",
-                                                    "--input", str(d / "unit_shard"), "--chunk", "4"], "frames 4:8",
-                                                   "* 255"),
+        "a float [0, 1] shard after a uint8 one": (["explain", "--agent", str(atari), "--methods", "gradient",
+                                                    "--quiet", "--input", str(d / "unit_shard"), "--chunk", "4"],
+                                                   "frames 4:8", "* 255"),
     }
 
 

@@ -143,7 +143,8 @@ def corrupt_member(path, member: str = "obs.npy", nbytes: int = 64, at: float = 
         info = z.getinfo(member)
     raw = bytearray(Path(path).read_bytes())
     off = info.header_offset
-    start = off + 30 + int.from_bytes(raw[off + 26:off + 28], "little") + int.from_bytes(raw[off + 28:off + 30], "little")
+    name_len, extra_len = (int.from_bytes(raw[off + k:off + k + 2], "little") for k in (26, 28))
+    start = off + 30 + name_len + extra_len  # the local file header, then the member's stored bytes
     pos = start + max(128, int(info.compress_size * at))
     assert pos + nbytes <= start + info.compress_size, "member too small to corrupt there"
     for i in range(pos, pos + nbytes):
