@@ -270,32 +270,34 @@ def _resuming(out: Path, source) -> bool:
 
 
 def _check_input(agent, source, chunk: int, out: Path):
-    """Pixel values before anything is written: uint8 frames need no look; other dtypes are checked for
-    NaN/inf and for the agent's pixel scale, in chunks, over the whole input when it is at most
-    SCAN_BYTES (else the first chunk here and every later chunk before its outputs are written)."""
+    """Pixel values before anything is written: uint8 frames need no look; rows of other dtypes (every
+    float shard of a shard folder, not only the first chunk's) are checked for NaN/inf and for the
+    agent's pixel scale, in chunks, over all of them when they are at most SCAN_BYTES (else the first
+    chunk of each shard here and every later chunk before its outputs are written)."""
     from jaxsal.errors import SaliencyInputError
+    from jaxsal.io.readers import dtype_spans
     from jaxsal.validate import check_pixels
 
-    n = len(source)
-    first = np.asarray(source.read(0, min(n, chunk)))
-    if first.dtype in (np.uint8, np.bool_):
+    spans = [(a, b, dt) for a, b, dt in dtype_spans(source) if dt not in (np.uint8, np.bool_)]
+    if not spans:
         return
-    whole = n * first[0].nbytes <= SCAN_BYTES and not _resuming(out, source)
-    stop = n if whole else min(n, chunk)
-    for a in range(0, stop, chunk):
-        b = min(stop, a + chunk)
-        x = first if a == 0 else np.asarray(source.read(a, b))
-        if np.issubdtype(x.dtype, np.floating):
-            bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(1))
-            if bad.size:
-                k = a + int(bad[0])
-                raise CLIError(f"frame {k} of the input holds NaN or inf values: replace them (e.g. "
-                               "np.nan_to_num(obs)) or drop those frames"
-                               + (f", or explain the frames before it with --limit {k}" if k else ""))
-        try:
-            check_pixels(x, agent.pixels)
-        except SaliencyInputError as e:
-            raise CLIError(f"frames {a}:{b}: {e}") from None
+    row = int(np.prod(source.shape[1:]))
+    whole = sum((b - a) * row * dt.itemsize for a, b, dt in spans) <= SCAN_BYTES and not _resuming(out, source)
+    for a0, b0, _ in spans:
+        for a in range(a0, b0 if whole else min(b0, a0 + chunk), chunk):
+            b = min(b0, a + chunk)
+            x = np.asarray(source.read(a, b))
+            if np.issubdtype(x.dtype, np.floating):
+                bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(1))
+                if bad.size:
+                    k = a + int(bad[0])
+                    raise CLIError(f"frame {k} of the input holds NaN or inf values: replace them (e.g. "
+                                   "np.nan_to_num(obs)) or drop those frames"
+                                   + (f", or explain the frames before it with --limit {k}" if k else ""))
+            try:
+                check_pixels(x, agent.pixels)
+            except SaliencyInputError as e:
+                raise CLIError(f"frames {a}:{b}: {e}") from None
 
 
 def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, until_done: bool = False,
@@ -427,6 +429,7 @@ def _explain_job(args, agent, specs, out: Path):
     import jaxsal
     from jaxsal.io import open_source, run_job
     from jaxsal.io.layout import as_layout
+    from jaxsal.io.readers import verify_input
 
     if args.play is not None:
         source = play(agent, args.play, out, game=args.game, seed=args.seed, quiet=args.quiet, target=args.target,
@@ -434,6 +437,7 @@ def _explain_job(args, agent, specs, out: Path):
         input_id = {"play": args.play, "game": args.game or agent.card.get("game"), "seed": args.seed}
     else:
         source = open_source(Path(args.input).absolute())  # the manifest records where it is, from anywhere
+        verify_input(source)  # every member's checksum, before any frame is looked at
         input_id = None
     source = as_layout(source, agent.layout)  # (N, 84, 84, 4) or (N, 4, 84, 84): the model's layout
     _check_model(agent, source.shape, args.layout, args.target)
@@ -567,8 +571,10 @@ def cmd_render(args) -> int:
     frames = None
     if args.input:
         from jaxsal.io import open_source
+        from jaxsal.io.readers import verify_input
 
         src = open_source(args.input)
+        verify_input(src)  # frames of corrupt bytes would be drawn as the job's
         frames = src.read(0, min(len(src), stop or len(src)))
     videos = () if args.video == "none" else tuple(v.strip() for v in args.video.split(",") if v.strip())
     for v in videos:
@@ -596,6 +602,7 @@ def cmd_layers(spec: str, layout: str | None) -> int:
 
     agent = load_agent(spec, None, layout)
     shape = tuple(agent.card.get("obs_shape") or ((4, 84, 84) if agent.layout == "NCHW" else (84, 84, 4)))
+    _check_model(agent, (1,) + shape, layout)  # a channel-first model without --layout: says so, as explain does
     x = jnp.zeros((1,) + shape, jnp.float32)
     calls = layer_calls(agent.apply_fn, agent.params, x)
     try:
@@ -603,9 +610,10 @@ def cmd_layers(spec: str, layout: str | None) -> int:
     except Exception:  # noqa: BLE001 (no spatial layer: CAM methods do not apply)
         default = None
     print(f"{agent.name}: input {shape} ({agent.layout}); layers (name, kind, output shape per state):")
-    for c in calls:
-        mark = "   <- default layer of the CAM methods" if c.name == default else ""
-        print(f"  {c.name:24s} {c.kind:14s} {tuple(c.shape[1:]) if c.shape else '-'}{mark}")
+    for c in calls:  # a name several applies share (Dense_0 of Network, Actor, Critic) as layer= takes it
+        name = c.qualified if sum(k.name == c.name for k in calls) > 1 else c.name
+        mark = "   <- default layer of the CAM methods" if default in (c.name, c.qualified) else ""
+        print(f"  {name:24s} {c.kind:14s} {tuple(c.shape[1:]) if c.shape else '-'}{mark}")
     del jax
     return 0
 
@@ -965,6 +973,15 @@ def _run_ray(todo, out: Path, metrics, sett, address: str, cpus: float, gpus: fl
             ray.shutdown()
 
 
+def _verify_sweep_inputs(cells):
+    """Every buffer the sweep reads, opened and verified once (each member's checksum) before any cell runs."""
+    from jaxsal.io import open_source
+    from jaxsal.io.readers import verify_input
+
+    for path in dict.fromkeys(c.input_spec["path"] for c in cells if "path" in c.input_spec):
+        verify_input(open_source(Path(path)))
+
+
 def cmd_sweep(args) -> int:
     from jaxsal.io import sweep as sw
 
@@ -987,6 +1004,7 @@ def cmd_sweep(args) -> int:
     raw = sw.read_config(path)
     base = path.absolute().parent
     cells, metrics, sett = sw.plan(raw, base)  # every check before anything is written
+    _verify_sweep_inputs(cells)
     out = Path(args.out)
     stored = sw.stored_config(raw, base)
     sw.check_dir(out, stored, path.name)
@@ -1219,7 +1237,8 @@ def main(argv=None) -> int:
     except Exception as e:  # one line for the user, never a traceback
         if os.environ.get("JAXSAL_DEBUG"):
             raise
-        code = _die(_message(e), EXIT_INPUT if _is_user_error(e) else EXIT_INTERNAL)
+        job = args.fn in (cmd_explain, cmd_sweep, cmd_demo)
+        code = _die(_message(e, job), EXIT_INPUT if _is_user_error(e) else EXIT_INTERNAL)
     finally:
         if handled:  # in-process callers (tests, notebooks) get their handler back
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
@@ -1234,16 +1253,19 @@ def _is_user_error(e: Exception) -> bool:
     return isinstance(e, (CLIError, SaliencyInputError, OSError))  # provider errors: jaxsal.plugins
 
 
-def _message(e: Exception) -> str:
+def _message(e: Exception, job: bool = True) -> str:
+    """The one line for an error; `job`: the command is a resumable job (explain, sweep, demo), whose
+    finished chunks a rerun resumes (else, e.g. render, that advice is left out)."""
     import errno
 
     if isinstance(e, OSError):
         what = e.strerror or str(e)
         where = f" ({e.filename})" if e.filename else ""
-        hint = {errno.ENOSPC: "free some space or choose another --out",
+        hint = {errno.ENOSPC: "free some space there or choose another --out",
                 errno.EACCES: "choose a writable --out", errno.EROFS: "choose a writable --out"}.get(
             e.errno, "check the path")
-        return f"{what}{where}: {hint}; finished chunks are kept, rerun the same command to resume"
+        resume = "; finished chunks are kept, rerun the same command to resume" if job else ""
+        return f"{what}{where}: {hint}{resume}"
     if _is_user_error(e):
         return str(e).splitlines()[0] if str(e) else type(e).__name__
     return f"internal error {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} " \

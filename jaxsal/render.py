@@ -649,23 +649,36 @@ def _captions(out, start: int, stop: int, load_outputs) -> dict:
     return res
 
 
+def _esc_num(v, fmt: str = "") -> str:
+    """A number formatted with `fmt`, anything else (a crafted summary's string) as text; escaped."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    return html.escape(format(v, fmt) if ok else str(v))
+
+
 def _html(manifest, names, scales, pngs, vids, start, stop, summaries=()) -> str:
+    """index.html of a gallery. Every value from the output folder (manifest, summaries: files a
+    folder from someone else may have crafted) is HTML-escaped, in text and in attributes."""
     cfg = manifest["config"]
     esc = html.escape
+
+    def rates(s):
+        m = s.get("maps_per_s") if isinstance(s, dict) else None
+        return ", ".join(f"{k} {v}" for k, v in m.items()) if isinstance(m, dict) else str(m)
+
     runs = "".join(
-        f"<li>process {s['process_id']}: {s['frames_computed']} frames in {s['wall_s']:.1f}s on "
-        f"{s['devices']} device(s); maps/s: "
-        + esc(", ".join(f"{k} {v}" for k, v in s["maps_per_s"].items())) + "</li>" for s in summaries)
-    rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(cfg['methods'][k]['method'])}</td>"
+        f"<li>process {_esc_num(s.get('process_id'))}: {_esc_num(s.get('frames_computed'))} frames in "
+        f"{_esc_num(s.get('wall_s'), '.1f')}s on {_esc_num(s.get('devices'))} device(s); maps/s: "
+        + esc(rates(s)) + "</li>" for s in summaries if isinstance(s, dict))
+    rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(str(cfg['methods'][k]['method']))}</td>"
                    f"<td><code>{esc(json.dumps(cfg['methods'][k]['options']))}</code></td>"
                    f"<td>{esc(scales[k].describe())}</td></tr>" for k in names)
     media = []
     for v in vids:
         if v.suffix == ".mp4":
-            media.append(f'<h2>Episode video</h2><video controls loop width="100%" src="{v.name}"></video>')
+            media.append(f'<h2>Episode video</h2><video controls loop width="100%" src="{esc(v.name)}"></video>')
         else:
-            media.append(f'<h2>Episode GIF</h2><img src="{v.name}" alt="episode gif">')
-    imgs = "".join(f'<h2>{esc(p.stem.replace("_", " "))}</h2><img src="{p.name}" alt="{esc(p.stem)}">'
+            media.append(f'<h2>Episode GIF</h2><img src="{esc(v.name)}" alt="episode gif">')
+    imgs = "".join(f'<h2>{esc(p.stem.replace("_", " "))}</h2><img src="{esc(p.name)}" alt="{esc(p.stem)}">'
                    for p in pngs)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>jaxsal gallery</title>
@@ -674,7 +687,7 @@ image-rendering:pixelated}}td,th{{border:1px solid #555;padding:4px}}table{{bord
 code{{color:#9cf}}</style></head><body>
 <h1>jaxsal saliency gallery</h1>
 <p>Agent <b>{esc(str(cfg.get('agent')))}</b>, target <b>{esc(str(cfg.get('target')))}</b>,
-frames {start}&ndash;{stop - 1} of {cfg['n']}; jaxsal {esc(str(manifest.get('version')))},
+frames {_esc_num(start)}&ndash;{_esc_num(stop - 1)} of {_esc_num(cfg['n'])}; jaxsal {esc(str(manifest.get('version')))},
 created {esc(str(manifest.get('created')))}.</p>
 <ul>{runs}</ul>
 <table><tr><th>name</th><th>method</th><th>options</th><th>colour scale (fixed over the video)</th></tr>

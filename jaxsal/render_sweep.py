@@ -249,9 +249,10 @@ def render_sweep(out, gallery=None, methods=None, metrics=None, frame: int = 0, 
 <style>body{{font-family:sans-serif;margin:2em;background:#111;color:#eee}}img{{max-width:100%;
 image-rendering:pixelated;background:#fff}}</style></head><body>
 <h1>jaxsal sweep {esc(str(out))}</h1>
-<p>{ok} of {len(table['status'])} cells ok; table: <code>{esc(json.dumps(str(out / 'results.csv')))}</code></p>
-<h2>Metrics against checkpoint</h2><img src="{curves.name}" alt="curves">
-<h2>One frame per cell (frame {frame})</h2><img src="{grid.name}" alt="grid">
+<p>{esc(str(ok))} of {esc(str(len(table['status'])))} cells ok;
+table: <code>{esc(json.dumps(str(out / 'results.csv')))}</code></p>
+<h2>Metrics against checkpoint</h2><img src="{esc(curves.name)}" alt="curves">
+<h2>One frame per cell (frame {esc(str(frame))})</h2><img src="{esc(grid.name)}" alt="grid">
 </body></html>
 """)
     return {"html": page, "pngs": [curves, grid], "videos": [], "panels": panels, "grid": layout}

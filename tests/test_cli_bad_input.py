@@ -12,7 +12,7 @@ from jaxsal import cli
 from jaxsal.cli import main
 from jaxsal.io import store
 from tests import _foreign_agents as F
-from tests.test_cli_support import frames, make_agent_files
+from tests.test_cli_support import corrupt_member, frames, make_agent_files
 
 NCHW_AGENT = '''
 import jax
@@ -43,6 +43,17 @@ def inputs(tmp_path_factory):
     np.save(d / "empty.npy", np.zeros((0, 10, 10, 4), np.uint8))
     np.save(d / "nchw.npy", F.atari_nchw(3))
     np.save(d / "nhwc84.npy", F.atari_nchw(3).transpose(0, 2, 3, 1))
+    np.savez_compressed(d / "deflated.npz", obs=frames(48))   # 64 corrupt bytes a third into the member
+    corrupt_member(d / "deflated.npz", nbytes=64, at=0.3)
+    np.savez(d / "stored.npz", obs=frames(48))                # 200 flipped bytes in frame 4
+    corrupt_member(d / "stored.npz", nbytes=200, at=0.1)
+    (d / "shards").mkdir()
+    for k in range(3):
+        np.savez(d / "shards" / f"part{k}.npz", obs=frames(4, seed=k))
+    corrupt_member(d / "shards" / "part2.npz", nbytes=50, at=0.5)
+    (d / "unit_shard").mkdir()
+    np.save(d / "unit_shard" / "a.npy", frames(4, size=84))
+    np.save(d / "unit_shard" / "b.npy", frames(4, seed=1, size=84).astype(np.float32) / 255.0)
     return d, card, atari
 
 
@@ -73,6 +84,18 @@ def _cases(d, card, atari):
         "channel-first model, NHWC buffer": (nchw + ["--input", str(d / "nhwc84.npy")], "channel-first",
                                              "--layout NCHW"),
         "channel-last model, --layout NCHW": (base + ok + ["--layout", "NCHW"], "channel-last", "--layout NHWC"),
+        "corrupt deflated member": (base + ["--input", str(d / "deflated.npz")], "'obs.npy' is corrupt",
+                                    "download the file again"),
+        "corrupt deflated member, --limit": (base + ["--input", str(d / "deflated.npz"), "--limit", "8"],
+                                             "'obs.npy' is corrupt", "download the file again"),
+        "corrupt stored member": (base + ["--input", str(d / "stored.npz")], "Bad CRC-32", "download the file again"),
+        "corrupt stored member, --limit": (base + ["--input", str(d / "stored.npz"), "--limit", "8"], "Bad CRC-32",
+                                           "download the file again"),
+        "corrupt shard among good ones": (base + ["--input", str(d / "shards"), "--chunk", "4"], "part2.npz",
+                                          "download the file again"),
+        "a float [0, 1] shard after a uint8 one": (["explain", "--agent", str(atari), "--methods", "gradient",
+                                                    "--quiet", "--input", str(d / "unit_shard"), "--chunk", "4"],
+                                                   "frames 4:8", "* 255"),
     }
 
 

@@ -134,6 +134,25 @@ def frames(n: int, seed: int = 0, size: int = 10) -> np.ndarray:
     return x
 
 
+def corrupt_member(path, member: str = "obs.npy", nbytes: int = 64, at: float = 0.5):
+    """Flip `nbytes` bytes of an archive member's stored data (a fraction `at` into it, past the .npy
+    header), leaving the zip directory intact: what a bad download or disk does to an .npz."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(member)
+    raw = bytearray(Path(path).read_bytes())
+    off = info.header_offset
+    name_len, extra_len = (int.from_bytes(raw[off + k:off + k + 2], "little") for k in (26, 28))
+    start = off + 30 + name_len + extra_len  # the local file header, then the member's stored bytes
+    pos = start + max(128, int(info.compress_size * at))
+    assert pos + nbytes <= start + info.compress_size, "member too small to corrupt there"
+    for i in range(pos, pos + nbytes):
+        raw[i] ^= 0xFF
+    Path(path).write_bytes(bytes(raw))
+    return path
+
+
 def cli_env(**extra) -> dict:
     """Environment for a CLI subprocess: this checkout importable, CPU, XLA's default kernels (as
     the in-process runs it is compared with; the YNNPACK flag is tested in test_cpu)."""

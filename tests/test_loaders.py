@@ -1,6 +1,8 @@
 """Loaders for agents trained elsewhere: the same outputs as the original networks on the same
 frames (to 1e-5), and the same maps through the CLI as through jaxsal.explain."""
 import io
+import re
+import sys
 import zipfile
 
 import flax.serialization
@@ -180,5 +182,63 @@ def test_torch_files_are_never_unpickled(tmp_path):
     buf = io.BytesIO()
     torch.save({"network.0.weight": _NotATensor()}, buf)
     (tmp_path / "evil.pth").write_bytes(buf.getvalue())
-    with pytest.raises(LoaderError, match="weights_only"):
+    with pytest.raises(LoaderError, match="weights_only") as e:
         load_file(tmp_path / "evil.pth")
+    assert "weights_only=False" not in str(e.value) and "\n" not in str(e.value)
+
+
+TORCH_REFUSAL = (  # what torch 2.6+ raises for a checkpoint holding a class (its advice must never reach users)
+    "Weights only load failed. This file can still be loaded, to do so you have two options, do those steps only "
+    "if you trust the source of the checkpoint. \n\t(1) In PyTorch 2.6, we changed the default value of the "
+    "`weights_only` argument in `torch.load` from `False` to `True`. Re-running `torch.load` with `weights_only` "
+    "set to `False` will likely succeed, but it can result in arbitrary code execution. Do it only if you got the "
+    "file from a trusted source.\n\t(2) Alternatively, to load with `weights_only=True` please check the "
+    "recommended steps in the following error message.\n\tWeightsUnpickler error: Unsupported global: GLOBAL "
+    "__main__._NotATensor was not an allowed global by default. Please use `torch.serialization.add_safe_globals("
+    "[__main__._NotATensor])` or the `torch.serialization.safe_globals([__main__._NotATensor])` context manager to "
+    "allowlist this global if you trust this class/function.")
+
+
+@pytest.mark.parametrize("version,ok", [("2.1.0", False), ("2.5.1", False), ("2.9.1+cpu", False),
+                                        ("2.10.0a0+git1234", False), ("2.10.0.dev20251201", False), ("1.13.1", False),
+                                        ("2.10.0", True), ("2.10.1+cu128", True), ("2.13.0", True), ("3.0.0", True)])
+def test_torch_before_2_10_is_refused_with_the_fix(version, ok):
+    from jaxsal.loaders.torch_nature import check_torch_version
+
+    if ok:
+        check_torch_version(version)
+    else:
+        with pytest.raises(LoaderError, match=rf"torch {re.escape(version)} is installed.*pip install 'torch>=2.10'"):
+            check_torch_version(version)
+
+
+def _fake_torch(monkeypatch, version, load):
+    import types
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(__version__=version, load=load))
+
+
+def test_an_old_torch_never_reads_the_file(tmp_path, monkeypatch):
+    """The version is checked at load time, before torch.load sees the checkpoint."""
+    calls = []
+    _fake_torch(monkeypatch, "2.5.1", lambda *a, **k: calls.append(a))
+    (tmp_path / "m.pth").write_bytes(b"PK")
+    with pytest.raises(LoaderError, match=r"torch 2\.5\.1 is installed.*CVE-2025-32434.*pip install 'torch>=2\.10'"):
+        load_file(tmp_path / "m.pth")
+    assert calls == []
+
+
+def test_torch_refusals_never_advise_weights_only_false(tmp_path, monkeypatch):
+    import pickle
+
+    def load(*a, **k):
+        assert k.get("weights_only") is True
+        raise pickle.UnpicklingError(TORCH_REFUSAL)
+    _fake_torch(monkeypatch, "2.13.0", load)
+    (tmp_path / "evil.pth").write_bytes(b"not a zip")
+    with pytest.raises(LoaderError) as e:
+        load_file(tmp_path / "evil.pth")
+    msg = str(e.value)
+    assert "\n" not in msg and "Unsupported global: GLOBAL __main__._NotATensor" in msg
+    assert "False" not in msg and "safe_globals" not in msg and "trust" not in msg
+    assert "state_dict" in msg and "weights_only=True" in msg

@@ -182,3 +182,38 @@ def test_legend_text_is_never_cut():
         leg = render.legend({name: sc}, width)
         assert leg.shape[1] == width
         assert abs(ink(leg) - want) <= 0.03 * want, (width, ink(leg), want)
+
+
+PAYLOAD = '"><script>alert(1)</script><img src=x onerror="alert(2)'
+
+
+def _poison(x):
+    """Every string in a JSON value replaced by PAYLOAD, every number too (a crafted file need not
+    keep the types), dict keys included."""
+    if isinstance(x, dict):
+        return {PAYLOAD + str(i): _poison(v) for i, v in enumerate(x.values())}
+    if isinstance(x, list):
+        return [_poison(v) for v in x]
+    return PAYLOAD
+
+
+def test_the_gallery_escapes_everything_a_folder_holds(tmp_path, capsys):
+    """A maps folder from someone else cannot put script into index.html: every value of its summary
+    and manifest written into the page is HTML-escaped, attributes too."""
+    card = make_agent_files(tmp_path / "agent")
+    np.save(tmp_path / "x.npy", frames(4))
+    out = tmp_path / "o"
+    assert main(["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(tmp_path / "x.npy"),
+                 "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary-p0.json").read_text())
+    (out / "summary-p0.json").write_text(json.dumps(_poison(summary)))
+    (out / "summary-p1.json").write_text(json.dumps(dict(summary, maps_per_s={PAYLOAD: PAYLOAD}, out=PAYLOAD)))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.update(version=PAYLOAD, created=PAYLOAD)
+    manifest["config"].update(agent=PAYLOAD, target=PAYLOAD)
+    manifest["config"]["methods"]["standin_grad"]["options"] = {PAYLOAD: PAYLOAD}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["render", str(out), "--video", "none", "--quiet"]) == 0, capsys.readouterr().err
+    page = (out / "gallery" / "index.html").read_text()
+    assert "<script" not in page and "onerror=\"" not in page and PAYLOAD not in page
+    assert page.count("&lt;script&gt;") >= 8 and "&quot;&gt;&lt;script&gt;" in page

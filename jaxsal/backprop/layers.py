@@ -82,6 +82,16 @@ def _matches(call: LayerCall, layer: str) -> bool:
     return layer in (call.name, call.qualified)
 
 
+def called_more_than_once(layer: str, times: int) -> SaliencyInputError:
+    """The error for a layer that one forward pass calls several times (the same module applied
+    twice), with the fix: a tapped layer must have one output per state."""
+    return SaliencyInputError(
+        f"layer {layer!r} is called {times} times in one forward pass of apply_fn (the same module applied "
+        "more than once, e.g. the trunk once for the policy and once for the value): compute it once in "
+        "apply_fn and pass its output to every head (h = trunk(x); return actor(h), critic(h)), or name a "
+        "layer called once with layer=")
+
+
 def _rows(c1: LayerCall, c2: LayerCall, n: int) -> int | None:
     """k when a call's output is spatial (L, h, w, K) with L = k*n at n states and 2k*n at 2n
     (k rows per state: k = 1 ordinary, k > 1 a time-distributed trunk), else None."""
@@ -114,6 +124,9 @@ def _resolve(apply_fn, params, x, layer):
             raise SaliencyInputError(
                 f"no conv-like layer with output (N, h, w, K) found; pass layer= one of {avail}")
         c, k = convs[-1]
+        twice = sum(q.qualified == c.qualified for q in calls)
+        if twice > 1:
+            raise called_more_than_once(c.qualified, twice)
         return (c.name if sum(q.name == c.name for q in calls) == 1 else c.qualified), k
     if not isinstance(layer, str):
         raise SaliencyInputError(f"layer must be a module name string, got {layer!r}; "
@@ -121,6 +134,8 @@ def _resolve(apply_fn, params, x, layer):
     hits = [i for i, c in enumerate(calls) if _matches(c, layer)]
     if not hits:
         raise SaliencyInputError(f"unknown layer {layer!r}; available layers: {avail}")
+    if len(hits) > 1 and len({calls[i].qualified for i in hits}) == 1:
+        raise called_more_than_once(layer, len(hits))
     if len(hits) > 1:
         raise SaliencyInputError(
             f"layer {layer!r} matches {len(hits)} module calls in one forward pass "
@@ -223,9 +238,11 @@ def tap(apply_fn, layer: str, activation=None):
 
         with seeing_modules(hook):
             y = apply_fn(params, x)
-        if len(store) != 1:
-            raise SaliencyInputError(f"layer {layer!r} was called {len(store)} times in one "
-                                     "forward pass; expected exactly once")
+        if len(store) > 1:
+            raise called_more_than_once(layer, len(store))
+        if not store:
+            raise SaliencyInputError(f"layer {layer!r} was not called in the forward pass of apply_fn; "
+                                     "name one of the layers `jaxsal agents --layers SPEC` lists")
         return y, store[0]
 
     return f

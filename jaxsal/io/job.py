@@ -25,7 +25,7 @@ import numpy as np
 from jaxsal.batching import batch_sharding, pad_rows
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
-from jaxsal.io.readers import row_ids
+from jaxsal.io.readers import row_ids, verify_input
 from jaxsal.registry import STOCHASTIC, accepted_options, get_method
 from jaxsal.targets import explains_action, get_target
 
@@ -201,6 +201,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                        "explains no action, e.g. value) and the model's output",
             **({"objects_source": objects.describe()} if objects is not None else {}),
             **(extra_meta or {})}
+    verify_input(source)  # a corrupt archive member is refused before anything is written
     out = Path(out)
     manifest = store.open_job(out, config, meta)
     for s in specs:  # each method's directory describes itself too
@@ -348,6 +349,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             if bar is not None:
                 bar.update(m)
         if reader_err:
+            if isinstance(reader_err[0], SaliencyInputError):  # the input failed while being read: the chunks
+                store.mark_input_failed(out, str(reader_err[0]))  # already written are never served as complete
             raise reader_err[0]
     finally:
         stop.set()  # the reader stops; the writer still saves every chunk already computed

@@ -299,8 +299,9 @@ def load_object_effects(out, allow_incomplete: bool = False) -> dict:
     when the class is removed), "flips": (N, C) bool (the greedy action changes), "present": (N, C) bool,
     "score": (N,) float32, "action": (N,) int32} (meanings in `jaxsal.io.objects`). With
     allow_incomplete, the frames of the chunks finished so far (in order; "frame" says which)."""
-    from jaxsal.io.store import read_manifest
+    from jaxsal.io.store import check_input_ok, read_manifest
 
+    check_input_ok(out)
     cfg = read_manifest(out)["config"]
     if "effects" not in cfg.get("objects", {}):
         raise SaliencyInputError(f"{out} has no object effects: rerun `jaxsal explain` with --objects --effects "
@@ -335,8 +336,9 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
     the frames of the chunks finished so far (in order; "frame" says which). effects=True (a job
     run with --effects): also "effect" (N, C), "flips" (N, C), "score" (N,), "action" (N,) of
     `load_object_effects`, for the same frames (with allow_incomplete: the chunks that have both)."""
-    from jaxsal.io.store import read_manifest
+    from jaxsal.io.store import check_input_ok, read_manifest
 
+    check_input_ok(out)
     cfg = read_manifest(out)["config"]
     if effects and "objects" in cfg and "effects" not in cfg["objects"]:
         raise SaliencyInputError(f"{out} has no object effects: rerun `jaxsal explain` with --objects --effects "

@@ -1,7 +1,9 @@
 """Frame-stack sources read in chunks: .npy/.npz stacks, shard directories, Dopamine replay files.
 
 Every source has `len(source)`, `shape` (N, H, W, C), `read(start, stop) -> uint8 array`, a
-`fingerprint()` (checksum of the input, for the output's provenance) and `describe()`; a source
+`fingerprint()` (checksum of the input, for the output's provenance) and `describe()`; an archive
+source also has `verify()`, one streaming pass over its bytes against the checksums it stores (run
+before any map is written: `verify_input`); a source
 whose states are not simply its rows 0..N-1 also has `row_ids(start, stop)` (a Dopamine buffer's
 indices and checkpoints; `row_ids` below gives every source's). Reads
 touch only the requested rows (memory-mapped or streamed), so peak memory follows the chunk,
@@ -14,6 +16,7 @@ import hashlib
 import os
 import re
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +48,62 @@ def _fingerprint_files(paths, extra: str = "") -> str:
     return h.hexdigest()
 
 
+VERIFY_BLOCK = 1 << 24  # bytes per read of the verification pass: memory follows this, not the member
+_VERIFIED: set = set()  # (path, size, mtime, members) already verified in this process (sweep cells share inputs)
+
+
+def _verify_zip_members(path, members):
+    """Read each member of the zip at `path` to its end in VERIFY_BLOCK pieces, so `zipfile` compares
+    its CRC-32 with the one the archive stores (it does only at a member's end: a partial read, e.g.
+    of the first frames, would take corrupt bytes as frames)."""
+    st = os.stat(path)
+    key = (str(path), st.st_size, st.st_mtime_ns, tuple(members))
+    if key in _VERIFIED:
+        return
+    name = members[0] if members else ""
+    try:
+        with zipfile.ZipFile(path) as z:
+            for name in members:
+                with z.open(name) as f:
+                    while f.read(VERIFY_BLOCK):
+                        pass
+    except Exception as e:  # noqa: BLE001 (BadZipFile for a CRC mismatch, zlib.error, EOFError, OSError)
+        raise _corrupt(path, name, e) from None
+    _VERIFIED.add(key)
+
+
+def _corrupt(path, member: str, e: Exception, before: bool = True) -> SaliencyInputError:
+    """The error for a corrupt member; `before`: found before anything was explained (else while a job read it)."""
+    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return SaliencyInputError(f"{path}: member {member!r} is corrupt ({why[:200]}); "
+                              + ("nothing was explained: " if before else "") + "copy or download the file again "
+                              "(its bytes do not match the checksum the archive stores)")
+
+
+def verify_input(source):
+    """Check the integrity of every file `source` reads (the CRC-32 of each .npz member it reads,
+    shards too), in one streaming pass, before any map is written; wrappers (a layout, a --limit)
+    verify the files under them whole. Raises SaliencyInputError naming the corrupt file."""
+    while not hasattr(source, "verify") and hasattr(source, "source"):
+        source = source.source
+    if hasattr(source, "verify"):
+        source.verify()
+
+
+def dtype_spans(source) -> list[tuple[int, int, np.dtype]]:
+    """[(start, stop, dtype)]: the stored dtype of each run of rows (one per shard of a shard
+    folder, through layout and --limit wrappers), so every float shard's pixels can be checked
+    before anything is written, not only the first chunk's."""
+    n = len(source)
+    while not hasattr(source, "parts") and not hasattr(source, "dtype") and hasattr(source, "source"):
+        source = source.source
+    if hasattr(source, "parts"):
+        starts = [0] + [int(s) for s in np.cumsum([len(p) for p in source.parts])]
+        spans = [(a, min(b, n), p.dtype) for a, b, p in zip(starts, starts[1:], source.parts)]
+        return [s for s in spans if s[0] < s[1]]
+    return [(0, n, np.dtype(source.dtype))]
+
+
 def _check_stack_shape(shape, dtype, what: str):
     if len(shape) == 4 and shape[0] == 0:
         raise SaliencyInputError(f"{what} holds no states (shape {tuple(shape)}): give a buffer with at least "
@@ -71,6 +130,10 @@ class ArraySource:
     @property
     def shape(self):
         return tuple(self._a.shape)
+
+    @property
+    def dtype(self):
+        return self._a.dtype
 
     def read(self, start: int, stop: int) -> np.ndarray:
         return np.ascontiguousarray(self._a[start:stop])
@@ -107,6 +170,10 @@ class NpySource:
     @property
     def shape(self):
         return self._shape
+
+    @property
+    def dtype(self):
+        return self._dtype
 
     def read(self, start: int, stop: int) -> np.ndarray:
         out = np.empty((stop - start,) + self._shape[1:], self._dtype)
@@ -183,8 +250,8 @@ class NpzSource:
         try:
             with self._zip.open(self._member) as f:
                 return _npy_header(f, f"{self.path}[{self.key!r}]")
-        except (zipfile.BadZipFile, OSError, EOFError) as e:
-            raise SaliencyInputError(f"cannot read {self.path}: corrupt .npz member ({e})") from None
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as e:
+            raise _corrupt(self.path, self._member, e) from None
 
     def __len__(self):
         return self._shape[0]
@@ -192,6 +259,14 @@ class NpzSource:
     @property
     def shape(self):
         return self._shape
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    def verify(self):
+        """The CRC-32 of every member this source reads (frames, and actions when present)."""
+        _verify_zip_members(self.path, [self._member] + ([ACTIONS_KEY + ".npy"] if hasattr(self, "actions") else []))
 
     def read(self, start: int, stop: int) -> np.ndarray:
         # A deflated member only seeks forward cheaply: keep one handle and read sequentially.
@@ -206,8 +281,8 @@ class NpzSource:
                 self._fh.seek(target)
             n = (stop - start) * self._row
             data = self._fh.read(n)
-        except Exception as e:
-            raise SaliencyInputError(f"cannot read {self.path}: corrupt .npz data ({e})") from None
+        except Exception as e:  # noqa: BLE001 (BadZipFile, zlib.error: corrupt bytes)
+            raise _corrupt(self.path, self._member, e, before=False) from None
         if len(data) != n:
             raise SaliencyInputError(f"{self.path}: file is truncated (rows {start}:{stop} missing)")
         self._pos = target + n
@@ -253,6 +328,11 @@ class ConcatSource:
             i += 1
         return out
 
+    def verify(self):
+        """Every shard that stores checksums, each verified whole."""
+        for p in self.parts:
+            verify_input(p)
+
     def actions(self, start: int, stop: int) -> np.ndarray:
         """Per-state actions of every part (each must have them)."""
         def get(part, lo, hi):
@@ -286,6 +366,10 @@ def _npy_header(f, path, kind: str = "a valid .npy array"):
         reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                   else np.lib.format.read_array_header_2_0)
         shape, fortran, dtype = reader(f)
+    except (zipfile.BadZipFile, zlib.error) as e:
+        if isinstance(f, zipfile.ZipExtFile):  # corrupt archive bytes: NpzSource names the member
+            raise
+        raise SaliencyInputError(f"cannot read {path}: not {kind} ({e})") from None
     except Exception as e:
         raise SaliencyInputError(f"cannot read {path}: not {kind} ({e})") from None
     if fortran or dtype.hasobject:
@@ -438,6 +522,8 @@ class DopamineCheckpoint:
     @property
     def shape(self):
         return (len(self),) + self._shape[1:] + (STACK,)
+
+    dtype = np.dtype(np.uint8)
 
     def _physical(self, start: int, stop: int) -> np.ndarray:
         """Physical frames [start, stop), streamed forward from the gzip file (reopened only to

@@ -8,6 +8,7 @@ into the same directory is refused instead of mixing results.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -23,12 +24,59 @@ OUTPUTS = "_outputs"  # per chunk: explained action and model outputs
 FORMAT = 1
 
 
+INPUT_FAILED = "_input_failed.json"  # the job's input failed to read after chunks were written
+
+
 class JobConfigError(SaliencyInputError):
     """The output directory holds results of a different job."""
 
 
+def mark_input_failed(out, error: str):
+    """Record that the job's input failed to read (corrupt or truncated) while the job ran: the chunks
+    written before may hold maps of corrupt frames, so nothing in `out` is served or resumed."""
+    try:
+        if Path(out).is_dir():
+            atomic_write(Path(out) / INPUT_FAILED, json.dumps({"error": error, "time": stamp()}).encode())
+    except OSError:
+        pass  # best effort (e.g. a full disk): the input's error is what is reported
+
+
+def check_input_ok(out):
+    """Refuse an output directory whose input failed to read while its job ran (mark_input_failed)."""
+    path = Path(out) / INPUT_FAILED
+    if not path.exists():
+        return
+    try:
+        why = str(json.loads(path.read_text()).get("error", ""))[:300]
+    except (OSError, ValueError, AttributeError):
+        why = "unreadable record"
+    raise SaliencyInputError(f"{out}: its input failed to read while the job ran ({why}), so its chunks may hold "
+                             f"maps of corrupt frames and are not used: remove {out} (or choose a new --out) "
+                             "and explain an intact copy of the input")
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.absolute()
+    while not os.path.ismount(path) and path.parent != path:
+        path = path.parent
+    return path
+
+
+def disk_full(path: Path) -> OSError:
+    """ENOSPC naming the disk (its mount point and free bytes) and the folder being written."""
+    folder = Path(path).absolute().parent
+    try:
+        import shutil
+
+        free = f", {shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = ""
+    return OSError(errno.ENOSPC, f"no space left on the disk mounted at {_mount_point(folder)}{free}", str(folder))
+
+
 def atomic_write(path: Path, data):
-    """Write bytes (or call data(file)) to a temp file, fsync, then rename over path."""
+    """Write bytes (or call data(file)) to a temp file, fsync, then rename over path. A short write
+    (numpy's "N requested and M written") is reported as the full disk it is."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -39,6 +87,10 @@ def atomic_write(path: Path, data):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno == errno.ENOSPC or (e.errno is None and " requested and " in str(e)):
+            raise disk_full(path) from None
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -99,6 +151,7 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
     chunks finished so far (in order)."""
     from jaxsal.targets import TARGET_NAMES, explains_action
 
+    check_input_ok(out)
     cfg = read_manifest(out)["config"]
     no_action = cfg.get("target") in TARGET_NAMES and not explains_action(cfg["target"])
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
@@ -127,6 +180,7 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
 
 def finished_frames(out, methods) -> np.ndarray:
     """Boolean (N,): frames whose chunk is finished for every method in `methods`."""
+    check_input_ok(out)
     cfg = read_manifest(out)["config"]
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
     ok = np.zeros(n, bool)
@@ -144,6 +198,7 @@ def open_job(out, config: dict, meta: dict) -> dict:
     starting at once: the first to link its manifest wins, the others compare against it.
     """
     out = Path(out)
+    check_input_ok(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -177,6 +232,10 @@ def open_job(out, config: dict, meta: dict) -> dict:
     if old != json.loads(json.dumps(config)):
         diff = sorted(k for k in set(old) | set(config) if old.get(k) != json.loads(json.dumps(config.get(k))))
         details = "; ".join(f"{k}: was {old.get(k)!r}, now {config.get(k)!r}" for k in diff[:4])
+        if "input" in diff:  # e.g. a corrupt input replaced since: resuming is not the fix
+            raise JobConfigError(
+                f"output directory {out} holds maps of another input ({details}): choose a new --out "
+                f"directory, or remove {out} to explain this input there")
         raise JobConfigError(
             f"output directory {out} holds results of a different job ({details}); rerun with "
             "the same command to resume, or choose a new --out directory")
@@ -227,6 +286,7 @@ class MapArray:
     """
 
     def __init__(self, out, method: str, allow_incomplete: bool = False):
+        check_input_ok(out)
         manifest = read_manifest(out)
         cfg = manifest["config"]
         if method not in cfg["methods"]:

@@ -139,6 +139,12 @@ def check_agent_spec(spec: str, model: str | None, where: str) -> str | None:
         if head.endswith(".py") and not Path(head).exists():
             raise SweepConfigError(f"{where}: no file {head} for agent {spec!r}; check the path (relative to "
                                    "the config's folder)")
+        from jaxsal.agent_spec import load_function_spec
+
+        try:  # imported and called now: a missing FUNCTION or a load() that raises stops the sweep before any cell
+            load_function_spec(spec)
+        except SaliencyInputError as e:
+            raise SweepConfigError(f"{where}: {e}") from None
         return None
     if Path(spec).suffix in FILE_SUFFIXES:
         if not Path(spec).exists():

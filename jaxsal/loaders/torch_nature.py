@@ -9,6 +9,7 @@ action_net, value_net); an SB3 `.zip` is opened for its `policy.pth`.
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 from pathlib import Path
 
@@ -30,6 +31,33 @@ FORMATS = {
 }
 
 
+TORCH_FLOOR = (2, 10)  # torch <= 2.5.1 runs code past weights_only=True (CVE-2025-32434); < 2.10 has CVE-2026-24747
+TORCH_FIX = "pip install 'torch>=2.10'"
+
+
+def check_torch_version(version: str):
+    """Refuse a torch whose weights-only unpickler a crafted checkpoint can get past to run code:
+    releases before 2.10 (and pre-releases of 2.10 itself)."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.\d+)?([^+]*)", str(version))
+    ok = m is not None and ((int(m.group(1)), int(m.group(2))) > TORCH_FLOOR or (
+        (int(m.group(1)), int(m.group(2))) == TORCH_FLOOR and not re.search(r"(a|b|rc|dev)\d*", m.group(3))))
+    if not ok:
+        raise LoaderError(f"torch {version} is installed, and a crafted checkpoint can run code in torch before "
+                          f"2.10 even with weights_only=True (CVE-2025-32434, CVE-2026-24747); jaxsal reads torch "
+                          f"checkpoints only with torch 2.10 or newer: {TORCH_FIX}")
+
+
+def _refusal(path, e: Exception) -> str:
+    """One line for a checkpoint torch's weights-only unpickler refused: what it met (the global it
+    names, when it does) and the fix, never torch's advice to retry with weights_only=False or to
+    allowlist the global (either runs whatever code the file holds)."""
+    what = re.search(r"Unsupported (?:global|operand)\W{0,3}(?:GLOBAL )?[\w.]{1,120}", str(e))
+    met = f" ({what.group(0).rstrip('.')})" if what else f" ({type(e).__name__})"
+    return (f"{path}: not a torch state_dict of tensors and plain containers{met}; jaxsal reads torch files only "
+            "with weights_only=True and never unpickles other objects: load the checkpoint where it was made and "
+            "save only its state_dict (torch.save(model.state_dict(), path))")
+
+
 def load_state_dict(path) -> dict:
     """{name: float32 numpy array} from a torch state_dict file or an SB3 model .zip."""
     try:
@@ -37,6 +65,7 @@ def load_state_dict(path) -> dict:
     except ImportError:
         raise LoaderError(f"{path} is a torch checkpoint: install torch (pip install 'jaxsal[torch]') "
                           "to convert it") from None
+    check_torch_version(torch.__version__)
     data = read_bytes(path)
     if zipfile.is_zipfile(io.BytesIO(data)):
         with zipfile.ZipFile(io.BytesIO(data)) as z:
@@ -45,8 +74,7 @@ def load_state_dict(path) -> dict:
     try:
         sd = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses anything but tensors and plain containers
-        raise LoaderError(f"{path}: not a torch state_dict readable with weights_only=True "
-                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise LoaderError(_refusal(path, e)) from None
     if not isinstance(sd, dict) or not all(hasattr(v, "detach") for v in sd.values()):
         raise LoaderError(f"{path}: expected a state_dict (name -> tensor); save model.state_dict()")
     return {k: v.detach().float().cpu().numpy() for k, v in sd.items()}
