@@ -271,6 +271,7 @@ def write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, t
         PB.write_csv(out / "timing.csv", timing)
     sessions = [json.loads(line) for line in (cache / "provenance.jsonl").read_text().splitlines() if line]
     meta = {"game": game, "agent": agent_name, "agent_return": card.get("eval", {}).get("mean_return"),
+            "agent_return_ci95": card.get("eval", {}).get("ci95"),
             "agent_frames_trained": card.get("frames_trained"), "layer_norm": bool(card.get("layer_norm", False)),
             "agents": 1, "states": int(len(ep)), "sanity_states": int(n_s), "sanity_draws": int(args.draws),
             "episodes": len(eps), "resampling_unit": "episode", "sanity_resampling_unit": "draw x episode",

@@ -268,6 +268,12 @@ def _ci(r, nd=2):
     return f"{r['mean']:.{nd}f} [{r['low']:.{nd}f}, {r['high']:.{nd}f}]"
 
 
+def weaker(res: dict) -> bool:
+    """The episodes' return interval lies wholly below the card's 95 % interval (the registered note)."""
+    card, r = res["meta"].get("agent_return_ci95"), res["returns"]
+    return bool(card and r and np.isfinite(r["high"]) and r["high"] < card[0])
+
+
 def markdown(res: dict) -> str:
     """The game's README section: N beside every interval, the design's status, every verdict."""
     m, g = res["meta"], res["game"]
@@ -285,7 +291,8 @@ def markdown(res: dict) -> str:
         r = res["returns"]
         lines += [f"Agent {m['agent']}: mean return over the {r['episodes']} episodes {_ci(r, 1)} (epsilon "
                   f"{m.get('epsilon')}); its card: {R.fmt_return(m.get('agent_return'))} (greedy). Distinct "
-                  f"episodes: {m.get('distinct_episodes')} of {m['episodes']}; truncated: {m.get('episodes_truncated')}.", ""]
+                  f"episodes: {m.get('distinct_episodes')} of {m['episodes']}; truncated: {m.get('episodes_truncated')}."
+                  + (" The sampled play is weaker than the card's evaluation." if weaker(res) else ""), ""]
     layers = list(dict.fromkeys(k[1] for k in res["sanity"] if k[1] not in BASELINES))
     if layers:
         lines += [f"### Sanity check: Spearman similarity to the original map ({n})", "",
@@ -310,10 +317,10 @@ def markdown(res: dict) -> str:
             lines.append(f"| {meth} | {_ci(r)} | {_ci(dci)} | {r['p_holm']:.3g} | {'yes' if r['significant'] else 'no'} |")
     lines += ["", "### Verdicts", "", "| finding | mapping | verdict | detail |", "|---|---|---|---|"]
     lines += [f"| {v['finding']} | {v['mapping']} | {v['verdict']} | {v['detail']} |" for v in res["verdicts"]]
-    counts = {}
-    for v in res["verdicts"]:
-        counts[v["verdict"]] = counts.get(v["verdict"], 0) + 1
-    lines += ["", "Counts: " + ", ".join(f"{k} {c}" for k, c in sorted(counts.items()))]
+    claims = [v["verdict"] for v in res["verdicts"] if v["verdict"] in ("agree", "disagree", "inconclusive")]
+    if claims:
+        lines += ["", "Paper B's claims: " + " / ".join(f"{k} {claims.count(k)}" for k in
+                                                      ("agree", "disagree", "inconclusive"))]
     return "\n".join(lines) + "\n"
 
 

@@ -99,7 +99,9 @@ def _planted(rng, draws=10, E=20, K=50, k_s=10, sanity_means=None):
 
 
 def _meta(game="mspacman", **kw):
-    return {"game": game, "states": 1000, "episodes": 20, "sanity_states": 200, "sanity_draws": 10,
+    return {"game": game, "agent": game, "agent_return": 1758.3, "agent_return_ci95": [1571.3, 1945.4],
+            "epsilon": 0.01, "distinct_episodes": 20, "episodes_truncated": 0,
+            "states": 1000, "episodes": 20, "sanity_states": 200, "sanity_draws": 10,
             "resampling_unit": "episode", "episode_returns": list(np.linspace(1000, 2000, 20)), **kw}
 
 
@@ -159,8 +161,7 @@ def _game(rng, labels, groups, E=20, K=50, k_s=10, D=10):
         aucs[s] = {m: base + (0.5 if m == "sarfa" else 0.0) + 0.3 * rng.normal(size=E * K) for m in labels + ["random"]}
     sanity = {(m, g): {k: (0.85 if m == "noise_sensitivity_original" else 0.1) + 0.05 * rng.normal(size=(D, E * k_s))
                        for k in A.METRICS} for m in labels for g in groups}
-    meta = {**_meta(), "agent": "mspacman", "agent_return": 1758.3, "epsilon": 0.01, "distinct_episodes": E,
-            "episodes_truncated": 0, "episode_of_state": [int(e) for e in ep]}
+    meta = {**_meta(), "episode_of_state": [int(e) for e in ep]}
     return aucs, sanity, ep, ep[:E * k_s], meta
 
 
@@ -173,6 +174,7 @@ def test_paper_b_claims_on_all_20_methods():
     assert by["best:rise", "matched"] == "disagree"
     assert by["winner_depends", "all"] == "disagree"                   # one winner everywhere
     assert by["above_rise", "all"] == "some"
+    assert "Paper B's claims: agree" in A.markdown(res)
 
 
 def test_game_files_round_trip(tmp_path):
@@ -201,6 +203,12 @@ def test_game_files_round_trip(tmp_path):
     readme = (d / "README.md").read_text()
     assert "1 agent, 20 episodes, 1000 states; sanity check on 200 states x 10 draws" in readme
     assert "Exploratory" not in readme
+    assert "Paper B's claims" not in readme and "weaker" not in readme      # no Paper B set; returns as the card
+    meta.update(episode_returns=[500.0 + i for i in range(20)], agent_return_ci95=[1571.3, 1945.4])
+    (d / "meta.json").write_text(json.dumps(meta))
+    A.write_game(d, n_resamples=200)
+    assert "The sampled play is weaker than the card's evaluation." in (d / "README.md").read_text()
+    readme = (d / "README.md").read_text()
     overall = A.write_readme(tmp_path).read_text()
     assert readme in overall and "Not run yet: breakout, spaceinvaders, frostbite" in overall
 
