@@ -11,11 +11,13 @@ import jaxsal
 from jaxsal import cli
 from jaxsal.cli import main
 from jaxsal.io import store
+from tests import _crafted_files as crafted
 from tests import _foreign_agents as F
 from tests.test_cli_support import frames, make_agent_files
 
 NCHW_AGENT = '''
 import jax
+from tests import _crafted_files as crafted
 from tests import _foreign_agents as F
 
 
@@ -43,6 +45,9 @@ def inputs(tmp_path_factory):
     np.save(d / "empty.npy", np.zeros((0, 10, 10, 4), np.uint8))
     np.save(d / "nchw.npy", F.atari_nchw(3))
     np.save(d / "nhwc84.npy", F.atari_nchw(3).transpose(0, 2, 3, 1))
+    (d / "zip_bomb.zip").write_bytes(crafted.zip_bytes({"data": crafted.deflate_zeros(1 << 30) + (1 << 30,)}))
+    (d / "deep.zip").write_bytes(crafted.sbx_zip(crafted.as_dict_key(crafted.deep_tuple(10 ** 6))))
+    crafted._dopamine(d, "gzip_bomb", "episode_end_indices_ckpt.7.gz", crafted.gzip_bomb(1 << 30))
     return d, card, atari
 
 
@@ -73,6 +78,12 @@ def _cases(d, card, atari):
         "channel-first model, NHWC buffer": (nchw + ["--input", str(d / "nhwc84.npy")], "channel-first",
                                              "--layout NCHW"),
         "channel-last model, --layout NCHW": (base + ok + ["--layout", "NCHW"], "channel-last", "--layout NHWC"),
+        "zip bomb as the agent": (["explain", "--agent", str(d / "zip_bomb.zip")] + base[3:] + ok,
+                                  "declares 1073741824 bytes", "corrupt or crafted"),
+        "pickle nested 10^6 deep in an SBX zip": (["explain", "--agent", str(d / "deep.zip")] + base[3:] + ok,
+                                                  "nested deeper than 1000", "do not unpickle it"),
+        "gzip bomb in a Dopamine folder": (base + ["--input", str(d / "gzip_bomb")], "bytes uncompressed",
+                                           "corrupt or crafted"),
     }
 
 
