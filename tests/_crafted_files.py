@@ -140,7 +140,7 @@ def npy_header(shape, descr: str) -> bytes:
 # ----------------------------------------------------------------------------- the catalogue
 @dataclass
 class Case:
-    kind: str              # "sbx" (an --agent file) or "dopamine" (an --input folder)
+    kind: str              # "sbx" (an --agent file), "dopamine" (an --input folder) or "npz" (actions explained)
     path: Path
     says: str              # what the one error line must contain
 
@@ -207,6 +207,11 @@ def catalogue(d: Path) -> dict:
     }
     for i, (name, (file, content, says)) in enumerate(bombs.items()):
         cases[name] = Case("dopamine", _dopamine(d, f"bomb{i}", file, content), says)
+    obs = deflated(npy_header((2, 10, 10, 4), "|u1") + bytes(800))
+    p = d / "actions_bomb.npz"
+    p.write_bytes(zip_bytes({"obs.npy": obs, "actions.npy": deflate_zeros(2 * GIB, npy_header((2 ** 28,), "<i8"))
+                             + (2 * GIB + 128,)}))
+    cases["npz actions of 2^28 entries for 2 frames"] = Case("npz", p, "has shape (268435456,)")
     (d / "agent.py").write_text(AGENT_PY)
     np.save(d / "obs.npy", np.zeros((2, 10, 10, 4), np.uint8))
     return cases
@@ -218,7 +223,7 @@ def cli_argv(case: Case, d: Path, out: Path) -> list:
         return ["explain", "--agent", str(case.path), "--input", str(d / "obs.npy"), "--methods", "gradient",
                 "--out", str(out), "--quiet"]
     return ["explain", "--agent", f"{d / 'agent.py'}:load", "--input", str(case.path), "--methods", "gradient",
-            "--out", str(out), "--quiet"]
+            "--out", str(out), "--quiet"] + (["--target", "q_action"] if case.kind == "npz" else [])
 
 
 def _run(d: Path, names: list):
@@ -236,7 +241,12 @@ def _run(d: Path, names: list):
     for i, (name, case) in enumerate(cases.items()):
         t = time.perf_counter()
         try:
-            (load_file if case.kind == "sbx" else open_source)(case.path)
+            if case.kind == "sbx":
+                load_file(case.path)
+            else:
+                src = open_source(case.path)
+                if case.kind == "npz":
+                    src.actions(0, 1)
             loader = "accepted"
         except SaliencyInputError as e:
             loader = str(e)

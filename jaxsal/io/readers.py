@@ -170,11 +170,18 @@ class NpzSource:
                f"{ACTIONS_KEY}=actions) with actions.shape == ({n},)")
         try:
             with self._zip.open(ACTIONS_KEY + ".npy") as f:
-                a = np.lib.format.read_array(f, allow_pickle=False)
+                shape, dtype, _ = _npy_header(f, what)
+                # the data are read only for the shape wanted: a header can claim any size
+                raw = f.read(n * dtype.itemsize) if tuple(shape) == (n,) else None
+        except SaliencyInputError:
+            raise
         except Exception as e:
             raise SaliencyInputError(f"cannot read {what}: {e}; {fix}") from None
-        if a.shape != (n,):
-            raise SaliencyInputError(f"{what} has shape {a.shape} but {self.key!r} has {n} frame stacks: {fix}")
+        if raw is None:
+            raise SaliencyInputError(f"{what} has shape {tuple(shape)} but {self.key!r} has {n} frame stacks: {fix}")
+        if len(raw) != n * dtype.itemsize:
+            raise SaliencyInputError(f"{what}: file is truncated; {fix}")
+        a = np.frombuffer(raw, dtype)
         if not np.issubdtype(a.dtype, np.integer):
             raise SaliencyInputError(f"{what} has dtype {a.dtype}, not integers: {fix}")
         if n and int(a.min()) < 0:
