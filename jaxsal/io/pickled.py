@@ -99,12 +99,17 @@ def describe(node) -> str:
     if isinstance(node, Global):
         return ".".join(ascii(s[:60])[1:-1] + ("..." if len(s) > 60 else "") for s in (node.module, node.name))
     if isinstance(node, Call):
-        return f"a call of {describe(node.func) if isinstance(node.func, Global) else 'a ' + type(node.func).__name__}"
+        return f"a call of {describe(node.func) if isinstance(node.func, Global) else _a(node.func)}"
     if isinstance(node, str):
         return f"the string {_text(node)}"
     if isinstance(node, (bool, int, float)) and (not isinstance(node, int) or node.bit_length() <= 64):
         return f"the {type(node).__name__} {node}"
-    return f"a {type(node).__name__}"
+    return _a(node)
+
+
+def _a(node) -> str:
+    name = type(node).__name__
+    return f"a{'n' if name[0] in 'aeiouAEIOU' else ''} {name}"
 
 
 def _key(k):
