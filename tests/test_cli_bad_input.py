@@ -11,11 +11,13 @@ import jaxsal
 from jaxsal import cli
 from jaxsal.cli import main
 from jaxsal.io import store
+from tests import _crafted_files as crafted
 from tests import _foreign_agents as F
 from tests.test_cli_support import corrupt_member, frames, make_agent_files
 
 NCHW_AGENT = '''
 import jax
+from tests import _crafted_files as crafted
 from tests import _foreign_agents as F
 
 
@@ -54,6 +56,9 @@ def inputs(tmp_path_factory):
     (d / "unit_shard").mkdir()
     np.save(d / "unit_shard" / "a.npy", frames(4, size=84))
     np.save(d / "unit_shard" / "b.npy", frames(4, seed=1, size=84).astype(np.float32) / 255.0)
+    (d / "zip_bomb.zip").write_bytes(crafted.zip_bytes({"data": crafted.deflate_zeros(1 << 30) + (1 << 30,)}))
+    (d / "deep.zip").write_bytes(crafted.sbx_zip(crafted.as_dict_key(crafted.deep_tuple(10 ** 6))))
+    crafted._dopamine(d, "gzip_bomb", "episode_end_indices_ckpt.7.gz", crafted.gzip_bomb(1 << 30))
     return d, card, atari
 
 
@@ -96,6 +101,12 @@ def _cases(d, card, atari):
         "a float [0, 1] shard after a uint8 one": (["explain", "--agent", str(atari), "--methods", "gradient",
                                                     "--quiet", "--input", str(d / "unit_shard"), "--chunk", "4"],
                                                    "frames 4:8", "* 255"),
+        "zip bomb as the agent": (["explain", "--agent", str(d / "zip_bomb.zip")] + base[3:] + ok,
+                                  "declares 1073741824 bytes", "corrupt or crafted"),
+        "pickle nested 10^6 deep in an SBX zip": (["explain", "--agent", str(d / "deep.zip")] + base[3:] + ok,
+                                                  "nested deeper than 1000", "do not unpickle it"),
+        "gzip bomb in a Dopamine folder": (base + ["--input", str(d / "gzip_bomb")], "bytes uncompressed",
+                                           "corrupt or crafted"),
     }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import os
 import re
 import zipfile
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxsal.errors import SaliencyInputError
-from jaxsal.io.pickled import read_pickled_int_set
+from jaxsal.io.pickled import PickleFormatError, PickleLimitError, read_int_set
 
 STACK = 4
 ACTIONS_KEY = "actions"  # the per-state actions in an .npz buffer, for --target q_action
@@ -235,11 +236,18 @@ class NpzSource:
                f"{ACTIONS_KEY}=actions) with actions.shape == ({n},)")
         try:
             with self._zip.open(ACTIONS_KEY + ".npy") as f:
-                a = np.lib.format.read_array(f, allow_pickle=False)
+                shape, dtype, _ = _npy_header(f, what)
+                # the data are read only for the shape wanted: a header can claim any size
+                raw = f.read(n * dtype.itemsize) if tuple(shape) == (n,) else None
+        except SaliencyInputError:
+            raise
         except Exception as e:
             raise SaliencyInputError(f"cannot read {what}: {e}; {fix}") from None
-        if a.shape != (n,):
-            raise SaliencyInputError(f"{what} has shape {a.shape} but {self.key!r} has {n} frame stacks: {fix}")
+        if raw is None:
+            raise SaliencyInputError(f"{what} has shape {tuple(shape)} but {self.key!r} has {n} frame stacks: {fix}")
+        if len(raw) != n * dtype.itemsize:
+            raise SaliencyInputError(f"{what}: file is truncated; {fix}")
+        a = np.frombuffer(raw, dtype)
         if not np.issubdtype(a.dtype, np.integer):
             raise SaliencyInputError(f"{what} has dtype {a.dtype}, not integers: {fix}")
         if n and int(a.min()) < 0:
@@ -378,26 +386,51 @@ def _npy_header(f, path, kind: str = "a valid .npy array"):
     return shape, dtype, f.tell()
 
 
-def load_gz_array(path: Path) -> np.ndarray:
-    """A gzipped .npy array of a Dopamine replay directory (actions, terminals, counters)."""
+GZ_RATIO = 1032  # deflate's largest expansion: a 258-byte match costs at least 2 bits
+CRAFTED = "the file is corrupt or crafted; use the files saved with this checkpoint"
+
+
+def _gz_read(f, n: int, path) -> bytes:
+    try:
+        return f.read(n)
+    except (OSError, EOFError, zlib.error) as e:
+        raise SaliencyInputError(f"cannot read {path}: corrupt gzip data ({e})") from None
+
+
+def load_gz_array(path: Path, max_items: int, bound: str) -> np.ndarray:
+    """A gzipped .npy array of a Dopamine replay directory (actions, terminals, counters) of at most
+    `max_items` entries, what the checkpoint's other files allow (`bound` says why, for the message):
+    its header is checked first, then exactly its bytes are read, as one bounded stream."""
     if not Path(path).exists():
         raise SaliencyInputError(f"missing Dopamine file {path}")
-    try:
-        with gzip.open(path, "rb") as f:
-            return np.load(f, allow_pickle=False)
-    except Exception as e:
-        raise SaliencyInputError(f"cannot read {path}: not a gzip'd .npy array ({e})") from None
+    with _gz_open(path) as f:
+        shape, dtype, _ = _npy_header(f, path, "a gzip'd .npy array")
+        n = math.prod(shape)
+        if n > max_items:
+            raise SaliencyInputError(f"{path} has {n} entries {bound}; use the files saved with this checkpoint")
+        if dtype.kind not in "biuf" or dtype.itemsize > 8:
+            raise SaliencyInputError(f"{path}: expected numbers, got dtype {dtype}; use the files saved with "
+                                     "this checkpoint")
+        data = _gz_read(f, n * dtype.itemsize, path)
+        extra = _gz_read(f, 1, path)  # also reaches the end, where gzip checks the CRC
+    if len(data) != n * dtype.itemsize:
+        raise SaliencyInputError(f"{path}: file is truncated ({len(data)} of {n * dtype.itemsize} bytes)")
+    if extra:
+        raise SaliencyInputError(f"{path}: data after its array: {CRAFTED}")
+    return np.frombuffer(data, dtype).reshape(shape)
 
 
 # --------------------------------------------------------------------------- Dopamine
+MAX_FRAMES = 1 << 24  # frames of one checkpoint (Dopamine's Atari checkpoints hold 1,000,000)
+END_BYTES = 128  # pickled bytes per episode-end index, at most
 DOPAMINE_OBS = re.compile(r"^\$store\$_observation_ckpt\.(\d+)\.gz$")
 COUNTERS_FIX = ("copy add_count_ckpt.{k}.gz and invalid_range_ckpt.{k}.gz from where Dopamine's "
                 "OutOfGraphReplayBuffer.save wrote this checkpoint (without them the write cursor, and "
                 "so the order of the circular buffer, is unknown), or give the frame stacks as .npy/.npz")
 
 
-def _counters(path: Path, what: str) -> np.ndarray:
-    a = np.asarray(load_gz_array(path))
+def _counters(path: Path, what: str, max_items: int, bound: str) -> np.ndarray:
+    a = np.asarray(load_gz_array(path, max_items, bound))
     if not np.issubdtype(a.dtype, np.integer) and not (
             np.issubdtype(a.dtype, np.floating) and np.all(np.isfinite(a)) and np.all(a == np.round(a))):
         raise SaliencyInputError(f"{path}: expected {what} as integers, got dtype {a.dtype}")
@@ -439,7 +472,6 @@ class DopamineCheckpoint:
         if missing:
             raise SaliencyInputError(f"Dopamine directory {d} has no {' and no '.join(missing)} for "
                                      f"{Path(obs_path).name}: {COUNTERS_FIX.format(k=k)}")
-        terminal = load_gz_array(terminal_path).astype(bool).reshape(-1)
         self._fh = None
         self._pos = 0  # next physical frame index of the open stream
         with _gz_open(obs_path) as f:
@@ -449,13 +481,22 @@ class DopamineCheckpoint:
                                      f"got {tuple(shape)}")
         if dtype != np.uint8:
             raise SaliencyInputError(f"{obs_path}: expected uint8 frames, got dtype {dtype}")
+        size = os.path.getsize(obs_path)
+        if shape[0] > MAX_FRAMES or math.prod(shape) > GZ_RATIO * size:
+            raise SaliencyInputError(
+                f"{obs_path}: its header says {shape[0]} frames of {shape[1]}x{shape[2]}, more than "
+                + (f"the {MAX_FRAMES} jaxsal reads from one checkpoint" if shape[0] > MAX_FRAMES
+                   else f"a gzip file of {size} bytes can hold") + f": {CRAFTED}")
+        terminal = load_gz_array(terminal_path, shape[0], f"but {obs_path} has {shape[0]} frames")
+        terminal = terminal.astype(bool).reshape(-1)
         if terminal.shape[0] != shape[0]:
             raise SaliencyInputError(f"{terminal_path} has {terminal.shape[0]} entries but "
                                      f"{obs_path} has {shape[0]} frames")
         self._shape = tuple(shape)
         self._row = int(np.prod(shape[1:]))
         cap = shape[0]
-        add_count = _counters(self.add_count_path, "the number of transitions added")
+        add_count = _counters(self.add_count_path, "the number of transitions added", 1,
+                              "but Dopamine writes one count")
         if add_count.size != 1 or add_count[0] < 0:
             raise SaliencyInputError(f"{self.add_count_path}: expected one count >= 0, got {add_count.tolist()}")
         self.add_count = add_count = int(add_count[0])
@@ -463,7 +504,8 @@ class DopamineCheckpoint:
             raise SaliencyInputError(f"{obs_path}: the buffer is empty (add_count 0)")
         self.cursor = cursor = add_count % cap
         full = add_count >= cap
-        invalid = _counters(self.invalid_path, "buffer indices")
+        invalid = _counters(self.invalid_path, "buffer indices", cap + STACK,
+                            f"but a buffer of {cap} frames has at most {cap + STACK} invalid indices")
         self.horizon = horizon = self._horizon(invalid, cursor, cap, add_count)
         ends = self._episode_ends(cap)
 
@@ -509,12 +551,30 @@ class DopamineCheckpoint:
         did not write it, and Dopamine's own load then knows no time-outs either."""
         if not self.episode_end_path.exists():
             return np.zeros(0, np.int64)
-        ends = np.asarray(sorted(read_pickled_int_set(self.episode_end_path)), np.int64)
+        ends = np.asarray(sorted(self._read_episode_ends(cap)), np.int64)
         bad = ends[(ends < 0) | (ends >= cap)]
         if len(bad):
             raise SaliencyInputError(f"{self.episode_end_path}: episode end {int(bad[0])} outside the "
                                      f"buffer (capacity {cap}); use the files saved with this checkpoint")
         return ends
+
+    def _read_episode_ends(self, cap: int) -> set:
+        """The pickled set, read without unpickling (jaxsal.io.pickled): at most `cap` indices, so at
+        most END_BYTES per index (numpy scalars in protocol 0 take ~70) are decompressed."""
+        path, limit = self.episode_end_path, END_BYTES * cap + 65536
+        fix = ("use the file saved with this checkpoint, or remove it (then time-outs are not known, as when "
+               "Dopamine loads a checkpoint without it)")
+        with _gz_open(path) as f:
+            data = _gz_read(f, limit + 1, path)
+        if len(data) > limit:
+            raise SaliencyInputError(f"{path}: more than {limit} bytes uncompressed, more than a pickled set of at "
+                                     f"most {cap} indices takes: the file is corrupt or crafted; {fix}")
+        try:
+            return read_int_set(data, cap)
+        except PickleFormatError as e:
+            crafted = "; the file is corrupt or crafted" if isinstance(e, PickleLimitError) else ""
+            raise SaliencyInputError(f"{path}: not the set of episode-end indices Dopamine writes ({e}){crafted}; "
+                                     f"{fix}") from None
 
     def __len__(self):
         return len(self._keep)
@@ -587,7 +647,8 @@ class DopamineCheckpoint:
             if not self.action_path.exists():
                 raise SaliencyInputError(f"missing Dopamine file {self.action_path}: the buffer's actions "
                                          "are needed for --target q_action")
-            a = load_gz_array(self.action_path).reshape(-1)
+            a = load_gz_array(self.action_path, self._shape[0],
+                              f"but {self.path} has {self._shape[0]} frames").reshape(-1)
             if a.shape[0] != self._shape[0]:
                 raise SaliencyInputError(f"{self.action_path} has {a.shape[0]} entries but {self.path} has "
                                          f"{self._shape[0]} frames")

@@ -19,7 +19,7 @@ from jaxsal.loaders.torch_nature import torch_nature
 
 def sb3_zip(path, name: str | None = None):
     """A Stable-Baselines `.zip`: SBX (JAX; its `data` names an sbx policy class) or SB3 (torch)."""
-    if is_sbx_zip(read_bytes(path)):
+    if is_sbx_zip(read_bytes(path), path):
         return sbx_model(path, name=name)
     return torch_nature(path, name=name)
 

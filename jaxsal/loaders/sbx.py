@@ -3,7 +3,7 @@
 An SBX `.zip` holds a JSON `data` file whose `policy` entry is a cloudpickle (base64) of the
 whole policy: flax modules, train states with the params, optimizer state, jitted functions.
 `pickle.loads` of it would run whatever code the file names, so it is read with
-`jaxsal.loaders.static_pickle` instead (opcodes walked as data, nothing imported or called):
+`jaxsal.io.pickled` instead (opcodes walked as bounded data, nothing imported or called):
 the policy class, the networks' settings (units, activation by name, NatureCNN or not) and
 the params arrays. The networks are rebuilt here with SBX's module names, so the params tree
 and every layer name (`NatureCNN_0/Conv_2`, `Dense_1`) are SBX's; the rebuilt params tree is
@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal.agent_spec import DeclaredFn, LoadedAgent
-from jaxsal.loaders.errors import LoaderError, read_bytes
-from jaxsal.loaders.static_pickle import (Call, Global, PickleFormatError, parse, to_dtype,
-                                          tree_to_arrays)
+from jaxsal.io.pickled import (Call, Global, PickleFormatError, PickleLimitError, describe, parse, to_dtype,
+                               tree_to_arrays)
+from jaxsal.loaders.errors import LoaderError, read_bytes, read_zip_member
 
 ACTIVATIONS: dict[str, Callable] = {
     "relu": jax.nn.relu, "tanh": jnp.tanh, "elu": jax.nn.elu, "gelu": jax.nn.gelu,
@@ -43,6 +43,9 @@ ACTIVATIONS: dict[str, Callable] = {
 }
 POLICIES = {("sbx.dqn.policies", "DQNPolicy"): "dqn", ("sbx.dqn.policies", "CNNPolicy"): "dqn",
             ("sbx.ppo.policies", "PPOPolicy"): "ppo", ("sbx.ppo.policies", "CnnPolicy"): "ppo"}
+DATA_MAX = 512 << 20  # bytes of an SB3/SBX zip's JSON `data` (a large CNN policy with optimizer state: ~50 MB)
+CRAFTED = ("the file is corrupt or crafted: get it again from where it was made, and do not unpickle it "
+           "(sbx's load would run what it holds)")
 ROUTE = ("load it with sbx in Python and give jaxsal a loader instead: --agent file.py:load, whose load() "
          "returns (apply_fn, params), e.g. (model.policy.qf.apply, model.policy.qf_state.params)")
 
@@ -121,14 +124,21 @@ class ActorCritic(nn.Module):
         return {"logits": self.actor(x), "value": self.critic(x)[:, 0]}
 
 
-def is_sbx_zip(data: bytes) -> bool:
+def _data_json(z: zipfile.ZipFile, path):
+    """The JSON `data` member of an SB3-format zip, its size checked before it is read."""
+    return json.loads(read_zip_member(z, "data", path, DATA_MAX))
+
+
+def is_sbx_zip(data: bytes, path="model.zip") -> bool:
     """An SB3-format zip whose `data` names an SBX policy class (read as JSON only)."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             if "data" not in z.namelist():
                 return False
-            meta = json.loads(z.read("data"))
-    except (zipfile.BadZipFile, ValueError, KeyError):
+            meta = _data_json(z, path)
+    except LoaderError:
+        raise
+    except (zipfile.BadZipFile, ValueError, KeyError, RecursionError):
         return False
     cls = meta.get("policy_class") if isinstance(meta, dict) else None
     module = cls.get("__module__") if isinstance(cls, dict) else None
@@ -136,7 +146,14 @@ def is_sbx_zip(data: bytes) -> bool:
 
 
 def _fail(path, why):
-    return LoaderError(f"{path}: SBX model not loadable without unpickling ({why}); {ROUTE}")
+    return LoaderError(f"{path}: SBX model not loadable without unpickling ({why[:300]}); {ROUTE}")
+
+
+def _int(v, what: str, path, hi: int = 1 << 24) -> int:
+    """A size the saved settings give (units, actions, features): an int in [1, hi]."""
+    if type(v) is not int or not 1 <= v <= hi:
+        raise _fail(path, f"{what} is {describe(v)}, not an integer in [1, {hi}]")
+    return v
 
 
 def _state(node, what, path) -> dict:
@@ -162,8 +179,8 @@ def _activation(node, path) -> Callable:
     elif isinstance(node, Global):
         name, module = node.name, node.module
     if not (isinstance(module, str) and (module.startswith("jax.") or module.startswith("flax."))
-            and name in ACTIVATIONS):
-        raise _fail(path, f"activation {name or node!r} is not one of {sorted(ACTIVATIONS)}")
+            and type(name) is str and name in ACTIVATIONS):
+        raise _fail(path, f"activation {describe(node if name is None else name)} is not one of {sorted(ACTIVATIONS)}")
     return ACTIVATIONS[name]
 
 
@@ -173,7 +190,7 @@ def _cnn(st, path) -> bool:
         return False
     if isinstance(fe, Global) and fe.is_("sbx.common.jax_layers", "NatureCNN"):
         return True
-    raise _fail(path, f"features extractor {fe!r} is not SBX's NatureCNN")
+    raise _fail(path, f"features extractor {describe(fe)} is not SBX's NatureCNN")
 
 
 def _params(train_state, path):
@@ -181,7 +198,14 @@ def _params(train_state, path):
     try:
         return jax.tree.map(jnp.asarray, tree_to_arrays(st["params"]))
     except (KeyError, PickleFormatError, RecursionError) as e:
-        raise _fail(path, f"params: {type(e).__name__}: {e}") from None
+        raise _fail(path, f"params: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _net_arch(v, path) -> tuple:
+    """PPO's hidden layer sizes: a short list of sizes (each layer is one Dense of the params tree)."""
+    if not isinstance(v, (list, tuple)) or len(v) > 64:
+        raise _fail(path, f"net_arch is {describe(v)}, not a list of at most 64 layer sizes")
+    return tuple(_int(u, "a net_arch layer size", path) for u in v)
 
 
 def _obs_space(policy_state, path):
@@ -190,8 +214,10 @@ def _obs_space(policy_state, path):
     if not (isinstance(space, Call) and space.of("gymnasium.spaces.box", "Box") and isinstance(st, dict)):
         raise _fail(path, "observation space is not a gymnasium Box")
     shape = st.get("_shape")
-    if not (isinstance(shape, tuple) and all(isinstance(d, int) for d in shape)):
+    if not (isinstance(shape, tuple) and 1 <= len(shape) <= 4 and all(type(d) is int for d in shape)):
         raise _fail(path, "observation space has no shape")
+    for d in shape:
+        _int(d, "an observation dimension", path, 1 << 16)
     try:
         dtype = to_dtype(st.get("dtype"))
     except PickleFormatError:
@@ -205,23 +231,29 @@ def read_policy(data: bytes, path="model.zip"):
         return _read_policy(data, path)
     except LoaderError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:  # malformed
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, OverflowError) as e:  # malformed
         raise _fail(path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
 def _read_policy(data: bytes, path):
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
-            meta = json.loads(z.read("data"))
+            meta = _data_json(z, path)
         raw = base64.b64decode(meta["policy"][":serialized:"], validate=True)
-        root = parse(raw)
-    except (zipfile.BadZipFile, KeyError, TypeError, ValueError, binascii.Error) as e:
-        # PickleFormatError is a ValueError
+    except LoaderError:
+        raise
+    except (zipfile.BadZipFile, KeyError, TypeError, ValueError, binascii.Error, RecursionError) as e:
         raise _fail(path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    try:
+        root = parse(raw)
+    except PickleLimitError as e:
+        raise LoaderError(f"{path}: the saved policy cannot be read safely ({e}): {CRAFTED}") from None
+    except PickleFormatError as e:
+        raise _fail(path, str(e)) from None
     if not (isinstance(root, Call) and isinstance(root.func, Global)
             and (root.func.module, root.func.name) in POLICIES):
-        what = root.func if isinstance(root, Call) else type(root).__name__
-        raise _fail(path, f"policy class {what!r} is not SBX's DQN or PPO policy")
+        what = describe(root.func) if isinstance(root, Call) else describe(root)
+        raise _fail(path, f"policy class {what} is not SBX's DQN or PPO policy")
     kind = POLICIES[root.func.module, root.func.name]
     pst = _state(root, "policy state", path)
     shape, dtype = _obs_space(pst, path)
@@ -229,23 +261,24 @@ def _read_policy(data: bytes, path):
         qf = pst.get("qf")
         st = _state(qf, "Q-network", path)
         if not (qf.of("sbx.dqn.policies", "QNetwork", "CnnQNetwork")):
-            raise _fail(path, f"Q-network {qf.func!r} is not SBX's QNetwork/CnnQNetwork")
+            raise _fail(path, f"Q-network {describe(qf.func)} is not SBX's QNetwork/CnnQNetwork")
         cls = CnnQNetwork if qf.of("sbx.dqn.policies", "CnnQNetwork") else QNetwork
-        module = cls(int(st["n_actions"]), int(st["n_units"]), _activation(st.get("activation_fn"), path))
+        module = cls(_int(st["n_actions"], "n_actions", path), _int(st["n_units"], "n_units", path),
+                     _activation(st.get("activation_fn"), path))
         params = _params(pst.get("qf_state"), path)
     else:
         actor, vf = pst.get("actor"), pst.get("vf")
         ast, vst = _state(actor, "actor", path), _state(vf, "critic", path)
         if not (actor.of("sbx.ppo.policies", "Actor") and vf.of("sbx.ppo.policies", "Critic")):
-            raise _fail(path, f"actor/critic {actor.func!r}/{vf.func!r} are not SBX's Actor/Critic")
+            raise _fail(path, f"actor/critic {describe(actor.func)}/{describe(vf.func)} are not SBX's Actor/Critic")
         n = ast.get("num_discrete_choices")
         if not isinstance(n, int) or isinstance(n, bool):
             raise _fail(path, "only PPO with a Discrete action space is supported (continuous, "
                               "MultiDiscrete and MultiBinary are not)")
-        mk = lambda st, out: Mlp(tuple(int(u) for u in st["net_arch"]), out,  # noqa: E731
+        mk = lambda st, out: Mlp(_net_arch(st["net_arch"], path), out,  # noqa: E731
                                  _activation(st.get("activation_fn"), path),
-                                 int(st["features_dim"]) if _cnn(st, path) else None)
-        module = ActorCritic(mk(ast, int(ast["action_dim"])), mk(vst, 1))
+                                 _int(st["features_dim"], "features_dim", path) if _cnn(st, path) else None)
+        module = ActorCritic(mk(ast, _int(ast["action_dim"], "action_dim", path)), mk(vst, 1))
         pa, pv = _params(pst.get("actor_state"), path), _params(pst.get("vf_state"), path)
         params = {"params": {"actor": pa["params"], "critic": pv["params"]}}
     expected = jax.eval_shape(module.init, jax.random.PRNGKey(0), jnp.zeros((1,) + shape, dtype))

@@ -17,9 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal.agent_spec import DeclaredFn, LoadedAgent
-from jaxsal.loaders.errors import LoaderError, read_bytes
+from jaxsal.loaders.errors import LoaderError, read_bytes, read_zip_member
 from jaxsal.loaders.nets import TorchNatureCNN
 
+PTH_MAX = 1 << 30  # bytes of an SB3 zip's policy.pth (a Nature-CNN agent's: ~7 MB)
 # (conv1, conv2, conv3, fc1) prefixes, then the head: ("q", prefix) or ("ac", actor, critic)
 FORMATS = {
     "cleanrl dqn_atari": (("network.0", "network.2", "network.4", "network.7"), ("q", "network.9")),
@@ -60,17 +61,20 @@ def _refusal(path, e: Exception) -> str:
 
 def load_state_dict(path) -> dict:
     """{name: float32 numpy array} from a torch state_dict file or an SB3 model .zip."""
+    data = read_bytes(path)
+    if zipfile.is_zipfile(io.BytesIO(data)):
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                if "policy.pth" in z.namelist():  # Stable-Baselines3 model archive
+                    data = read_zip_member(z, "policy.pth", path, PTH_MAX)
+        except zipfile.BadZipFile as e:
+            raise LoaderError(f"cannot read {path}: not a valid .zip ({e})") from None
     try:
         import torch
     except ImportError:
         raise LoaderError(f"{path} is a torch checkpoint: install torch (pip install 'jaxsal[torch]') "
                           "to convert it") from None
     check_torch_version(torch.__version__)
-    data = read_bytes(path)
-    if zipfile.is_zipfile(io.BytesIO(data)):
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            if "policy.pth" in z.namelist():  # Stable-Baselines3 model archive
-                data = z.read("policy.pth")
     try:
         sd = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses anything but tensors and plain containers
