@@ -44,7 +44,7 @@ def test_a_corrupt_member_is_refused_by_the_reader(tmp_path, save, nbytes, at):
 
 def test_a_corrupt_actions_member_is_refused(tmp_path):
     path = tmp_path / "buf.npz"
-    np.savez(path, obs=frames(4), actions=np.arange(4000) % 3)  # a long actions member to corrupt
+    np.savez(path, obs=frames(4000), actions=np.arange(4000) % 3)  # a long actions member to corrupt
     with zipfile.ZipFile(path) as z:
         assert z.getinfo("actions.npy").compress_size > 1000
     corrupt_member(path, "actions.npy", nbytes=20, at=0.5)

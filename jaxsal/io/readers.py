@@ -273,8 +273,19 @@ class NpzSource:
         return self._dtype
 
     def verify(self):
-        """The CRC-32 of every member this source reads (frames, and actions when present)."""
-        _verify_zip_members(self.path, [self._member] + ([ACTIONS_KEY + ".npy"] if hasattr(self, "actions") else []))
+        """The CRC-32 of every member this source reads: the frames, and the actions when present and
+        of one entry per frame (a header can claim any size: actions of another shape are never read,
+        and are refused with their shape when a target needs them)."""
+        members = [self._member]
+        if hasattr(self, "actions"):
+            try:
+                with self._zip.open(ACTIONS_KEY + ".npy") as f:
+                    shape = _npy_header(f, f"{self.path}[{ACTIONS_KEY!r}]")[0]
+            except Exception:  # noqa: BLE001 (an unreadable header is verified, and refused, below)
+                shape = (self._shape[0],)
+            if tuple(shape) == (self._shape[0],):
+                members.append(ACTIONS_KEY + ".npy")
+        _verify_zip_members(self.path, members)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         # A deflated member only seeks forward cheaply: keep one handle and read sequentially.
