@@ -1,5 +1,5 @@
 """One checked call for every method: the same bad input gives the same error from a gradient
-and a perturbation method, because both run jaxsal.call.check_call first. Cases come from the
+and a perturbation method, because both run jaxsal.checks.check_call first. Cases come from the
 conformance table, so a newly registered method is covered here too."""
 import jax.numpy as jnp
 import numpy as np

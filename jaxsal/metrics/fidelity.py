@@ -16,7 +16,7 @@ from jaxsal import targets as T
 from jaxsal.batching import cached_jit, default_rows, map_batched
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics.similarity import check_maps
-from jaxsal.validate import check_obs, check_positive_int, spatial_shape
+from jaxsal.checks import check_obs, check_positive_int, spatial_shape
 
 SUBSTRATES = ("black", "random", "blur")
 SCORES = ("q_value", "advantage")
