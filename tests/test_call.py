@@ -29,3 +29,26 @@ def test_every_method_rejects_bad_input_the_same_way(method, bad):
     call.update(change(method))
     with pytest.raises(SaliencyInputError, match=message):
         jaxsal.explain(call.pop("apply_fn"), call.pop("params"), call.pop("obs"), **call)
+
+
+def test_a_model_of_the_other_layout_is_refused_naming_the_layout_it_takes():
+    def nchw(p, x):  # a channel-first model: (N, C, H, W) frames
+        return MODEL.apply(p, x.transpose(0, 2, 3, 1))
+    with pytest.raises(SaliencyInputError, match=r"takes channel-first frames \(N, 2, 16, 16\): pass "
+                                                 r"layout='NCHW'"):
+        jaxsal.explain(nchw, PARAMS, _obs(), method="gradient", layout="NHWC")
+
+
+def test_a_list_of_methods_checks_the_frames_values_once(monkeypatch):
+    from jaxsal import checks
+
+    seen = []
+    real = checks.check_finite
+    monkeypatch.setattr(checks, "check_finite", lambda x, *a: seen.append(x.shape) or real(x, *a))
+    jaxsal.explain(MODEL.apply, PARAMS, np.asarray(_obs(), np.float32), method=["gradient", "gradcam", "occlusion"],
+                   patch=4, stride=4)
+    assert seen == [(3, 16, 16, 2)]
+    bad = np.asarray(_obs(), np.float32)
+    bad[1, 2, 3, 0] = np.inf
+    with pytest.raises(SaliencyInputError, match="state 1 of obs holds NaN or inf"):
+        jaxsal.explain(MODEL.apply, PARAMS, bad, method=["gradient", "occlusion"], patch=4, stride=4)
