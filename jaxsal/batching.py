@@ -162,6 +162,22 @@ def _static_key(value, active):
     return ("obj", type(value), value)
 
 
+def fn_key(fn):
+    """A cache key for a function a cached result depends on, cheap on the hot path: jaxsal's
+    own functions and partials by static_key (a closure built per call by what it captures),
+    any other hashable callable as itself (its own equality: a user's function by identity),
+    an unhashable one by identity."""
+    f = getattr(fn, "__func__", fn)
+    if isinstance(fn, functools.partial) or (isinstance(f, types.FunctionType)
+                                             and f.__code__.co_filename.startswith(_PKG_DIR)):
+        return static_key(fn)
+    try:
+        hash(fn)
+    except TypeError:
+        return _Ref(fn)
+    return fn
+
+
 def cached_jit(build: Callable[..., Callable], *args, **jit_kwargs) -> Callable:
     """jax.jit(build(*args), **jit_kwargs), memoised on `static_key` of (build, args, jit_kwargs).
 

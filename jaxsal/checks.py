@@ -302,7 +302,9 @@ def check_model(apply_fn, params, shape, *, layout: str, target="q_chosen"):
     cannot give TargetFails."""
     tgt = get_target(target)
     try:  # everything the output shapes depend on: the functions, layout, shapes, params' structure
-        key = batching.static_key((apply_fn, target, layout, tuple(shape[1:]), params_signature(params)))
+        key = (batching.fn_key(apply_fn), batching.fn_key(target), layout, tuple(shape[1:]),
+               params_signature(params))
+        hash(key)
     except TypeError:
         key = None
     if key is not None and key in _SHAPES:

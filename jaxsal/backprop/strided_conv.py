@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxsal.batching import LRU, memo, static_key
+from jaxsal.batching import LRU, fn_key, memo
 
 __all__ = ["fast_apply", "conv_s2d", "conv_hybrid", "conv_eligible", "conv_rule",
            "conv_rule_eligible"]
@@ -251,7 +251,7 @@ def fast_apply(apply_fn, min_stride: int = 2):
     if getattr(apply_fn, "_jaxsal_fastconv", False):
         return apply_fn
     try:
-        key = static_key((apply_fn, int(min_stride)))
+        key = (fn_key(apply_fn), int(min_stride))
         hit = _WRAPPED.get(key)
     except TypeError:  # a callable that captures an array: wrap without memoising
         hit, cacheable = None, False

@@ -145,6 +145,9 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     maps explain; DIR/_objects/_effects, `jaxsal.load_object_effects`), once for all methods.
     Methods computed together (summary "computed_together")
     are each credited the group's time in maps_per_s.
+    Before anything is written the job runs jaxsal.checks once: the model on these frames, the
+    target, the q_action actions, the frames' values (all of them up to SCAN_BYTES, else the first
+    chunk, and each later chunk as it is read); the methods then check shapes only.
     """
     from jaxsal.provenance import params_checksum as checksum_of
 
@@ -159,8 +162,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
     for name, v in (("chunk", chunk), ("batch_size", 1 if batch_size is None else batch_size),
                     ("num_processes", num_processes)):
-        if not isinstance(v, int) or v < 1:
-            raise SaliencyInputError(f"{name} must be a positive integer, got {v!r}")
+        checks.check_positive_int(name, v)
     if not 0 <= process_id < num_processes:
         raise SaliencyInputError(f"process_id must be in [0, {num_processes}), got {process_id}")
     if target == "q_action":
