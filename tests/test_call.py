@@ -52,3 +52,15 @@ def test_a_list_of_methods_checks_the_frames_values_once(monkeypatch):
     bad[1, 2, 3, 0] = np.inf
     with pytest.raises(SaliencyInputError, match="state 1 of obs holds NaN or inf"):
         jaxsal.explain(MODEL.apply, PARAMS, bad, method=["gradient", "occlusion"], patch=4, stride=4)
+
+
+def test_each_check_is_written_once():
+    """The CLI and the batch job call jaxsal.checks; none of them keeps a copy of a check."""
+    from pathlib import Path
+
+    texts = {p: p.read_text() for p in Path(jaxsal.__file__).parent.rglob("*.py")}
+    for needle in ("needs actions=(N,)", "holds NaN or inf values", "this agent takes uint8 pixels",
+                   "action index out of range", "must give one scalar per sample"):
+        where = [str(p) for p, t in texts.items() for _ in range(t.count(needle))]
+        assert len(where) == 1, (needle, where)
+    assert not [p for p, t in texts.items() if "eval_shape(agent.apply_fn" in t]  # the CLI probes via checks
