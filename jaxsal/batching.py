@@ -25,13 +25,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxsal.errors import SaliencyInputError
 
 class LRU(OrderedDict):
-    """A dict bounded to `maxsize` entries, least recently used evicted first. Every cache of
-    built functions and traced structure is one, so long sessions (many models, shapes,
-    options) never grow memory without bound; `clear_caches` empties them all."""
+    """A dict bounded to `maxsize` entries, least recently used evicted first, registered under
+    `name`. Every cache of jaxsal is one (built functions, traced structure, loaded agents,
+    small matrices), so long sessions (many models, shapes, options) never grow memory
+    without bound, and `clear_caches` empties them all."""
 
-    def __init__(self, maxsize: int):
+    def __init__(self, name: str, maxsize: int):
         super().__init__()
-        self.maxsize = maxsize
+        self.name, self.maxsize = name, maxsize
         _CACHES.append(self)
 
     def get_or_build(self, key, build: Callable[[], object]):
@@ -40,21 +41,48 @@ class LRU(OrderedDict):
             return self[key]
         value = build()
         self[key] = value
-        while len(self) > self.maxsize:
-            self.popitem(last=False)
         return value
 
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        while len(self) > self.maxsize:
+            self.popitem(last=False)
 
-_CACHES: list = []
 
-JIT_CACHE_SIZE = 256
-_JIT_CACHE = LRU(JIT_CACHE_SIZE)
+_CACHES: list[LRU] = []
+
+
+def caches() -> list[LRU]:
+    """Every jaxsal cache (each has a `name` and a `maxsize`; for tests and memory accounting)."""
+    return list(_CACHES)
 
 
 def clear_caches() -> None:
-    """Empty every jaxsal cache of built functions and traced structure (a fresh process's state)."""
+    """Empty every jaxsal cache (built functions, traced structure, loaded agents, small
+    matrices): a fresh process's state."""
     for c in _CACHES:
         c.clear()
+
+
+def memo(name: str, maxsize: int, key: Callable[..., object] | None = None):
+    """functools.lru_cache in a registered LRU: the function's result memoised on `key(*args,
+    **kwargs)` (default static_key of the arguments), so it is bounded and `clear_caches`
+    empties it; `key` must name everything the result depends on (e.g. an environment variable)."""
+    def wrap(fn):
+        cache = LRU(name, maxsize)
+        make_key = key or (lambda *a, **kw: static_key((a, kw)))
+
+        @functools.wraps(fn)
+        def cached(*args, **kwargs):
+            return cache.get_or_build(make_key(*args, **kwargs), lambda: fn(*args, **kwargs))
+        cached.cache = cache
+        cached.cache_clear = cache.clear
+        return cached
+    return wrap
+
+
+JIT_CACHE_SIZE = 256
+_JIT_CACHE = LRU("jit", JIT_CACHE_SIZE)
 
 
 class _Ref:
@@ -132,6 +160,22 @@ def _static_key(value, active):
     except TypeError:
         return _Ref(value)
     return ("obj", type(value), value)
+
+
+def fn_key(fn):
+    """A cache key for a function a cached result depends on, cheap on the hot path: jaxsal's
+    own functions and partials by static_key (a closure built per call by what it captures),
+    any other hashable callable as itself (its own equality: a user's function by identity),
+    an unhashable one by identity."""
+    f = getattr(fn, "__func__", fn)
+    if isinstance(fn, functools.partial) or (isinstance(f, types.FunctionType)
+                                             and f.__code__.co_filename.startswith(_PKG_DIR)):
+        return static_key(fn)
+    try:
+        hash(fn)
+    except TypeError:
+        return _Ref(fn)
+    return fn
 
 
 def cached_jit(build: Callable[..., Callable], *args, **jit_kwargs) -> Callable:

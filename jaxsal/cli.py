@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxsal.batching import LRU
+
 EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPT, EXIT_TERM = 2, 1, 130, 143
 DEMO_METHODS = ("gradcam", "guided_backprop", "gradient", "occlusion")
 DEMO_OPTIONS = {"gradcam": {"layer": "conv3"}, "occlusion": {"patch": 6, "stride": 6, "score": "drop"}}
@@ -129,23 +131,6 @@ def _game_agent(agent):
                                  num_actions=agent.num_actions, game=agent.card.get("game"))
 
 
-def _num_actions(agent, shape):
-    """The agent's action count, from its card or one forward pass on zeros of `shape` (model layout)."""
-    if agent.num_actions is not None:
-        return agent.num_actions
-    import jax
-    import jax.numpy as jnp
-
-    from jaxsal.targets import q_of
-
-    try:
-        out = jax.eval_shape(agent.apply_fn, agent.params, jax.ShapeDtypeStruct((1,) + tuple(shape[1:]), jnp.float32))
-        q = q_of(out)
-        return int(q.shape[-1]) if len(q.shape) == 2 else None
-    except Exception:  # noqa: BLE001 (the job reports a failing model in one line)
-        return None
-
-
 def _check_frames(agent, shape):
     """Frames (in the model's layout) must have the shape the agent's card says."""
     from jaxsal.io.layout import to_nhwc_shape
@@ -159,31 +144,25 @@ def _check_frames(agent, shape):
                            f"{want} ({agent.layout}); was the buffer recorded for another game or preprocessing?")
 
 
-def _check_actions(agent, source, num_actions, target=None):
-    """Buffers store the actions taken: more actions than the agent has is a mismatch (checked for
-    Dopamine buffers always, for the actions `--target q_action` explains in any buffer)."""
+def _check_buffer_actions(agent, source, num_actions):
+    """A Dopamine buffer's stored actions must be actions of this agent (jaxsal.checks.check_actions):
+    one the agent does not have means agent and buffer are for different games. (The actions
+    `--target q_action` explains, from any buffer, are checked by the job before it writes.)"""
+    from jaxsal.checks import check_actions
+    from jaxsal.errors import SaliencyInputError
     from jaxsal.io.readers import DopamineSource
 
-    if num_actions is None:
-        return
-    if target == "q_action" and hasattr(source, "actions"):
-        acts = np.asarray(source.actions(0, len(source)))
-        if acts.size and not 0 <= int(acts.min()) <= int(acts.max()) < num_actions:
-            raise CLIError(f"the buffer's actions range over {int(acts.min())}..{int(acts.max())} but agent "
-                           f"{agent.name!r} has {num_actions} actions (0..{num_actions - 1}): agent and buffer "
-                           "are for different games, or the actions are not per frame stack")
-    if not isinstance(source, DopamineSource):
+    if num_actions is None or not isinstance(source, DopamineSource):
         return
     for part in source.parts:
         path = part.action_path
         if path.exists():
             actions = part.actions(0, len(part))  # the states served: slots never written hold garbage
-            if actions.size and int(actions.max()) >= num_actions:
-                raise CLIError(f"{path.name} uses action {int(actions.max())} but agent {agent.name!r} "
-                               f"has only {num_actions} actions: agent and buffer are for different games")
-
-
-SCAN_BYTES = 1 << 30  # float inputs up to this size are checked in full before anything is written
+            try:
+                check_actions(actions, len(actions), num_actions)
+            except SaliencyInputError as e:
+                raise CLIError(f"{path.name}: {e}: agent {agent.name!r} and the buffer are for different "
+                               "games") from None
 
 
 def _check_numbers(args):
@@ -202,41 +181,26 @@ def _other_layout(layout: str) -> str:
 
 
 def _check_model(agent, shape, layout_given: str | None, target: str | None = None):
-    """One abstract forward pass (no compilation) on a frame stack of `shape` (model layout): a model
-    that takes the other layout, or that fails on these frames, is refused here, before anything
-    is written; so is a target the model's output cannot give (e.g. value on a Q-network)."""
-    import jax
-    import jax.numpy as jnp
+    """The library's model check (jaxsal.checks.check_model: one abstract forward pass, no
+    compilation) on a frame stack of `shape` (model layout), before anything is written, in the
+    CLI's words: a model that takes the other layout or fails on these frames, or a target its
+    output cannot give (e.g. value on a Q-network). Returns the output shapes."""
+    from jaxsal import checks
 
-    from jaxsal.errors import SaliencyInputError
-    from jaxsal.targets import get_target
-
-    def runs(s):
-        try:
-            return jax.eval_shape(agent.apply_fn, agent.params, jax.ShapeDtypeStruct(s, jnp.float32)), None
-        except Exception as e:  # noqa: BLE001 (any failure of the user's model)
-            return None, e
-
-    one = (1,) + tuple(shape[1:])
-    out, err = runs(one)
-    if err is not None:
-        other = _other_layout(agent.layout)
-        alt = (1, one[3], one[1], one[2]) if agent.layout == "NHWC" else (1, one[2], one[3], one[1])
-        kinds = {"NCHW": "channel-first", "NHWC": "channel-last"}
-        if runs(alt)[1] is None:
-            fix = f"add --layout {other}" if layout_given is None else f"use --layout {other}"
-            raise CLIError(f"agent {agent.name!r} takes {kinds[other]} frames (N, {alt[1]}, {alt[2]}, {alt[3]}): "
-                           f"{fix} (on {kinds[agent.layout]} frames {one} it fails: {type(err).__name__})")
+    try:
+        return checks.check_model(agent.apply_fn, agent.params, shape, layout=agent.layout,
+                                  target=target or "q_chosen")
+    except checks.ModelFails as e:
+        error = e.error.partition(":")[0]
+        if e.layout is not None:
+            fix = f"add --layout {e.layout}" if layout_given is None else f"use --layout {e.layout}"
+            raise CLIError(f"agent {agent.name!r} takes {checks.KINDS[e.layout]} frames (N, {', '.join(map(str, e.alt_shape[1:]))}): "
+                           f"{fix} (on {checks.KINDS[agent.layout]} frames {e.shape} it fails: {error})") from None
         _check_frames(agent, shape)  # frames of another size than the card's: that says it best
-        first = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
-        raise CLIError(f"agent {agent.name!r} fails on one frame stack of shape {one} ({agent.layout}): {first}; "
-                       "check that --agent and --input (and --layout) belong together")
-    if target is not None:
-        tgt = get_target(target)
-        try:
-            jax.eval_shape(lambda o: tgt.score(o, jnp.zeros((1,), jnp.int32)), out)
-        except SaliencyInputError as e:
-            raise CLIError(f"--target {target}: {e}; choose another --target (see jaxsal explain --help)") from None
+        raise CLIError(f"agent {agent.name!r} fails on one frame stack of shape {e.shape} ({agent.layout}): {e.error}; "
+                       "check that --agent and --input (and --layout) belong together") from None
+    except checks.TargetFails as e:
+        raise CLIError(f"--target {target}: {e}; choose another --target (see jaxsal explain --help)") from None
 
 
 def _check_layers(agent, specs, source):
@@ -258,53 +222,12 @@ def _check_layers(agent, specs, source):
             raise CLIError(f"--option {s.alias}.layer={layer}: {e}") from None
 
 
-def _resuming(out: Path, source) -> bool:
-    """The output directory holds this job on this input already (its input was checked when it started)."""
-    from jaxsal.io.store import MANIFEST
-
-    try:
-        cfg = json.loads((out / MANIFEST).read_text())["config"]
-    except (OSError, ValueError, KeyError):
-        return False
-    return cfg.get("input") == {"checksum": source.fingerprint()}
-
-
-def _check_input(agent, source, chunk: int, out: Path):
-    """Pixel values before anything is written: uint8 frames need no look; rows of other dtypes (every
-    float shard of a shard folder, not only the first chunk's) are checked for NaN/inf and for the
-    agent's pixel scale, in chunks, over all of them when they are at most SCAN_BYTES (else the first
-    chunk of each shard here and every later chunk before its outputs are written)."""
-    from jaxsal.errors import SaliencyInputError
-    from jaxsal.io.readers import dtype_spans
-    from jaxsal.validate import check_pixels
-
-    spans = [(a, b, dt) for a, b, dt in dtype_spans(source) if dt not in (np.uint8, np.bool_)]
-    if not spans:
-        return
-    row = int(np.prod(source.shape[1:]))
-    whole = sum((b - a) * row * dt.itemsize for a, b, dt in spans) <= SCAN_BYTES and not _resuming(out, source)
-    for a0, b0, _ in spans:
-        for a in range(a0, b0 if whole else min(b0, a0 + chunk), chunk):
-            b = min(b0, a + chunk)
-            x = np.asarray(source.read(a, b))
-            if np.issubdtype(x.dtype, np.floating):
-                bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(1))
-                if bad.size:
-                    k = a + int(bad[0])
-                    raise CLIError(f"frame {k} of the input holds NaN or inf values: replace them (e.g. "
-                                   "np.nan_to_num(obs)) or drop those frames"
-                                   + (f", or explain the frames before it with --limit {k}" if k else ""))
-            try:
-                check_pixels(x, agent.pixels)
-            except SaliencyInputError as e:
-                raise CLIError(f"frames {a}:{b}: {e}") from None
-
-
 def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, until_done: bool = False,
          quiet: bool = False, target: str | None = None, layout_given: str | None = None):
     """Play `steps` steps with the agents provider's game (EnvPool / gymnax) and save the frames as
     out/input/obs.npy (reused on rerun). The model is checked on the game's frames (layout, `target`)
     before playing."""
+    from jaxsal.checks import num_actions
     from jaxsal.io import open_source
     from jaxsal.plugins import agent_provider
     from jaxsal.io.store import MANIFEST
@@ -320,8 +243,8 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
     env = provider.make_env(game, seed=seed)
     shape = (1,) + tuple(env.obs_shape)
     model_shape = shape if agent.layout == "NHWC" else (1, shape[3], shape[1], shape[2])
-    _check_model(agent, model_shape, layout_given, target)
-    n_act = _num_actions(agent, model_shape)
+    model_out = _check_model(agent, model_shape, layout_given, target)
+    n_act = agent.num_actions or num_actions(model_out)
     if n_act is not None and env.num_actions != n_act:
         raise CLIError(f"agent {agent.name!r} has {n_act} actions but {game} has "
                        f"{env.num_actions}: choose the agent trained on {game}")
@@ -427,6 +350,7 @@ def cmd_explain(args) -> int:
 def _explain_job(args, agent, specs, out: Path):
     """Open the input, check everything that can be checked before writing, run the job."""
     import jaxsal
+    from jaxsal.checks import NonFinite, num_actions
     from jaxsal.io import open_source, run_job
     from jaxsal.io.layout import as_layout
     from jaxsal.io.readers import verify_input
@@ -440,23 +364,24 @@ def _explain_job(args, agent, specs, out: Path):
         verify_input(source)  # every member's checksum, before any frame is looked at
         input_id = None
     source = as_layout(source, agent.layout)  # (N, 84, 84, 4) or (N, 4, 84, 84): the model's layout
-    _check_model(agent, source.shape, args.layout, args.target)
+    model_out = _check_model(agent, source.shape, args.layout, args.target)
     _check_frames(agent, source.shape)
-    _check_actions(agent, source, _num_actions(agent, source.shape), args.target)
+    _check_buffer_actions(agent, source, agent.num_actions or num_actions(model_out))
     objects, store_maps = _objects_for(args, agent, source)
     if args.limit is not None:
         source = _Limited(source, args.limit)
     _check_layers(agent, specs, source)
-    _check_input(agent, source, args.chunk, out)
     _say(f"explaining {len(source)} frames of {source.describe().get('path') or 'the rollout'} with "
          f"{', '.join(s.alias for s in specs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
-    summary = run_job(agent.apply_fn, agent.params, source, out, specs, target=args.target, chunk=args.chunk,
-                      batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
-                      agent={"name": agent.name, "card": agent.card}, input_id=input_id,
-                      process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet,
-                      layout=agent.layout, extra_meta={"input_layout": source.describe().get("layout", agent.layout)},
-                      objects=objects, store_maps=store_maps)
-    return summary
+    try:
+        return run_job(agent.apply_fn, agent.params, source, out, specs, target=args.target, chunk=args.chunk,
+                       batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
+                       agent={"name": agent.name, "card": agent.card}, input_id=input_id,
+                       process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet,
+                       layout=agent.layout, extra_meta={"input_layout": source.describe().get("layout", agent.layout)},
+                       objects=objects, store_maps=store_maps)
+    except NonFinite as e:  # the frames before the first bad one can be explained on their own
+        raise CLIError(f"{e}, or explain the frames before it with --limit {e.index}" if e.index else str(e)) from None
 
 
 def _snapshot(out: Path):
@@ -740,8 +665,8 @@ def _sweep_source(agent, cell, out: Path, target: str):
     return (_Limited(source, inp["limit"]) if "limit" in inp else source), n
 
 
-_SWEEP_MODELS: dict = {}  # agent card (JSON) -> the apply_fn of its architecture, shared by its checkpoints
-_SWEEP_LAST: dict = {}  # the agent of the last cell (and its spec, checkpoint and their files' times)
+_SWEEP_MODELS = LRU("sweep architectures", 64)  # agent card (JSON) -> the apply_fn of its architecture
+_SWEEP_LAST = LRU("sweep last agent", 1)  # (spec, checkpoint, their files' times) -> the last cell's agent
 
 
 def _sweep_agent(cell):
@@ -755,14 +680,12 @@ def _sweep_agent(cell):
 
     stamp = [(p, os.stat(p).st_mtime_ns) for p in (cell.spec.rpartition(":")[0] if is_function_spec(cell.spec)
                                                     else cell.spec, cell.model) if p and os.path.exists(p)]
-    key = (cell.spec, cell.model, tuple(stamp))
-    if _SWEEP_LAST.get("key") != key:  # consecutive cells of one checkpoint load it once
-        _SWEEP_LAST.update(key=key, agent=load_agent(cell.spec, cell.model, None))
-    agent = _SWEEP_LAST["agent"]
+    key = (cell.spec, cell.model, tuple(stamp))  # consecutive cells of one checkpoint load it once
+    agent = _SWEEP_LAST.get_or_build(key, lambda: load_agent(cell.spec, cell.model, None))
     if is_function_spec(cell.spec) or Path(cell.spec).suffix in FILE_SUFFIXES or not agent.card:
         return agent
     key = json.dumps([agent.card, agent.layout, agent.pixels], sort_keys=True, default=str)
-    return dataclasses.replace(agent, apply_fn=_SWEEP_MODELS.setdefault(key, agent.apply_fn))
+    return dataclasses.replace(agent, apply_fn=_SWEEP_MODELS.get_or_build(key, lambda: agent.apply_fn))
 
 
 def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from jaxsal.checks import check_values, values_checked
 from jaxsal.errors import SaliencyInputError
 from jaxsal.registry import accepted_options, call_method, get_method, is_default
 
@@ -30,7 +31,7 @@ def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", targ
         error unless layout= is given. Agents that declare uint8 pixels reject frames outside
         0..255 and float frames in [0, 1].
     """
-    # layout, pixels, target and actions are checked by every method in jaxsal.call.check_call, so
+    # layout, pixels, target and actions are checked by every method in jaxsal.checks.check_call, so
     # a method called directly (jaxsal.gradcam(...)) and the batch job get the same checks
     common = dict(target=target, layer=layer, per_frame=per_frame, layout=layout, key=key,
                   batch_size=batch_size, actions=actions)
@@ -51,9 +52,11 @@ def _explain_many(methods, apply_fn, params, obs, common, options):
                 raise SaliencyInputError(f"none of the methods {methods} takes {name}={value!r}")
     calls = {m: (m, {k: v for k, v in common.items() if k in accepted[m]},
                  {k: v for k, v in options.items() if k in accepted[m]}) for m in dict.fromkeys(methods)}
+    check_values(obs, getattr(apply_fn, "jaxsal_pixels", None))  # once, not once per method
     out = {}
-    for group in share_groups(calls):
-        out.update(explain_group(apply_fn, params, obs, calls, group))
+    with values_checked():
+        for group in share_groups(calls):
+            out.update(explain_group(apply_fn, params, obs, calls, group))
     return {m: out[m] for m in calls}
 
 

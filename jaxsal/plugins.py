@@ -24,11 +24,11 @@ installed (or to use a provider that is importable but not installed).
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 from importlib.metadata import entry_points
 
+from jaxsal.batching import memo
 from jaxsal.errors import SaliencyInputError
 
 GROUP = "jaxsal.agents"
@@ -96,7 +96,7 @@ _NO_PROVIDER = ("no agents provider is installed (entry-point group 'jaxsal.agen
                 "file and --input BUFFER")
 
 
-@functools.lru_cache(maxsize=None)
+@memo("agents provider", 4, key=lambda: os.environ.get(ENV_VAR))  # the choice depends on it
 def agent_provider() -> AgentProvider:
     """The installed agents provider (cached). Raises AgentProviderError naming the fix when none
     is installed, or when several are and JAXSAL_AGENT_PROVIDER does not pick one."""

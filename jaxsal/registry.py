@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from jaxsal.errors import SaliencyInputError
-from jaxsal.validate import resolve_layout
+from jaxsal.checks import resolve_layout
 
 METHODS: dict[str, Callable] = {}
 STOCHASTIC: set[str] = set()

@@ -116,11 +116,17 @@ def get_target(target) -> Target:
     return _TARGETS[target]
 
 
+def require_actions(target):
+    """target='q_action' explains the caller's actions and has no choice of its own: without
+    actions it is an error (jaxsal.checks.target_actions checks every call with it)."""
+    if getattr(target, "name", target) == "q_action":
+        raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
+
+
 def resolve_actions(target: Target, out, actions=None):
     """Per-sample actions: the caller's (validated) or the target's choice on the clean output."""
     if actions is None:
-        if target.name == "q_action":
-            raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
+        require_actions(target)
         return jax.lax.stop_gradient(target.choose(out)).astype(jnp.int32)
     return jnp.asarray(actions, jnp.int32)
 

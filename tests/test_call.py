@@ -1,5 +1,5 @@
 """One checked call for every method: the same bad input gives the same error from a gradient
-and a perturbation method, because both run jaxsal.call.check_call first. Cases come from the
+and a perturbation method, because both run jaxsal.checks.check_call first. Cases come from the
 conformance table, so a newly registered method is covered here too."""
 import jax.numpy as jnp
 import numpy as np
@@ -29,3 +29,38 @@ def test_every_method_rejects_bad_input_the_same_way(method, bad):
     call.update(change(method))
     with pytest.raises(SaliencyInputError, match=message):
         jaxsal.explain(call.pop("apply_fn"), call.pop("params"), call.pop("obs"), **call)
+
+
+def test_a_model_of_the_other_layout_is_refused_naming_the_layout_it_takes():
+    def nchw(p, x):  # a channel-first model: (N, C, H, W) frames
+        return MODEL.apply(p, x.transpose(0, 2, 3, 1))
+    with pytest.raises(SaliencyInputError, match=r"takes channel-first frames \(N, 2, 16, 16\): pass "
+                                                 r"layout='NCHW'"):
+        jaxsal.explain(nchw, PARAMS, _obs(), method="gradient", layout="NHWC")
+
+
+def test_a_list_of_methods_checks_the_frames_values_once(monkeypatch):
+    from jaxsal import checks
+
+    seen = []
+    real = checks.check_finite
+    monkeypatch.setattr(checks, "check_finite", lambda x, *a: seen.append(x.shape) or real(x, *a))
+    jaxsal.explain(MODEL.apply, PARAMS, np.asarray(_obs(), np.float32), method=["gradient", "gradcam", "occlusion"],
+                   patch=4, stride=4)
+    assert seen == [(3, 16, 16, 2)]
+    bad = np.asarray(_obs(), np.float32)
+    bad[1, 2, 3, 0] = np.inf
+    with pytest.raises(SaliencyInputError, match="state 1 of obs holds NaN or inf"):
+        jaxsal.explain(MODEL.apply, PARAMS, bad, method=["gradient", "occlusion"], patch=4, stride=4)
+
+
+def test_each_check_is_written_once():
+    """The CLI and the batch job call jaxsal.checks; none of them keeps a copy of a check."""
+    from pathlib import Path
+
+    texts = {p: p.read_text() for p in Path(jaxsal.__file__).parent.rglob("*.py")}
+    for needle in ("needs actions=(N,)", "holds NaN or inf values", "this agent takes uint8 pixels",
+                   "action index out of range", "must give one scalar per sample"):
+        where = [str(p) for p, t in texts.items() for _ in range(t.count(needle))]
+        assert len(where) == 1, (needle, where)
+    assert not [p for p, t in texts.items() if "eval_shape(agent.apply_fn" in t]  # the CLI probes via checks

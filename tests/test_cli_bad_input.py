@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal import cli
 from jaxsal.cli import main
-from jaxsal.io import store
+from jaxsal.io import job, store
 from tests import _crafted_files as crafted
 from tests import _foreign_agents as F
 from tests.test_cli_support import corrupt_member, frames, make_agent_files
@@ -153,10 +152,10 @@ def test_bad_input_is_one_line_exit_2_nothing_written(inputs, tmp_path, capsys, 
 
 
 def test_a_big_float_input_is_checked_chunk_by_chunk(inputs, tmp_path, monkeypatch, capsys):
-    """Above cli.SCAN_BYTES the input is not read twice: the first chunk is checked before anything is
+    """Above job.SCAN_BYTES the input is not read twice: the first chunk is checked before anything is
     written, every later chunk before its own outputs are written (the finished chunks stay, resumable)."""
     d, card, _ = inputs
-    monkeypatch.setattr(cli, "SCAN_BYTES", 1)
+    monkeypatch.setattr(job, "SCAN_BYTES", 1)
     argv = ["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(d / "nan.npy"),
             "--quiet", "--chunk", "2"]
     assert main(argv + ["--out", str(tmp_path / "late")]) == 2

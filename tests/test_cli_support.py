@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from jaxsal.registry import METHODS, register  # noqa: E402
 from jaxsal.targets import get_target, resolve_actions  # noqa: E402
-from jaxsal.validate import check_obs, check_positive_int  # noqa: E402
+from jaxsal.checks import check_obs, check_positive_int  # noqa: E402
 from jaxsal.batching import cached_jit, map_batched  # noqa: E402
 
 

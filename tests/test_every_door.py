@@ -1,6 +1,6 @@
 """Every entry point checks the same things: a method function called directly
 (`jaxsal.gradcam(...)`) resolves the model's declared layout and refuses frames on the wrong
-pixel scale exactly as `jaxsal.explain` does (the checks live in jaxsal.call.check_call)."""
+pixel scale exactly as `jaxsal.explain` does (the checks live in jaxsal.checks.check_call)."""
 import inspect
 
 import flax.linen as nn

@@ -1,6 +1,6 @@
 """Shared plumbing of the gradient methods: target objective, fixed actions, chunked execution.
 
-Every method validates once (jaxsal.call.check_call, shared with the perturbation methods; the
+Every method validates once (jaxsal.checks.check_call, shared with the perturbation methods; the
 key here), then runs a cached jitted function per chunk of states in a Python loop (not lax.map:
 XLA:CPU conv gradients in loops are ~10x slower), padding the last chunk and sharding each
 chunk's batch axis over the local devices. Results stay on device.
@@ -14,9 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import batching
-from jaxsal.call import Call, as_float
+from jaxsal.checks import Call, as_float, to_nhwc
 from jaxsal.errors import SaliencyInputError
-from jaxsal.validate import to_nhwc
 
 
 def objective(tgt, out, actions):
@@ -65,7 +64,7 @@ def state_index(n: int):
 
 def as_key(key, method):
     """Check and normalise a PRNG key (typed or raw uint32[2])."""
-    from jaxsal.validate import check_key
+    from jaxsal.checks import check_key
     key = check_key(key, method)
     try:
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):

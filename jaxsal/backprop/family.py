@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxsal import batching
-from jaxsal.call import as_float, check_call, params_signature
+from jaxsal.checks import as_float, check_call, params_signature, to_nhwc
 from jaxsal.errors import SaliencyInputError
 from jaxsal.backprop import cam
 from jaxsal.backprop.common import finish, objective, run_chunks
@@ -23,7 +23,6 @@ from jaxsal.backprop.cam_site import CAM_ACTIVATIONS, cam_site
 from jaxsal.backprop.layers import get_activation, resolve_tap, tap
 from jaxsal.backprop.rules import rewrite
 from jaxsal.registry import check_free, register
-from jaxsal.validate import to_nhwc
 
 INPUT_RULES = {"gradient": "plain", "grad_x_input": "plain", "guided_backprop": "guided",
                "deconvnet": "deconvnet"}
@@ -145,7 +144,7 @@ def compute(methods, apply_fn, params, obs, *, target="q_chosen", actions=None, 
     return run_chunks(fn, params, arrays, k, prep.rows)
 
 
-_LAYER_CACHE = batching.LRU(256)
+_LAYER_CACHE = batching.LRU("layer sites", 256)
 
 
 def _structure_cached(fn, apply_fn, params, x1, layer, activation=None):

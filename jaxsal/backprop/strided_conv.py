@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxsal.batching import LRU
+from jaxsal.batching import LRU, fn_key, memo
 
 __all__ = ["fast_apply", "conv_s2d", "conv_hybrid", "conv_eligible", "conv_rule",
            "conv_rule_eligible"]
@@ -146,7 +146,7 @@ def _perm(spec):
     return (spec[0], spec[2], spec[3], spec[1])
 
 
-@functools.lru_cache(maxsize=256)
+@memo("strided conv rules", 256)
 def _rule_for(items: tuple):
     params = dict(items)
     dn = params["dimension_numbers"]
@@ -235,7 +235,7 @@ def _interceptor(next_fun, args, kwargs, ctx, min_stride: int = 2):
     return y
 
 
-_WRAPPED = LRU(256)  # apply_fn -> wrapper (bound methods are fresh objects, so no weakrefs)
+_WRAPPED = LRU("fast-conv wrappers", 256)  # apply_fn -> wrapper (bound methods are fresh objects, so no weakrefs)
 
 
 def fast_apply(apply_fn, min_stride: int = 2):
@@ -250,10 +250,10 @@ def fast_apply(apply_fn, min_stride: int = 2):
     """
     if getattr(apply_fn, "_jaxsal_fastconv", False):
         return apply_fn
-    key = (apply_fn, int(min_stride))
     try:
+        key = (fn_key(apply_fn), int(min_stride))
         hit = _WRAPPED.get(key)
-    except TypeError:  # unhashable callable: wrap without memoising
+    except TypeError:  # a callable that captures an array: wrap without memoising
         hit, cacheable = None, False
     else:
         cacheable = True

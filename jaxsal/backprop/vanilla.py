@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import batching
-from jaxsal.call import as_float, check_call
+from jaxsal.checks import as_float, check_call, check_positive_int
 from jaxsal.errors import SaliencyInputError
 from jaxsal.backprop.common import (as_key, choose_actions, finish, objective, sample_groups,
                                     state_index)
@@ -20,7 +20,6 @@ from jaxsal.backprop.family import compute
 from jaxsal.backprop.pathavg import interpolated_gradient, sample_gradient_sums
 from jaxsal.backprop.rules import RULES
 from jaxsal.registry import register
-from jaxsal.validate import check_positive_int
 
 SMOOTHGRAD_VARIANTS = ("mean", "sg2", "vargrad")
 IG_BASELINES = ("black", "blur", "uniform")

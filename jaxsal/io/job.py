@@ -22,6 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxsal import checks
 from jaxsal.batching import batch_sharding, pad_rows
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
@@ -31,6 +32,7 @@ from jaxsal.targets import explains_action, get_target
 
 COMMON = ("target", "layer", "per_frame", "layout", "actions")
 DTYPES = ("float32", "float16")
+SCAN_BYTES = 1 << 30  # float inputs up to this size are checked in full before anything is written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +145,9 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     maps explain; DIR/_objects/_effects, `jaxsal.load_object_effects`), once for all methods.
     Methods computed together (summary "computed_together")
     are each credited the group's time in maps_per_s.
+    Before anything is written the job runs jaxsal.checks once: the model on these frames, the
+    target, the q_action actions, the frames' values (all of them up to SCAN_BYTES, else the first
+    chunk, and each later chunk as it is read); the methods then check shapes only.
     """
     from jaxsal.provenance import params_checksum as checksum_of
 
@@ -157,8 +162,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
     for name, v in (("chunk", chunk), ("batch_size", 1 if batch_size is None else batch_size),
                     ("num_processes", num_processes)):
-        if not isinstance(v, int) or v < 1:
-            raise SaliencyInputError(f"{name} must be a positive integer, got {v!r}")
+        checks.check_positive_int(name, v)
     if not 0 <= process_id < num_processes:
         raise SaliencyInputError(f"process_id must be in [0, {num_processes}), got {process_id}")
     if target == "q_action":
@@ -167,7 +171,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                                      ".npz next to the frames (np.savez(path, obs=frames, actions=actions), "
                                      "one integer per frame stack), use a Dopamine replay directory (its "
                                      "$store$_action_ckpt files), or choose another target")
-        source.actions(0, len(source))  # every part's actions read and checked before anything is written
+        all_actions = source.actions(0, len(source))  # every part's, checked before anything is written
         for s in specs:
             if "actions" in s.options:
                 raise SaliencyInputError(f"{s.alias}: --target q_action takes the actions from the input; "
@@ -203,6 +207,26 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             **(extra_meta or {})}
     verify_input(source)  # a corrupt archive member is refused before anything is written
     out = Path(out)
+    # the library's checks, once, before anything is written: the model and target on these frames,
+    # the actions q_action explains, the frames' values (NaN, pixel scale; whole if small enough)
+    layout = checks.resolve_layout(source.shape, layout, getattr(apply_fn, "jaxsal_layout", None))
+    model_out = checks.check_model(apply_fn, params, source.shape, layout=layout, target=target)
+    if target == "q_action":
+        try:
+            checks.check_actions(all_actions, n, checks.num_actions(model_out))
+        except SaliencyInputError as e:
+            raise SaliencyInputError(f"the input's actions do not fit this model: {e}; model and input are for "
+                                     "different games, or the actions are not one per frame stack") from None
+    pixels = getattr(apply_fn, "jaxsal_pixels", None)
+    first = np.asarray(source.read(0, min(n, chunk)))
+    scanned = n  # frames [0, scanned) are value-checked here; later chunks as they are read
+    if n and first.dtype not in (np.uint8, np.bool_):
+        whole = n * first[0].nbytes <= SCAN_BYTES and not _resuming(out, config)
+        scanned = n if whole else len(first)
+        for a in range(0, scanned, chunk):
+            b = min(scanned, a + chunk)
+            _check_values(first if a == 0 else np.asarray(source.read(a, b)), pixels, a, b, prefix_nan=False)
+    del first
     manifest = store.open_job(out, config, meta)
     for s in specs:  # each method's directory describes itself too
         store.write_method_meta(out, s.alias, manifest)
@@ -246,7 +270,10 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     sharding = batch_sharding()
 
     def load(i):
-        x = pad_rows(np.asarray(source.read(i * chunk, i * chunk + rows(i))), pad_to)
+        x = np.asarray(source.read(i * chunk, i * chunk + rows(i)))
+        if i * chunk + rows(i) > scanned:  # beyond the up-front scan: checked before its outputs exist
+            _check_values(x, pixels, i * chunk, i * chunk + rows(i))
+        x = pad_rows(x, pad_to)
         acts = pad_rows(np.asarray(source.actions(i * chunk, i * chunk + rows(i))), pad_to) if use_actions else None
         return i, rows(i), (jax.device_put(x) if sharding is None else jax.device_put(x, sharding)), acts
 
@@ -296,12 +323,6 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     bar = _progress(total, done_before, quiet)
     computed = 0
     effects_s = 0.0
-    effects_layout = None
-    if effects:
-        from jaxsal.validate import resolve_layout
-
-        effects_layout = resolve_layout((pad_to,) + tuple(source.shape[1:]), layout,
-                                        getattr(apply_fn, "jaxsal_layout", None))
     try:
         while True:
             item = reader_q.get()
@@ -311,7 +332,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             outputs = {k: np.asarray(v)[:m] for k, v in forward(params, x, acts).items()}
             outputs.update(row_ids(source, i * chunk, i * chunk + m))  # which state of the input each row is
             results = []
-            calls = _chunk_calls(apply_fn, x, acts, base, f"frames {i * chunk}:{i * chunk + m}")
+            calls = base if acts is None else {a: (meth, dict(common, actions=acts), own)
+                                               for a, (meth, common, own) in base.items()}
             groups = share_groups(calls)  # the same every chunk: it depends on the settings only
             for group in groups:
                 # a group with any chunk missing is computed whole, so a resumed job writes
@@ -320,7 +342,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                     continue
                 ts = time.perf_counter()
                 try:
-                    maps = explain_group(apply_fn, params, x, calls, group)
+                    with checks.values_checked():  # once per chunk, when it was read
+                        maps = explain_group(apply_fn, params, x, calls, group)
                     for a in group:
                         shares = None if objects is None else objs.chunk_shares(
                             maps[a], objects.boxes[i * chunk:i * chunk + m], m)  # from the float32 maps
@@ -338,9 +361,10 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             if effects and not effects_done(i):
                 ts = time.perf_counter()
                 try:
-                    chunk_effects = objs.chunk_effects(
-                        apply_fn, params, x, objects.boxes[i * chunk:i * chunk + m], m, target,
-                        actions=acts, layout=effects_layout or "NHWC", batch_size=batch_size)
+                    with checks.values_checked():
+                        chunk_effects = objs.chunk_effects(
+                            apply_fn, params, x, objects.boxes[i * chunk:i * chunk + m], m, target,
+                            actions=acts, layout=layout, batch_size=batch_size)
                 except SaliencyInputError as e:
                     raise SaliencyInputError(f"object effects, frames {i * chunk}:{i * chunk + m}: {e}") from None
                 effects_s += time.perf_counter() - ts
@@ -400,26 +424,24 @@ def _explain_args(spec: MethodSpec, target, layout, key, batch_size) -> tuple[st
     return spec.method, args, kw
 
 
-def _chunk_calls(apply_fn, x, acts, base: dict, where: str) -> dict:
-    """The calls {alias: (method, common, options)} for one chunk, as jaxsal.explain makes
-    them: each layout resolved for these frames, pixels checked once, the chunk's actions."""
-    from jaxsal.validate import check_pixels, resolve_layout
-
+def _resuming(out: Path, config: dict) -> bool:
+    """`out` holds this job on this input already (its input was checked when it started)."""
     try:
-        check_pixels(x, getattr(apply_fn, "jaxsal_pixels", None))
+        return json.loads((Path(out) / store.MANIFEST).read_text())["config"].get("input") == config["input"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _check_values(x, pixels, a: int, b: int, prefix_nan: bool = True):
+    """jaxsal.checks.check_values of frames a:b of the input (host arrays: no device work)."""
+    try:
+        checks.check_values(x, pixels, a, ("frame", "the input"))
+    except checks.NonFinite as e:
+        if prefix_nan:
+            raise checks.NonFinite(f"frames {a}:{b}: {e}", e.index) from None
+        raise
     except SaliencyInputError as e:
-        raise SaliencyInputError(f"{where}: {e}") from None
-    calls = {}
-    for alias, (method, common, own) in base.items():
-        try:
-            lay = resolve_layout(x.shape, common["layout"], getattr(apply_fn, "jaxsal_layout", None))
-        except SaliencyInputError as e:
-            raise SaliencyInputError(f"{alias}, {where}: {e}") from None
-        common = dict(common, layout=lay)
-        if acts is not None:
-            common["actions"] = acts
-        calls[alias] = (method, common, own)
-    return calls
+        raise SaliencyInputError(f"frames {a}:{b}: {e}") from None
 
 
 OUTPUTS = store.OUTPUTS
@@ -430,7 +452,7 @@ def _outputs_fn(apply_fn, target):
     """Jitted chunk -> {"action": (n,), "q" or "logits": (n, A), ["value": (n,)]}: the action the
     target explains (the given one for q_action) and the model's output vector."""
     from jaxsal.batching import cached_jit
-    from jaxsal.call import as_float
+    from jaxsal.checks import as_float
     from jaxsal.targets import LOGIT_KEYS, Q_KEYS, logits_of, q_of, value_of
 
     tgt = get_target(target)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxsal.validate import looks_channel_first, looks_channel_last
+from jaxsal.checks import looks_channel_first, looks_channel_last
 
 _PERM = {("NHWC", "NCHW"): (0, 3, 1, 2), ("NCHW", "NHWC"): (0, 2, 3, 1)}
 

@@ -28,7 +28,7 @@ from scipy import stats
 from jaxsal import targets as T
 from jaxsal.batching import cached_jit, is_traced, map_batched
 from jaxsal.errors import SaliencyInputError
-from jaxsal.validate import LAYOUTS, check_obs
+from jaxsal.checks import LAYOUTS, check_obs, target_actions
 
 FILLS = ("background",)
 
@@ -211,8 +211,7 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
         sources.append(_fill_image(fill, (n, h, w, f), layout, n))
     tgt = T.get_target(target)
     if actions is None:
-        if tgt.name == "q_action":
-            raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
+        target_actions(tgt, None, n, None)  # q_action: the caller's actions are needed
         acts = jnp.full((n,), -1, jnp.int32)
     elif traced:
         acts = T.check_actions(actions, n, None)

@@ -19,10 +19,9 @@ import numpy as np
 
 from jaxsal import targets as T
 from jaxsal.batching import cached_jit, map_batched
-from jaxsal.call import as_float, check_call
+from jaxsal.checks import as_float, check_call, check_positive_int
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics.similarity import check_maps
-from jaxsal.validate import check_positive_int
 
 SUBSTRATES = ("black", "random", "blur")
 SCORES = ("auto", "ratio", "normalized", "difference", "raw", "q_value", "advantage")

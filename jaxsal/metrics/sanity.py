@@ -30,7 +30,7 @@ from jaxsal.front import explain
 from jaxsal.batching import cached_jit, map_batched
 from jaxsal.metrics.similarity import METRICS, check_maps, similarity
 from jaxsal.registry import accepted_options, get_method
-from jaxsal.validate import check_obs
+from jaxsal.checks import check_obs, target_actions
 
 DEFAULT_LAYERS = ("q", "fc1", "conv3", "conv2", "conv1")
 BASELINES = ("random_uniform", "random_gaussian")
@@ -163,9 +163,8 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
                                  f"{sorted(n for n in known if not n.startswith('params'))}")
 
     if actions is None and isinstance(target, str) and target != "value":
-        if target == "q_action":
-            raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
         tgt = T.get_target(target)
+        target_actions(tgt, None, x.shape[0], None)  # q_action: the caller's actions are needed
         choose = cached_jit(_chooser, apply_fn, tgt)
         actions = map_batched(choose, params, x, batch_size=256)   # fixed once, original model
 

@@ -1,6 +1,6 @@
 """Shared engine of the perturbation methods: clean forward, states x perturbations in chunks.
 
-Inputs are checked by jaxsal.call.check_call, the same step the gradient methods run first.
+Inputs are checked by jaxsal.checks.check_call, the same step the gradient methods run first.
 
 Every method describes one perturbation by an integer index (a grid position, a mask, a LIME
 sample) and a pure `perturb(consts, state, idx) -> x'`; the engine builds the perturbed inputs
@@ -21,9 +21,8 @@ import numpy as np
 from jaxsal import targets as T
 from jaxsal.batching import (LRU, cached_jit, chunk_size, in_host_memory, is_traced, map_batched, pad_rows,
                              per_state, run, static_key)
-from jaxsal.call import Call, as_float, check_call
+from jaxsal.checks import Call, as_float, check_call, check_positive_int, to_nhwc
 from jaxsal.errors import SaliencyInputError
-from jaxsal.validate import check_positive_int, to_nhwc
 
 SCORES = ("one_minus", "drop", "output_l2", "chosen_action", "softmax_drop", "target")
 
@@ -106,8 +105,6 @@ def clean_pass(apply_fn, params, obs, *, layout=None, target="q_chosen", actions
     layout = call.layout  # resolved: the caller's, else the model's declared one
     x = _float_nhwc(call.x, layout)
     vmax = resolve_obs_max(obs, obs_max)
-    if call.actions is None and call.target.name == "q_action":
-        raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
     out0, chosen = map_batched(cached_jit(_clean_forward, apply_fn, layout, call.target), params, x,
                                batch_size=call.rows)
     actions = chosen if call.actions is None else jnp.asarray(call.actions, jnp.int32)
@@ -262,7 +259,7 @@ def _scores(model, score, params, st, xp, out1=None):
     return score(out0, out1, a).reshape(s_, k_)
 
 
-_NON_LOCAL = LRU(256)  # static_key of (apply_fn, layout, perturb, score, box) -> apply_fn
+_NON_LOCAL = LRU("non-local models", 256)  # static_key of (apply_fn, layout, perturb, score, box) -> apply_fn
 
 
 def _run_chunks(prep, params, n_pert, consts, states, fn):

@@ -7,12 +7,11 @@ sum of outer products of B's columns, built on device for any number of centres.
 """
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 import numpy as np
 from scipy.ndimage import gaussian_filter1d
 
+from jaxsal.batching import memo
 from jaxsal.errors import SaliencyInputError
 
 MASK_SHAPES = ("gaussian", "hard")
@@ -20,7 +19,7 @@ MASK_SHAPES = ("gaussian", "hard")
 _PLUS = ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1))
 
 
-@functools.lru_cache(maxsize=64)
+@memo("blur matrices", 64)
 def _blur_matrix_np(length: int, sigma: float) -> np.ndarray:
     if sigma == 0:
         return np.eye(length, dtype=np.float32)

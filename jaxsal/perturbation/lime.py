@@ -15,7 +15,7 @@ from jaxsal.batching import per_state
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
 from jaxsal.registry import register
-from jaxsal.validate import check_key, check_positive_int
+from jaxsal.checks import check_key, check_positive_int
 
 # Paper B's parameters per segmentation (scikit-image argument names) and sample counts.
 SEGMENTATIONS = {

@@ -8,14 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.batching import per_state
+from jaxsal.batching import memo, per_state
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
 from jaxsal.registry import register
-from jaxsal.validate import check_key, check_positive_int
+from jaxsal.checks import check_key, check_positive_int
 
 
-@functools.lru_cache(maxsize=32)
+@memo("RISE upsampling matrices", 32)
 def _upsample_matrix(grid: int, up: int) -> np.ndarray:
     """(up, grid) matrix of skimage.transform.resize(order=1, mode='reflect', anti_aliasing=False)
     from `grid` to `up` samples along one axis (bilinear resize is separable: U G U^T)."""
@@ -75,7 +75,7 @@ def rise_bits(key, n_masks: int, grid, cell, p_keep):
     return bits, sy, sx
 
 
-@functools.lru_cache(maxsize=32)
+@memo("RISE mask builders", 32)
 def _mask_builder(g, cell, up, hw):
     uy = jnp.asarray(_upsample_matrix(g[0], up[0]))
     ux = jnp.asarray(_upsample_matrix(g[1], up[1]))

@@ -23,13 +23,11 @@ found and tapped by flax module name exactly as the CAM family does (jaxsal.back
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.batching import cached_jit, head, map_batched, per_state
+from jaxsal.batching import cached_jit, head, map_batched, memo, per_state
 from jaxsal.errors import SaliencyInputError
 from jaxsal.backprop import cam
 from jaxsal.backprop.cam_site import CAM_ACTIVATIONS, cam_site
@@ -41,7 +39,7 @@ NORM_EPS = 1e-8
 """Added to (max - min) of each upsampled activation map, as pytorch-grad-cam's ScoreCAM does."""
 
 
-@functools.lru_cache(maxsize=64)
+@memo("Score-CAM resize matrices", 64)
 def align_corners_matrix(n: int, size: int) -> np.ndarray:
     """(size, n) matrix of 1-D linear interpolation from n to `size` samples with aligned corners
     (torch's align_corners=True: output i samples input i (n - 1) / (size - 1)); bilinear

@@ -1,0 +1,346 @@
+"""The checks of every call, in one module: shape, layout, dtype, values, model, target, actions.
+
+`check_call` validates one method call on shapes (jax.eval_shape), so that it runs unchanged
+under the caller's jit/vmap/scan; value checks (NaN, the pixel scale of agents that declare
+uint8 pixels) run only where values exist, once per batch of frames. Every entry point goes
+through it: `jaxsal.explain`, a method function called directly (`jaxsal.gradcam(...)`), the
+batch job and the CLI (which turns these errors into its one-line messages). Each failure is
+one SaliencyInputError naming the fix.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsal import batching
+from jaxsal.errors import SaliencyInputError
+from jaxsal.targets import check_actions, get_target, logits_of, q_of, require_actions
+
+LAYOUTS = ("NHWC", "NCHW")
+
+
+def check_obs(obs, layout: str = "NHWC"):
+    """Validate a batch of observations; returns it as a float32 jax array (values unchanged).
+
+    Gradients are taken with respect to this float value of the observation as given.
+    """
+    if layout not in LAYOUTS:
+        raise SaliencyInputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    shape = tuple(np.shape(obs))
+    if len(shape) != 4:
+        hint = " Add a batch axis with obs[None] for a single state." if len(shape) == 3 else ""
+        raise SaliencyInputError(
+            f"obs must be a batch of frame stacks with shape (N, H, W, C) for layout='NHWC' "
+            f"or (N, C, H, W) for layout='NCHW'; got shape {shape}.{hint}")
+    if shape[0] == 0:
+        raise SaliencyInputError("obs is empty (N = 0)")
+    dtype = np.dtype(obs.dtype if hasattr(obs, "dtype") else np.asarray(obs).dtype)
+    if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer) or dtype == np.bool_):
+        raise SaliencyInputError(f"obs must be uint8, integer, bool or float, got dtype {dtype}")
+    x = jnp.asarray(obs, jnp.float32)
+    traced = isinstance(x, jax.core.Tracer)  # under jit/vmap: no values to check (see README)
+    if np.issubdtype(dtype, np.floating) and not traced and not _VALUES_CHECKED.get():
+        check_finite(x)
+    return x
+
+
+class NonFinite(SaliencyInputError):
+    """Frames holding NaN or inf; `index` is the first such state (counted from the start)."""
+
+    def __init__(self, msg: str, index: int):
+        super().__init__(msg)
+        self.index = index
+
+
+def check_finite(x, start: int = 0, what: str = ("state", "obs")):
+    """NaN or inf in float frames x (host or device; one reduction, the index only on failure)
+    is an error naming the first bad state, numbered from `start`."""
+    xp = np if isinstance(x, np.ndarray) else jnp
+    if not np.issubdtype(np.dtype(x.dtype), np.floating):
+        return
+    x = x.astype(np.float32, copy=False) if xp is np else x.astype(jnp.float32)  # as methods see them
+    if bool(xp.isfinite(x).all()):
+        return
+    k = start + int(np.flatnonzero(~np.asarray(xp.isfinite(x.reshape(len(x), -1)).all(1)))[0])
+    unit, name = what
+    raise NonFinite(f"{unit} {k} of {name} holds NaN or inf values: replace them (e.g. "
+                    f"np.nan_to_num(obs)) or drop those {unit}s", k)
+
+
+_VALUES_CHECKED = contextvars.ContextVar("jaxsal_values_checked", default=False)
+
+
+@contextlib.contextmanager
+def values_checked():
+    """Inside: the caller has checked the frames' values (NaN, pixel scale) already, once for all
+    the methods it runs on them (a list of methods, every chunk of a batch job), so check_call
+    checks shapes only: no second pass over the frames and no device sync per method."""
+    token = _VALUES_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _VALUES_CHECKED.reset(token)
+
+
+def check_values(x, pixels: str | None, start: int = 0, what=("state", "obs")):
+    """The value checks of frames x, once: finite (float frames), on the agent's pixel scale."""
+    if isinstance(x, jax.core.Tracer) or _VALUES_CHECKED.get():
+        return
+    x = x if hasattr(x, "dtype") else np.asarray(x)
+    if np.ndim(x) != 4:
+        return  # not a batch of frames: check_call's shape check says so
+    check_finite(x, start, what)
+    check_pixels(x, pixels)
+
+
+def spatial_shape(obs_shape, layout: str):
+    """(H, W, C) of an observation batch shape in the given layout."""
+    if layout == "NHWC":
+        return tuple(obs_shape[1:4])
+    return (obs_shape[2], obs_shape[3], obs_shape[1])
+
+
+def to_nhwc(x, layout: str):
+    """Move an input-shaped attribution to NHWC (N, H, W, C)."""
+    return x if layout == "NHWC" else jnp.transpose(x, (0, 2, 3, 1))
+
+
+def check_positive_int(name: str, value, minimum: int = 1):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise SaliencyInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_key(key, method: str):
+    if key is None:
+        raise SaliencyInputError(
+            f"method {method!r} is stochastic: pass key=jax.random.PRNGKey(seed) (same key -> same maps)")
+    return key
+
+
+def looks_channel_first(shape) -> bool:
+    """True when a 4-D batch shape reads as (N, C, H, W): the last axis is larger than a
+    spatial axis of the NHWC reading while axis 1 is the smallest of the three."""
+    _, a, b, c = shape
+    return c > min(a, b) and a < min(b, c)
+
+
+def looks_channel_last(shape) -> bool:
+    """True when a 4-D batch shape reads as (N, H, W, C) (axis 1 larger than the last axis)."""
+    _, a, b, c = shape
+    return a > c and b > c
+
+
+def resolve_layout(shape, layout: str | None, declared: str | None = None) -> str:
+    """The layout to use for obs of `shape`: the caller's, else the model's declared one, else
+    NHWC. Unless the caller said it, frames whose shape contradicts it are an error naming
+    `layout=`: a channel axis larger than a spatial axis means the axes are swapped."""
+    if layout is not None:
+        if layout not in LAYOUTS:
+            raise SaliencyInputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        return layout
+    use = declared or "NHWC"
+    if use not in LAYOUTS:
+        raise SaliencyInputError(f"the model declares layout {use!r}; expected one of {LAYOUTS}")
+    shape = tuple(shape)
+    if len(shape) != 4:
+        return use
+    if use == "NHWC" and looks_channel_first(shape):
+        raise SaliencyInputError(
+            f"obs of shape {shape} looks channel-first (N, C, H, W) but the call is channel-last: pass "
+            "layout='NCHW' for a channel-first model, or obs.transpose(0, 2, 3, 1) for a channel-last "
+            "one (layout='NHWC' silences this check)")
+    if use == "NCHW" and looks_channel_last(shape):
+        raise SaliencyInputError(
+            f"obs of shape {shape} looks channel-last (N, H, W, C) but this model takes channel-first "
+            "frames: pass obs.transpose(0, 3, 1, 2), or layout='NHWC' if the model really takes NHWC")
+    return use
+
+
+PIXELS = ("uint8",)
+
+
+def check_pixels(obs, pixels: str | None):
+    """Frames for a model trained on uint8 pixels must be on the 0..255 scale: values outside
+    it, or float frames already divided by 255, are an error naming the fix. No-op otherwise."""
+    if pixels is None or _VALUES_CHECKED.get():
+        return
+    if pixels not in PIXELS:
+        raise SaliencyInputError(f"unknown pixel convention {pixels!r}; expected one of {PIXELS}")
+    dtype = np.dtype(obs.dtype) if hasattr(obs, "dtype") else np.asarray(obs).dtype
+    if dtype == np.uint8 or dtype == np.bool_:
+        return
+    if isinstance(obs, jax.core.Tracer):
+        return  # under the caller's jit/vmap there are no values to check (the dtype was)
+    x = obs if isinstance(obs, (np.ndarray, jnp.ndarray)) else np.asarray(obs)
+    xp = np if isinstance(x, np.ndarray) else jnp
+    lo, hi = float(xp.min(x)), float(xp.max(x))
+    if lo < 0 or hi > 255:
+        raise SaliencyInputError(
+            f"frames have values in [{lo:g}, {hi:g}] but this agent takes uint8 pixels 0..255: pass the raw "
+            "frames (e.g. np.clip(obs, 0, 255).astype(np.uint8) if they were shifted or scaled)")
+    if np.issubdtype(dtype, np.floating) and hi <= 1.0 and bool(xp.any(x != xp.round(x))):
+        raise SaliencyInputError(
+            "frames are floats in [0, 1] but this agent takes pixels on the 0..255 scale (it divides by "
+            "255 itself): pass (obs * 255).round().astype(np.uint8)")
+
+
+class Call(NamedTuple):
+    """Validated inputs of one method call."""
+    x: jax.Array            # observations in the caller's layout: float32, or integer (cast per chunk)
+    target: object          # jaxsal.targets.Target
+    target_key: object      # hashable cache key of the caller's target (name or callable)
+    actions: jax.Array | None  # (N,) int32 user actions, or None: chosen per sample
+    hwc: tuple              # (H, W, C)
+    layout: str
+    rows: int               # model rows per compiled call
+
+
+def check_call(apply_fn, params, obs, *, target, actions, layout, batch_size) -> Call:
+    """Validate a call; raise SaliencyInputError naming the problem and the fix. layout None:
+    the model's declared layout (agents from jaxsal.loaders declare theirs), else NHWC, with
+    frames whose shape contradicts it refused."""
+    if not callable(apply_fn):
+        raise SaliencyInputError(f"apply_fn must be callable as apply_fn(params, obs), got "
+                                 f"{type(apply_fn).__name__}")
+    layout = resolve_layout(np.shape(obs) if not hasattr(obs, "shape") else tuple(obs.shape), layout,
+                            getattr(apply_fn, "jaxsal_layout", None))
+    check_pixels(obs, getattr(apply_fn, "jaxsal_pixels", None))
+    x = _check_obs_lazy(obs, layout)
+    if batch_size is not None:
+        check_positive_int("batch_size", batch_size)
+    tgt = get_target(target)
+    key = target if isinstance(target, str) else ("callable", target)
+    out = check_model(apply_fn, params, x.shape, layout=layout, target=target)
+    actions = target_actions(tgt, actions, x.shape[0], num_actions(out))
+    rows = batching.default_rows() if batch_size is None else int(batch_size)
+    return Call(x, tgt, key, None if actions is None else jnp.asarray(actions),
+                spatial_shape(x.shape, layout), layout, rows)
+
+
+def as_float(x):
+    """float32 view of a chunk of observations (integer frames are cast per chunk, on device)."""
+    return jnp.asarray(x).astype(jnp.float32)
+
+
+def params_signature(params) -> tuple:
+    """Hashable tree structure + leaf shapes/dtypes: what traced shapes depend on in params."""
+    return (jax.tree.structure(params),
+            tuple((np.shape(l), str(getattr(l, "dtype", type(l)))) for l in jax.tree.leaves(params)))
+
+
+def _check_obs_lazy(obs, layout):
+    """Validate obs; float input -> float32 array, integer/bool input kept as is (cast per chunk,
+    so 100k uint8 frames never exist as one float32 copy)."""
+    if np.ndim(obs) != 4 or not isinstance(obs, (np.ndarray, jax.Array, jax.core.Tracer)):
+        return check_obs(obs, layout)
+    dtype = np.dtype(obs.dtype)
+    if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
+        check_obs(batching.head(obs), layout)
+        return obs
+    return check_obs(obs, layout)
+
+
+KINDS = {"NHWC": "channel-last", "NCHW": "channel-first"}
+
+
+class ModelFails(SaliencyInputError):
+    """apply_fn fails on one state of the given shape; `layout` is the other layout when the model
+    runs on frames read that way (the frames' axes are swapped), else None; `error` the failure."""
+
+    def __init__(self, msg: str, shape: tuple, layout: str | None, alt_shape: tuple | None, error: str):
+        super().__init__(msg)
+        self.shape, self.layout, self.alt_shape, self.error = shape, layout, alt_shape, error
+
+
+class TargetFails(SaliencyInputError):
+    """The target cannot be computed from this model's output (e.g. value on a Q-network)."""
+
+
+def _other_reading(shape, layout):
+    """One state's shape (1, ...) read in the other layout: NHWC (1, H, W, C) -> (1, C, H, W)."""
+    if len(shape) != 4:
+        return None
+    return (1, shape[3], shape[1], shape[2]) if layout == "NHWC" else (1, shape[2], shape[3], shape[1])
+
+
+def _probe(apply_fn, params, shape, layout):
+    one = (1,) + tuple(shape[1:])
+    try:
+        return jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct(one, jnp.float32))
+    except SaliencyInputError:
+        raise
+    except Exception as e:  # noqa: BLE001 (turned into one clear error)
+        err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+    alt = _other_reading(one, layout)
+    try:
+        jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct(alt, jnp.float32))
+    except Exception:  # noqa: BLE001 (the other reading fails too: not a layout problem)
+        raise ModelFails(
+            f"apply_fn(params, obs) failed on obs of shape {one[1:]} per state with layout={layout!r}: "
+            f"{err}. Check the observation shape and layout (use layout='NCHW' for channel-first "
+            "models) and that params belong to this apply_fn.", one, None, None, err) from None
+    other = "NCHW" if layout == "NHWC" else "NHWC"
+    raise ModelFails(
+        f"apply_fn takes {KINDS[other]} frames (N, {alt[1]}, {alt[2]}, {alt[3]}): pass layout={other!r} "
+        f"(on {KINDS[layout]} frames {one} it fails: {err})", one, other, alt, err) from None
+
+
+_SHAPES = batching.LRU("checked model outputs", 256)  # (apply_fn, target, params/obs shapes) -> output shapes of a checked call
+
+
+def check_model(apply_fn, params, shape, *, layout: str, target="q_chosen"):
+    """Output shapes of apply_fn on one state of `shape` (N, ...) in `layout`, with the target
+    checked to give one scalar per state. Memoised on the function, target and shapes (tracing
+    twice per call cost ~1.3 ms, most of a one-state gradient call); failures are never cached.
+    A model that fails is ModelFails (naming the layout when the other one runs), a target it
+    cannot give TargetFails."""
+    tgt = get_target(target)
+    try:  # everything the output shapes depend on: the functions, layout, shapes, params' structure
+        key = (batching.fn_key(apply_fn), batching.fn_key(target), layout, tuple(shape[1:]),
+               params_signature(params))
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None and key in _SHAPES:
+        return _SHAPES[key]
+    out = _probe(apply_fn, params, shape, layout)
+    try:
+        score = jax.eval_shape(lambda o: tgt.score(o, tgt.choose(o)), out)
+    except Exception as e:  # noqa: BLE001
+        if isinstance(e, SaliencyInputError):
+            raise TargetFails(str(e)) from None
+        raise TargetFails(f"target {tgt.name!r} cannot be computed from this model's "
+                          f"output ({jax.tree.map(lambda s: s.shape, out)}): {e}") from None
+    if getattr(score, "shape", None) != (1,):
+        raise TargetFails(f"target {tgt.name!r} must give one scalar per sample, shape "
+                          f"(N,); got {getattr(score, 'shape', type(score))} for N = 1")
+    if key is not None:
+        _SHAPES.get_or_build(key, lambda: out)
+    return out
+
+
+def num_actions(out):
+    """The action count of a model output (shapes): the last axis of its Q-vector or logits."""
+    for getter in (q_of, logits_of):
+        try:
+            a = getter(out)
+            if hasattr(a, "shape") and len(a.shape) == 2:
+                return int(a.shape[-1])
+        except SaliencyInputError:
+            pass
+    return None
+
+
+def target_actions(target, actions, n: int, num_actions: int | None):
+    """The caller's actions checked (check_actions), or None: the target chooses one per state
+    from the clean output. target='q_action' has nothing to choose by: it needs actions."""
+    if actions is not None:
+        return check_actions(actions, n, num_actions)
+    require_actions(target)
+    return None
