@@ -42,8 +42,11 @@ are a development set; experiments.frame_stack_bug reports the held-out seeds se
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from experiments import frame_stack_plan as plan
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics.frames import age_centroid
 
@@ -113,3 +116,26 @@ def separation_step(steps, buggy, correct, threshold: float = 0.9):
                 t -= 1
             return steps[t], sign, curve
     return None, None, curve
+
+
+def at_checkpoints(rows, checkpoints, key):
+    """One run's values of `key` at the checkpoint steps (no finished game yet: RETURN_IF_NO_GAME)."""
+    by_step = {int(r["step"]): r for r in rows}
+    missing = [c for c in checkpoints if c not in by_step]
+    if missing:
+        raise ValueError(f"no snapshot at checkpoint steps {missing[:3]}")
+    v = np.array([by_step[c][key] for c in checkpoints], float)
+    return np.where(np.isnan(v), plan.RETURN_IF_NO_GAME, v)
+
+
+def t_interval(x, level=0.95):
+    """(mean, std, low, high) with a Student-t interval over seeds (None bounds for one seed)."""
+    from scipy import stats
+
+    x = np.asarray(x, float)
+    m = float(x.mean())
+    if x.size < 2:
+        return m, None, None, None
+    sd = float(x.std(ddof=1))
+    h = float(stats.t.ppf((1 + level) / 2, x.size - 1) * sd / math.sqrt(x.size))
+    return m, sd, m - h, m + h

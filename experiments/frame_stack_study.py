@@ -39,6 +39,7 @@ import numpy as np
 from experiments import detection_rule
 from experiments import frame_stack_plan as plan
 from experiments import frame_stack_secondary_plan as secondary
+from experiments.frame_stack_stats import at_checkpoints, t_interval  # noqa: F401  (used by the studies' code as fss.*)
 from experiments import frame_stack_report
 from experiments import replay_dddqn_plan
 
@@ -260,29 +261,6 @@ def load_run(study: plan.Study, variant: str, seed: int, runs_dir):
     if getattr(study, "return_windows", None):
         rows = add_return_windows(rows, run_dir / "returns.csv", study.return_windows)
     return rows, int(steps), done
-
-
-def at_checkpoints(rows, checkpoints, key):
-    """One run's values of `key` at the checkpoint steps (no finished game yet: RETURN_IF_NO_GAME)."""
-    by_step = {int(r["step"]): r for r in rows}
-    missing = [c for c in checkpoints if c not in by_step]
-    if missing:
-        raise ValueError(f"no snapshot at checkpoint steps {missing[:3]}")
-    v = np.array([by_step[c][key] for c in checkpoints], float)
-    return np.where(np.isnan(v), plan.RETURN_IF_NO_GAME, v)
-
-
-def t_interval(x, level=0.95):
-    """(mean, std, low, high) with a Student-t interval over seeds (None bounds for one seed)."""
-    from scipy import stats
-
-    x = np.asarray(x, float)
-    m = float(x.mean())
-    if x.size < 2:
-        return m, None, None, None
-    sd = float(x.std(ddof=1))
-    h = float(stats.t.ppf((1 + level) / 2, x.size - 1) * sd / math.sqrt(x.size))
-    return m, sd, m - h, m + h
 
 
 def paired_seeds(study: plan.Study, runs: dict, bug: str) -> list[int]:
@@ -556,21 +534,6 @@ def analyse_runs(study: plan.Study, out: Path, runs_dir: Path, n_boot, t0: float
     return summary
 
 
-def lead_test(study, runs: dict, checkpoints) -> dict:
-    """A study's registered lead test (the replay-DDDQN study): the secondary registration's S1
-    procedure on the study's own two signals: per seed and bug the first checkpoint from which the
-    paired difference stays beyond the correct runs' null spread tau, the lead = return step - map
-    step, and an exact one-sided sign-flip test over seeds of the per-seed mean lead at `lead_alpha`;
-    with the mean lead per bug (per severity: the dose-response, descriptive)."""
-    from experiments.frame_stack_secondary import s1_lead
-
-    sig = study.signals
-    out = s1_lead(study, runs, checkpoints, signals={"maps": sig["saliency"], "return": sig["return"]})
-    return dict(out, label="registered lead test", alpha=study.lead_alpha,
-                can_reject=bool(out["min_attainable_p"] <= study.lead_alpha),
-                maps_first=bool(out["p"] <= study.lead_alpha))
-
-
 def summarise(study: plan.Study, loaded: dict, n_boot: int | None = None) -> dict:
     """The summary of the registered runs on disk {(variant, seed): (rows, steps, finished)}: the
     rule's verdicts (`bugs`), `seeds`, `steps` per run, `final_returns`, and what the analysis
@@ -587,6 +550,8 @@ def summarise(study: plan.Study, loaded: dict, n_boot: int | None = None) -> dic
     complete = not missing and all(x[2] for x in loaded.values())
     res = analyse(study, runs, complete, n_boot=n_boot)
     if getattr(study, "lead_alpha", None):
+        from experiments.frame_stack_lead import lead_test
+
         res["lead"] = lead_test(study, runs, res["checkpoints"]) if not missing else None
     cannot = [f"{bug} / {signal}: {r['n_bug']} vs {r['n_correct']} seeds, smallest attainable p "
               f"{r['min_attainable_p']:.3g} > per-bug level {r['alpha']:.3g}: the rule cannot reject"

@@ -59,7 +59,7 @@ class ReplayStudy(Study):
     preregistration: str
     return_window: int = RETURN_WINDOW
     return_windows: tuple = RETURN_WINDOWS_SENSITIVITY
-    lead_alpha: float = LEAD_ALPHA  # the registered lead test (frame_stack_study.lead_test)
+    lead_alpha: float = LEAD_ALPHA  # the registered lead test (frame_stack_lead.lead_test)
     ckpt_every: int = 128        # updates between orbax checkpoints (resumption only; not analysed)
     trainer: str = "dqn"
 

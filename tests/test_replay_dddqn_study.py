@@ -9,6 +9,7 @@ import pytest
 
 from experiments import frame_stack_bug, frame_stack_plan as plan, frame_stack_study as fss
 from experiments import frame_stack_report, replay_dddqn_plan as rplan
+from experiments.frame_stack_lead import lead_test
 from tests.test_frame_stack_study import fake_env
 
 
@@ -74,10 +75,10 @@ def _lead_runs(study, map_from, return_from, rng):
 def test_lead_test_finds_maps_first_with_eight_seeds_and_not_the_reverse():
     study = dataclasses.replace(rplan.REPLAY_DDDQN, variants=("correct", "done_late_p0.1", "done_late_p1"))
     ck = study.checkpoints
-    r = fss.lead_test(study, _lead_runs(study, ck[3], ck[12], np.random.default_rng(0)), ck)
+    r = lead_test(study, _lead_runs(study, ck[3], ck[12], np.random.default_rng(0)), ck)
     assert r["p"] == 1 / 256 and r["maps_first"] and r["can_reject"] and r["label"] == "registered lead test"
     assert r["bugs"]["done_late_p1"]["map_steps"] == [ck[3]] * 8 and r["bugs"]["done_late_p1"]["return_steps"] == [ck[12]] * 8
-    r = fss.lead_test(study, _lead_runs(study, ck[12], ck[3], np.random.default_rng(1)), ck)
+    r = lead_test(study, _lead_runs(study, ck[12], ck[3], np.random.default_rng(1)), ck)
     assert r["p"] == 1.0 and not r["maps_first"]
 
 

@@ -26,7 +26,7 @@ from jaxsal import checks
 from jaxsal.batching import batch_sharding, pad_rows
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
-from jaxsal.io.readers import row_ids, verify_input
+from jaxsal.io.readers import dtype_spans, row_ids, verify_input
 from jaxsal.registry import STOCHASTIC, accepted_options, get_method
 from jaxsal.targets import explains_action, get_target
 
@@ -218,15 +218,20 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             raise SaliencyInputError(f"the input's actions do not fit this model: {e}; model and input are for "
                                      "different games, or the actions are not one per frame stack") from None
     pixels = getattr(apply_fn, "jaxsal_pixels", None)
-    first = np.asarray(source.read(0, min(n, chunk)))
+    # uint8 frames need no look; rows of other dtypes (every float shard of a shard folder, not only the
+    # first chunk's) are checked in full when they are at most SCAN_BYTES, else the first chunk of each
+    # shard here and every chunk beyond the first as it is read
+    spans = [(a, b, dt) for a, b, dt in dtype_spans(source) if dt not in (np.uint8, np.bool_)]
     scanned = n  # frames [0, scanned) are value-checked here; later chunks as they are read
-    if n and first.dtype not in (np.uint8, np.bool_):
-        whole = n * first[0].nbytes <= SCAN_BYTES and not _resuming(out, config)
-        scanned = n if whole else len(first)
-        for a in range(0, scanned, chunk):
-            b = min(scanned, a + chunk)
-            _check_values(first if a == 0 else np.asarray(source.read(a, b)), pixels, a, b, prefix_nan=False)
-    del first
+    if spans:
+        row = int(np.prod(source.shape[1:]))
+        whole = (sum((b - a) * row * dt.itemsize for a, b, dt in spans) <= SCAN_BYTES
+                 and not _resuming(out, config))
+        scanned = n if whole else min(n, chunk)
+        for a0, b0, _ in spans:
+            for a in range(a0, b0 if whole else min(b0, a0 + chunk), chunk):
+                b = min(b0, a + chunk)
+                _check_values(np.asarray(source.read(a, b)), pixels, a, b, prefix_nan=False)
     manifest = store.open_job(out, config, meta)
     for s in specs:  # each method's directory describes itself too
         store.write_method_meta(out, s.alias, manifest)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxsal.batching import LRU
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io.pickled import PickleFormatError, PickleLimitError, read_int_set
 
@@ -50,7 +51,8 @@ def _fingerprint_files(paths, extra: str = "") -> str:
 
 
 VERIFY_BLOCK = 1 << 24  # bytes per read of the verification pass: memory follows this, not the member
-_VERIFIED: set = set()  # (path, size, mtime, members) already verified in this process (sweep cells share inputs)
+# (path, size, mtime, members) already verified in this process (sweep cells share inputs)
+_VERIFIED = LRU("verified inputs", 1024)
 
 
 def _verify_zip_members(path, members):
@@ -70,7 +72,7 @@ def _verify_zip_members(path, members):
                         pass
     except Exception as e:  # noqa: BLE001 (BadZipFile for a CRC mismatch, zlib.error, EOFError, OSError)
         raise _corrupt(path, name, e) from None
-    _VERIFIED.add(key)
+    _VERIFIED[key] = True
 
 
 def _corrupt(path, member: str, e: Exception, before: bool = True) -> SaliencyInputError:
