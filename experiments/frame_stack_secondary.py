@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 from pathlib import Path
 
