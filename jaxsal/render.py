@@ -334,12 +334,21 @@ def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int
             text = f"{k}: each stacked frame's own map"
         else:
             planes = [_resize(flat_map(mi), stack.shape[:2])] * c
-            text = f"{k}: one map for the whole stack, drawn over each frame (per-frame maps: --option {k}.per_frame=true)"
+            text = f"{k}: one map for the whole stack, drawn over each frame{_per_frame_hint(k)}"
         tiles = [_outlined(_up(sc.overlay(stack[..., j], planes[j]), scale), scale, boxes, i, j) for j in range(c)]
         rows.append(_label(np.concatenate(tiles, 1), text))
     rows.append(_box_legend(boxes, width))
     rows.append(legend(used, width))
     return _save_png(path, np.concatenate(rows, 0))
+
+
+def _per_frame_hint(method: str) -> str:
+    """The per-frame option, named only for methods that give per-frame maps on any model (the
+    input-resolution ones); layer-resolution and perturbation methods refuse it."""
+    from jaxsal.backprop import cam, family
+    ok = (method in family.INPUT_RULES or method in ("smoothgrad", "integrated_gradients")
+          or (method in cam.CAMS and cam.CAMS[method].guided_input))
+    return f" (per-frame maps: --option {method}.per_frame=true)" if ok else ""
 
 
 TARGET_SYMBOL = {"q_chosen": "Q", "q_action": "Q", "advantage": "A", "value": "V", "policy_logit": "logit",

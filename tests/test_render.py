@@ -217,3 +217,28 @@ def test_the_gallery_escapes_everything_a_folder_holds(tmp_path, capsys):
     page = (out / "gallery" / "index.html").read_text()
     assert "<script" not in page and "onerror=\"" not in page and PAYLOAD not in page
     assert page.count("&lt;script&gt;") >= 8 and "&quot;&gt;&lt;script&gt;" in page
+def test_the_per_frame_hint_names_only_methods_that_give_per_frame_maps():
+    """The stack picture suggests `--option M.per_frame=true` exactly where it works on a plain
+    (not time-distributed) CNN; layer-resolution and perturbation methods refuse it."""
+    import flax.linen as nn
+    import jax
+
+    class Tiny(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(4, (3, 3), (2, 2), name="conv1")(x.astype(np.float32) / 255.0))
+            return nn.Dense(3, name="q")(x.reshape(x.shape[0], -1))
+
+    obs = np.random.default_rng(0).integers(0, 256, (1, 16, 16, 4), np.uint8)
+    params = Tiny().init(jax.random.PRNGKey(0), obs)
+    wrong = []
+    for m in [m for m in jaxsal.methods() if jaxsal.METHODS[m].__module__.startswith("jaxsal.")]:
+        small = {k: 2 for k in ("n_samples", "n_masks", "steps") if k in jaxsal.method_options(m)}
+        try:
+            jaxsal.explain(Tiny().apply, params, obs, method=m, per_frame=True, key=jax.random.PRNGKey(0), **small)
+            works = True
+        except jaxsal.SaliencyInputError:
+            works = False
+        if works != bool(render._per_frame_hint(m)):
+            wrong.append(m)
+    assert not wrong, f"the hint is wrong for {wrong}"
