@@ -242,6 +242,7 @@ def test_the_guides_example_runs_and_prints_what_it_says(capsys):
     effect = [float(v) for v in re.findall(r"-?\d+\.?\d*", out[0])]
     assert effect == pytest.approx([75.5556, 0.0], abs=1e-3) and out[1].split() == ["[", "True", "False]"], out
     assert "'mean': 1.0, 'low': 1.0, 'high': 1.0, 'states': 8" in out[2], out
+    assert out[3].split() == ["[0.", "0.]", "[0", "0]"], out
 
 
 def test_bootstrap_correlations_from_copy_counts_equal_scipy_on_the_expanded_resamples():
