@@ -130,9 +130,10 @@ def _ring_stats(x, ring, mode, uint8: bool):
     ranks = jnp.stack([(n - 1) // 2, n // 2], -1)                        # the two middle order statistics
     if uint8:
         a, b = jnp.zeros_like(ranks), jnp.full_like(ranks, 255)
+        xu = jnp.where(ring, xs, 256.0).astype(jnp.int16)[..., None, :]  # off the ring: above every t
         for _ in range(8):                                                # smallest t with > rank values <= t
             mid = (a + b) // 2
-            cnt = (ring[..., None, :] & (xs[..., None, :] <= mid[..., None])).sum(-1)
+            cnt = (xu <= mid[..., None].astype(jnp.int16)).sum(-1, dtype=jnp.int32)
             ok = cnt > ranks
             a, b = jnp.where(ok, a, mid + 1), jnp.where(ok, mid, b)
         mid_v = a.astype(jnp.float32)
