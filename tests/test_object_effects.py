@@ -2,6 +2,7 @@
 region gets a nonzero effect from the class inside it and exactly zero from the others; removing
 it flips the greedy action where the object carries the Q-value; a map on that object agrees 1
 within states. Tiny 16x16 frames, 4 stacked frames, 5 states: each test takes seconds."""
+import dataclasses
 import re
 from pathlib import Path
 
@@ -437,3 +438,17 @@ def test_bad_removal_options_name_the_fix():
         object_effects(apply_fn, params, obs, masks, margin=-1)
     with pytest.raises(SaliencyInputError, match="ring_width must be an integer >= 1"):
         object_effects(apply_fn, params, obs, masks, ring_width=0)
+
+
+def test_agreement_leaves_out_classes_that_nothing_was_removed_of():
+    """A class wholly inside other boxes (overlap 1) was not removed: its effect 0 is no evidence, left out."""
+    z = jnp.zeros((4, 3))
+    eff = ObjectEffects(effect=jnp.tile(jnp.array([0.0, 1.0, 0.0]), (4, 1)), flips=z.astype(bool), score=z[:, 0],
+                        actions=z[:, 0].astype(jnp.int32), present=jnp.ones((4, 3), bool),
+                        overlap=jnp.tile(jnp.array([0.0, 0.0, 1.0]), (4, 1)), classes=("a", "b", "c"))
+    shares = np.tile([0.0, 1.0, 2.0], (4, 1))
+    res = effect_agreement(shares, eff, n_resamples=20)
+    assert res["within_state"]["mean"] == pytest.approx(1.0)          # (0, 1) against (0, 1)
+    assert res["across_states"]["c"]["states"] == 0
+    kept = dataclasses.replace(eff, overlap=jnp.zeros((4, 3)))
+    assert effect_agreement(shares, kept, n_resamples=20)["within_state"]["mean"] == pytest.approx(0.0)   # ranks (1, 2, 3) vs (1.5, 3, 1.5)

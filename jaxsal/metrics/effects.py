@@ -411,8 +411,8 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
 
     shares: `ObjectShares` (its `share` field: "positive" or "absolute") or (N, C) numbers;
     effects: `ObjectEffects` or (N, C) numbers, the same states and classes. A (state, class)
-    pair where the class is absent (either result's `present` is False) or a value is NaN is
-    left out.
+    pair where the class is absent (either result's `present` is False), was not removed at all
+    (`overlap` 1: all its pixels lie in other classes' boxes) or a value is NaN is left out.
 
     - within_state: per state, the Spearman rank correlation across classes of share and
       effect (NaN for a state with fewer than two classes or constant shares or effects:
@@ -443,6 +443,8 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
     if isinstance(effects, ObjectEffects):
         e = np.asarray(effects.effect, np.float64)
         p = np.asarray(effects.present, bool)
+        if effects.overlap is not None:       # every pixel kept under other boxes: nothing was removed
+            p = p & ~(np.asarray(effects.overlap, np.float64) >= 1.0)
         if present is not None and p.shape == present.shape:
             if names != effects.classes:
                 raise SaliencyInputError(f"shares are for classes {names}, effects for {effects.classes}: "
