@@ -50,7 +50,8 @@ class ObjectEffects:
     (1: nothing was removed; NaN when absent); `residue` = pixels that are not background after
     the fill in the class's boxes grown by `margin` px (other classes' boxes left out), e.g. a moving
     ball's pixels outside its RAM box, and `residue_share` = their share of those pixels (NaN when
-    absent). `score` (N,) and `actions` (N,): the original state's explained output and action."""
+    absent). `score` (N,) and `actions` (N,): the original state's explained output and action.
+    `frames` ("all" / "newest") and `fill` ("ring", "background" or "given"): how classes were removed."""
     effect: jax.Array
     flips: jax.Array
     score: jax.Array
