@@ -348,7 +348,8 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
     (meanings in `jaxsal.io.objects`). Column c is class `classes[c]`. With allow_incomplete,
     the frames of the chunks finished so far (in order; "frame" says which). effects=True (a job
     run with --effects): also "effect" (N, C), "flips" (N, C), "score" (N,), "action" (N,) and the
-    removal fields "overlap", "residue", "residue_share" (N, C) of `load_object_effects`, for the same frames (with allow_incomplete: the chunks that have both)."""
+    removal fields "overlap", "residue", "residue_share" (N, C) of `load_object_effects`, for the same
+    frames (with allow_incomplete: the chunks that have both)."""
     from jaxsal.io.store import read_manifest
 
     cfg = read_manifest(out)["config"]
