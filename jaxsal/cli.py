@@ -1050,9 +1050,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "labels, classes; see jaxsal.io.objects), or without FILE from INPUT.objects.npz beside "
                         "the input (python -m jaxsal_agents.record_objects writes both)")
     e.add_argument("--effects", action="store_true",
-                   help="with --objects: also remove each object class from each state (its pixels set to the "
-                        "frame's background) and store how much the explained output drops and whether the greedy "
-                        "action flips (jaxsal.load_object_effects; jaxsal render draws them)")
+                   help="with --objects: also remove each object class from every stacked frame of each state "
+                        "(its pixels outside other classes' boxes set to the median of a ring around each box) and "
+                        "store how much the explained output drops, whether the greedy action flips, and what the "
+                        "removal did: overlap with other boxes (kept) and residue pixels left around its boxes "
+                        "(jaxsal.load_object_effects; jaxsal render draws them)")
     e.add_argument("--store", choices=["maps", "shares"], default="maps",
                    help="maps (default; with --objects also the shares) or shares: only the object shares, "
                         "a few numbers per frame instead of the maps")

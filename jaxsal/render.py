@@ -355,12 +355,17 @@ TARGET_SYMBOL = {"q_chosen": "Q", "q_action": "Q", "advantage": "A", "value": "V
                  "log_prob": "log p", "softmax_chosen": "p"}
 
 
+FLAG_COLOUR = (170, 90, 0)       # effect_bars' "kept N%" / "residue" marks
+
+
 def effect_bars(effect, flips, present, classes, height: int, width: int = 240, target: str = "q_chosen",
-                action: int | None = None) -> np.ndarray:
+                action: int | None = None, overlap=None, residue=None) -> np.ndarray:
     """RGB uint8 (height, width): a bar per class of how much the explained output drops when the class
     is removed (`jaxsal.metrics.object_effects`: effect (C,), flips (C,), present (C,) of one state),
     in the class's box colour, on a scale fixed to this state's largest |effect|; a bar whose removal
-    flips the greedy action is outlined thick and marked "flips", an absent class says so."""
+    flips the greedy action is outlined thick and marked "flips", an absent class says so. Given the
+    removal's overlap (C,) and residue (C,): "kept N%" where at least 5% of the class's box pixels lay in
+    other boxes (kept, not removed), "residue" where pixels were left around its boxes (in amber)."""
     from jaxsal.objects.draw import colour
 
     sym = TARGET_SYMBOL.get(str(target), str(target))
@@ -374,6 +379,8 @@ def effect_bars(effect, flips, present, classes, height: int, width: int = 240, 
     top = top or 1.0
     name_w = int(min(width // 3, max([_text_width(str(c)) for c in classes] + [20]) + 8))
     value_w = int(_text_width("-0.000e-00 flips")) + 8                 # the values, in a column on the right
+    kept = np.zeros(len(classes)) if overlap is None else np.nan_to_num(np.asarray(overlap, np.float64))
+    left = np.zeros(len(classes), bool) if residue is None else np.asarray(residue) > 0
     x0, x1 = name_w, width - value_w
     neg = bool((eff[here] < 0).any())
     zero = (x0 + x1) // 2 if neg else x0
@@ -395,9 +402,17 @@ def effect_bars(effect, flips, present, classes, height: int, width: int = 240, 
         d.rectangle([lo, yc + 2, max(hi, lo + 1), yc + row_h - 3], fill=tuple(int(k) for k in colour(j)),
                     outline=(0, 0, 0), width=2 if thick else 1)
         text = f"{v:.3g}" + (" flips" if thick else "")
-        d.text((x1 + 6, yc + (row_h - 11) // 2), text, fill=(200, 0, 0) if thick else (0, 0, 0))
-    d.text((4, min(height - 12, y + row_h * c + 2)),
-           _fit("thick outline, \"flips\": the greedy action changes", width - 8), fill=(90, 90, 90))
+        flag = " ".join(([f"kept {kept[j]:.0%}"] if kept[j] >= 0.05 else []) + (["residue"] if left[j] else []))
+        two = row_h >= 21                         # room for the flag under the value
+        d.text((x1 + 6, yc + (0 if two and flag else (row_h - 11) // 2)), text + ("" if two or not flag else " *"),
+               fill=(200, 0, 0) if thick else (0, 0, 0))
+        if flag and two:
+            d.text((x1 + 6, yc + 10), _fit(flag, value_w - 8), fill=FLAG_COLOUR)
+    foot = min(height - 12, y + row_h * c + 2)
+    d.text((4, foot), _fit("thick outline, \"flips\": the greedy action changes", width - 8), fill=(90, 90, 90))
+    if (kept >= 0.05).any() or left.any():
+        note = "kept: inside other boxes; residue: pixels left" + ("" if row_h >= 21 else " (*)")
+        d.text((4, min(height - 12, foot + 12)), _fit(note, width - 8), fill=(90, 90, 90))
     return np.asarray(img)
 
 
@@ -410,7 +425,9 @@ def effects_png(path, frames, maps: dict, i: int, effects: dict, row: int, scale
     scales = scales or {k: Scale(flat_map(m[i]), scheme) for k, m in maps.items()}
     pic = composite(frames, maps, scales, i, scale=scale, boxes=boxes)
     bars = effect_bars(effects["effect"][row], effects["flips"][row], effects["present"][row], effects["classes"],
-                       pic.shape[0], target=target, action=int(effects["action"][row]))
+                       pic.shape[0], target=target, action=int(effects["action"][row]),
+                       overlap=effects["overlap"][row] if "overlap" in effects else None,
+                       residue=effects["residue"][row] if "residue" in effects else None)
     pic = _label(np.concatenate([pic, bars], 1), caption or f"frame {i}")
     return _save_png(path, np.concatenate([pic, _box_legend(boxes, pic.shape[1]), legend(scales, pic.shape[1])], 0))
 

@@ -13,7 +13,7 @@ from jaxsal.cli import main
 from jaxsal.io import objects as objs
 from jaxsal.metrics import object_effects
 from jaxsal.objects.draw import PALETTE
-from jaxsal.render import effect_bars
+from jaxsal.render import FLAG_COLOUR, effect_bars
 from tests import _object_agent
 from tests.test_cli_objects import AGENT, N, _same, _small_job, _state
 from tests.test_cli_support import sigkill_after_chunks
@@ -48,13 +48,21 @@ def test_stored_effects_are_object_effects_of_the_frames(job):
     np.testing.assert_allclose(e["score"], np.asarray(ref.score), rtol=1e-6)
     np.testing.assert_array_equal(e["action"], np.asarray(ref.actions))
     assert e["effect"].dtype == np.float32 and e["flips"].dtype == bool and e["action"].dtype == np.int32
+    # what each removal did, as object_effects' defaults (every frame, the ring fill) report it
+    np.testing.assert_array_equal(e["overlap"], np.asarray(ref.overlap))
+    np.testing.assert_array_equal(e["residue"], np.asarray(ref.residue))
+    np.testing.assert_allclose(e["residue_share"], np.asarray(ref.residue_share), rtol=1e-6)
+    assert e["overlap"].dtype == np.float32 and e["residue"].dtype == np.int32
+    assert (e["overlap"] == 0).all()                    # the two boxes do not touch
     # the agent reads only "target": removing it moves Q_0, removing "other" changes nothing
     assert np.abs(e["effect"][:, 0]).min() > 1e-3 and (e["effect"][:, 1] == 0).all()
     # the same actions the maps explain
     np.testing.assert_array_equal(e["action"], jaxsal.load_outputs(out)["action"])
     s = jaxsal.load_object_shares(out, "gradient", effects=True)
-    for k in ("effect", "flips", "score", "action"):
+    for k in ("effect", "flips", "score", "action") + objs.REMOVAL_KEYS:
         np.testing.assert_array_equal(s[k], e[k], err_msg=k)
+    assert jaxsal.io.read_manifest(out)["config"]["objects"]["effects"] == {"fill": "ring", "frames": "all",
+                                                                         "margin": 2, "ring_width": 3}
     plain = jaxsal.load_object_shares(out, "gradient")
     assert "effect" not in plain
     for k in objs.SHARE_KEYS:
@@ -222,3 +230,41 @@ def test_effect_bars_scale_and_flips():
         edge = img[r, first - 3:first]
         assert ((edge == 0).all(-1)).sum() == thick, (k, edge)
     assert not (img == PALETTE[3]).all(-1).any()        # an absent class gets no bar
+
+
+def test_a_job_stored_before_the_removal_fields_still_loads(job, tmp_path):
+    """Effects files without overlap/residue (a job from before them, background fill): loaded without those keys."""
+    d, _, _ = job
+    old = tmp_path / "old"
+    shutil.copytree(d / "o", old)
+    cfg = jaxsal.io.read_manifest(old)
+    cfg["config"]["objects"]["effects"] = {"fill": "background"}
+    (old / "manifest.json").write_text(json.dumps(cfg))
+    for p in (old / "_objects" / "_effects").glob("chunk_*.npz"):
+        with np.load(p) as z:
+            kept = {k: z[k] for k in z.files if k not in objs.REMOVAL_KEYS}
+        np.savez(p, **kept)
+    e = jaxsal.load_object_effects(old)
+    assert not set(objs.REMOVAL_KEYS) & set(e) and e["effect"].shape == (N, 2)
+    s = jaxsal.load_object_shares(old, "gradient", effects=True)
+    assert "effect" in s and "overlap" not in s
+    assert any("object effects" in line for line in objs.summary_lines(old, ["gradient"], effects=True))
+
+
+def test_effect_bars_flag_kept_and_residue():
+    """A class mostly inside other boxes says "kept N%", one with pixels left around it "residue", in amber."""
+    args = ([2.0, 1.0, 0.5], [False, False, False], [True, True, True], ("ball", "paddle", "bricks"))
+    plain = effect_bars(*args, height=140)
+    flagged = effect_bars(*args, height=140, overlap=[0.6, 0.01, 0.0], residue=[0, 0, 3])
+    def grey(img):                                      # amber text (anti-aliased) right of the bars
+        v, f = img.astype(int), np.asarray(FLAG_COLOUR)
+        near = (np.abs(v - f) <= 40).all(-1) & (v[..., 0] - v[..., 2] > 100)
+        right = max(np.flatnonzero((img == PALETTE[k]).all(-1).any(0)).max() for k in range(3)) + 2
+        return near & (np.arange(img.shape[1]) > right)
+    assert not grey(plain).any()
+    row_h = min(22, (140 - 34) // 3)
+    rows = np.flatnonzero(grey(flagged).any(1))
+    hit = {int((r - 20) // row_h) for r in rows if 20 <= r < 20 + 3 * row_h}
+    assert hit == {0, 2}, rows                          # ball (kept 60%) and bricks (residue), not paddle (1%)
+    none = effect_bars(*args, height=140, overlap=[0.0, 0.0, 0.0], residue=[0, 0, 0])
+    np.testing.assert_array_equal(none, plain)

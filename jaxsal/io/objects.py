@@ -31,7 +31,10 @@ the job's --target and the actions the maps explain, the same boxes) and writes,
 methods, DIR/_objects/_effects/chunk_XXXXXXX.npz: `effect` (n, C) float32 (the explained output minus
 that without the class: how much it drops), `flips` (n, C) bool (the greedy action changes), `present`
 (n, C) bool, `score` (n,) float32 and `action` (n,) int32 (the original state's explained output and
-action). `jaxsal.load_object_effects(DIR)` reads them, `load_object_shares(DIR, method, effects=True)`
+action), and what each removal did: `overlap` (n, C) float32 (the share of the class's box pixels inside
+other classes' boxes, kept), `residue` (n, C) int32 and `residue_share` (n, C) float32 (non-background
+pixels left in its boxes grown by 2 px). The removal is `object_effects`' default: every stacked frame,
+the ring-median fill. `jaxsal.load_object_effects(DIR)` reads them, `load_object_shares(DIR, method, effects=True)`
 returns them with the shares.
 """
 from __future__ import annotations
@@ -54,7 +57,9 @@ FORMAT_HELP = ("an .npz with boxes (N, F, K, 4) int16 (y0, x0, y1, x1), labels (
                "classes (C,) str; see `jaxsal.io.objects` or docs/guides/objects.md")
 RECORD_HINT = "python -m jaxsal_agents.record_objects --agent NAME --steps N --out DIR (writes DIR/obs.npy and its boxes)"
 EFFECTS = "_effects"       # DIR/_objects/_effects: method aliases may not start with "_"
-EFFECT_KEYS = ("effect", "flips", "present", "score", "action")
+EFFECT_KEYS = ("effect", "flips", "present", "score", "action", "overlap", "residue", "residue_share")
+REMOVAL_KEYS = ("overlap", "residue", "residue_share")      # what each removal did (not in older jobs' files)
+EFFECTS_CONFIG = {"fill": "ring", "frames": "all", "margin": 2, "ring_width": 3}   # object_effects' defaults
 SHARE_KEYS = ("positive", "absolute", "chance", "present", "pointing",
               "per_frame_positive", "per_frame_absolute", "per_frame_chance")
 
@@ -101,7 +106,7 @@ class ObjectsInput:
         """What decides the shares (compared when a job is resumed)."""
         cfg = {"checksum": self.checksum, "classes": list(self.classes), "frames": int(self.boxes.boxes.shape[1])}
         if self.effects:  # only then: configs of jobs without effects stay as they were
-            cfg["effects"] = {"fill": "background"}
+            cfg["effects"] = dict(EFFECTS_CONFIG)
         return cfg
 
     def describe(self) -> dict:
@@ -109,8 +114,9 @@ class ObjectsInput:
              "files": f"{OBJECTS}/<method>/chunk_XXXXXXX.npz: per-frame object shares (jaxsal.load_object_shares)"}
         if self.effects:
             d["effects_files"] = (f"{OBJECTS}/{EFFECTS}/chunk_XXXXXXX.npz: per frame and class, how much the explained "
-                                  "output drops when the class is removed, and whether the greedy action flips "
-                                  "(jaxsal.load_object_effects)")
+                                  "output drops when the class is removed, whether the greedy action flips, and "
+                                  "what the removal did: overlap with other boxes (kept), residue pixels left "
+                                  "around the boxes (jaxsal.load_object_effects)")
         return d
 
 
@@ -259,9 +265,11 @@ def chunk_effects(apply_fn, params, x, boxes, rows: int, target: str, actions=No
     if pad > 0:
         boxes = ObjectBoxes.concatenate([boxes, boxes[np.full(pad, len(boxes) - 1)]])
     eff = object_effects(apply_fn, params, x, boxes, target=target, actions=actions, layout=layout,
-                         batch_size=batch_size or 256)
+                         batch_size=batch_size or 256, **EFFECTS_CONFIG)
     out = {"effect": (eff.effect, np.float32), "flips": (eff.flips, bool), "present": (eff.present, bool),
-           "score": (eff.score, np.float32), "action": (eff.actions, np.int32)}
+           "score": (eff.score, np.float32), "action": (eff.actions, np.int32),
+           "overlap": (eff.overlap, np.float32), "residue": (eff.residue, np.int32),
+           "residue_share": (eff.residue_share, np.float32)}
     return {k: np.asarray(v, t)[:rows] for k, (v, t) in out.items()}
 
 
@@ -297,7 +305,9 @@ def load_object_effects(out, allow_incomplete: bool = False) -> dict:
     """Per-frame object effects of a `jaxsal explain --objects --effects` output directory:
     {"classes": (C names), "frame": (N,), "effect": (N, C) float32 (how much the explained output drops
     when the class is removed), "flips": (N, C) bool (the greedy action changes), "present": (N, C) bool,
-    "score": (N,) float32, "action": (N,) int32} (meanings in `jaxsal.io.objects`). With
+    "score": (N,) float32, "action": (N,) int32, and what each removal did: "overlap" (N, C) float32,
+    "residue" (N, C) int32, "residue_share" (N, C) float32} (meanings in `jaxsal.io.objects`; a job
+    written before these existed has no such keys). With
     allow_incomplete, the frames of the chunks finished so far (in order; "frame" says which)."""
     from jaxsal.io.store import check_input_ok, read_manifest
 
@@ -319,11 +329,15 @@ def _read_effects(out, cfg, done) -> dict:
     for i in done:
         with np.load(effects_path(out, i), allow_pickle=False) as z:
             for k in EFFECT_KEYS:
-                parts[k].append(z[k])
+                if k in z.files or k not in REMOVAL_KEYS:
+                    parts[k].append(z[k])
         parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
     empty = {"frame": ((0,), np.int64), "effect": ((0, c), np.float32), "flips": ((0, c), bool),
-             "present": ((0, c), bool), "score": ((0,), np.float32), "action": ((0,), np.int32)}
-    res = {k: np.concatenate(parts[k]) if parts[k] else np.zeros(*empty[k]) for k in empty}
+             "present": ((0, c), bool), "score": ((0,), np.float32), "action": ((0,), np.int32),
+             "overlap": ((0, c), np.float32), "residue": ((0, c), np.int32), "residue_share": ((0, c), np.float32)}
+    removal_fields = "frames" in cfg["objects"]["effects"]     # jobs before frames= stored no removal fields
+    res = {k: np.concatenate(parts[k]) if parts[k] else np.zeros(*empty[k]) for k in empty
+           if k not in REMOVAL_KEYS or removal_fields}
     res["classes"] = classes
     return res
 
@@ -334,8 +348,9 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
     "present"/"pointing": (N, C) bool, "per_frame_positive"/"_absolute"/"_chance": (N, F, C)}
     (meanings in `jaxsal.io.objects`). Column c is class `classes[c]`. With allow_incomplete,
     the frames of the chunks finished so far (in order; "frame" says which). effects=True (a job
-    run with --effects): also "effect" (N, C), "flips" (N, C), "score" (N,), "action" (N,) of
-    `load_object_effects`, for the same frames (with allow_incomplete: the chunks that have both)."""
+    run with --effects): also "effect" (N, C), "flips" (N, C), "score" (N,), "action" (N,) and the
+    removal fields "overlap", "residue", "residue_share" (N, C) of `load_object_effects`, for the same
+    frames (with allow_incomplete: the chunks that have both)."""
     from jaxsal.io.store import check_input_ok, read_manifest
 
     check_input_ok(out)
@@ -367,7 +382,7 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
     res["classes"] = classes
     if effects:
         eff = _read_effects(out, cfg, done)
-        res.update({k: eff[k] for k in ("effect", "flips", "score", "action")})
+        res.update({k: eff[k] for k in ("effect", "flips", "score", "action") + REMOVAL_KEYS if k in eff})
     return res
 
 
@@ -407,6 +422,12 @@ def summary_lines(out, methods, effects: bool = False) -> list[str]:
                  for j, c in enumerate(e["classes"]) if e["present"][:, j].any()]
         lines.append("object effects (drop of the explained output when the class is removed, mean over frames "
                      f"showing it; how often the greedy action flips): {', '.join(cells) or 'no class on screen'}")
+        if "overlap" in e:
+            cells = [f"{c} overlap {np.nanmean(e['overlap'][e['present'][:, j], j]):.0%}, residue in "
+                     f"{(e['residue'][e['present'][:, j], j] > 0).mean():.0%} of frames"
+                     for j, c in enumerate(e["classes"]) if e["present"][:, j].any()]
+            lines.append("what the removals did (share of the class's box pixels inside other boxes, kept; frames "
+                         f"with non-background pixels left around its boxes): {', '.join(cells)}")
     return lines
 
 

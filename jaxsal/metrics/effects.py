@@ -7,9 +7,11 @@ how well a map's object shares predict it.
     agr = jaxsal.metrics.effect_agreement(jaxsal.metrics.object_attribution(maps, boxes), eff,
                                           groups=episode_ids)
 
-`object_effects` removes one class at a time from every stacked frame: the pixels of its masks
-are replaced by the fill (by default the frame's own background, the most frequent pixel value
-outside all object masks of that frame). All states x classes run as one batched forward pass
+`object_effects` removes one class at a time, from every stacked frame (frames="all") or the
+newest (frames="newest"): its pixels that lie in no other class's box are replaced by the fill (by
+default the median of a ring around each box, outside all objects: a local background), and it
+reports per removal how much of the class overlapped other objects (kept) and how many
+non-background pixels were left just around its boxes (residue). All states x classes run as one batched forward pass
 per chunk on device (the original state is the chunk's extra row), eagerly or inside the
 caller's jit. `effect_agreement` rank-correlates shares with effects within each state (across
 classes) and across states (per class), with percentile intervals from resampling the caller's
@@ -30,25 +32,37 @@ from jaxsal.batching import cached_jit, is_traced, map_batched
 from jaxsal.errors import SaliencyInputError
 from jaxsal.checks import LAYOUTS, check_obs, target_actions
 
-FILLS = ("background",)
+FILLS = ("ring", "background")
+FRAMES = ("all", "newest")
 
 
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["effect", "flips", "score", "actions", "present"],
-                   meta_fields=["classes"])
+                   data_fields=["effect", "flips", "score", "actions", "present", "overlap", "residue",
+                                "residue_share"],
+                   meta_fields=["classes", "frames", "fill"])
 @dataclasses.dataclass(frozen=True)
 class ObjectEffects:
     """Per state and class (N, C): `effect` = explained output of the original state minus that of
     the state without the class (for the action explained in the original state); `flips` =
-    the greedy action changes; `present` = the class has pixels in some stacked frame (an absent
-    class changes nothing: effect 0). `score` (N,) and `actions` (N,): the original state's
-    explained output and action."""
+    the greedy action changes; `present` = the class has pixels in a frame it is removed from (an
+    absent class changes nothing: effect 0). What each removal did: `overlap` = the share of the
+    class's box pixels (in the removed frames) that also lie in another class's box, so were kept
+    (1: nothing was removed; NaN when absent); `residue` = pixels that are not background after
+    the fill in the class's boxes grown by `margin` px (other classes' boxes left out), e.g. a moving
+    ball's pixels outside its RAM box, and `residue_share` = their share of those pixels (NaN when
+    absent). `score` (N,) and `actions` (N,): the original state's explained output and action.
+    `frames` ("all" / "newest") and `fill` ("ring", "background" or "given"): how classes were removed."""
     effect: jax.Array
     flips: jax.Array
     score: jax.Array
     actions: jax.Array
     present: jax.Array
+    overlap: jax.Array = None
+    residue: jax.Array = None
+    residue_share: jax.Array = None
     classes: tuple = ()
+    frames: str = "all"
+    fill: str = "ring"
 
 
 def _mode(values, valid):
@@ -81,33 +95,140 @@ def background(x, masks, uint8: bool = False):
     return jax.vmap(_mode_uint8 if uint8 else _mode)(vals, outside).reshape(b, f)
 
 
+def _expand(boxes, valid, d: int, h: int, w: int):
+    """(B, F, K, 4) half-open boxes grown by d px on every side (clipped to the frame) -> (B, F, K, H*W)
+    bool; slots that are not `valid` (padding, empty boxes) stay empty."""
+    b = boxes.astype(jnp.int32)
+    rows = (jnp.arange(h) >= b[..., 0:1] - d) & (jnp.arange(h) < b[..., 2:3] + d)
+    cols = (jnp.arange(w) >= b[..., 1:2] - d) & (jnp.arange(w) < b[..., 3:4] + d)
+    grown = rows[..., :, None] & cols[..., None, :] & valid[..., None, None]
+    return grown.reshape(grown.shape[:-2] + (h * w,))
+
+
+def _dilate(m, d: int, h: int, w: int):
+    """(B, F, K, H*W) bool masks dilated by d px (a (2d + 1)^2 square: what growing a box by d gives)."""
+    if d == 0:
+        return m
+    g = m.reshape(m.shape[:-1] + (h, w)).astype(jnp.float32)
+    g = jax.lax.reduce_window(g, 0.0, jax.lax.max, (1,) * (g.ndim - 2) + (2 * d + 1, 2 * d + 1),
+                              (1,) * g.ndim, "SAME")
+    return (g > 0).reshape(m.shape)
+
+
+def _per_class(onehot, regions):
+    """Regions (B, F, K, P) bool of classes onehot (B, F, K, C) -> (B, F, C, P) bool: in some region of c."""
+    return jnp.einsum("bfkc,bfkp->bfcp", onehot.astype(jnp.float32), regions.astype(jnp.float32)) > 0
+
+
+def _ring_stats(x, ring, mode, uint8: bool):
+    """Per region: the median, minimum and maximum of x (B, F, P) over its ring (B, F, K, P) bool;
+    the frame's background `mode` (B, F) where a ring is empty. Median of an even count: the mean of
+    the two middle values (numpy's). uint8 frames: by bisection over 0..255 (no sort)."""
+    n = ring.sum(-1)
+    xs = x[:, :, None, :]
+    lo_v = jnp.min(jnp.where(ring, xs, jnp.inf), -1)
+    hi_v = jnp.max(jnp.where(ring, xs, -jnp.inf), -1)
+    ranks = jnp.stack([(n - 1) // 2, n // 2], -1)                        # the two middle order statistics
+    if uint8:
+        a, b = jnp.zeros_like(ranks), jnp.full_like(ranks, 255)
+        xu = jnp.where(ring, xs, 256.0).astype(jnp.int16)[..., None, :]  # off the ring: above every t
+        for _ in range(8):                                                # smallest t with > rank values <= t
+            mid = (a + b) // 2
+            cnt = (xu <= mid[..., None].astype(jnp.int16)).sum(-1, dtype=jnp.int32)
+            ok = cnt > ranks
+            a, b = jnp.where(ok, a, mid + 1), jnp.where(ok, mid, b)
+        mid_v = a.astype(jnp.float32)
+    else:
+        s = jnp.sort(jnp.where(ring, xs, jnp.inf), -1)
+        mid_v = jnp.take_along_axis(s, jnp.clip(ranks, 0, s.shape[-1] - 1), -1)
+    med = mid_v.mean(-1)
+    empty = n == 0
+    m = mode[:, :, None]
+    return jnp.where(empty, m, med), jnp.where(empty, m, lo_v), jnp.where(empty, m, hi_v)
+
+
+def removals(x, fill_mode: str, frames: str, margin: int, ring_width: int, uint8: bool, *, masks=None,
+             boxes=None, labels=None, num_classes=None, fill=None):
+    """The frames with each class removed, and what the removal did (pure, batched over states).
+
+    x (B, H, W, F) float; the objects as boxes (B, F, K, 4) + labels (B, F, K) of num_classes
+    classes, or as masks (B, F, C, H, W) bool (each class's mask one region). Class c's pixels
+    that lie in no other class's region are set to the fill, in the removed frames (`frames`).
+    fill_mode: "ring" (per region, the median of the pixels `margin` .. `margin + ring_width` px
+    outside it and outside every object grown by `margin`), "background" (per frame, the mode
+    outside all objects) or "given" (fill (B, H, W, F)). Returns (xi (B, C, H, W, F), masks
+    (B, F, C, H, W), present, overlap, residue, residue_share), the last four (B, C)."""
+    b, h, w, f = x.shape
+    xf = jnp.moveaxis(x, -1, 1).reshape(b, f, h * w)                     # (B, F, P)
+    if masks is None:
+        valid = (labels >= 0) & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+        onehot = (labels[..., None] == jnp.arange(num_classes)) & valid[..., None]   # (B, F, K, C)
+        region = _expand(boxes, valid, 0, h, w)
+        grown = _expand(boxes, valid, margin, h, w)
+        outer = _expand(boxes, valid, margin + ring_width, h, w) if fill_mode == "ring" else None
+    else:
+        c = masks.shape[2]
+        onehot = jnp.broadcast_to(jnp.eye(c, dtype=bool), (b, f, c, c))
+        region = masks.reshape(b, f, c, h * w)
+        grown = _dilate(region, margin, h, w)
+        outer = _dilate(region, margin + ring_width, h, w) if fill_mode == "ring" else None
+    cls = _per_class(onehot, region)                                      # (B, F, C, P)
+    others = (cls.sum(2, keepdims=True) - cls) > 0                        # in another class's region
+    sel = (jnp.arange(f) == f - 1) if frames == "newest" else jnp.ones(f, bool)
+    sel = sel[None, :, None, None]
+    rm = cls & ~others & sel                                              # what is filled
+    mode = background(x, cls.reshape(b, f, -1, h, w), uint8)              # (B, F)
+    if fill_mode == "ring":
+        ring = outer & ~grown.any(2, keepdims=True)
+        med, lo_k, hi_k = _ring_stats(xf, ring, mode, uint8)              # (B, F, K)
+        oh = onehot.astype(jnp.float32)
+        num = jnp.einsum("bfkc,bfkp->bfcp", oh * med[..., None], region.astype(jnp.float32))
+        den = jnp.einsum("bfkc,bfkp->bfcp", oh, region.astype(jnp.float32))
+        value = jnp.where(den > 0, num / jnp.maximum(den, 1.0), mode[:, :, None, None])   # (B, F, C, P)
+        has = onehot.any(2)                                               # (B, F, C): c has a region
+        lo = jnp.where(has, jnp.min(jnp.where(onehot, lo_k[..., None], jnp.inf), 2), mode[..., None])[..., None]
+        hi = jnp.where(has, jnp.max(jnp.where(onehot, hi_k[..., None], -jnp.inf), 2), mode[..., None])[..., None]
+    elif fill_mode == "background":
+        value = lo = hi = mode[:, :, None, None]
+    else:
+        value = lo = hi = jnp.moveaxis(fill.astype(jnp.float32), -1, 1).reshape(b, f, 1, h * w)
+    xi = jnp.where(rm, value, xf[:, :, None])                             # (B, F, C, P)
+    area = (cls & sel).sum((1, 3))                                        # (B, C) box pixels removed from
+    overlap = jnp.where(area > 0, (cls & others & sel).sum((1, 3)) / jnp.maximum(area, 1), jnp.nan)
+    near = _per_class(onehot, grown) & ~others & sel                      # the grown boxes, others' pixels out
+    left = near & ((xi < lo) | (xi > hi))                                 # not background after the fill
+    residue = left.sum((1, 3)).astype(jnp.int32)
+    span = near.sum((1, 3))
+    share = jnp.where(span > 0, residue / jnp.maximum(span, 1), jnp.nan)
+    xi = jnp.transpose(xi.reshape(b, f, -1, h, w), (0, 2, 3, 4, 1))       # (B, C, H, W, F)
+    return (xi, cls.reshape(b, f, -1, h, w), area > 0, overlap.astype(jnp.float32), residue,
+            share.astype(jnp.float32))
+
+
 def _build(apply_fn, target_name, layout: str, fill_mode: str, num_classes, height: int, width: int,
-           uint8: bool = False):
-    """Chunk function (params, obs, mask source..., [fill]) -> (effect, flips, score, actions, present).
+           uint8: bool = False, frames: str = "all", margin: int = 2, ring_width: int = 3):
+    """Chunk function (params, obs, mask source..., [fill], actions) -> (effect, flips, score, actions,
+    present, overlap, residue, residue_share).
 
-    fill_mode: "background" (estimated here) or "given" (a (B, H, W, F) fill image is the last
-    argument). Mask source: (boxes, labels) when num_classes is an int, else masks (B, F, C, H, W)."""
-    from jaxsal.objects.boxes import boxes_to_masks
-
+    fill_mode: "ring" or "background" (estimated here) or "given" (a (B, H, W, F) fill image is the
+    argument before the actions). Mask source: (boxes, labels) when num_classes is an int, else masks
+    (B, F, C, H, W)."""
     target = T.get_target(target_name)
     choose = target.choose if T.explains_action(target) else (lambda o: jnp.argmax(T.q_of(o), -1))
 
     def fn(params, obs, *rest):
         if num_classes is not None:
-            boxes, labels, rest = rest[0], rest[1], rest[2:]
-            masks = boxes_to_masks(boxes, labels, num_classes, height, width)
+            src = {"boxes": rest[0], "labels": rest[1], "num_classes": num_classes}
+            rest = rest[2:]
         else:
-            masks, rest = rest[0], rest[1:]
+            src = {"masks": rest[0]}
+            rest = rest[1:]
         actions = rest[-1]
         x = obs.astype(jnp.float32)
         x = x if layout == "NHWC" else jnp.transpose(x, (0, 2, 3, 1))       # (B, H, W, F)
+        xi, masks, present, overlap, residue, share = removals(
+            x, fill_mode, frames, margin, ring_width, uint8, fill=rest[0] if fill_mode == "given" else None, **src)
         b, c = x.shape[0], masks.shape[2]
-        if fill_mode == "background":
-            fill = jnp.broadcast_to(background(x, masks, uint8)[:, None, None, :], x.shape)
-        else:
-            fill = rest[0].astype(jnp.float32)
-        m = jnp.transpose(masks, (0, 2, 3, 4, 1))                           # (B, C, H, W, F)
-        xi = jnp.where(m, fill[:, None], x[:, None])                        # (B, C, H, W, F)
         rows = jnp.concatenate([x[:, None], xi], 1).reshape((b * (c + 1),) + x.shape[1:])
         if layout == "NCHW":
             rows = jnp.transpose(rows, (0, 3, 1, 2))
@@ -119,7 +240,7 @@ def _build(apply_fn, target_name, layout: str, fill_mode: str, num_classes, heig
         scores = target.score(flat, jnp.repeat(a, c + 1)).reshape(b, c + 1)
         greedy = choose(flat).reshape(b, c + 1)
         return (scores[:, :1] - scores[:, 1:], greedy[:, 1:] != greedy[:, :1], scores[:, 0], a,
-                masks.any((1, 3, 4)))
+                present, overlap, residue, share)
     return fn
 
 
@@ -144,18 +265,33 @@ def _fill_image(fill, shape, layout: str, n: int):
         f"({n}, {f}), or a background image of one state {per_state} or of every state")
 
 
-def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fill="background", classes=None,
-                   batch_size: int = 256, *, actions=None, layout: str = "NHWC") -> ObjectEffects:
+def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fill="ring", classes=None,
+                   batch_size: int = 256, *, actions=None, layout: str = "NHWC", frames: str = "all",
+                   margin: int = 2, ring_width: int = 3) -> ObjectEffects:
     """Causal effect of removing each object class from each state (module doc).
 
     obs: (N, H, W, F) frame stacks (the channels are the stacked frames; layout="NCHW" for
     (N, F, H, W)). boxes_or_masks: `jaxsal.objects.ObjectBoxes`, bool masks (N, F, C, H, W) per
-    stacked frame, or (N, C, H, W) used for every frame; classes: names (taken from ObjectBoxes).
-    For class c, every pixel of c's masks in frame f is set to the fill of frame f, in all frames
-    at once. fill: "background" = per state and frame, the most frequent pixel value outside all
-    object masks of that frame (the whole frame's if masks cover it all); or a number, one value
-    per stacked frame (F,), per state and frame (N, F), or a background image of one state
-    (obs.shape[1:]) or of every state (obs.shape), e.g. the game's empty screen.
+    stacked frame (boxes, or pixel-level object masks where those are known: then only object
+    pixels are filled), or (N, C, H, W) used for every frame; classes: names (from ObjectBoxes).
+
+    For class c, its pixels in the removed frames that lie in no other class's box are set to
+    the fill (other objects are never painted over; `overlap` says how much of c was kept so).
+    frames: "all" (default) removes c from every stacked frame: the agent sees a state without c,
+    one it can meet in play (Breakout's "no ball" is the state before a serve), so the effect
+    answers "what does the agent do when c is not there"; "newest" removes it from the newest
+    frame only: a stack where c has just vanished, which the agent never saw, answering "does the
+    newest frame's c matter given the history". Neither isolates "uses c's position": moving c
+    (a displacement) does. fill: "ring" (default) = per box and frame, the median of a ring
+    `ring_width` px wide, `margin` px outside the box and outside every object box grown by
+    `margin` (a local background: right on textured screens as on black ones; the frame's mode
+    where the ring is empty); "background" = per state and frame, the most frequent pixel value
+    outside all object boxes of that frame; or a number, one value per stacked frame (F,), per
+    state and frame (N, F), or a background image of one state (obs.shape[1:]) or of every state
+    (obs.shape), e.g. the game's empty screen. Residue: pixels of c's boxes grown by `margin` px
+    (RAM boxes are of one sub-frame, frames are resized and max-pooled over two) that lie outside
+    the background after the fill: for "ring" outside the range of the box's ring, otherwise not
+    equal to the fill.
 
     target: what is explained (`jaxsal.targets`); its action is fixed on the original state
     (argmax, or `actions`), so `effect[i, c]` = target(x_i)_a - target(x_i without c)_a: positive
@@ -173,11 +309,17 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
     n, h, w, f = nhwc
     if isinstance(fill, str):
         if fill not in FILLS:
-            raise SaliencyInputError(f"unknown fill {fill!r}: pass fill='background' (each frame's own "
-                                     "background), a number, or an array of background values")
-        fill_mode = "background"
+            raise SaliencyInputError(f"unknown fill {fill!r}: pass fill='ring' (the median around each box), "
+                                     "fill='background' (each frame's own background), a number, or an array "
+                                     "of background values")
+        fill_mode = fill
     else:
         fill_mode = "given"
+    if frames not in FRAMES:
+        raise SaliencyInputError(f"frames must be 'all' (remove from every stacked frame) or 'newest', got {frames!r}")
+    for name, v, least in (("margin", margin, 0), ("ring_width", ring_width, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+            raise SaliencyInputError(f"{name} must be an integer >= {least} (pixels), got {v!r}")
     traced = is_traced(params, obs, boxes_or_masks)
 
     if isinstance(boxes_or_masks, ObjectBoxes):
@@ -219,10 +361,13 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
         q_shape = jax.eval_shape(lambda p, o: T.q_of(apply_fn(p, o)), params, x[:1]).shape
         acts = jnp.asarray(T.check_actions(actions, n, q_shape[-1]))
     dtype = np.dtype(obs.dtype if hasattr(obs, "dtype") else np.asarray(obs).dtype)
-    fn = cached_jit(_build, apply_fn, target, layout, fill_mode, num_classes, h, w, dtype in (np.uint8, np.bool_))
-    eff, flips, score, a, present = map_batched(fn, params, x, *sources, acts, batch_size=batch_size,
-                                                rows_per_state=c + 1)
-    return ObjectEffects(effect=eff, flips=flips, score=score, actions=a, present=present, classes=names)
+    fn = cached_jit(_build, apply_fn, target, layout, fill_mode, num_classes, h, w, dtype in (np.uint8, np.bool_),
+                    frames, int(margin), int(ring_width))
+    eff, flips, score, a, present, overlap, residue, share = map_batched(
+        fn, params, x, *sources, acts, batch_size=batch_size, rows_per_state=c + 1)
+    return ObjectEffects(effect=eff, flips=flips, score=score, actions=a, present=present, overlap=overlap,
+                         residue=residue, residue_share=share, classes=names, frames=frames,
+                         fill=fill_mode)
 
 
 def _spearman(a, b) -> float:
@@ -266,8 +411,8 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
 
     shares: `ObjectShares` (its `share` field: "positive" or "absolute") or (N, C) numbers;
     effects: `ObjectEffects` or (N, C) numbers, the same states and classes. A (state, class)
-    pair where the class is absent (either result's `present` is False) or a value is NaN is
-    left out.
+    pair where the class is absent (either result's `present` is False), was not removed at all
+    (`overlap` 1: all its pixels lie in other classes' boxes) or a value is NaN is left out.
 
     - within_state: per state, the Spearman rank correlation across classes of share and
       effect (NaN for a state with fewer than two classes or constant shares or effects:
@@ -298,6 +443,8 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
     if isinstance(effects, ObjectEffects):
         e = np.asarray(effects.effect, np.float64)
         p = np.asarray(effects.present, bool)
+        if effects.overlap is not None:       # every pixel kept under other boxes: nothing was removed
+            p = p & ~(np.asarray(effects.overlap, np.float64) >= 1.0)
         if present is not None and p.shape == present.shape:
             if names != effects.classes:
                 raise SaliencyInputError(f"shares are for classes {names}, effects for {effects.classes}: "
