@@ -162,3 +162,19 @@ def test_render_refuses_corrupt_frames_to_draw_on(tmp_path, card, capsys):
     assert main(["render", str(out), "--input", str(tmp_path / "moved.npz"), "--video", "none", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "'obs.npy' is corrupt" in err and not (out / "gallery").exists(), err
+
+
+def test_a_corrupt_dopamine_observation_file_is_refused_before_any_frame(tmp_path):
+    from tests.test_io_readers import write_dopamine
+
+    rng = np.random.default_rng(0)
+    write_dopamine(tmp_path, 0, rng.integers(0, 255, (64, 84, 84), dtype=np.uint8), np.zeros(64, bool))
+    verify_input(open_source(tmp_path))                      # intact: passes
+    obs = tmp_path / "$store$_observation_ckpt.0.gz"
+    raw = bytearray(obs.read_bytes())
+    raw[-6] ^= 0xFF                                           # the gzip trailer's CRC-32
+    obs.write_bytes(bytes(raw))
+    src = open_source(tmp_path)
+    assert src.read(0, 4).shape[0] == 4                       # the first frames read fine: no CRC yet
+    with pytest.raises(SaliencyInputError, match=r"observation_ckpt\.0\.gz is corrupt.*download the file again"):
+        verify_input(open_source(tmp_path))

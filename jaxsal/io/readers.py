@@ -668,6 +668,23 @@ class DopamineCheckpoint:
             self._actions = a[self._phys][self._keep].astype(np.int32)
         return self._actions[start:stop]
 
+    def verify(self):
+        """The gzip CRC-32 of the observation file, read to its end in VERIFY_BLOCK pieces (frames are
+        otherwise streamed only as far as they are served, and gzip checks its CRC only at the end);
+        the checkpoint's small files are read whole, CRC included, when they are loaded."""
+        st = os.stat(self.path)
+        key = (str(self.path), st.st_size, st.st_mtime_ns, ("gzip",))
+        if key in _VERIFIED:
+            return
+        try:
+            with gzip.open(self.path, "rb") as f:
+                while f.read(VERIFY_BLOCK):
+                    pass
+        except (OSError, EOFError, zlib.error) as e:  # BadGzipFile (a CRC or length mismatch) is an OSError
+            raise SaliencyInputError(f"{self.path} is corrupt ({e}); nothing was explained: copy or download the "
+                                     "file again (its bytes do not match the checksum gzip stores)") from None
+        _VERIFIED[key] = True
+
     def fingerprint(self) -> str:
         return _fingerprint_files([p for p in (self.path, self.terminal_path, self.add_count_path,
                                                self.invalid_path, self.episode_end_path) if Path(p).exists()])
