@@ -230,7 +230,6 @@ def _run(d: Path, names: list):
     """Each case through its Python loader and through `jaxsal explain` (in this process): one JSON line each."""
     import contextlib
     import io
-    import resource
 
     from jaxsal.cli import main
     from jaxsal.errors import SaliencyInputError
@@ -259,7 +258,14 @@ def _run(d: Path, names: list):
         print(json.dumps({"name": name, "loader": loader[:2000], "loader_s": loader_s, "code": code,
                           "stderr": err.getvalue()[:2000], "cli_s": time.perf_counter() - t,
                           "written": out.exists(),
-                          "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
+                          "maxrss_mib": _peak_rss_mib()}), flush=True)
+
+
+def _peak_rss_mib() -> float:
+    """This process's own peak resident set (VmHWM): getrusage's ru_maxrss also counts the parent's
+    resident set at the fork before exec (a test worker's gigabytes), which says nothing of this run."""
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
 
 
 def catalogue_index(d: Path) -> dict:
