@@ -181,7 +181,10 @@ def catalogue(d: Path) -> dict:
     cases["zip bomb: 2 GiB SB3 policy.pth"] = Case("sbx", p, "declares 2147483648 bytes")
     p = d / "deep_json.zip"
     p.write_bytes(sbx_zip(data=b"[" * 10 ** 6))
-    cases["JSON data nested 10^6 deep"] = Case("sbx", p, "deep_json.zip")
+    cases["JSON data nested 10^6 deep"] = Case("sbx", p, "nests deeper than JSON can be parsed")
+    p = d / "not_json.zip"
+    p.write_bytes(sbx_zip(data=b'{"policy_class": \xff'))
+    cases["data member not JSON"] = Case("sbx", p, "member is not JSON")
 
     ends = "episode_end_indices_ckpt.7.gz"
     dop = {

@@ -125,8 +125,16 @@ class ActorCritic(nn.Module):
 
 
 def _data_json(z: zipfile.ZipFile, path):
-    """The JSON `data` member of an SB3-format zip, its size checked before it is read."""
-    return json.loads(read_zip_member(z, "data", path, DATA_MAX))
+    """The JSON `data` member of an SB3-format zip, its size checked before it is read. Data that
+    is not JSON (or nests too deep to parse) is refused here: neither SB3 nor SBX could load it."""
+    raw = read_zip_member(z, "data", path, DATA_MAX)
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        why = "its `data` member nests deeper than JSON can be parsed"
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        why = f"its `data` member is not JSON ({type(e).__name__} at byte {getattr(e, 'pos', '?')})"
+    raise LoaderError(f"{path}: an SB3/SBX-format zip, but {why}: {CRAFTED}")
 
 
 def is_sbx_zip(data: bytes, path="model.zip") -> bool:
