@@ -7,10 +7,12 @@ from __future__ import annotations
 import builtins
 import importlib
 import inspect
+from pathlib import Path
 
 import pytest
 
 griffe = pytest.importorskip("griffe")
+yaml = pytest.importorskip("yaml")
 
 # Where the documented functions live: a module (its __all__, else the public functions it
 # defines) or one function by its dotted path.
@@ -25,8 +27,21 @@ MODULES = (
     "jaxsal.params_checksum",
 )
 
-# mkdocs.yml's mkdocstrings options: `docstring_style: google`, `docstring_options`
-PARSER_OPTIONS = {"returns_named_value": False}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _site_options() -> dict:
+    """mkdocs.yml's mkdocstrings options for Python: the docstring style and parser options the
+    site renders with."""
+    cfg = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    for plugin in cfg["plugins"]:
+        if isinstance(plugin, dict) and "mkdocstrings" in plugin:
+            return plugin["mkdocstrings"]["handlers"]["python"]["options"]
+    raise AssertionError("mkdocs.yml has no mkdocstrings plugin")
+
+
+OPTIONS = _site_options()
+PARSER_OPTIONS = OPTIONS.get("docstring_options", {})
 SUMMARY_LINES = 2
 
 
@@ -68,7 +83,8 @@ def problems(fn) -> list[str]:
     if len(summary.splitlines()) > SUMMARY_LINES or summary.rstrip().endswith(":"):
         out.append(f"the summary is not one or two lines of text: {summary[:80]!r}")
     sections = {}
-    for s in griffe.Docstring(doc, lineno=1, parser="google", parser_options=PARSER_OPTIONS).parse():
+    for s in griffe.Docstring(doc, lineno=1, parser=OPTIONS["docstring_style"],
+                                 parser_options=PARSER_OPTIONS).parse():
         sections.setdefault(s.kind.value, []).extend(s.value if isinstance(s.value, list) else [s.value])
     sig = inspect.signature(fn)
     wanted = [_documented_name(p) for p in sig.parameters.values() if p.name not in ("self", "cls")]
@@ -81,7 +97,7 @@ def problems(fn) -> list[str]:
     for p in sections.get("parameters", []):
         if p.name not in wanted:
             out.append(f"documents {p.name}, which the signature lacks")
-        elif not p.annotation and not p.name.startswith("*"):
+        elif not p.annotation:
             out.append(f"parameter {p.name} has no type")
         if not p.description.strip():
             out.append(f"parameter {p.name} has no description")
@@ -121,9 +137,9 @@ def _good(apply_fn, params, n: int = 3, *rest, key=None, **options) -> int:
         apply_fn (Callable): the model.
         params (PyTree): its parameters.
         n (int): how many. Defaults to 3.
-        *rest: more positional inputs.
+        *rest (Any): more positional inputs.
         key (jax.Array | None): a PRNG key.
-        **options: further options.
+        **options (Any): further options.
 
     Returns:
         int: the count.
@@ -146,7 +162,7 @@ def test_checker_passes_a_complete_docstring():
 
 @pytest.mark.parametrize("edit,expected", [
     (lambda d: d.replace("    n (int): how many. Defaults to 3.\n", ""), "parameter n is not documented"),
-    (lambda d: d.replace("    **options: further options.\n", ""), "parameter **options is not documented"),
+    (lambda d: d.replace("    **options (Any): further options.\n", ""), "parameter **options is not documented"),
     (lambda d: d.replace("key (jax.Array | None)", "seed (int)"), "documents seed, which the signature lacks"),
     (lambda d: d.replace("n (int):", "n:"), "parameter n has no type"),
     (lambda d: d[:d.index("Returns:")] + d[d.index("Raises:"):], "no Returns section"),

@@ -308,7 +308,7 @@ def load_object_effects(out, allow_incomplete: bool = False) -> dict:
     Args:
         out (str | os.PathLike): the output directory.
         allow_incomplete (bool): give the frames of the chunks finished so far (in order; "frame"
-            says which) instead of refusing an unfinished job. Defaults to False.
+            says which) instead of refusing an unfinished job.
 
     Returns:
         dict: "classes" (the C class names), "frame" (N,), "effect" (N, C) float32 (how much the
@@ -364,9 +364,9 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
         out (str | os.PathLike): the output directory.
         method (str): the method's alias in the job.
         allow_incomplete (bool): give the frames of the chunks finished so far (in order; "frame"
-            says which) instead of refusing an unfinished job. Defaults to False.
+            says which) instead of refusing an unfinished job.
         effects (bool): also the object effects of a job run with `--effects`, for the same
-            frames (with `allow_incomplete`: the chunks that have both). Defaults to False.
+            frames (with `allow_incomplete`: the chunks that have both).
 
     Returns:
         dict: "classes" (the C class names; column c is class `classes[c]`), "frame" (N,),

@@ -231,7 +231,7 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
     Args:
         out (str | os.PathLike): the output directory.
         allow_incomplete (bool): give the frames of the chunks finished so far (in order) instead
-            of refusing an unfinished job. Defaults to False.
+            of refusing an unfinished job.
 
     Returns:
         dict[str, numpy.ndarray]: "frame" (N,) the row of the maps; "index" (N,) the state's
@@ -392,7 +392,7 @@ def update_manifest(out, **fields) -> None:
 
     Args:
         out (str | os.PathLike): the output directory.
-        **fields: top-level manifest entries to set (JSON-able).
+        **fields (Any): top-level manifest entries to set (JSON-able).
 
     Raises:
         jaxsal.SaliencyInputError: `out` has no readable manifest.
@@ -535,7 +535,7 @@ def load_maps(out, method: str, allow_incomplete: bool = False) -> MapArray:
         out (str | os.PathLike): the output directory.
         method (str): the method's alias in the job (e.g. "gradcam").
         allow_incomplete (bool): accept a job still running (or stopped): its missing chunks'
-            frames read as NaN (`jaxsal.io.store.finished_frames` says which). Defaults to False.
+            frames read as NaN (`jaxsal.io.store.finished_frames` says which).
 
     Returns:
         MapArray: read-only array-like of shape (N, H, W), or (N, H, W, C) for per-frame maps,

@@ -635,8 +635,7 @@ def load_sweep(out, as_frame: bool = False):
 
     Args:
         out (str | os.PathLike): the sweep's output directory.
-        as_frame (bool): return a pandas DataFrame (needs pandas) instead of a dict. Defaults
-            to False.
+        as_frame (bool): return a pandas DataFrame (needs pandas) instead of a dict.
 
     Returns:
         dict[str, numpy.ndarray] | pandas.DataFrame: `{column: (rows,)}` in the file's column

@@ -40,8 +40,7 @@ def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | No
         pixels (str | None): "uint8" when the agent takes raw 0..255 frames (declared, so
             jaxsal checks inputs against it); None declares nothing.
         name (str | None): the agent's name; None: the file's stem.
-        seed (int): seed of the template `module.init` (its values are discarded). Defaults
-            to 0.
+        seed (int): seed of the template `module.init` (its values are discarded).
 
     Returns:
         jaxsal.agent_spec.LoadedAgent: `apply_fn`, `params`, `layout`, `num_actions` (None when

@@ -291,7 +291,7 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
             object masks where those are known: then only object pixels are filled), or
             (N, C, H, W) used for every frame.
         target (str | Callable): what is explained (`jaxsal.targets`); its action is fixed on
-            the original state. Defaults to "q_chosen".
+            the original state.
         fill (str | float | jax.Array | numpy.ndarray): what removed pixels become: "ring"
             (default; per box and frame, the median of a ring `ring_width` px wide, `margin` px
             outside the box and outside every object box grown by `margin`: a local background,
@@ -303,7 +303,7 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
         classes (Sequence[str] | None): the C class names; None takes them from ObjectBoxes (or
             names them "class_0", ...).
         batch_size (int): model rows per forward pass; a chunk holds batch_size // (C + 1)
-            states (at least one). Defaults to 256.
+            states (at least one).
         actions (jax.Array | None): (N,) actions whose output is compared (needed by
             "q_action"); None: the target's choice on the original state.
         layout (str): "NHWC" (default) or "NCHW", the layout of `obs`.
@@ -311,8 +311,8 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
             newest (last) frame only.
         margin (int): pixels between a box and its ring, and by which boxes grow for the
             residue (RAM boxes are of one sub-frame; frames are resized and max-pooled over
-            two). Defaults to 2.
-        ring_width (int): the ring's width in pixels. Defaults to 3.
+            two).
+        ring_width (int): the ring's width in pixels.
 
     Returns:
         ObjectEffects: per state and class (N, C): `effect` = target(x)_a - target(x without
@@ -455,9 +455,9 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
             resamples whole units with replacement. Consecutive states of one episode are
             dependent, so pass episodes (or blocks, `jaxsal.metrics.statistics.blocks`). None
             makes each state its own unit: right only for independent states.
-        n_resamples (int): bootstrap resamples. Defaults to 2000.
-        seed (int): seed of the resampling. Defaults to 0.
-        level (float): the intervals' coverage, in (0, 1). Defaults to 0.95.
+        n_resamples (int): bootstrap resamples.
+        seed (int): seed of the resampling.
+        level (float): the intervals' coverage, in (0, 1).
         share (str): which share of an ObjectShares is correlated: "positive" (default) or
             "absolute".
 

@@ -41,7 +41,7 @@ def gaussian_blur(x, sigma: float, truncate: float = 4.0):
         x (jax.Array): frames (N, H, W, C), float.
         sigma (float): the blur's standard deviation in pixels.
         truncate (float): the kernel's half-width in standard deviations (scipy's
-            `truncate`). Defaults to 4.0.
+            `truncate`).
 
     Returns:
         jax.Array: the blurred frames, shape (N, H, W, C); `x` itself when the kernel's radius
@@ -263,7 +263,7 @@ def insertion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_
             (uniform in `pixel_range`, per pixel and frame; needs `key`) or "blur" (a spatial
             Gaussian blur of the state, `blur_sigma` px).
         pixels_per_step (int): pixels moved per step (all stacked frames of a pixel at once);
-            the curve has S + 1 = ceil(H W / pixels_per_step) + 1 points. Defaults to 84.
+            the curve has S + 1 = ceil(H W / pixels_per_step) + 1 points.
         score (str): how the followed scalar f(x_t) becomes the curve, with x the clean input
             and x_0 the fully removed one: "ratio" f(x_t) / f(x) ("q_value" is its name for Q
             targets, Paper B's Q_a(x_t) / Q_a(x)); "normalized" (f(x_t) - f(x_0)) /
@@ -279,15 +279,14 @@ def insertion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_
         target (str | Callable): the scalar followed, as in `jaxsal.explain`. A policy target
             (policy_logit, log_prob, or a Q target on a dict output with logits and no Q-values)
             is followed as the action's probability pi(a|x_t): logits are defined only up to a
-            per-state constant. Defaults to "q_chosen".
+            per-state constant.
         actions (jax.Array | None): (N,) actions followed (needed by "q_action"); None: the
             target's choice on the clean input (`jaxsal.targets.resolve_actions`).
         batch_size (int | None): model rows (states x (S + 1)) per forward pass; None: the
             backend's default.
         layout (str): "NHWC" (default) or "NCHW", the layout of `obs`.
-        pixel_range (tuple[float, float]): (low, high) of the "random" substrate. Defaults to
-            (0.0, 255.0).
-        blur_sigma (float): the "blur" substrate's sigma in pixels. Defaults to 5.0.
+        pixel_range (tuple[float, float]): (low, high) of the "random" substrate.
+        blur_sigma (float): the "blur" substrate's sigma in pixels.
 
     Returns:
         dict: `{"auc": jax.Array (N,), "curves": jax.Array (N, S + 1), "score": str (the score
@@ -324,17 +323,16 @@ def deletion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_s
         maps (jax.Array | numpy.ndarray): one saliency map per state, (N, H, W), finite.
         substrate (str): what removed pixels become: "black" (default), "random" (needs `key`)
             or "blur", as in `insertion`.
-        pixels_per_step (int): pixels removed per step. Defaults to 84.
-        score (str): the curve's score, as in `insertion`. Defaults to "auto".
+        pixels_per_step (int): pixels removed per step.
+        score (str): the curve's score, as in `insertion`.
         key (jax.Array | None): PRNG key of the "random" substrate.
-        target (str | Callable): the scalar followed, as in `insertion`. Defaults to "q_chosen".
+        target (str | Callable): the scalar followed, as in `insertion`.
         actions (jax.Array | None): (N,) actions followed; None: the target's choice on the
             clean input.
         batch_size (int | None): model rows per forward pass; None: the backend's default.
         layout (str): "NHWC" (default) or "NCHW", the layout of `obs`.
-        pixel_range (tuple[float, float]): (low, high) of the "random" substrate. Defaults to
-            (0.0, 255.0).
-        blur_sigma (float): the "blur" substrate's sigma in pixels. Defaults to 5.0.
+        pixel_range (tuple[float, float]): (low, high) of the "random" substrate.
+        blur_sigma (float): the "blur" substrate's sigma in pixels.
 
     Returns:
         dict: `{"auc": jax.Array (N,), "curves": jax.Array (N, S + 1), "score": str,

@@ -115,7 +115,6 @@ def object_attribution(maps, masks, classes=None, frame="union", batch_size: int
         frame (str | int): for maps (N, H, W) and per-frame masks: "union" (default) scores
             against the union of the frames' masks, an int against one frame's (-1: the newest).
         batch_size (int): states per chunk on device (a chunk's masks are built there).
-            Defaults to 256.
 
     Returns:
         ObjectShares: `positive`, `absolute`, `chance` (N, C) float, `present` (N, C) bool,
@@ -180,7 +179,7 @@ def object_pointing(maps, masks, classes=None, frame="union", batch_size: int = 
         classes (Sequence[str] | None): the C class names; None takes them from ObjectBoxes.
         frame (str | int): "union" (default) or a stacked-frame index, as in
             `object_attribution`.
-        batch_size (int): states per chunk on device. Defaults to 256.
+        batch_size (int): states per chunk on device.
 
     Returns:
         tuple[jax.Array, tuple[str, ...]]: `(hits, classes)`: hits (N, C) bool, True where state

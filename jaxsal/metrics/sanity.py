@@ -166,15 +166,14 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
         params (PyTree): the trained parameters.
         obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) with
             `layout="NCHW"`.
-        method (str): a registered method name (`jaxsal.methods()`). Defaults to "gradient".
+        method (str): a registered method name (`jaxsal.methods()`).
         layers (Sequence[str | tuple[str, ...]]): the layers randomised, in order (a name or a
             tuple of names randomised together, labelled by its first name, e.g.
             `("conv1", "conv1_norm")`). Defaults to the Nature CNN's
             ("q", "fc1", "conv3", "conv2", "conv1").
         key (jax.Array): PRNG key; seeds the re-initialisation, the baselines and (unchanged for
             every model) the method's own randomness. Required.
-        target (str | Callable): what is explained, as in `jaxsal.explain`. Defaults to
-            "q_chosen".
+        target (str | Callable): what is explained, as in `jaxsal.explain`.
         actions (jax.Array | None): (N,) actions to explain; None fixes them once on the
             original model by the target's choice.
         apply_fn (Callable | None): `apply_fn(params, obs)`; None uses `model.apply`.
@@ -183,17 +182,17 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
             backend's default).
         metrics (Sequence[str]): similarity metrics, from ("spearman", "ssim_flat", "ssim",
             "hog"). Defaults to all four.
-        similarity_batch_size (int): map pairs compared at once (a memory knob). Defaults to 256.
-        return_maps (bool): also return every model's maps under "maps". Defaults to False.
+        similarity_batch_size (int): map pairs compared at once (a memory knob).
+        return_maps (bool): also return every model's maps under "maps".
         norms (str): "with_layer" (default) randomises a layer's `<layer>_norm` with it
             (a LayerNorm is reset to identity); "keep" leaves the norms trained (the module
             docstring says why the default).
         draw (int): index of an independent randomisation draw (other re-initialised weights
-            and baselines, the same method key); draw 0 is the key's own. Defaults to 0.
+            and baselines, the same method key); draw 0 is the key's own.
         original (jax.Array | None): the method's maps (N, H, W) of `obs` under `params` when
             the caller already has them (same options and key, e.g. one set shared by every
             draw); None computes them.
-        **method_options: further options of `method` (e.g. `n_masks` for RISE).
+        **method_options (Any): further options of `method` (e.g. `n_masks` for RISE).
 
     Returns:
         dict: `{label: {metric: jax.Array (N,)}}` for each entry of `layers`, plus

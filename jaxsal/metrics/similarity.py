@@ -126,9 +126,9 @@ def hog_features(img, orientations: int = 9, cell: int = 3, block: int = 3):
 
     Args:
         img (jax.Array): one 2-D map (H, W), float (not a batch: vmap it for many).
-        orientations (int): orientation bins over 0..180 degrees. Defaults to 9.
-        cell (int): pixels per cell along each axis. Defaults to 3.
-        block (int): cells per block along each axis. Defaults to 3.
+        orientations (int): orientation bins over 0..180 degrees.
+        cell (int): pixels per cell along each axis.
+        block (int): cells per block along each axis.
 
     Returns:
         jax.Array: the feature vector, shape (br * bc * block * block * orientations,) with
@@ -199,10 +199,9 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
         metrics (str | Sequence[str]): one or more of "spearman" (rank correlation), "ssim_flat"
             (Paper B's SSIM of the flattened maps), "ssim" (2-D SSIM, 7x7 window) and "hog"
             (Pearson correlation of HOG features). Defaults to all four.
-        invert (bool): take the inverted max (Paper B). Defaults to True.
+        invert (bool): take the inverted max (Paper B).
         normalize (bool): min-max normalise each map first (always done with `invert`).
-            Defaults to True.
-        batch_size (int | None): pairs compared at once (a memory knob). Defaults to 256.
+        batch_size (int | None): pairs compared at once (a memory knob).
 
     Returns:
         dict[str, jax.Array]: `{metric: (N,)}`, one similarity per pair for each metric asked.
@@ -235,7 +234,7 @@ def spearman(maps, others, **kw):
     Args:
         maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W).
         others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
-        **kw: `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
+        **kw (Any): `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
             inverted max of min-max normalised maps).
 
     Returns:
@@ -253,7 +252,7 @@ def ssim(maps, others, **kw):
     Args:
         maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W).
         others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
-        **kw: `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
+        **kw (Any): `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
             inverted max of min-max normalised maps).
 
     Returns:
@@ -272,7 +271,7 @@ def ssim_flat(maps, others, **kw):
     Args:
         maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W).
         others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
-        **kw: `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
+        **kw (Any): `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
             inverted max of min-max normalised maps).
 
     Returns:
@@ -291,7 +290,7 @@ def hog_pearson(maps, others, **kw):
     Args:
         maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W).
         others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
-        **kw: `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
+        **kw (Any): `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
             inverted max of min-max normalised maps).
 
     Returns:

@@ -176,7 +176,7 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
         params (PyTree): the model's parameters.
         obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
         target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
-            `output -> (N,)`). Defaults to "q_chosen".
+            `output -> (N,)`).
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
@@ -188,11 +188,11 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             "felzenszwalb" (scale 21, sigma 0.5, min_size 4).
         n_samples (int | None): samples per state; None: Paper B's count for the segmentation
             (2000 slic, 1500 quickshift, 1000 felzenszwalb).
-        kernel_width (float): the sample weights' kernel width, > 0. Defaults to 0.25.
+        kernel_width (float): the sample weights' kernel width, > 0.
         fill (float | str): what switched-off superpixels become: a fraction of the value range (0 black, 0.5 grey = 127.5
             for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame). Defaults to 0.0.
-        ridge_alpha (float): the ridge penalty, >= 0. Defaults to 1.0.
+            state's mean per stacked frame).
+        ridge_alpha (float): the ridge penalty, >= 0.
         segments (jax.Array | numpy.ndarray | None): your own (N, H, W) integer superpixel
             labels, instead of segmenting.
         segment_on (str): what is segmented: "stack" (default; the stacked frames as
@@ -202,7 +202,7 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
         obs_max (float | None): the top of the observations' value range, which `fill`
             fractions scale; None: 255 for integer frames, for float frames 1.0 when every
             value is <= 1, else 255.
-        return_coefficients (bool): also return the coefficients and segments. Defaults to False.
+        return_coefficients (bool): also return the coefficients and segments.
         max_segments (int | None): static bound on the superpixels per state under a trace
             (default there: 2 x SLIC's n_segments; required for quickshift and felzenszwalb).
             A state with more segments raises at run time; the bound does not change the maps.

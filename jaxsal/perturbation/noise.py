@@ -82,16 +82,16 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
         params (PyTree): the model's parameters.
         obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
         target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
-            `output -> (N,)`). Defaults to "q_chosen".
+            `output -> (N,)`).
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         batch_size (int | None): model rows (states x mask positions) per forward pass; None: the backend's
             default.
         radius (float): the disk's radius in pixels (the Gaussian's sigma for
-            `mask_shape="gaussian"`), at most half the image side. Defaults to 3.0.
-        stride (int): pixels between mask centres. Defaults to 3.
-        blur_sigma (float): the sigma of the blurred state blended in, >= 0. Defaults to 3.0.
+            `mask_shape="gaussian"`), at most half the image side.
+        stride (int): pixels between mask centres.
+        blur_sigma (float): the sigma of the blurred state blended in, >= 0.
         score (str): "chosen_action" (default) 1 - softmax(Q(x'))_a, Paper B's fix;
             "output_l2" Greydanus' 1/2 ||f(x) - f(x')||^2 over the whole output (fails the
             randomisation sanity check per Paper B); "drop" t(x) - t(x'); "one_minus"
@@ -100,7 +100,7 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
             `fill`.
         fill (float | str): what `perturbation="black"` blends in: a fraction of the value range (0 black, 0.5 grey = 127.5
             for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame). Defaults to 0.0.
+            state's mean per stacked frame).
         mask_shape (str): "gaussian" (default, Greydanus' soft disk) or "hard" (a hard disk of
             `radius`).
         upsample (str): how the score grid is resized to (H, W): "bilinear" (default) or
@@ -113,7 +113,6 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
             float rounding; checked at run time, falling back to the plain path for non-local
             ops). None (default): on when the box covers <= 1/4 of the image; True/False force it.
         return_grid (bool): return the (N, gy, gx) score grid instead of the resized map.
-            Defaults to False.
 
     Returns:
         jax.Array: the maps, shape (N, H, W) float32; with `return_grid=True` the grid

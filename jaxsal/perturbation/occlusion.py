@@ -41,18 +41,18 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
         params (PyTree): the model's parameters.
         obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
         target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
-            `output -> (N,)`). Defaults to "q_chosen".
+            `output -> (N,)`).
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         batch_size (int | None): model rows (states x patch positions) per forward pass; None: the backend's
             default.
-        patch (int): the patch's side in pixels. Defaults to 2.
+        patch (int): the patch's side in pixels.
         stride (int): pixels between patch positions; a last position past H - patch gives a
-            patch clipped by the border. Defaults to 2.
+            patch clipped by the border.
         fill (float | str): what the patch is set to: a fraction of the value range (0 black, 0.5 grey = 127.5
             for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame). Defaults to 0.0.
+            state's mean per stacked frame).
         score (str): "one_minus" (default) 1 - t(x'); "drop" t(x) - t(x'); "softmax_drop" the
             drop of softmax(Q)_a; "chosen_action" 1 - softmax(Q(x'))_a; "output_l2"
             1/2 ||f(x) - f(x')||^2 over the whole output; "target" t(x').
@@ -66,7 +66,6 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
             float rounding; checked at run time, falling back to the plain path for non-local
             ops). None (default): on when the box covers <= 1/4 of the image; True/False force it.
         return_grid (bool): return the (N, gy, gx) score grid instead of the resized map.
-            Defaults to False.
 
     Returns:
         jax.Array: the maps, shape (N, H, W) float32; with `return_grid=True` the grid

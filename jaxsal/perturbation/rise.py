@@ -54,12 +54,10 @@ def rise_masks(key, n_masks: int = 1000, shape=(84, 84), grid=8, p_keep: float =
 
     Args:
         key (jax.Array): PRNG key, e.g. `jax.random.PRNGKey(0)`.
-        n_masks (int): how many masks. Defaults to 1000.
-        shape (tuple[int, int]): (H, W) of the masks, the observations' spatial size. Defaults
-            to (84, 84).
-        grid (int | tuple[int, int]): cells per axis of the binary draw, or (gy, gx). Defaults
-            to 8.
-        p_keep (float): probability that a cell is kept (1), in (0, 1]. Defaults to 0.5.
+        n_masks (int): how many masks.
+        shape (tuple[int, int]): (H, W) of the masks, the observations' spatial size.
+        grid (int | tuple[int, int]): cells per axis of the binary draw, or (gy, gx).
+        p_keep (float): probability that a cell is kept (1), in (0, 1].
 
     Returns:
         jax.Array: the masks, shape (n_masks, H, W) float32, values in [0, 1].
@@ -126,7 +124,7 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
         params (PyTree): the model's parameters.
         obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
         target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
-            `output -> (N,)`). Defaults to "q_chosen".
+            `output -> (N,)`).
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
@@ -134,15 +132,14 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             unless `masks` is given.
         batch_size (int | None): model rows (states x masks) per forward pass; None: the backend's
             default.
-        n_masks (int): how many masks. Defaults to 1000.
-        grid (int | tuple[int, int]): cells per axis of each mask's binary draw. Defaults to 8.
+        n_masks (int): how many masks.
+        grid (int | tuple[int, int]): cells per axis of each mask's binary draw.
         p_keep (float): probability that a cell is kept, in (0, 1]; also the normalisation.
-            Defaults to 0.5.
         masks (jax.Array | None): masks (n, H, W) to use instead of drawing them (e.g. the same
             masks across models; `key` is then unused, `p_keep` still normalises).
         fill (float | str): what masked-out pixels become: a fraction of the value range (0 black, 0.5 grey = 127.5
             for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame). Defaults to 0.0.
+            state's mean per stacked frame).
         obs_max (float | None): the top of the observations' value range, which `fill`
             fractions scale; None: 255 for integer frames, for float frames 1.0 when every
             value is <= 1, else 255.

@@ -49,20 +49,20 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None
         params (PyTree): the model's parameters.
         obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
         target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
-            `output -> (N,)`). Defaults to "q_chosen".
+            `output -> (N,)`).
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         batch_size (int | None): model rows (states x disk positions) per forward pass; None: the backend's
             default.
-        radius (float): the disk's radius in pixels. Defaults to 2.0.
-        stride (int): pixels between disk centres. Defaults to 2.
+        radius (float): the disk's radius in pixels.
+        stride (int): pixels between disk centres.
         perturbation (str): "black" (default) sets the disk to `fill`; "blur" blends in the
             frame-wise blurred state (`blur_sigma`).
-        blur_sigma (float): the blur's sigma for `perturbation="blur"`. Defaults to 3.0.
+        blur_sigma (float): the blur's sigma for `perturbation="blur"`.
         fill (float | str): what the disk is set to: a fraction of the value range (0 black, 0.5 grey = 127.5
             for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame). Defaults to 0.0.
+            state's mean per stacked frame).
         mask_shape (str): "hard" (default) or "gaussian" (an earlier variant: Greydanus' 5-pixel
             disk blurred with sigma `radius`, divided by its max, which also dims pixels beyond
             the radius).
@@ -76,7 +76,6 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None
             float rounding; checked at run time, falling back to the plain path for non-local
             ops). None (default): on when the box covers <= 1/4 of the image; True/False force it.
         return_grid (bool): return the (N, gy, gx) score grid instead of the resized map.
-            Defaults to False.
 
     Returns:
         jax.Array: the maps, shape (N, H, W) float32; with `return_grid=True` the grid

@@ -93,7 +93,7 @@ def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=N
         params (PyTree): the model's parameters.
         obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
         target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
-            `output -> (N,)`). Defaults to "q_chosen".
+            `output -> (N,)`).
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
@@ -102,7 +102,7 @@ def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=N
         layer (str | None): the flax module whose output is A (N, h, w, K); None: the last
             conv-like layer. It must run once per state (not a trunk shared by the frames).
         per_frame (bool): not supported (every mask covers the whole stacked input); True is
-            refused. Defaults to False.
+            refused.
         layer_activation (str | Callable | None): where A is read, as for `gradcam`: None or
             "module" (the module's output), "post_relu" (after the normalisation and ReLU that
             follow it), an activation name such as "relu", or a callable applied to the output.
