@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import importlib.util
 import inspect
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -42,6 +45,35 @@ def _site_options() -> dict:
 
 OPTIONS = _site_options()
 PARSER_OPTIONS = OPTIONS.get("docstring_options", {})
+
+
+def _site_builder():
+    """docs/_build/griffe_public.py's `_function`: a function as the site documents it (its runtime
+    signature and docstring)."""
+    spec = importlib.util.spec_from_file_location("griffe_public", ROOT / "docs" / "_build" / "griffe_public.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._function
+
+
+SITE_FUNCTION = _site_builder()
+
+
+def _griffe_warnings(fn, doc: str) -> list[str]:
+    """What griffe warns about when the site parses `fn`'s docstring (the strict build fails on
+    any): parameters the signature lacks, parameters or returns without a type, ..."""
+    parent = SITE_FUNCTION(fn.__name__, fn, griffe.Module("site"))
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = seen.append
+    log = logging.getLogger("griffe")
+    log.addHandler(handler)
+    try:
+        griffe.Docstring(doc, lineno=1, parent=parent, parser=OPTIONS["docstring_style"],
+                         parser_options=PARSER_OPTIONS).parse()
+    finally:
+        log.removeHandler(handler)
+    return ["griffe: " + re.sub(r"^<[^>]*>:\d+: ", "", r.getMessage()) for r in seen]
 SUMMARY_LINES = 2
 
 
@@ -114,7 +146,7 @@ def problems(fn) -> list[str]:
     for r in sections.get("raises", []):
         if not _is_exception(str(r.annotation)):
             out.append(f"Raises names {r.annotation}, which is no exception class")
-    return out
+    return out + _griffe_warnings(fn, doc)
 
 
 FUNCTIONS = [f for entry in MODULES for f in _functions(entry)]
@@ -168,6 +200,7 @@ def test_checker_passes_a_complete_docstring():
     (lambda d: d[:d.index("Returns:")] + d[d.index("Raises:"):], "no Returns section"),
     (lambda d: d.replace("int: the count", "the count"), "a Returns entry without a type"),
     (lambda d: d.replace("jaxsal.SaliencyInputError:", "jaxsal.NoSuchError:"), "no exception class"),
+    (lambda d: d.replace("    *rest (Any):", "    *rest:"), "griffe: No type or annotation for parameter '*rest'"),
     (lambda d: d.replace("A stand-in with a complete docstring.",
                          "A stand-in\nwhose summary\nruns on and on."), "the summary is not one or two lines"),
 ])

@@ -274,8 +274,9 @@ def insertion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_
             score the target has, from one set of forward passes. A ratio or normalized curve is
             NaN for a state where it would divide by about 0 (a clean score <= 0 for ratio, or a
             curve beyond 100 in magnitude), with a RuntimeWarning.
-        key (jax.Array | None): PRNG key of the "random" substrate (same key, same substrate);
-            unused by the others.
+        key (jax.Array | None): PRNG key of the "random" substrate; the state in row i of `obs`
+            gets the substrate drawn from `jax.random.fold_in(key, i)` (same key and row, same
+            substrate). Unused by the other substrates.
         target (str | Callable): the scalar followed, as in `jaxsal.explain`. A policy target
             (policy_logit, log_prob, or a Q target on a dict output with logits and no Q-values)
             is followed as the action's probability pi(a|x_t): logits are defined only up to a
@@ -325,7 +326,8 @@ def deletion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_s
             or "blur", as in `insertion`.
         pixels_per_step (int): pixels removed per step.
         score (str): the curve's score, as in `insertion`.
-        key (jax.Array | None): PRNG key of the "random" substrate.
+        key (jax.Array | None): PRNG key of the "random" substrate (per row of `obs`, as in
+            `insertion`).
         target (str | Callable): the scalar followed, as in `insertion`.
         actions (jax.Array | None): (N,) actions followed; None: the target's choice on the
             clean input.
