@@ -442,7 +442,16 @@ class MapArray:
     """Read-only array-like view `(N, H, W)` (or `(N, H, W, C)`) over a method's chunk files.
 
     Chunks are memory-mapped on first touch; indexing with an int, slice or index array
-    reads only the chunks it needs. `np.asarray(maps)` loads everything.
+    reads only the chunks it needs. `np.asarray(maps)` loads everything. `load_maps` makes one.
+
+    Args:
+        out (str | os.PathLike): a `jaxsal explain` output directory.
+        method (str): the method's alias in the job.
+        allow_incomplete (bool): accept missing chunks (their frames read as NaN; integer maps
+            then read as float32).
+
+    Raises:
+        jaxsal.SaliencyInputError: on the directories `load_maps` refuses.
     """
 
     def __init__(self, out, method: str, allow_incomplete: bool = False):

@@ -158,7 +158,8 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
     A trustworthy method's maps change when the weights they explain are destroyed: layers are
     re-drawn from the model's own initialisers top-down and cumulatively, and each randomised
     model's maps are compared with the original maps (Paper B's inverted-max similarities).
-    Every model explains the same originally chosen action with the same method key.
+    Every model explains the original model's chosen action (for a named target) with the same
+    method key.
 
     Args:
         model (flax.linen.Module | Callable): a flax module (its `init` gives the fresh weights,
@@ -174,8 +175,9 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
         key (jax.Array): PRNG key; seeds the re-initialisation, the baselines and (unchanged for
             every model) the method's own randomness. Required.
         target (str | Callable): what is explained, as in `jaxsal.explain`.
-        actions (jax.Array | None): (N,) actions to explain; None fixes them once on the
-            original model by the target's choice.
+        actions (jax.Array | None): (N,) actions to explain; None: a named target's choice on
+            the original model, fixed once for every model (a callable target or "value"
+            resolves its own per model).
         apply_fn (Callable | None): `apply_fn(params, obs)`; None uses `model.apply`.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         batch_size (int | None): model rows per forward pass of the method (None: the
