@@ -17,8 +17,8 @@ import pytest
 griffe = pytest.importorskip("griffe")
 yaml = pytest.importorskip("yaml")
 
-# Where the documented functions live: a module (its __all__, else the public functions it
-# defines) or one function by its dotted path.
+# Where the documented functions live: a module (its __all__, else the public functions and
+# classes it defines; a class stands for its public methods) or one function by its dotted path.
 MODULES = (
     "jaxsal.metrics",
     "jaxsal.loaders",
@@ -85,9 +85,17 @@ def _functions(entry: str) -> list[tuple[str, object]]:
         return [(entry, getattr(importlib.import_module(parent), name))]
     names = getattr(mod, "__all__", None)
     if names is None:
-        names = [n for n, v in vars(mod).items()
-                 if not n.startswith("_") and inspect.isfunction(v) and v.__module__ == mod.__name__]
-    return [(f"{entry}.{n}", getattr(mod, n)) for n in names if inspect.isfunction(getattr(mod, n))]
+        names = [n for n, v in vars(mod).items() if not n.startswith("_") and (inspect.isfunction(v) or
+                 inspect.isclass(v)) and v.__module__ == mod.__name__]
+    out = []
+    for n in names:
+        v = getattr(mod, n)
+        if inspect.isfunction(v):
+            out.append((f"{entry}.{n}", v))
+        elif inspect.isclass(v):   # a public class's public methods
+            out += [(f"{entry}.{n}.{m}", f) for m, f in vars(v).items()
+                    if not m.startswith("_") and inspect.isfunction(f)]
+    return out
 
 
 def _documented_name(p: inspect.Parameter) -> str:

@@ -42,16 +42,28 @@ FRAMES = ("all", "newest")
                    meta_fields=["classes", "frames", "fill"])
 @dataclasses.dataclass(frozen=True)
 class ObjectEffects:
-    """Per state and class (N, C): `effect` = explained output of the original state minus that of
-    the state without the class (for the action explained in the original state); `flips` =
-    the greedy action changes; `present` = the class has pixels in a frame it is removed from (an
-    absent class changes nothing: effect 0). What each removal did: `overlap` = the share of the
-    class's box pixels (in the removed frames) that also lie in another class's box, so were kept
-    (1: nothing was removed; NaN when absent); `residue` = pixels that are not background after
-    the fill in the class's boxes grown by `margin` px (other classes' boxes left out), e.g. a moving
-    ball's pixels outside its RAM box, and `residue_share` = their share of those pixels (NaN when
-    absent). `score` (N,) and `actions` (N,): the original state's explained output and action.
-    `frames` ("all" / "newest") and `fill` ("ring", "background" or "given"): how classes were removed."""
+    """What `object_effects` gives: per state and class, what removing the class did to the
+    explained output.
+
+    Attributes:
+        effect (jax.Array): (N, C) the explained output of the original state minus that of the
+            state without the class, for the action explained in the original state (an absent
+            class changes nothing: 0).
+        flips (jax.Array): (N, C) bool, the greedy action changes without the class.
+        score (jax.Array): (N,) the original state's explained output.
+        actions (jax.Array): (N,) the action explained in each original state.
+        present (jax.Array): (N, C) bool, the class has pixels in a frame it is removed from.
+        overlap (jax.Array): (N, C) the share of the class's box pixels (in the removed frames)
+            that also lie in another class's box, so were kept (1: nothing was removed; NaN when
+            absent).
+        residue (jax.Array): (N, C) int, pixels that are not background after the fill in the
+            class's boxes grown by `margin` px (other classes' boxes left out), e.g. a moving
+            ball's pixels outside its RAM box.
+        residue_share (jax.Array): (N, C) the residue's share of those pixels (NaN when absent).
+        classes (tuple[str, ...]): the C class names, in column order.
+        frames (str): "all" or "newest", the frames the classes were removed from.
+        fill (str): "ring", "background" or "given", how removed pixels were filled.
+    """
     effect: jax.Array
     flips: jax.Array
     score: jax.Array

@@ -33,7 +33,23 @@ from jaxsal.errors import SaliencyInputError
                    meta_fields=["classes"])
 @dataclasses.dataclass
 class ObjectShares:
-    """Per state and class (N, C) shares; per_frame_* are (N, F, C) (F = 1 for summed maps)."""
+    """What `object_attribution` gives: per state and class, the share of a map on the class.
+
+    Attributes:
+        positive (jax.Array): (N, C) the map's positive mass on the class over its total
+            positive mass (NaN for a map with no positive mass).
+        absolute (jax.Array): (N, C) the same for |map|.
+        chance (jax.Array): (N, C) the class's share of the pixels: what a map blind to objects
+            gets.
+        present (jax.Array): (N, C) bool, the class has pixels in the state.
+        per_frame_positive (jax.Array): (N, F, C) frame f's positive mass on the class in frame
+            f over the map's total (F = 1 for maps summed over the stack); sums over F to
+            `positive`.
+        per_frame_absolute (jax.Array): (N, F, C) the same for |map|.
+        per_frame_chance (jax.Array): (N, F, C) the class's pixel share in frame f divided by F;
+            sums over F to `chance`.
+        classes (tuple[str, ...]): the C class names, in column order.
+    """
     positive: jax.Array
     absolute: jax.Array
     chance: jax.Array
@@ -44,8 +60,13 @@ class ObjectShares:
     classes: tuple = ()
 
     def mean(self) -> dict:
-        """{class: {"positive", "absolute", "chance"}} averaged over the states where the class
-        is present and the map has mass (NaN-aware)."""
+        """Each class's shares averaged over the states where the class is present and the map
+        has mass (NaN-aware).
+
+        Returns:
+            dict: `{class: {"positive": float, "absolute": float, "chance": float, "states":
+                int}}`, "states" counting the states where the class is present.
+        """
         out = {}
         for i, c in enumerate(self.classes):
             here = np.asarray(self.present)[:, i]
