@@ -45,6 +45,7 @@ def _site_options() -> dict:
 
 OPTIONS = _site_options()
 PARSER_OPTIONS = OPTIONS.get("docstring_options", {})
+SUMMARY_LINES = 2   # the first paragraph: what the function gives, in a line or two
 
 
 def _site_builder():
@@ -74,7 +75,6 @@ def _griffe_warnings(fn, doc: str) -> list[str]:
     finally:
         log.removeHandler(handler)
     return ["griffe: " + re.sub(r"^<[^>]*>:\d+: ", "", r.getMessage()) for r in seen]
-SUMMARY_LINES = 2
 
 
 def _functions(entry: str) -> list[tuple[str, object]]:
@@ -123,8 +123,8 @@ def problems(fn) -> list[str]:
     if len(summary.splitlines()) > SUMMARY_LINES or summary.rstrip().endswith(":"):
         out.append(f"the summary is not one or two lines of text: {summary[:80]!r}")
     sections = {}
-    for s in griffe.Docstring(doc, lineno=1, parser=OPTIONS["docstring_style"],
-                                 parser_options=PARSER_OPTIONS).parse():
+    parsed = griffe.Docstring(doc, lineno=1, parser=OPTIONS["docstring_style"], parser_options=PARSER_OPTIONS)
+    for s in parsed.parse():
         sections.setdefault(s.kind.value, []).extend(s.value if isinstance(s.value, list) else [s.value])
     sig = inspect.signature(fn)
     wanted = [_documented_name(p) for p in sig.parameters.values() if p.name not in ("self", "cls")]

@@ -159,7 +159,7 @@ def write_chunk(out: Path, method: str, index: int, maps: np.ndarray) -> None:
 
 
 def outputs_path(out: Path, index: int) -> Path:
-    """Where chunk `index`'s explained actions and model outputs live: `out/_outputs/chunk_XXXXXXX.npz`.
+    """Where chunk `index`'s explained actions and model outputs live: `out/_outputs/chunk_*.npz`.
 
     Args:
         out (str | os.PathLike): the output directory.
@@ -195,7 +195,7 @@ def outputs_done(out: Path, index: int) -> bool:
 
 
 def write_outputs(out: Path, index: int, outputs: dict) -> None:
-    """Write one chunk's explained actions and model outputs atomically, as an `.npz` without pickle.
+    """Write one chunk's explained actions and model outputs atomically (an `.npz`, no pickle).
 
     The same arrays give the same bytes (every member has a fixed timestamp), so a resumed job's
     files equal a fresh run's.

@@ -29,7 +29,8 @@ def sb3_zip(path, name: str | None = None):
         jaxsal.agent_spec.LoadedAgent: as `sbx_model` or `torch_nature` returns it.
 
     Raises:
-        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) on the files `sbx_model` and `torch_nature` refuse.
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) on the files `sbx_model` and
+            `torch_nature` refuse.
     """
     if is_sbx_zip(read_bytes(path), path):
         return sbx_model(path, name=name)
@@ -54,7 +55,8 @@ def load_file(path, name: str | None = None):
         jaxsal.agent_spec.LoadedAgent: the agent, as the chosen loader returns it.
 
     Raises:
-        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) an unknown suffix, or a file the chosen loader refuses.
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) an unknown suffix, or a file the
+            chosen loader refuses.
     """
     suffix = Path(path).suffix
     if suffix not in FILE_SUFFIXES:

@@ -59,7 +59,9 @@ def cleanrl_dqn(path, name: str | None = None) -> LoadedAgent:
             `pixels` "uint8" and a `card` naming the source file.
 
     Raises:
-        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or unreadable, is not flax msgpack, or its parameters do not fit CleanRL's Q-network on (4, 84, 84) frames.
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
+            unreadable, is not flax msgpack, or its parameters do not fit CleanRL's Q-network on
+            (4, 84, 84) frames.
     """
     tree = _restore(path)
     if "params" not in tree:
@@ -89,7 +91,9 @@ def cleanrl_ppo(path, name: str | None = None) -> LoadedAgent:
             `layout` "NCHW", `num_actions`, `pixels` "uint8" and a `card` with the run's env_id.
 
     Raises:
-        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or unreadable, is not flax msgpack, is not CleanRL's PPO save, or its parameters do not fit the network.
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
+            unreadable, is not flax msgpack, is not CleanRL's PPO save, or its parameters do not fit
+            the network.
     """
     tree = _restore(path)
     if not is_ppo_tree(tree):
@@ -122,7 +126,8 @@ def cleanrl_model(path, name: str | None = None) -> LoadedAgent:
         jaxsal.agent_spec.LoadedAgent: as `cleanrl_dqn` or `cleanrl_ppo` returns it.
 
     Raises:
-        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) on the files `cleanrl_dqn` and `cleanrl_ppo` refuse.
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) on the files `cleanrl_dqn` and
+            `cleanrl_ppo` refuse.
     """
     return cleanrl_ppo(path, name) if is_ppo_tree(_restore(path)) else cleanrl_dqn(path, name)
 

@@ -47,7 +47,9 @@ def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | No
             the output has no (N, A) logits or Q-values), `pixels` and a `card`.
 
     Raises:
-        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or unreadable, is not flax msgpack, or its tree or a leaf's shape differs from `module.init`'s.
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
+            unreadable, is not flax msgpack, or its tree or a leaf's shape differs from
+            `module.init`'s.
     """
     template = module.init(jax.random.PRNGKey(seed), jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
     data = read_bytes(path)

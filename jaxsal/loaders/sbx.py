@@ -315,7 +315,9 @@ def sbx_model(path, name: str | None = None) -> LoadedAgent:
             for CnnPolicy) and a `card` with the observation shape and dtype.
 
     Raises:
-        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing, unreadable, corrupt or crafted, or holds a policy jaxsal does not rebuild (SAC, TQC, continuous PPO, custom classes or activations); the message names the `--agent file.py:load` route.
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing, unreadable,
+            corrupt or crafted, or holds a policy jaxsal does not rebuild (SAC, TQC, continuous PPO,
+            custom classes or activations); the message names the `--agent file.py:load` route.
     """
     kind, module, params, shape, dtype = read_policy(read_bytes(path), path)
     image = isinstance(module, CnnQNetwork) or (isinstance(module, ActorCritic)

@@ -141,7 +141,9 @@ def torch_nature(path, name: str | None = None, fmt: str | None = None) -> Loade
             `pixels` "uint8" and a `card` naming the format.
 
     Raises:
-        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or unreadable; torch is missing or older than 2.10; the file holds more than tensors and plain containers; or its keys or shapes are no known Nature CNN on 84x84 frames.
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
+            unreadable; torch is missing or older than 2.10; the file holds more than tensors and
+            plain containers; or its keys or shapes are no known Nature CNN on 84x84 frames.
     """
     module, params, fmt = convert(load_state_dict(path), fmt)
     c = int(params["params"]["conv1"]["kernel"].shape[2])

@@ -181,17 +181,17 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         key (jax.Array): PRNG key of the samples, shared by every state. Required.
-        batch_size (int | None): model rows (states x samples) per forward pass; None: the backend's
-            default.
+        batch_size (int | None): model rows (states x samples) per forward pass; None: the
+            backend's default.
         segmentation (str): Paper B's superpixels: "slic" (default; n_segments 200,
             compactness 10, sigma 0.25), "quickshift" (kernel 1, max_dist 2, ratio 0) or
             "felzenszwalb" (scale 21, sigma 0.5, min_size 4).
         n_samples (int | None): samples per state; None: Paper B's count for the segmentation
             (2000 slic, 1500 quickshift, 1000 felzenszwalb).
         kernel_width (float): the sample weights' kernel width, > 0.
-        fill (float | str): what switched-off superpixels become: a fraction of the value range (0 black, 0.5 grey = 127.5
-            for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame).
+        fill (float | str): what switched-off superpixels become: a fraction of the value range
+            (0 black, 0.5 grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey",
+            "white" or "mean" (each state's mean per stacked frame).
         ridge_alpha (float): the ridge penalty, >= 0.
         segments (jax.Array | numpy.ndarray | None): your own (N, H, W) integer superpixel
             labels, instead of segmenting.
@@ -212,8 +212,10 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             `(maps, (coef, segments))`, coef (N, d_max) and segments (N, H, W).
 
     Raises:
-        jaxsal.SaliencyInputError: a missing `key`; an unknown `segmentation` (without `segments`) or `segment_on`; bad `segments`, `n_samples`, `kernel_width`, `ridge_alpha`, `fill`, `obs_max` or `max_segments`; or a bad call (obs, target, actions, layout,
-            batch_size), as `jaxsal.explain` reports it.
+        jaxsal.SaliencyInputError: a missing `key`; an unknown `segmentation` (without `segments`)
+            or `segment_on`; bad `segments`, `n_samples`, `kernel_width`, `ridge_alpha`, `fill`,
+            `obs_max` or `max_segments`; or a bad call (obs, target, actions, layout, batch_size),
+            as `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

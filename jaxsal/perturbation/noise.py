@@ -86,8 +86,8 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
-        batch_size (int | None): model rows (states x mask positions) per forward pass; None: the backend's
-            default.
+        batch_size (int | None): model rows (states x mask positions) per forward pass; None:
+            the backend's default.
         radius (float): the disk's radius in pixels (the Gaussian's sigma for
             `mask_shape="gaussian"`), at most half the image side.
         stride (int): pixels between mask centres.
@@ -98,9 +98,9 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
             1 - t(x'); "softmax_drop" the drop of softmax(Q)_a.
         perturbation (str): "blur" (default) blends in the blurred state; "black" blends in
             `fill`.
-        fill (float | str): what `perturbation="black"` blends in: a fraction of the value range (0 black, 0.5 grey = 127.5
-            for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame).
+        fill (float | str): what `perturbation="black"` blends in: a fraction of the value range
+            (0 black, 0.5 grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey",
+            "white" or "mean" (each state's mean per stacked frame).
         mask_shape (str): "gaussian" (default, Greydanus' soft disk) or "hard" (a hard disk of
             `radius`).
         upsample (str): how the score grid is resized to (H, W): "bilinear" (default) or
@@ -119,8 +119,10 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
             (N, gy, gx).
 
     Raises:
-        jaxsal.SaliencyInputError: `radius`, `stride` or `blur_sigma` out of range or not fitting the image; an unknown `score`, `perturbation`, `mask_shape`, `fill` or `upsample`; a bad `obs_max` or `incremental`; or a bad call (obs, target, actions, layout,
-            batch_size), as `jaxsal.explain` reports it.
+        jaxsal.SaliencyInputError: `radius`, `stride` or `blur_sigma` out of range or not fitting
+            the image; an unknown `score`, `perturbation`, `mask_shape`, `fill` or `upsample`; a bad
+            `obs_max` or `incremental`; or a bad call (obs, target, actions, layout, batch_size), as
+            `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

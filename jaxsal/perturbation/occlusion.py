@@ -45,14 +45,14 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
-        batch_size (int | None): model rows (states x patch positions) per forward pass; None: the backend's
-            default.
+        batch_size (int | None): model rows (states x patch positions) per forward pass; None:
+            the backend's default.
         patch (int): the patch's side in pixels.
         stride (int): pixels between patch positions; a last position past H - patch gives a
             patch clipped by the border.
-        fill (float | str): what the patch is set to: a fraction of the value range (0 black, 0.5 grey = 127.5
-            for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame).
+        fill (float | str): what the patch is set to: a fraction of the value range (0 black,
+            0.5 grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey", "white" or
+            "mean" (each state's mean per stacked frame).
         score (str): "one_minus" (default) 1 - t(x'); "drop" t(x) - t(x'); "softmax_drop" the
             drop of softmax(Q)_a; "chosen_action" 1 - softmax(Q(x'))_a; "output_l2"
             1/2 ||f(x) - f(x')||^2 over the whole output; "target" t(x').
@@ -72,8 +72,9 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
             (N, gy, gx).
 
     Raises:
-        jaxsal.SaliencyInputError: `patch` or `stride` not a positive int that fits the image; an unknown `score`, `fill` or `upsample`; a bad `obs_max` or `incremental`; or a bad call (obs, target, actions, layout,
-            batch_size), as `jaxsal.explain` reports it.
+        jaxsal.SaliencyInputError: `patch` or `stride` not a positive int that fits the image; an
+            unknown `score`, `fill` or `upsample`; a bad `obs_max` or `incremental`; or a bad call
+            (obs, target, actions, layout, batch_size), as `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

@@ -130,16 +130,16 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         key (jax.Array | None): PRNG key the masks are drawn from (`rise_masks`); required
             unless `masks` is given.
-        batch_size (int | None): model rows (states x masks) per forward pass; None: the backend's
-            default.
+        batch_size (int | None): model rows (states x masks) per forward pass; None: the
+            backend's default.
         n_masks (int): how many masks.
         grid (int | tuple[int, int]): cells per axis of each mask's binary draw.
         p_keep (float): probability that a cell is kept, in (0, 1]; also the normalisation.
         masks (jax.Array | None): masks (n, H, W) to use instead of drawing them (e.g. the same
             masks across models; `key` is then unused, `p_keep` still normalises).
-        fill (float | str): what masked-out pixels become: a fraction of the value range (0 black, 0.5 grey = 127.5
-            for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame).
+        fill (float | str): what masked-out pixels become: a fraction of the value range (0
+            black, 0.5 grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey",
+            "white" or "mean" (each state's mean per stacked frame).
         obs_max (float | None): the top of the observations' value range, which `fill`
             fractions scale; None: 255 for integer frames, for float frames 1.0 when every
             value is <= 1, else 255.
@@ -148,8 +148,9 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
         jax.Array: the maps, shape (N, H, W) float32.
 
     Raises:
-        jaxsal.SaliencyInputError: no `key` and no `masks`; `masks` not (n, H, W) or not finite; `p_keep` outside (0, 1]; a bad `n_masks`, `grid`, `fill` or `obs_max`; or a bad call (obs, target, actions, layout,
-            batch_size), as `jaxsal.explain` reports it.
+        jaxsal.SaliencyInputError: no `key` and no `masks`; `masks` not (n, H, W) or not finite;
+            `p_keep` outside (0, 1]; a bad `n_masks`, `grid`, `fill` or `obs_max`; or a bad call
+            (obs, target, actions, layout, batch_size), as `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

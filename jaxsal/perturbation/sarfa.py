@@ -53,16 +53,16 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
-        batch_size (int | None): model rows (states x disk positions) per forward pass; None: the backend's
-            default.
+        batch_size (int | None): model rows (states x disk positions) per forward pass; None:
+            the backend's default.
         radius (float): the disk's radius in pixels.
         stride (int): pixels between disk centres.
         perturbation (str): "black" (default) sets the disk to `fill`; "blur" blends in the
             frame-wise blurred state (`blur_sigma`).
         blur_sigma (float): the blur's sigma for `perturbation="blur"`.
-        fill (float | str): what the disk is set to: a fraction of the value range (0 black, 0.5 grey = 127.5
-            for 0..255 frames; see `obs_max`), or "black", "grey", "white" or "mean" (each
-            state's mean per stacked frame).
+        fill (float | str): what the disk is set to: a fraction of the value range (0 black, 0.5
+            grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey", "white" or
+            "mean" (each state's mean per stacked frame).
         mask_shape (str): "hard" (default) or "gaussian" (an earlier variant: Greydanus' 5-pixel
             disk blurred with sigma `radius`, divided by its max, which also dims pixels beyond
             the radius).
@@ -82,8 +82,10 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None
             (N, gy, gx).
 
     Raises:
-        jaxsal.SaliencyInputError: the output has no Q-vector or logits; `radius` or `stride` out of range; an unknown `perturbation`, `mask_shape`, `fill` or `upsample`; a bad `obs_max` or `incremental`; or a bad call (obs, target, actions, layout,
-            batch_size), as `jaxsal.explain` reports it.
+        jaxsal.SaliencyInputError: the output has no Q-vector or logits; `radius` or `stride` out of
+            range; an unknown `perturbation`, `mask_shape`, `fill` or `upsample`; a bad `obs_max` or
+            `incremental`; or a bad call (obs, target, actions, layout, batch_size), as
+            `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

@@ -97,8 +97,8 @@ def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=N
         actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
             target's choice on the clean input, fixed once.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
-        batch_size (int | None): model rows (states x channels) per forward pass; None: the backend's
-            default.
+        batch_size (int | None): model rows (states x channels) per forward pass; None: the
+            backend's default.
         layer (str | None): the flax module whose output is A (N, h, w, K); None: the last
             conv-like layer. It must run once per state (not a trunk shared by the frames).
         per_frame (bool): not supported (every mask covers the whole stacked input); True is
@@ -112,7 +112,8 @@ def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=N
             jaxsal CAM.
 
     Raises:
-        jaxsal.SaliencyInputError: `per_frame=True`; an unknown `layer` or `layer_activation`; a layer that runs more than once per state; or a bad call (obs, target, actions, layout,
+        jaxsal.SaliencyInputError: `per_frame=True`; an unknown `layer` or `layer_activation`; a
+            layer that runs more than once per state; or a bad call (obs, target, actions, layout,
             batch_size), as `jaxsal.explain` reports it.
     """
     if per_frame:
