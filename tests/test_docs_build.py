@@ -36,3 +36,23 @@ def test_the_site_builds_strict_with_every_page(tmp_path):
     methods = (site / "api" / "methods" / "index.html").read_text()
     for name in ("gradcam", "rise", "integrated_gradients"):
         assert f'id="jaxsal.{name}"' in methods, name
+    _api_reference_is_readable(site)
+
+
+def _api_reference_is_readable(site: Path):
+    """Long signatures wrap one argument a line (mkdocstrings formats them with ruff), and a
+    function's Args, Returns and Raises render as tables."""
+    import html
+    import re
+
+    page = (site / "api" / "metrics" / "index.html").read_text()
+    start = page.index('id="jaxsal.metrics.insertion"')
+    entry = page[start:page.index('id="jaxsal.metrics.', start + 40)]
+    signature = re.search(r'<div class="doc-signature.*?</code>', entry, re.S)
+    assert signature, "insertion has a signature block"
+    lines = html.unescape(re.sub(r"<[^>]+>", "", signature.group(0))).splitlines()
+    assert len(lines) > 10 and max(map(len, lines)) <= 88, lines
+    for section in ("Parameters:", "Returns:", "Raises:"):
+        assert section in entry, section
+    assert entry.count("<table") == 3, "Parameters, Returns and Raises are tables"
+    assert "<code>pixels_per_step</code>" in entry and "SaliencyInputError" in entry

@@ -302,13 +302,27 @@ def _chunks_done(out, cfg, exists, what: str, allow_incomplete: bool) -> list[in
 
 
 def load_object_effects(out, allow_incomplete: bool = False) -> dict:
-    """Per-frame object effects of a `jaxsal explain --objects --effects` output directory:
-    {"classes": (C names), "frame": (N,), "effect": (N, C) float32 (how much the explained output drops
-    when the class is removed), "flips": (N, C) bool (the greedy action changes), "present": (N, C) bool,
-    "score": (N,) float32, "action": (N,) int32, and what each removal did: "overlap" (N, C) float32,
-    "residue" (N, C) int32, "residue_share" (N, C) float32} (meanings in `jaxsal.io.objects`; a job
-    written before these existed has no such keys). With
-    allow_incomplete, the frames of the chunks finished so far (in order; "frame" says which)."""
+    """Per-frame object effects of a `jaxsal explain --objects --effects` output directory: what
+    the agent's output did when each object class was removed.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        allow_incomplete (bool): give the frames of the chunks finished so far (in order; "frame"
+            says which) instead of refusing an unfinished job.
+
+    Returns:
+        dict: "classes" (the C class names), "frame" (N,), "effect" (N, C) float32 (how much the
+            explained output drops when the class is removed), "flips" (N, C) bool (the greedy
+            action changes), "present" (N, C) bool, "score" (N,) float32, "action" (N,) int32, and
+            what each removal did: "overlap" (N, C) float32, "residue" (N, C) int32,
+            "residue_share" (N, C) float32 (meanings in `jaxsal.metrics.object_effects`; a job
+            written before these existed has no such keys).
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` is no jaxsal output directory, its input failed to
+            read, it has no object effects, or the job is incomplete (without
+            `allow_incomplete`).
+    """
     from jaxsal.io.store import check_input_ok, read_manifest
 
     check_input_ok(out)
@@ -343,14 +357,30 @@ def _read_effects(out, cfg, done) -> dict:
 
 
 def load_object_shares(out, method: str, allow_incomplete: bool = False, effects: bool = False) -> dict:
-    """Per-frame object shares of `method` in a `jaxsal explain --objects` output directory:
-    {"classes": (C names), "frame": (N,), "positive"/"absolute"/"chance": (N, C) float32,
-    "present"/"pointing": (N, C) bool, "per_frame_positive"/"_absolute"/"_chance": (N, F, C)}
-    (meanings in `jaxsal.io.objects`). Column c is class `classes[c]`. With allow_incomplete,
-    the frames of the chunks finished so far (in order; "frame" says which). effects=True (a job
-    run with --effects): also "effect" (N, C), "flips" (N, C), "score" (N,), "action" (N,) and the
-    removal fields "overlap", "residue", "residue_share" (N, C) of `load_object_effects`, for the same
-    frames (with allow_incomplete: the chunks that have both)."""
+    """Per-frame object shares of `method` in a `jaxsal explain --objects` output directory: how
+    much of each map fell on each game object class.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        method (str): the method's alias in the job.
+        allow_incomplete (bool): give the frames of the chunks finished so far (in order; "frame"
+            says which) instead of refusing an unfinished job.
+        effects (bool): also the object effects of a job run with `--effects`, for the same
+            frames (with `allow_incomplete`: the chunks that have both).
+
+    Returns:
+        dict: "classes" (the C class names; column c is class `classes[c]`), "frame" (N,),
+            "positive"/"absolute"/"chance" (N, C) float32, "present"/"pointing" (N, C) bool,
+            "per_frame_positive"/"per_frame_absolute"/"per_frame_chance" (N, F, C) (meanings in
+            `jaxsal.metrics.object_attribution`); with `effects=True` also "effect", "flips"
+            (N, C), "score", "action" (N,) and "overlap", "residue", "residue_share" (N, C), as
+            `load_object_effects` gives them.
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` is no jaxsal output directory, its input failed to
+            read, it has no object shares (or no effects, with `effects=True`) or none of
+            `method`, or the job is incomplete (without `allow_incomplete`).
+    """
     from jaxsal.io.store import check_input_ok, read_manifest
 
     check_input_ok(out)

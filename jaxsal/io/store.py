@@ -31,9 +31,17 @@ class JobConfigError(SaliencyInputError):
     """The output directory holds results of a different job."""
 
 
-def mark_input_failed(out, error: str):
-    """Record that the job's input failed to read (corrupt or truncated) while the job ran: the chunks
-    written before may hold maps of corrupt frames, so nothing in `out` is served or resumed."""
+def mark_input_failed(out, error: str) -> None:
+    """Record that the job's input failed to read (corrupt or truncated) while the job ran.
+
+    The chunks written before may hold maps of corrupt frames, so nothing in `out` is served or
+    resumed afterwards (`check_input_ok` refuses it). Best effort: an OSError while recording
+    is swallowed, since the input's error is what is reported.
+
+    Args:
+        out (str | os.PathLike): the job's output directory.
+        error (str): the input's error message, kept in the record.
+    """
     try:
         if Path(out).is_dir():
             atomic_write(Path(out) / INPUT_FAILED, json.dumps({"error": error, "time": stamp()}).encode())
@@ -41,8 +49,15 @@ def mark_input_failed(out, error: str):
         pass  # best effort (e.g. a full disk): the input's error is what is reported
 
 
-def check_input_ok(out):
-    """Refuse an output directory whose input failed to read while its job ran (mark_input_failed)."""
+def check_input_ok(out) -> None:
+    """Refuse an output directory whose input failed to read while its job ran.
+
+    Args:
+        out (str | os.PathLike): a `jaxsal explain` output directory.
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` holds a `mark_input_failed` record.
+    """
     path = Path(out) / INPUT_FAILED
     if not path.exists():
         return
@@ -63,7 +78,15 @@ def _mount_point(path: Path) -> Path:
 
 
 def disk_full(path: Path) -> OSError:
-    """ENOSPC naming the disk (its mount point and free bytes) and the folder being written."""
+    """The ENOSPC error to raise for a full disk: it names the disk's mount point, its free space
+    and the folder being written.
+
+    Args:
+        path (pathlib.Path): the file whose write failed.
+
+    Returns:
+        OSError: errno ENOSPC, with the message and folder set.
+    """
     folder = Path(path).absolute().parent
     try:
         import shutil
@@ -74,9 +97,17 @@ def disk_full(path: Path) -> OSError:
     return OSError(errno.ENOSPC, f"no space left on the disk mounted at {_mount_point(folder)}{free}", str(folder))
 
 
-def atomic_write(path: Path, data):
-    """Write bytes (or call data(file)) to a temp file, fsync, then rename over path. A short write
-    (numpy's "N requested and M written") is reported as the full disk it is."""
+def atomic_write(path: Path, data) -> None:
+    """Write a file so that it exists complete or not at all: a temp file, fsync, then rename.
+
+    Args:
+        path (pathlib.Path): the file to write (replaced if it exists).
+        data (bytes | Callable): the bytes, or a function `data(file)` writing to the open file.
+
+    Raises:
+        OSError: the write failed; a full disk (or numpy's short "N requested and M written")
+            is reported as ENOSPC by `disk_full`. The temp file is removed either way.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -97,23 +128,62 @@ def atomic_write(path: Path, data):
 
 
 def chunk_path(out: Path, method: str, index: int) -> Path:
+    """Where chunk `index` of a method's maps lives: `out/<method>/chunk_XXXXXXX.npy`.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        method (str): the method's alias in the job (its folder name).
+        index (int): the chunk's index.
+
+    Returns:
+        pathlib.Path: the chunk file's path (it may not exist yet).
+    """
     return Path(out) / method / f"chunk_{index:07d}.npy"
 
 
-def write_chunk(out: Path, method: str, index: int, maps: np.ndarray):
-    """Write one chunk of maps atomically (temp file, fsync, rename)."""
+def write_chunk(out: Path, method: str, index: int, maps: np.ndarray) -> None:
+    """Write one chunk of maps atomically (temp file, fsync, rename), as a plain `.npy`.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        method (str): the method's alias (its folder is created if missing).
+        index (int): the chunk's index.
+        maps (numpy.ndarray): the chunk's maps, (rows, H, W) or (rows, H, W, C).
+
+    Raises:
+        OSError: the write failed (ENOSPC for a full disk).
+    """
     path = chunk_path(out, method, index)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: np.save(f, np.ascontiguousarray(maps), allow_pickle=False))
 
 
 def outputs_path(out: Path, index: int) -> Path:
+    """Where chunk `index`'s explained actions and model outputs live: `out/_outputs/chunk_*.npz`.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        index (int): the chunk's index.
+
+    Returns:
+        pathlib.Path: the outputs file's path (it may not exist yet).
+    """
     return Path(out) / OUTPUTS / f"chunk_{index:07d}.npz"
 
 
 def outputs_done(out: Path, index: int) -> bool:
-    """The chunk's outputs file exists and has each state's input index (older jaxsal versions
-    wrote none: a rerun of the job rewrites those files, recomputing only the model outputs)."""
+    """Whether chunk `index`'s outputs file is complete: it exists and has each state's input index.
+
+    Older jaxsal versions wrote no index: a rerun of the job rewrites those files, recomputing
+    only the model outputs.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        index (int): the chunk's index.
+
+    Returns:
+        bool: True when the file exists, is a readable zip and holds "index.npy".
+    """
     path = outputs_path(out, index)
     if not path.exists():
         return False
@@ -124,8 +194,21 @@ def outputs_done(out: Path, index: int) -> bool:
         return False
 
 
-def write_outputs(out: Path, index: int, outputs: dict):
-    """One chunk's explained actions and model outputs, atomically (an .npz, no pickle)."""
+def write_outputs(out: Path, index: int, outputs: dict) -> None:
+    """Write one chunk's explained actions and model outputs atomically (an `.npz`, no pickle).
+
+    The same arrays give the same bytes (every member has a fixed timestamp), so a resumed job's
+    files equal a fresh run's.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        index (int): the chunk's index.
+        outputs (dict[str, numpy.ndarray]): the chunk's arrays by name ("index", "action",
+            "q", ...).
+
+    Raises:
+        OSError: the write failed (ENOSPC for a full disk).
+    """
     path = outputs_path(out, index)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: _write_npz(f, outputs))
@@ -142,13 +225,27 @@ def _write_npz(f, arrays: dict):
 
 
 def load_outputs(out, allow_incomplete: bool = False) -> dict:
-    """Per frame, what was explained: {"frame": (N,) row of the maps, "index": (N,) the state's
-    index in the input (its row number; for a Dopamine replay directory the buffer index, with
-    "checkpoint": (N,) its checkpoint K, so maps join with the buffer's actions and rewards),
-    "action": (N,), "q": (N, A) for Q-networks or "logits": (N, A) for policies, "value": (N,)
-    when the model has one}. No "action" for a target that explains no action (target="value";
-    older jobs stored 0 for it, left out here too). With allow_incomplete, the frames of the
-    chunks finished so far (in order)."""
+    """What each frame of a `jaxsal explain` output directory explained: its action and the
+    model's outputs, to join the maps with.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        allow_incomplete (bool): give the frames of the chunks finished so far (in order) instead
+            of refusing an unfinished job.
+
+    Returns:
+        dict[str, numpy.ndarray]: "frame" (N,) the row of the maps; "index" (N,) the state's
+            index in the input (its row number; for a Dopamine replay directory the buffer
+            index, with "checkpoint" (N,) its checkpoint, so maps join with the buffer's actions
+            and rewards); "action" (N,) (absent for a target that explains no action, e.g.
+            target="value"); "q" (N, A) for Q-networks or "logits" (N, A) for policies; "value"
+            (N,) when the model has one.
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` is no jaxsal output directory, its input failed to
+            read, the job is incomplete (without `allow_incomplete`), or its chunks were written
+            by jaxsal versions that stored different outputs.
+    """
     from jaxsal.targets import TARGET_NAMES, explains_action
 
     check_input_ok(out)
@@ -179,7 +276,18 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
 
 
 def finished_frames(out, methods) -> np.ndarray:
-    """Boolean (N,): frames whose chunk is finished for every method in `methods`."""
+    """Which frames are finished for every method: what a partial `load_maps` holds.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        methods (Sequence[str]): method aliases in the job.
+
+    Returns:
+        numpy.ndarray: bool (N,), True for the frames whose chunk exists for every method.
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` is no jaxsal output directory, or its input failed to read.
+    """
     check_input_ok(out)
     cfg = read_manifest(out)["config"]
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
@@ -191,11 +299,26 @@ def finished_frames(out, methods) -> np.ndarray:
 
 
 def open_job(out, config: dict, meta: dict) -> dict:
-    """Create the output directory and manifest, or check an existing one matches `config`.
+    """Create the output directory and its manifest, or check an existing one was made by the
+    same job (so a rerun resumes and never mixes results of two configurations).
 
-    `config` is everything that determines the maps (compared on rerun); `meta` is
-    provenance only (time, version). Returns the manifest. Safe for several processes
-    starting at once: the first to link its manifest wins, the others compare against it.
+    Safe for several processes starting at once: the first to link its manifest wins, the
+    others compare against it. A directory whose earlier job wrote no chunk (e.g. it failed on a
+    bad option) gets the new manifest.
+
+    Args:
+        out (str | os.PathLike): the output directory (created if missing).
+        config (dict): everything that determines the maps (compared on rerun), JSON-able.
+        meta (dict): provenance only (time, version), not compared.
+
+    Returns:
+        dict: the manifest, {"format", "config", **meta}.
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` is a file or under one, or its input failed to read.
+        jaxsal.io.store.JobConfigError: `out` is not empty and has no manifest, or holds results
+            of a different job (another input, method, option, ...): the message names the
+            differences.
     """
     out = Path(out)
     check_input_ok(out)
@@ -243,6 +366,18 @@ def open_job(out, config: dict, meta: dict) -> dict:
 
 
 def read_manifest(out) -> dict:
+    """The manifest of an output directory: what produced its maps.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+
+    Returns:
+        dict: {"format", "config": {method, options, agent, params checksum, input, ...},
+            "version", "created", ...}.
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` has no manifest, or it is not valid JSON.
+    """
     path = Path(out) / MANIFEST
     if not path.exists():
         raise SaliencyInputError(f"{out} is not a jaxsal output directory (no {MANIFEST})")
@@ -252,15 +387,30 @@ def read_manifest(out) -> dict:
         raise SaliencyInputError(f"{path} is corrupt ({e}); choose a new --out directory") from None
 
 
-def update_manifest(out, **fields):
-    """Merge provenance fields (e.g. a summary) into the manifest, atomically."""
+def update_manifest(out, **fields) -> None:
+    """Merge provenance fields (e.g. a summary) into the manifest, atomically.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        **fields (Any): top-level manifest entries to set (JSON-able).
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` has no readable manifest.
+    """
     manifest = read_manifest(out)
     manifest.update(fields)
     atomic_write(Path(out) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
 
 
-def write_method_meta(out, alias: str, manifest: dict):
-    """DIR/<alias>/meta.json: method, options, agent, checksums, version, time of this map array."""
+def write_method_meta(out, alias: str, manifest: dict) -> None:
+    """Write `out/<alias>/meta.json` (method, options, agent, checksums, version, time of this map
+    array) once; an existing file is kept.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        alias (str): the method's alias in the job (its folder name).
+        manifest (dict): the job's manifest, as `open_job` returns it.
+    """
     d = Path(out) / alias
     d.mkdir(parents=True, exist_ok=True)
     if (d / "meta.json").exists():
@@ -275,6 +425,16 @@ def write_method_meta(out, alias: str, manifest: dict):
 
 
 def missing_chunks(out, method: str, n_chunks: int) -> list[int]:
+    """The chunks of a method not written yet: what a resumed job computes.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        method (str): the method's alias.
+        n_chunks (int): the job's number of chunks.
+
+    Returns:
+        list[int]: the missing chunk indices, ascending.
+    """
     return [i for i in range(n_chunks) if not chunk_path(out, method, i).exists()]
 
 
@@ -282,7 +442,16 @@ class MapArray:
     """Read-only array-like view `(N, H, W)` (or `(N, H, W, C)`) over a method's chunk files.
 
     Chunks are memory-mapped on first touch; indexing with an int, slice or index array
-    reads only the chunks it needs. `np.asarray(maps)` loads everything.
+    reads only the chunks it needs. `np.asarray(maps)` loads everything. `load_maps` makes one.
+
+    Args:
+        out (str | os.PathLike): a `jaxsal explain` output directory.
+        method (str): the method's alias in the job.
+        allow_incomplete (bool): accept missing chunks (their frames read as NaN; integer maps
+            then read as float32).
+
+    Raises:
+        jaxsal.SaliencyInputError: on the directories `load_maps` refuses.
     """
 
     def __init__(self, out, method: str, allow_incomplete: bool = False):
@@ -366,12 +535,33 @@ class MapArray:
 
 
 def load_maps(out, method: str, allow_incomplete: bool = False) -> MapArray:
-    """The maps of `method` in a `jaxsal explain` output directory, as an array-like (N, H, W).
+    """The maps of `method` in a `jaxsal explain` output directory, as a lazy array (N, H, W).
 
-    With allow_incomplete, a job still running (or stopped) gives its finished chunks; the
-    frames of missing chunks read as NaN (`jaxsal.io.store.finished_frames` says which)."""
+    Chunks are memory-mapped on first touch: indexing reads only the chunks it needs, and
+    `np.asarray(maps)` loads everything.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        method (str): the method's alias in the job (e.g. "gradcam").
+        allow_incomplete (bool): accept a job still running (or stopped): its missing chunks'
+            frames read as NaN (`jaxsal.io.store.finished_frames` says which).
+
+    Returns:
+        MapArray: read-only array-like of shape (N, H, W), or (N, H, W, C) for per-frame maps,
+            with `shape`, `dtype` and `meta` (the manifest).
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` is no jaxsal output directory, its input failed to
+            read, it has no maps of `method` (or stored only object shares), or the job is
+            incomplete (without `allow_incomplete`, or with no chunk at all).
+    """
     return MapArray(out, method, allow_incomplete)
 
 
 def stamp() -> str:
+    """The current UTC time as the manifests record it.
+
+    Returns:
+        str: e.g. "2026-01-31T12:00:00Z".
+    """
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -630,9 +630,21 @@ def write_table(out, cells, metrics, sett, base) -> Path:
 
 
 def load_sweep(out, as_frame: bool = False):
-    """The table of a `jaxsal sweep` output DIR (DIR/results.csv) as {column: numpy array}: text
-    columns as str arrays, the others as float64 (empty -> NaN; frames as int64 when every row has
-    them). With as_frame=True a pandas DataFrame (needs pandas)."""
+    """The table of a `jaxsal sweep` output directory (its results.csv), one row per cell
+    (agent x checkpoint x input x method), as numpy columns or a pandas DataFrame.
+
+    Args:
+        out (str | os.PathLike): the sweep's output directory.
+        as_frame (bool): return a pandas DataFrame (needs pandas) instead of a dict.
+
+    Returns:
+        dict[str, numpy.ndarray] | pandas.DataFrame: `{column: (rows,)}` in the file's column
+            order: text columns as str arrays, the others as float64 (an empty cell is NaN),
+            "frames" and "seed" as int64 when every row has them; or the same as a DataFrame.
+
+    Raises:
+        jaxsal.SaliencyInputError: `out` has no results.csv, or `as_frame=True` without pandas.
+    """
     path = Path(out) / RESULTS
     if not path.exists():
         raise SaliencyInputError(f"{out} has no {RESULTS}; run `jaxsal sweep CONFIG.toml --out {out}` first")

@@ -44,7 +44,25 @@ def is_ppo_tree(tree: dict) -> bool:
 
 
 def cleanrl_dqn(path, name: str | None = None) -> LoadedAgent:
-    """CleanRL `dqn_atari_jax.py` agent: Q-values (N, A) from (N, 4, 84, 84) uint8 frames."""
+    """A CleanRL `dqn_atari_jax.py` agent from its `.cleanrl_model` file (read as flax msgpack,
+    never unpickled).
+
+    The agent maps (N, 4, 84, 84) uint8 frames (NCHW, declared on its `apply_fn`) to Q-values
+    (N, A).
+
+    Args:
+        path (str | os.PathLike): the `.cleanrl_model` file.
+        name (str | None): the agent's name; None: the file's stem.
+
+    Returns:
+        jaxsal.agent_spec.LoadedAgent: `apply_fn`, `params`, `layout` "NCHW", `num_actions`,
+            `pixels` "uint8" and a `card` naming the source file.
+
+    Raises:
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
+            unreadable, is not flax msgpack, or its parameters do not fit CleanRL's Q-network on
+            (4, 84, 84) frames.
+    """
     tree = _restore(path)
     if "params" not in tree:
         raise LoaderError(f"{path}: no 'params' entry; CleanRL's dqn_atari_jax saves "
@@ -59,7 +77,24 @@ def cleanrl_dqn(path, name: str | None = None) -> LoadedAgent:
 
 
 def cleanrl_ppo(path, name: str | None = None) -> LoadedAgent:
-    """CleanRL PPO envpool JAX agent: {"logits": (N, A), "value": (N,)} from (N, 4, 84, 84)."""
+    """A CleanRL `ppo_atari_envpool_xla_jax` agent from its `.cleanrl_model` file (flax msgpack
+    of `[vars(args), [network, actor, critic]]`, never unpickled).
+
+    The agent maps (N, 4, 84, 84) uint8 frames (NCHW) to `{"logits": (N, A), "value": (N,)}`.
+
+    Args:
+        path (str | os.PathLike): the `.cleanrl_model` file.
+        name (str | None): the agent's name; None: the file's stem.
+
+    Returns:
+        jaxsal.agent_spec.LoadedAgent: `apply_fn`, `params` ({"network", "actor", "critic"}),
+            `layout` "NCHW", `num_actions`, `pixels` "uint8" and a `card` with the run's env_id.
+
+    Raises:
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
+            unreadable, is not flax msgpack, is not CleanRL's PPO save, or its parameters do not fit
+            the network.
+    """
     tree = _restore(path)
     if not is_ppo_tree(tree):
         raise LoaderError(f"{path}: expected CleanRL's PPO save [vars(args), [network, actor, critic]]")
@@ -81,7 +116,19 @@ def cleanrl_ppo(path, name: str | None = None) -> LoadedAgent:
 
 
 def cleanrl_model(path, name: str | None = None) -> LoadedAgent:
-    """Either CleanRL JAX Atari save, told apart by its structure."""
+    """Either CleanRL JAX Atari save (DQN or PPO), told apart by its parameter tree's structure.
+
+    Args:
+        path (str | os.PathLike): the `.cleanrl_model` file.
+        name (str | None): the agent's name; None: the file's stem.
+
+    Returns:
+        jaxsal.agent_spec.LoadedAgent: as `cleanrl_dqn` or `cleanrl_ppo` returns it.
+
+    Raises:
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) on the files `cleanrl_dqn` and
+            `cleanrl_ppo` refuse.
+    """
     return cleanrl_ppo(path, name) if is_ppo_tree(_restore(path)) else cleanrl_dqn(path, name)
 
 

@@ -24,8 +24,33 @@ def plain_outputs(out):
 
 def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | None = None,
                  name: str | None = None, seed: int = 0) -> LoadedAgent:
-    """`module` (a flax.linen.Module) with the parameters in `path` (to_bytes of its params,
-    with or without the outer {"params": ...}); `obs_shape` is one observation in `layout`."""
+    """An agent from your own flax module and its parameters saved with
+    `flax.serialization.to_bytes` (PureJaxRL-style scripts); no pickle.
+
+    The file's tree must match `module.init`'s leaf by leaf. A PureJaxRL ActorCritic's
+    `(distrax.Categorical, value)` output is turned into `{"logits", "value"}`.
+
+    Args:
+        path (str | os.PathLike): the msgpack file (to_bytes of the params, with or without the
+            outer {"params": ...}).
+        module (flax.linen.Module): the module the parameters were trained with.
+        obs_shape (tuple[int, ...]): the shape of one observation in `layout`, e.g. (84, 84, 4).
+        layout (str): "NHWC" (default) or "NCHW", the agent's observation layout (declared on
+            its `apply_fn`).
+        pixels (str | None): "uint8" when the agent takes raw 0..255 frames (declared, so
+            jaxsal checks inputs against it); None declares nothing.
+        name (str | None): the agent's name; None: the file's stem.
+        seed (int): seed of the template `module.init` (its values are discarded).
+
+    Returns:
+        jaxsal.agent_spec.LoadedAgent: `apply_fn`, `params`, `layout`, `num_actions` (None when
+            the output has no (N, A) logits or Q-values), `pixels` and a `card`.
+
+    Raises:
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
+            unreadable, is not flax msgpack, or its tree or a leaf's shape differs from
+            `module.init`'s.
+    """
     template = module.init(jax.random.PRNGKey(seed), jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
     data = read_bytes(path)
     try:

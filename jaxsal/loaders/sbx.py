@@ -298,7 +298,27 @@ def _read_policy(data: bytes, path):
 
 
 def sbx_model(path, name: str | None = None) -> LoadedAgent:
-    """An SBX DQN / PPO (Discrete) `.zip` as a Flax agent (module docstring: what and how)."""
+    """An SBX (JAX Stable-Baselines) DQN or discrete PPO `.zip` as a Flax agent, read without
+    unpickling and without sbx installed.
+
+    DQN gives Q-values (N, A); PPO gives `{"logits": (N, A), "value": (N,)}`. CnnPolicy agents
+    take SB3's channel-first uint8 frames (N, C, H, W), MlpPolicy agents their observation
+    vectors or arrays as saved (the module docstring says how the file is read).
+
+    Args:
+        path (str | os.PathLike): the SBX model `.zip`.
+        name (str | None): the agent's name; None: the file's stem.
+
+    Returns:
+        jaxsal.agent_spec.LoadedAgent: `apply_fn`, `params` (SBX's own tree and layer names),
+            `layout` ("NCHW" for CnnPolicy, else "NHWC"), `num_actions`, `pixels` ("uint8"
+            for CnnPolicy) and a `card` with the observation shape and dtype.
+
+    Raises:
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing, unreadable,
+            corrupt or crafted, or holds a policy jaxsal does not rebuild (SAC, TQC, continuous PPO,
+            custom classes or activations); the message names the `--agent file.py:load` route.
+    """
     kind, module, params, shape, dtype = read_policy(read_bytes(path), path)
     image = isinstance(module, CnnQNetwork) or (isinstance(module, ActorCritic)
                                                  and module.actor.cnn_features is not None)

@@ -124,7 +124,27 @@ def convert(sd: dict, fmt: str | None = None) -> tuple[TorchNatureCNN, dict, str
 
 
 def torch_nature(path, name: str | None = None, fmt: str | None = None) -> LoadedAgent:
-    """A CleanRL or SB3 Nature-CNN torch checkpoint as a Flax agent on (N, C, 84, 84) uint8 frames."""
+    """A CleanRL or SB3 Nature-CNN torch checkpoint as a Flax agent on (N, C, 84, 84) uint8 frames.
+
+    Read with torch's weights-only unpickler (torch 2.10 or newer, the optional `torch` extra):
+    a state_dict of tensors and plain containers, or an SB3 model `.zip`'s `policy.pth`.
+    Q-networks give Q-values (N, A); actor-critics `{"logits": (N, A), "value": (N,)}`.
+
+    Args:
+        path (str | os.PathLike): the `.pth`/`.pt` state_dict or the SB3 `.zip`.
+        name (str | None): the agent's name; None: the file's stem.
+        fmt (str | None): the state_dict's format: "cleanrl dqn_atari", "cleanrl ppo_atari",
+            "sb3 dqn" or "sb3 actor-critic" (SB3 PPO and A2C); None detects it from the keys.
+
+    Returns:
+        jaxsal.agent_spec.LoadedAgent: `apply_fn`, `params`, `layout` "NCHW", `num_actions`,
+            `pixels` "uint8" and a `card` naming the format.
+
+    Raises:
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
+            unreadable; torch is missing or older than 2.10; the file holds more than tensors and
+            plain containers; or its keys or shapes are no known Nature CNN on 84x84 frames.
+    """
     module, params, fmt = convert(load_state_dict(path), fmt)
     c = int(params["params"]["conv1"]["kernel"].shape[2])
     return LoadedAgent(name=name or Path(path).stem, apply_fn=DeclaredFn(module.apply, "NCHW", "uint8"),

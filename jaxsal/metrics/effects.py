@@ -42,16 +42,28 @@ FRAMES = ("all", "newest")
                    meta_fields=["classes", "frames", "fill"])
 @dataclasses.dataclass(frozen=True)
 class ObjectEffects:
-    """Per state and class (N, C): `effect` = explained output of the original state minus that of
-    the state without the class (for the action explained in the original state); `flips` =
-    the greedy action changes; `present` = the class has pixels in a frame it is removed from (an
-    absent class changes nothing: effect 0). What each removal did: `overlap` = the share of the
-    class's box pixels (in the removed frames) that also lie in another class's box, so were kept
-    (1: nothing was removed; NaN when absent); `residue` = pixels that are not background after
-    the fill in the class's boxes grown by `margin` px (other classes' boxes left out), e.g. a moving
-    ball's pixels outside its RAM box, and `residue_share` = their share of those pixels (NaN when
-    absent). `score` (N,) and `actions` (N,): the original state's explained output and action.
-    `frames` ("all" / "newest") and `fill` ("ring", "background" or "given"): how classes were removed."""
+    """What `object_effects` gives: per state and class, what removing the class did to the
+    explained output.
+
+    Attributes:
+        effect (jax.Array): (N, C) the explained output of the original state minus that of the
+            state without the class, for the action explained in the original state (an absent
+            class changes nothing: 0).
+        flips (jax.Array): (N, C) bool, the greedy action changes without the class.
+        score (jax.Array): (N,) the original state's explained output.
+        actions (jax.Array): (N,) the action explained in each original state.
+        present (jax.Array): (N, C) bool, the class has pixels in a frame it is removed from.
+        overlap (jax.Array): (N, C) the share of the class's box pixels (in the removed frames)
+            that also lie in another class's box, so were kept (1: nothing was removed; NaN when
+            absent).
+        residue (jax.Array): (N, C) int, pixels that are not background after the fill in the
+            class's boxes grown by `margin` px (other classes' boxes left out), e.g. a moving
+            ball's pixels outside its RAM box.
+        residue_share (jax.Array): (N, C) the residue's share of those pixels (NaN when absent).
+        classes (tuple[str, ...]): the C class names, in column order.
+        frames (str): "all" or "newest", the frames the classes were removed from.
+        fill (str): "ring", "background" or "given", how removed pixels were filled.
+    """
     effect: jax.Array
     flips: jax.Array
     score: jax.Array
@@ -268,38 +280,68 @@ def _fill_image(fill, shape, layout: str, n: int):
 def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fill="ring", classes=None,
                    batch_size: int = 256, *, actions=None, layout: str = "NHWC", frames: str = "all",
                    margin: int = 2, ring_width: int = 3) -> ObjectEffects:
-    """Causal effect of removing each object class from each state (module doc).
+    """Causal effect of removing each object class from each state: how much the explained
+    output drops without it, and whether the greedy action changes.
 
-    obs: (N, H, W, F) frame stacks (the channels are the stacked frames; layout="NCHW" for
-    (N, F, H, W)). boxes_or_masks: `jaxsal.objects.ObjectBoxes`, bool masks (N, F, C, H, W) per
-    stacked frame (boxes, or pixel-level object masks where those are known: then only object
-    pixels are filled), or (N, C, H, W) used for every frame; classes: names (from ObjectBoxes).
+    Class c's pixels in the removed frames that lie in no other class's box are set to the fill
+    (other objects are never painted over; `overlap` says how much of c was kept so). Removing
+    c from every frame (`frames="all"`) shows the agent a state without c, one it can meet in
+    play (Breakout's "no ball" is the state before a serve): "what does the agent do when c is
+    not there". Removing it from the newest frame only shows a stack where c has just vanished,
+    one the agent never saw: "does the newest frame's c matter given the history". Neither
+    isolates "uses c's position": moving c does. All states x classes run as one batched
+    forward pass per chunk; batch-independent (chunking never changes a result), and usable
+    under `jax.jit` (pass masks as an array, or an ObjectBoxes closed over).
 
-    For class c, its pixels in the removed frames that lie in no other class's box are set to
-    the fill (other objects are never painted over; `overlap` says how much of c was kept so).
-    frames: "all" (default) removes c from every stacked frame: the agent sees a state without c,
-    one it can meet in play (Breakout's "no ball" is the state before a serve), so the effect
-    answers "what does the agent do when c is not there"; "newest" removes it from the newest
-    frame only: a stack where c has just vanished, which the agent never saw, answering "does the
-    newest frame's c matter given the history". Neither isolates "uses c's position": moving c
-    (a displacement) does. fill: "ring" (default) = per box and frame, the median of a ring
-    `ring_width` px wide, `margin` px outside the box and outside every object box grown by
-    `margin` (a local background: right on textured screens as on black ones; the frame's mode
-    where the ring is empty); "background" = per state and frame, the most frequent pixel value
-    outside all object boxes of that frame; or a number, one value per stacked frame (F,), per
-    state and frame (N, F), or a background image of one state (obs.shape[1:]) or of every state
-    (obs.shape), e.g. the game's empty screen. Residue: pixels of c's boxes grown by `margin` px
-    (RAM boxes are of one sub-frame, frames are resized and max-pooled over two) that lie outside
-    the background after the fill: for "ring" outside the range of the box's ring, otherwise not
-    equal to the fill.
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs) -> output`.
+        params (PyTree): the model's parameters.
+        obs (jax.Array | numpy.ndarray): frame stacks (N, H, W, F), the channels being the
+            stacked frames; (N, F, H, W) with `layout="NCHW"`.
+        boxes_or_masks (jaxsal.objects.ObjectBoxes | jax.Array | numpy.ndarray): the objects:
+            ObjectBoxes, bool masks (N, F, C, H, W) per stacked frame (boxes, or pixel-level
+            object masks where those are known: then only object pixels are filled), or
+            (N, C, H, W) used for every frame.
+        target (str | Callable): what is explained (`jaxsal.targets`); its action is fixed on
+            the original state.
+        fill (str | float | jax.Array | numpy.ndarray): what removed pixels become: "ring"
+            (default; per box and frame, the median of a ring `ring_width` px wide, `margin` px
+            outside the box and outside every object box grown by `margin`: a local background,
+            right on textured screens as on black ones; the frame's mode where the ring is
+            empty), "background" (per state and frame, the most frequent pixel value outside all
+            object boxes), or values: a number, one per stacked frame (F,), per state and frame
+            (N, F), or a background image of one state (obs.shape[1:]) or of every state
+            (obs.shape), e.g. the game's empty screen.
+        classes (Sequence[str] | None): the C class names; None takes them from ObjectBoxes (or
+            names them "class_0", ...).
+        batch_size (int): model rows per forward pass; a chunk holds batch_size // (C + 1)
+            states (at least one).
+        actions (jax.Array | None): (N,) actions whose output is compared (needed by
+            "q_action"); None: the target's choice on the original state.
+        layout (str): "NHWC" (default) or "NCHW", the layout of `obs`.
+        frames (str): "all" (default) removes c from every stacked frame, "newest" from the
+            newest (last) frame only.
+        margin (int): pixels between a box and its ring, and by which boxes grow for the
+            residue (RAM boxes are of one sub-frame; frames are resized and max-pooled over
+            two).
+        ring_width (int): the ring's width in pixels.
 
-    target: what is explained (`jaxsal.targets`); its action is fixed on the original state
-    (argmax, or `actions`), so `effect[i, c]` = target(x_i)_a - target(x_i without c)_a: positive
-    when removing c lowers the output. `flips[i, c]`: the greedy action (argmax of the Q-values,
-    or of the logits for policy targets) differs without c. batch_size: model rows per forward
-    pass; a chunk holds batch_size // (C + 1) states (at least one: C + 1 rows). Batch-independent,
-    so chunking never changes a result; works under jax.jit (pass masks as an array then,
-    or an ObjectBoxes closed over)."""
+    Returns:
+        ObjectEffects: per state and class (N, C): `effect` = target(x)_a - target(x without
+            c)_a (positive when removing c lowers the output), `flips` (the greedy action, argmax
+            of the Q-values or of the logits for policy targets, differs without c), `present`,
+            and what each removal did: `overlap` (the share of c's box pixels kept because
+            another class's box covers them), `residue` (pixels of c's boxes grown by `margin`
+            that are not background after the fill) and `residue_share`; `score` (N,) and
+            `actions` (N,) of the original state; `classes`, `frames` and `fill` ("ring",
+            "background" or "given").
+
+    Raises:
+        jaxsal.SaliencyInputError: an unknown `layout`, `fill` or `frames`; a `margin` or
+            `ring_width` that is not a non-negative (positive) integer; boxes or masks that do
+            not fit `obs` (frame size, states, stacked frames); class names that do not match;
+            no classes; a fill array of another shape; bad `actions` or `obs`.
+    """
     from jaxsal.objects.boxes import ObjectBoxes
 
     if layout not in LAYOUTS:
@@ -409,26 +451,38 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
                      share: str = "positive") -> dict:
     """How well a map's object shares predict the causal effects of removing the objects.
 
-    shares: `ObjectShares` (its `share` field: "positive" or "absolute") or (N, C) numbers;
-    effects: `ObjectEffects` or (N, C) numbers, the same states and classes. A (state, class)
-    pair where the class is absent (either result's `present` is False), was not removed at all
-    (`overlap` 1: all its pixels lie in other classes' boxes) or a value is NaN is left out.
+    Two rank correlations with percentile-bootstrap intervals. within_state: per state, the
+    Spearman correlation across classes of share and effect (NaN for a state with fewer than two
+    classes or constant shares or effects: left out), averaged over states; 1 = the map ranks
+    every state's objects as removing them does. across_states: per class, the Spearman
+    correlation across states of its share and its effect (NaN when either is constant, e.g. a
+    class the agent ignores). A (state, class) pair where the class is absent (either result's
+    `present` is False), was not removed at all (`overlap` 1) or a value is NaN is left out.
 
-    - within_state: per state, the Spearman rank correlation across classes of share and
-      effect (NaN for a state with fewer than two classes or constant shares or effects:
-      left out), averaged over states. 1 = the map ranks every state's objects as removing them
-      does.
-    - across_states: per class, the Spearman correlation across states of its share and its
-      effect (NaN when either is constant, e.g. a class the agent ignores: effect 0 everywhere).
+    Args:
+        shares (ObjectShares | numpy.ndarray): `object_attribution`'s result, or (N, C) numbers.
+        effects (ObjectEffects | numpy.ndarray): `object_effects`' result for the same states and
+            classes, or (N, C) numbers.
+        groups (numpy.ndarray | None): (N,) unit id per state (e.g. episode ids); the bootstrap
+            resamples whole units with replacement. Consecutive states of one episode are
+            dependent, so pass episodes (or blocks, `jaxsal.metrics.statistics.blocks`). None
+            makes each state its own unit: right only for independent states.
+        n_resamples (int): bootstrap resamples.
+        seed (int): seed of the resampling.
+        level (float): the intervals' coverage, in (0, 1).
+        share (str): which share of an ObjectShares is correlated: "positive" (default) or
+            "absolute".
 
-    Intervals: percentile bootstrap over the caller's units `groups` (N,) (e.g. episode ids):
-    each resample draws as many units as there are, with replacement, and keeps all their
-    states. Consecutive states of one episode are dependent, so pass episodes (or blocks of
-    consecutive states, `jaxsal.metrics.statistics.blocks`) as units. groups=None makes each
-    state its own unit: only right when the states are independent samples.
+    Returns:
+        dict: `{"within_state": {"mean", "low", "high", "states"}, "across_states": {class:
+            {"rho", "low", "high", "states"}}, "units": int, "level": float, "share": str}`;
+            "states" counts the states that entered, low/high are the interval's bounds.
 
-    Returns {"within_state": {"mean", "low", "high", "states"}, "across_states": {class:
-    {"rho", "low", "high", "states"}}, "units", "level", "share"}."""
+    Raises:
+        jaxsal.SaliencyInputError: a bad `share`; shares and effects of other classes or shapes
+            (not both (N, C)); `groups` not of shape (N,); `n_resamples` not a positive integer;
+            `level` outside (0, 1).
+    """
     from jaxsal.metrics.objects import ObjectShares
 
     present = None

@@ -32,8 +32,21 @@ MAX_SCALE = 100.0  # a ratio or normalised curve beyond this magnitude divides b
 
 
 def gaussian_blur(x, sigma: float, truncate: float = 4.0):
-    """Spatial Gaussian blur of NHWC frames, each frame separately (scipy.ndimage.gaussian_filter
-    with sigma (0, s, s, 0), mode 'reflect', truncate 4): never blurs across stacked frames."""
+    """Spatial Gaussian blur of NHWC frames, each stacked frame on its own (never across frames).
+
+    The same as `scipy.ndimage.gaussian_filter` with sigma (0, s, s, 0), mode "reflect": the
+    substrate "blur" of `insertion` and `deletion`.
+
+    Args:
+        x (jax.Array): frames (N, H, W, C), float.
+        sigma (float): the blur's standard deviation in pixels.
+        truncate (float): the kernel's half-width in standard deviations (scipy's
+            `truncate`).
+
+    Returns:
+        jax.Array: the blurred frames, shape (N, H, W, C); `x` itself when the kernel's radius
+            `int(truncate * sigma + 0.5)` is 0.
+    """
     radius = int(truncate * float(sigma) + 0.5)
     if radius == 0:
         return x
@@ -232,29 +245,61 @@ def insertion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_
               score: str = "auto", key=None, *, target="q_chosen", actions=None,
               batch_size: int | None = None, layout: str = "NHWC", pixel_range=(0.0, 255.0),
               blur_sigma: float = 5.0):
-    """Insertion curves: start from `substrate`, insert pixels (all frames of a pixel at once)
-    by decreasing saliency, `pixels_per_step` per step; returns {"auc": (N,), "curves": (N, S+1),
-    "score": the score used, "actions": (N,) the actions scored}. Higher AUC = more faithful map.
+    """Insertion curves (Petsiuk 2018, Paper B): does the score recover fast when the most salient
+    pixels are inserted first? Higher AUC = more faithful map.
 
-    The curve follows f(x_t), the explanation's `target` (as in jaxsal.explain) on action a:
-    `actions` (needed by q_action), else the target's choice on the clean frame
-    (jaxsal.targets.resolve_actions). A policy target (policy_logit, log_prob, or a Q target on a
-    dict output with logits and no Q-values) is followed as the action's probability pi(a|x_t),
-    since logits are defined only up to a per-state constant. x_0 is the fully removed
-    input (all substrate), x the clean one. score:
-      "ratio"      f(x_t) / f(x); "q_value" is its name for Q targets (Paper B's Q_a(x_t) / Q_a(x))
-      "normalized" (f(x_t) - f(x_0)) / (f(x) - f(x_0)): 0 at the substrate, 1 at the clean input
-      "difference" f(x_t) - f(x_0), in the target's units; defined for every state
-      "raw"        f(x_t) itself
-      "advantage"  Q_a(x_t) - mean_b Q_b(x_t) (Q targets and 'advantage')
-      "auto"       q_value for q_chosen/q_action, ratio for value, raw for the others
-      "all"        {score: {"auc", "curves"}} for every score the target has, one set of forward passes
-    A ratio or normalized curve of a state is NaN (with a RuntimeWarning) where it would divide by ~0:
-    a clean score <= 0 (ratio), or a curve beyond MAX_SCALE (100) in magnitude. "q_value" or
-    "advantage" for a target without Q-values is an error. substrate: "black" (0), "random" (uniform
-    in `pixel_range` per pixel and frame; needs `key`) or "blur" (spatial Gaussian blur, `blur_sigma`
-    px). AUC is the mean of the curve (Paper B). `batch_size` bounds the model rows (states x
-    (steps + 1)) per forward pass (None: the backend's default).
+    The curve starts from the substrate (x_0) and inserts the clean input's pixels in order of
+    decreasing saliency (ties in raster order) until it reaches the clean input x; it follows
+    f(x_t), the explanation's target on one action per state. All S + 1 steps of a chunk of
+    states run as one batched forward pass.
+
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs) -> output`.
+        params (PyTree): the model's parameters.
+        obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) with
+            `layout="NCHW"`.
+        maps (jax.Array | numpy.ndarray): one saliency map per state, (N, H, W), finite.
+        substrate (str): what removed pixels become: "black" (0, the default), "random"
+            (uniform in `pixel_range`, per pixel and frame; needs `key`) or "blur" (a spatial
+            Gaussian blur of the state, `blur_sigma` px).
+        pixels_per_step (int): pixels moved per step (all stacked frames of a pixel at once);
+            the curve has S + 1 = ceil(H W / pixels_per_step) + 1 points.
+        score (str): how the followed scalar f(x_t) becomes the curve, with x the clean input
+            and x_0 the fully removed one: "ratio" f(x_t) / f(x) ("q_value" is its name for Q
+            targets, Paper B's Q_a(x_t) / Q_a(x)); "normalized" (f(x_t) - f(x_0)) /
+            (f(x) - f(x_0)), 0 at the substrate and 1 at the clean input; "difference"
+            f(x_t) - f(x_0), in the target's units, defined for every state; "raw" f(x_t);
+            "advantage" Q_a(x_t) - mean_b Q_b(x_t) (Q targets and "advantage"); "auto" (default)
+            q_value for q_chosen/q_action, ratio for value, raw for the others; "all" every
+            score the target has, from one set of forward passes. A ratio or normalized curve is
+            NaN for a state where it would divide by about 0 (a clean score <= 0 for ratio, or a
+            curve beyond 100 in magnitude), with a RuntimeWarning.
+        key (jax.Array | None): PRNG key of the "random" substrate; the state in row i of `obs`
+            gets the substrate drawn from `jax.random.fold_in(key, i)` (same key and row, same
+            substrate). Unused by the other substrates.
+        target (str | Callable): the scalar followed, as in `jaxsal.explain`. A policy target
+            (policy_logit, log_prob, or a Q target on a dict output with logits and no Q-values)
+            is followed as the action's probability pi(a|x_t): logits are defined only up to a
+            per-state constant.
+        actions (jax.Array | None): (N,) actions followed (needed by "q_action"); None: the
+            target's choice on the clean input (`jaxsal.targets.resolve_actions`).
+        batch_size (int | None): model rows (states x (S + 1)) per forward pass; None: the
+            backend's default.
+        layout (str): "NHWC" (default) or "NCHW", the layout of `obs`.
+        pixel_range (tuple[float, float]): (low, high) of the "random" substrate.
+        blur_sigma (float): the "blur" substrate's sigma in pixels.
+
+    Returns:
+        dict: `{"auc": jax.Array (N,), "curves": jax.Array (N, S + 1), "score": str (the score
+            used), "actions": jax.Array (N,) (the actions followed)}`; the AUC is the mean of the
+            curve. With `score="all"`: `{score: {"auc": (N,), "curves": (N, S + 1)}}` for every
+            score the target has (NaN marks each score's undefined states, without a warning).
+
+    Raises:
+        jaxsal.SaliencyInputError: an unknown `substrate` or `score`; "q_value" or "advantage"
+            for a target without Q-values; "random" without `key`; `maps` not (N, H, W) for the
+            N states or not finite; a bad `pixels_per_step`, `blur_sigma` or `pixel_range`; or a
+            bad call (obs, target, actions, layout), as `jaxsal.explain` reports it.
     """
     return _curves("insertion", apply_fn, params, obs, maps, substrate, pixels_per_step, score,
                    key, target, actions, batch_size, layout, pixel_range, blur_sigma)
@@ -264,8 +309,40 @@ def deletion(apply_fn, params, obs, maps, substrate: str = "black", pixels_per_s
              score: str = "auto", key=None, *, target="q_chosen", actions=None,
              batch_size: int | None = None, layout: str = "NHWC", pixel_range=(0.0, 255.0),
              blur_sigma: float = 5.0):
-    """Deletion curves, the mirror of `insertion` (same targets and scores, x_0 its last step): start
-    from the observation and replace pixels by the substrate in order of decreasing saliency. Lower
-    deletion AUC = more faithful map."""
+    """Deletion curves, the mirror of `insertion`: does the score collapse fast when the most
+    salient pixels are removed first? Lower AUC = more faithful map.
+
+    The curve starts from the clean input x and replaces its pixels by the substrate in order of
+    decreasing saliency until every pixel is substrate (x_0, its last step); targets, scores and
+    arguments are those of `insertion`.
+
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs) -> output`.
+        params (PyTree): the model's parameters.
+        obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) with
+            `layout="NCHW"`.
+        maps (jax.Array | numpy.ndarray): one saliency map per state, (N, H, W), finite.
+        substrate (str): what removed pixels become: "black" (default), "random" (needs `key`)
+            or "blur", as in `insertion`.
+        pixels_per_step (int): pixels removed per step.
+        score (str): the curve's score, as in `insertion`.
+        key (jax.Array | None): PRNG key of the "random" substrate (per row of `obs`, as in
+            `insertion`).
+        target (str | Callable): the scalar followed, as in `insertion`.
+        actions (jax.Array | None): (N,) actions followed; None: the target's choice on the
+            clean input.
+        batch_size (int | None): model rows per forward pass; None: the backend's default.
+        layout (str): "NHWC" (default) or "NCHW", the layout of `obs`.
+        pixel_range (tuple[float, float]): (low, high) of the "random" substrate.
+        blur_sigma (float): the "blur" substrate's sigma in pixels.
+
+    Returns:
+        dict: `{"auc": jax.Array (N,), "curves": jax.Array (N, S + 1), "score": str,
+            "actions": jax.Array (N,)}`, or with `score="all"` `{score: {"auc", "curves"}}`, as
+            `insertion` returns.
+
+    Raises:
+        jaxsal.SaliencyInputError: on the inputs `insertion` refuses.
+    """
     return _curves("deletion", apply_fn, params, obs, maps, substrate, pixels_per_step, score,
                    key, target, actions, batch_size, layout, pixel_range, blur_sigma)

@@ -14,8 +14,22 @@ from jaxsal.errors import SaliencyInputError
 
 
 def frame_shares(per_frame_maps, num_frames: int) -> np.ndarray:
-    """(N, H, W, C) per-channel maps of a frame-major stack of `num_frames` frames -> (N, k)
-    share of absolute attribution per stacked frame (rows sum to 1; all-zero rows -> 1/k)."""
+    """Each stacked frame's share of a map's absolute attribution: where in time a map looks.
+
+    Args:
+        per_frame_maps (jax.Array | numpy.ndarray): per-channel maps (N, H, W, C), as
+            `per_frame=True` gives them, of a frame-major stack: channels
+            [f * C / k, (f + 1) * C / k) belong to frame f (oldest first).
+        num_frames (int): k, the number of stacked frames; must divide C.
+
+    Returns:
+        numpy.ndarray: shape (N, k), float64; each row sums to 1 (a map with no attribution at
+            all gets 1/k per frame).
+
+    Raises:
+        jaxsal.SaliencyInputError: the maps are not 4-D or hold NaN or inf; `num_frames` is not
+            a positive int dividing C.
+    """
     m = np.asarray(per_frame_maps, np.float64)
     if m.ndim != 4:
         raise SaliencyInputError(f"per-frame maps must be (N, H, W, C) (use per_frame=True), got {m.shape}")
@@ -31,12 +45,29 @@ def frame_shares(per_frame_maps, num_frames: int) -> np.ndarray:
 
 
 def newest_share(shares) -> np.ndarray:
-    """Share of attribution on the newest slot (the last one in our oldest-first stacks)."""
+    """The newest frame's share of attribution: the last slot of an oldest-first stack.
+
+    Args:
+        shares (numpy.ndarray): share profiles (..., k), e.g. `frame_shares`'s (N, k).
+
+    Returns:
+        numpy.ndarray: shape (...), e.g. (N,): `shares[..., -1]`.
+    """
     return np.asarray(shares)[..., -1]
 
 
 def age_centroid(shares) -> np.ndarray:
-    """Mass-weighted mean age of the attended frames, 0 (newest) .. k-1 (oldest)."""
+    """Mass-weighted mean age of the attended frames: 0 when a map reads only the newest frame,
+    k - 1 when it reads only the oldest.
+
+    Args:
+        shares (numpy.ndarray): share profiles (..., k) of an oldest-first stack, e.g.
+            `frame_shares`'s (N, k).
+
+    Returns:
+        numpy.ndarray: shape (...), e.g. (N,): sum over slots of share x age, the newest slot
+            aged 0.
+    """
     s = np.asarray(shares)
     ages = np.arange(s.shape[-1])[::-1]
     return (s * ages).sum(-1)

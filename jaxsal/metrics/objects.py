@@ -33,7 +33,23 @@ from jaxsal.errors import SaliencyInputError
                    meta_fields=["classes"])
 @dataclasses.dataclass
 class ObjectShares:
-    """Per state and class (N, C) shares; per_frame_* are (N, F, C) (F = 1 for summed maps)."""
+    """What `object_attribution` gives: per state and class, the share of a map on the class.
+
+    Attributes:
+        positive (jax.Array): (N, C) the map's positive mass on the class over its total
+            positive mass (NaN for a map with no positive mass).
+        absolute (jax.Array): (N, C) the same for |map|.
+        chance (jax.Array): (N, C) the class's share of the pixels: what a map blind to objects
+            gets.
+        present (jax.Array): (N, C) bool, the class has pixels in the state.
+        per_frame_positive (jax.Array): (N, F, C) frame f's positive mass on the class in frame
+            f over the map's total (F = 1 for maps summed over the stack); sums over F to
+            `positive`.
+        per_frame_absolute (jax.Array): (N, F, C) the same for |map|.
+        per_frame_chance (jax.Array): (N, F, C) the class's pixel share in frame f divided by F;
+            sums over F to `chance`.
+        classes (tuple[str, ...]): the C class names, in column order.
+    """
     positive: jax.Array
     absolute: jax.Array
     chance: jax.Array
@@ -44,8 +60,13 @@ class ObjectShares:
     classes: tuple = ()
 
     def mean(self) -> dict:
-        """{class: {"positive", "absolute", "chance"}} averaged over the states where the class
-        is present and the map has mass (NaN-aware)."""
+        """Each class's shares averaged over the states where the class is present and the map
+        has mass (NaN-aware).
+
+        Returns:
+            dict: `{class: {"positive": float, "absolute": float, "chance": float, "states":
+                int}}`, "states" counting the states where the class is present.
+        """
         out = {}
         for i, c in enumerate(self.classes):
             here = np.asarray(self.present)[:, i]
@@ -99,11 +120,34 @@ def _as_masks(masks, classes, per_frame: bool, frame, n):
 
 
 def object_attribution(maps, masks, classes=None, frame="union", batch_size: int = 256) -> ObjectShares:
-    """Share of each map's positive and absolute attribution on each object class (module doc).
+    """Share of each map's positive and absolute attribution on each game object class.
 
-    maps: (N, H, W) or per-frame (N, H, W, F); masks: `jaxsal.objects.ObjectBoxes`, bool
-    (N, F, C, H, W), or (N, C, H, W) for summed maps; classes: names (taken from ObjectBoxes).
-    Runs on device in chunks of `batch_size` states (the masks of a chunk are built there)."""
+    For a class c of a state: `positive` = the map's positive mass on c's pixels over its total
+    positive mass, `absolute` the same for |map|, `chance` = c's share of the pixels (what a
+    map that ignores objects gets); the module docstring has the details.
+
+    Args:
+        maps (jax.Array | numpy.ndarray): maps (N, H, W), or per-frame maps (N, H, W, F) scored
+            against each stacked frame's own masks.
+        masks (jaxsal.objects.ObjectBoxes | jax.Array | numpy.ndarray): the objects: boxes, bool
+            masks (N, F, C, H, W) per stacked frame, or (N, C, H, W) for maps (N, H, W).
+        classes (Sequence[str] | None): the C class names; None takes them from ObjectBoxes (or
+            names them "class_0", ...).
+        frame (str | int): for maps (N, H, W) and per-frame masks: "union" (default) scores
+            against the union of the frames' masks, an int against one frame's (-1: the newest).
+        batch_size (int): states per chunk on device (a chunk's masks are built there).
+
+    Returns:
+        ObjectShares: `positive`, `absolute`, `chance` (N, C) float, `present` (N, C) bool,
+            `per_frame_positive`, `per_frame_absolute`, `per_frame_chance` (N, F, C) (F = 1 for
+            maps (N, H, W)) and `classes`; a state whose map has no positive (absolute) mass gets
+            NaN there.
+
+    Raises:
+        jaxsal.SaliencyInputError: `maps` not 3-D or 4-D; a bad `frame`; boxes or masks of
+            another frame size, state count or frame count than the maps; per-frame maps with
+            masks without a frame axis; class names that do not match the masks.
+    """
     from jaxsal.objects.boxes import ObjectBoxes
 
     maps = jnp.asarray(maps) if not isinstance(maps, np.ndarray) else maps
@@ -144,9 +188,28 @@ def _pointing(maps, masks):
 
 
 def object_pointing(maps, masks, classes=None, frame="union", batch_size: int = 256):
-    """Object pointing game: (hits (N, C) bool, classes). hits[i, c] is True when state i's map
-    maximum (over pixels, and over frames for per-frame maps) is on an object of class c; a
-    state hits "any object" when hits[i].any(). Chance: the union's area share."""
+    """Object pointing game: is each map's maximum on an object, and of which class?
+
+    Chance level is the union of the objects' area share.
+
+    Args:
+        maps (jax.Array | numpy.ndarray): maps (N, H, W), or per-frame maps (N, H, W, F) (the
+            maximum is then taken over frames too).
+        masks (jaxsal.objects.ObjectBoxes | jax.Array | numpy.ndarray): the objects, as
+            `object_attribution` takes them.
+        classes (Sequence[str] | None): the C class names; None takes them from ObjectBoxes.
+        frame (str | int): "union" (default) or a stacked-frame index, as in
+            `object_attribution`.
+        batch_size (int): states per chunk on device.
+
+    Returns:
+        tuple[jax.Array, tuple[str, ...]]: `(hits, classes)`: hits (N, C) bool, True where state
+            i's map maximum lies on an object of class c (state i hits "any object" when
+            `hits[i].any()`), and the class names.
+
+    Raises:
+        jaxsal.SaliencyInputError: `maps` not 3-D or 4-D, or masks that do not fit them.
+    """
     from jaxsal.objects.boxes import ObjectBoxes
 
     maps = np.asarray(maps) if not isinstance(maps, jax.Array) else maps

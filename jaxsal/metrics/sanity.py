@@ -59,8 +59,24 @@ def _label(item) -> str:
 
 
 def group_norms(params, layers, norms: str = "with_layer") -> tuple:
-    """`layers` with each plain name `l` turned into (l, l + "_norm") when the params tree has a
-    `l_norm` module and norms="with_layer" (see the module docstring); tuples stay as given."""
+    """Pair each layer with its normalisation layer, so the two are randomised together.
+
+    A plain name `l` becomes `(l, l + "_norm")` when the params tree has an `l_norm` module and
+    `norms="with_layer"` (the module docstring says why); tuples stay as given.
+
+    Args:
+        params (PyTree): the model's parameters; only its key names are read.
+        layers (Sequence[str | tuple[str, ...]]): layer names, or tuples of names randomised
+            together, in cascade order.
+        norms (str): "with_layer" (default) groups each layer with its `<layer>_norm`; "keep"
+            returns `layers` unchanged (the norms stay trained).
+
+    Returns:
+        tuple: the entries of `layers`, each a name or a tuple of names.
+
+    Raises:
+        jaxsal.SaliencyInputError: `norms` is neither "with_layer" nor "keep".
+    """
     if norms not in NORMS:
         raise SaliencyInputError(f"norms must be one of {list(NORMS)}, got {norms!r}")
     if norms == "keep":
@@ -71,18 +87,38 @@ def group_norms(params, layers, norms: str = "with_layer") -> tuple:
 
 
 def randomize_layers(params, fresh, layers) -> object:
-    """params with every leaf under a key named in `layers` replaced by the leaf of `fresh`.
+    """`params` with the named layers' weights taken from `fresh` (a re-initialised copy).
 
-    An entry of `layers` is a name or a tuple of names randomised together (e.g. a layer and
-    its norm: ("conv1", "conv1_norm"))."""
+    Every leaf under a key named in `layers` is replaced by the leaf of `fresh` at the same
+    path; all other leaves stay as in `params`.
+
+    Args:
+        params (PyTree): the trained parameters.
+        fresh (PyTree): parameters of the same tree structure, e.g. `model.init(key, x)`.
+        layers (Sequence[str | tuple[str, ...]]): names of the layers to replace; a tuple entry
+            names layers replaced together, e.g. `("conv1", "conv1_norm")`.
+
+    Returns:
+        PyTree: a params tree of the same structure as `params`.
+    """
     layers = tuple(n for item in layers for n in _names(item))
     return jax.tree_util.tree_map_with_path(
         lambda path, p, f: f if any(_has_layer(path, l) for l in layers) else p, params, fresh)
 
 
-def cascade(params, fresh, layers):
-    """[(label, params with this and all earlier entries of `layers` randomised), ...]; the label of
-    a tuple entry is its first name."""
+def cascade(params, fresh, layers) -> list:
+    """The cascade of cumulatively randomised models: entry i randomises layers[0..i].
+
+    Args:
+        params (PyTree): the trained parameters.
+        fresh (PyTree): re-initialised parameters of the same tree structure.
+        layers (Sequence[str | tuple[str, ...]]): layers in randomisation order (top-down for
+            Adebayo's cascade); a tuple entry is randomised as one step.
+
+    Returns:
+        list[tuple[str, PyTree]]: `(label, params)` per entry of `layers`, where `params` has
+            this entry and all earlier ones randomised; a tuple entry is labelled by its first name.
+    """
     return [(_label(item), randomize_layers(params, fresh, layers[:i + 1]))
             for i, item in enumerate(layers)]
 
@@ -117,23 +153,61 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
                  batch_size: int | None = None, metrics=METRICS, similarity_batch_size: int = 256,
                  return_maps: bool = False, norms: str = "with_layer", draw: int = 0,
                  original=None, **method_options):
-    """Cascading randomisation sanity check of `method` on states `obs`.
+    """Cascading randomisation sanity check (Adebayo 2018) of `method` on states `obs`.
 
-    model: a flax module (its `init` gives the fresh weights, `apply` the agent) or an
-    `init_fn(key) -> params` together with `apply_fn=`. Layers are randomised top-down and
-    cumulatively in the order given (an entry may be a tuple of names randomised together,
-    labelled by its first name, e.g. ("conv1", "conv1_norm")). Returns
-    `{layer: {"spearman": (N,), "ssim": (N,), "hog": (N,)}, "random_uniform": {...},
-    "random_gaussian": {...}}` (Paper B's inverted-max similarities to the
-    original map; baselines compare the original with U(0,1) and N(0,1) maps), plus `"maps"`
-    ({"original": ..., layer: ...}) with `return_maps=True`. `key` seeds the re-initialisation,
-    the baselines, and (unchanged, for every model) the method's own randomness.
-    norms: "with_layer" (default) randomises a layer's `<layer>_norm` with it (LayerNorm: reset
-    to identity), "keep" leaves it trained (module docstring says why the default). draw: index
-    of an independent randomisation draw (other re-initialised weights and baselines, same
-    method key); draw 0 is the key's own. original: the method's maps of `obs` under `params`
-    when the caller already has them (same options and key; e.g. one set shared by every draw),
-    used instead of recomputing them.
+    A trustworthy method's maps change when the weights they explain are destroyed: layers are
+    re-drawn from the model's own initialisers top-down and cumulatively, and each randomised
+    model's maps are compared with the original maps (Paper B's inverted-max similarities).
+    Every model explains the original model's chosen action (for a named target) with the same
+    method key.
+
+    Args:
+        model (flax.linen.Module | Callable): a flax module (its `init` gives the fresh weights,
+            its `apply` the agent) or an `init_fn(key) -> params`, which then needs `apply_fn=`.
+        params (PyTree): the trained parameters.
+        obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) with
+            `layout="NCHW"`.
+        method (str): a registered method name (`jaxsal.methods()`).
+        layers (Sequence[str | tuple[str, ...]]): the layers randomised, in order (a name or a
+            tuple of names randomised together, labelled by its first name, e.g.
+            `("conv1", "conv1_norm")`). Defaults to the Nature CNN's
+            ("q", "fc1", "conv3", "conv2", "conv1").
+        key (jax.Array): PRNG key; seeds the re-initialisation, the baselines and (unchanged for
+            every model) the method's own randomness. Required.
+        target (str | Callable): what is explained, as in `jaxsal.explain`.
+        actions (jax.Array | None): (N,) actions to explain; None: a named target's choice on
+            the original model, fixed once for every model (a callable target or "value"
+            resolves its own per model).
+        apply_fn (Callable | None): `apply_fn(params, obs)`; None uses `model.apply`.
+        layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
+        batch_size (int | None): model rows per forward pass of the method (None: the
+            backend's default).
+        metrics (Sequence[str]): similarity metrics, from ("spearman", "ssim_flat", "ssim",
+            "hog"). Defaults to all four.
+        similarity_batch_size (int): map pairs compared at once (a memory knob).
+        return_maps (bool): also return every model's maps under "maps".
+        norms (str): "with_layer" (default) randomises a layer's `<layer>_norm` with it
+            (a LayerNorm is reset to identity); "keep" leaves the norms trained (the module
+            docstring says why the default).
+        draw (int): index of an independent randomisation draw (other re-initialised weights
+            and baselines, the same method key); draw 0 is the key's own.
+        original (jax.Array | None): the method's maps (N, H, W) of `obs` under `params` when
+            the caller already has them (same options and key, e.g. one set shared by every
+            draw); None computes them.
+        **method_options (Any): further options of `method` (e.g. `n_masks` for RISE).
+
+    Returns:
+        dict: `{label: {metric: jax.Array (N,)}}` for each entry of `layers`, plus
+            "random_uniform" and "random_gaussian" (the original maps against U(0, 1) and
+            N(0, 1) maps: the floor a method should reach) and, with `return_maps=True`,
+            "maps": `{"original": (N, H, W), label: (N, H, W), ...}`.
+
+    Raises:
+        jaxsal.SaliencyInputError: `key` is missing; `layers` is empty, holds non-names, names a
+            layer the params tree lacks or clashes with a result key; `draw` is not a
+            non-negative int; `per_frame=True` is asked for; `model` is neither a flax module
+            nor an init function (or is one without `apply_fn`); `init_fn` returns another tree
+            than `params`; `original` does not fit `obs`; or `obs` or the options are invalid.
     """
     if key is None:
         raise SaliencyInputError("sanity_check needs key=jax.random.PRNGKey(seed): it seeds the "

@@ -121,7 +121,19 @@ def ssim_flat_pair(a, b, data_range: float = 1.0, win_size: int = 7):
 
 
 def hog_features(img, orientations: int = 9, cell: int = 3, block: int = 3):
-    """skimage.feature.hog(img, orientations, (cell, cell), (block, block), 'L2-Hys') as a vector."""
+    """HOG descriptor of one map, as `skimage.feature.hog(img, orientations, (cell, cell),
+    (block, block), "L2-Hys")` flattened: what `hog_pearson` correlates.
+
+    Args:
+        img (jax.Array): one 2-D map (H, W), float (not a batch: vmap it for many).
+        orientations (int): orientation bins over 0..180 degrees.
+        cell (int): pixels per cell along each axis.
+        block (int): cells per block along each axis.
+
+    Returns:
+        jax.Array: the feature vector, shape (br * bc * block * block * orientations,) with
+            br = H // cell - block + 1 and bc = W // cell - block + 1 blocks per axis.
+    """
     h, w = img.shape
     g_row = jnp.zeros_like(img).at[1:-1, :].set(img[2:, :] - img[:-2, :])
     g_col = jnp.zeros_like(img).at[:, 1:-1].set(img[:, 2:] - img[:, :-2])
@@ -175,11 +187,29 @@ def _build(metrics: tuple, invert: bool, normalize: bool):
 
 def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bool = True,
                batch_size: int | None = 256):
-    """Per-pair similarity of two batches of maps (N, H, W): {metric: (N,)} on device.
+    """Similarity of each pair of maps `(maps[i], others[i])` under Paper B's metrics, on device.
 
-    Both maps are min-max normalised to [0, 1] first; with `invert` (Paper B) each similarity
-    is max(sim(m, r), sim(m, 1 - r)). `invert=False, normalize=False` gives the raw metric.
-    `batch_size` bounds the pairs compared at once (memory knob).
+    Both maps of a pair are min-max normalised to [0, 1] first; with `invert` (Paper B's
+    inverted max) each similarity is max(sim(m, r), sim(m, 1 - r)), so a map and its sign-flip
+    count as alike. `invert=False, normalize=False` gives the raw metric.
+
+    Args:
+        maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W), finite.
+        others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
+        metrics (str | Sequence[str]): one or more of "spearman" (rank correlation), "ssim_flat"
+            (Paper B's SSIM of the flattened maps), "ssim" (2-D SSIM, 7x7 window) and "hog"
+            (Pearson correlation of HOG features). Defaults to all four.
+        invert (bool): take the inverted max (Paper B).
+        normalize (bool): min-max normalise each map first (always done with `invert`).
+        batch_size (int | None): pairs compared at once (a memory knob).
+
+    Returns:
+        dict[str, jax.Array]: `{metric: (N,)}`, one similarity per pair for each metric asked.
+
+    Raises:
+        jaxsal.SaliencyInputError: an unknown or empty `metrics`; `maps` not (N, H, W) or not
+            finite; `others` of another shape; maps smaller than the metrics need (7x7 for
+            "ssim", 9x9 for "hog", 7 pixels for "ssim_flat").
     """
     metrics = tuple([metrics] if isinstance(metrics, str) else metrics)
     bad = [m for m in metrics if m not in _PAIR]
@@ -199,20 +229,74 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
 
 
 def spearman(maps, others, **kw):
-    """Spearman rank correlation per pair (see `similarity` for normalisation and inversion)."""
+    """Spearman rank correlation of each pair of maps (`similarity` with "spearman").
+
+    Args:
+        maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W).
+        others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
+        **kw (Any): `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
+            inverted max of min-max normalised maps).
+
+    Returns:
+        jax.Array: shape (N,), the similarity of each pair.
+
+    Raises:
+        jaxsal.SaliencyInputError: on the inputs `similarity` refuses.
+    """
     return similarity(maps, others, ("spearman",), **kw)["spearman"]
 
 
 def ssim(maps, others, **kw):
-    """2-D SSIM (7x7 window, data_range 1) per pair (see `similarity`)."""
+    """2-D SSIM (7x7 window, data_range 1) of each pair of maps (`similarity` with "ssim").
+
+    Args:
+        maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W).
+        others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
+        **kw (Any): `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
+            inverted max of min-max normalised maps).
+
+    Returns:
+        jax.Array: shape (N,), the similarity of each pair.
+
+    Raises:
+        jaxsal.SaliencyInputError: on the inputs `similarity` refuses.
+    """
     return similarity(maps, others, ("ssim",), **kw)["ssim"]
 
 
 def ssim_flat(maps, others, **kw):
-    """Paper B's SSIM of the flattened maps (1-D window of 7, data_range 1) per pair."""
+    """Paper B's SSIM of each pair of flattened maps (a 1-D window of 7 along the raster order,
+    data_range 1; `similarity` with "ssim_flat").
+
+    Args:
+        maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W).
+        others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
+        **kw (Any): `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
+            inverted max of min-max normalised maps).
+
+    Returns:
+        jax.Array: shape (N,), the similarity of each pair.
+
+    Raises:
+        jaxsal.SaliencyInputError: on the inputs `similarity` refuses.
+    """
     return similarity(maps, others, ("ssim_flat",), **kw)["ssim_flat"]
 
 
 def hog_pearson(maps, others, **kw):
-    """Pearson correlation of HOG features (3x3 pixels per cell) per pair (see `similarity`)."""
+    """Pearson correlation of the HOG features (3x3 pixels per cell) of each pair of maps
+    (`similarity` with "hog").
+
+    Args:
+        maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W).
+        others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
+        **kw (Any): `invert`, `normalize` and `batch_size` of `similarity` (by default Paper B's
+            inverted max of min-max normalised maps).
+
+    Returns:
+        jax.Array: shape (N,), the similarity of each pair.
+
+    Raises:
+        jaxsal.SaliencyInputError: on the inputs `similarity` refuses.
+    """
     return similarity(maps, others, ("hog",), **kw)["hog"]

@@ -161,21 +161,61 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
          kernel_width: float = 0.25, fill=0.0, ridge_alpha: float = 1.0, segments=None,
          segment_on: str = "stack", segmentation_options: dict | None = None, obs_max=None,
          return_coefficients: bool = False, max_segments: int | None = None):
-    """LIME maps (N, H, W): each pixel gets its superpixel's signed ridge coefficient.
+    """LIME maps (Ribeiro et al. 2016): each pixel gets its superpixel's signed coefficient in a
+    weighted ridge fit of the target on random superpixel on/off samples.
 
-    Samples z in {0,1}^d switch superpixels off (set to `fill`, fraction of the value range,
-    0 = black); weights sqrt(exp(-d^2 / kernel_width^2)), d = cosine distance to all-ones;
-    weighted ridge (alpha `ridge_alpha`, intercept; lime's defaults) on the raw target (Q_a).
-    Paper B's parameters are the defaults: `segmentation` "slic" (n_segments 200, compactness
-    10, sigma 0.25; 2000 samples), "quickshift" (kernel 1, max_dist 2, ratio 0; 1500), or
-    "felzenszwalb" (scale 21, sigma 0.5, min_size 4; 1000); `segmentation_options` override
-    them, or pass `segments` (N, H, W) labels. The samples come from `key` and are shared by
-    every state. return_coefficients=True also returns (coef (N, d_max), segments).
+    Samples z in {0, 1}^d switch superpixels off (set to `fill`); each is weighted by
+    sqrt(exp(-d^2 / kernel_width^2)), d its cosine distance to all-ones, and a weighted ridge
+    with intercept (lime's defaults) is fitted to the raw target (Q_a). Segmentation runs on the
+    host (scikit-image); under jit/vmap it runs through `jax.pure_callback` and the number of
+    superpixels must be bounded statically (`max_segments`).
 
-    Under jit/vmap the segmentation runs on the host through `jax.pure_callback` and the
-    number of superpixels must be bounded statically: `max_segments` (default under a trace:
-    2 x SLIC's n_segments; required for quickshift/felzenszwalb). A state with more segments
-    raises at run time. The bound does not change the maps (unused columns get zero weight).
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs) -> output` (Q-values (N, A), or a
+            dict/tuple with them or policy logits).
+        params (PyTree): the model's parameters.
+        obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
+        target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
+            `output -> (N,)`).
+        actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
+            target's choice on the clean input, fixed once.
+        layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
+        key (jax.Array): PRNG key of the samples, shared by every state. Required.
+        batch_size (int | None): model rows (states x samples) per forward pass; None: the
+            backend's default.
+        segmentation (str): Paper B's superpixels: "slic" (default; n_segments 200,
+            compactness 10, sigma 0.25), "quickshift" (kernel 1, max_dist 2, ratio 0) or
+            "felzenszwalb" (scale 21, sigma 0.5, min_size 4).
+        n_samples (int | None): samples per state; None: Paper B's count for the segmentation
+            (2000 slic, 1500 quickshift, 1000 felzenszwalb).
+        kernel_width (float): the sample weights' kernel width, > 0.
+        fill (float | str): what switched-off superpixels become: a fraction of the value range
+            (0 black, 0.5 grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey",
+            "white" or "mean" (each state's mean per stacked frame).
+        ridge_alpha (float): the ridge penalty, >= 0.
+        segments (jax.Array | numpy.ndarray | None): your own (N, H, W) integer superpixel
+            labels, instead of segmenting.
+        segment_on (str): what is segmented: "stack" (default; the stacked frames as
+            channels), "last" (the newest frame) or "mean" (the frames' average).
+        segmentation_options (dict | None): scikit-image arguments overriding the
+            segmentation's defaults.
+        obs_max (float | None): the top of the observations' value range, which `fill`
+            fractions scale; None: 255 for integer frames, for float frames 1.0 when every
+            value is <= 1, else 255.
+        return_coefficients (bool): also return the coefficients and segments.
+        max_segments (int | None): static bound on the superpixels per state under a trace
+            (default there: 2 x SLIC's n_segments; required for quickshift and felzenszwalb).
+            A state with more segments raises at run time; the bound does not change the maps.
+
+    Returns:
+        jax.Array | tuple: the maps, shape (N, H, W) float32; with `return_coefficients=True`
+            `(maps, (coef, segments))`, coef (N, d_max) and segments (N, H, W).
+
+    Raises:
+        jaxsal.SaliencyInputError: a missing `key`; an unknown `segmentation` (without `segments`)
+            or `segment_on`; bad `segments`, `n_samples`, `kernel_width`, `ridge_alpha`, `fill`,
+            `obs_max` or `max_segments`; or a bad call (obs, target, actions, layout, batch_size),
+            as `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

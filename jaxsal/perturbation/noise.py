@@ -68,18 +68,61 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
                       score: str = "chosen_action", perturbation: str = "blur", fill=0.0,
                       mask_shape: str = "gaussian", upsample: str = "bilinear", obs_max=None,
                       incremental: bool | None = None, return_grid: bool = False):
-    """Greydanus noise-sensitivity maps (N, H, W), scored every `stride` px and resized.
+    """Noise-sensitivity maps (Greydanus et al. 2018): how the output changes when a soft local
+    disk of the input is blurred, scored every `stride` px and resized to the input.
 
-    Mask M = Greydanus' 5-pixel disk at the centre blurred with sigma `radius`, / its max;
-    x' = x (1 - M) + blur(x, blur_sigma) M, the blur spatial only, per stacked frame (never
-    across frames). Defaults are Paper B's: radius 3, stride 3, blur_sigma 3, and its fixed score
-    "chosen_action" = 1 - softmax(Q(x'))_a; score="output_l2" is Greydanus' original
-    1/2 ||f(x) - f(x')||^2 over the whole output (fails the randomisation sanity check per
-    Paper B). perturbation="black" fills with `fill` (fraction of the value range) instead of
-    blurring; mask_shape="hard" uses a hard disk of `radius`. Greydanus' own: radius 5, stride 5.
-    incremental: recompute only the mask's receptive field in flax convs (see
-    `occlusion`; None = auto: on when the mask's nonzero box covers <= 1/4 of the image, e.g.
-    the 27x27 px box of a Gaussian disk of radius 3).
+    The mask M is Greydanus' 5-pixel disk at the centre blurred with sigma `radius`, divided by
+    its max; x' = x (1 - M) + blur(x, blur_sigma) M, the blur spatial only, per stacked frame
+    (never across frames). Defaults are Paper B's (radius 3, stride 3, blur_sigma 3, score
+    "chosen_action"); Greydanus' own are radius 5, stride 5 with score "output_l2".
+
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs) -> output` (Q-values (N, A), or a
+            dict/tuple with them or policy logits).
+        params (PyTree): the model's parameters.
+        obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
+        target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
+            `output -> (N,)`).
+        actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
+            target's choice on the clean input, fixed once.
+        layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
+        batch_size (int | None): model rows (states x mask positions) per forward pass; None:
+            the backend's default.
+        radius (float): the disk's radius in pixels (the Gaussian's sigma for
+            `mask_shape="gaussian"`), at most half the image side.
+        stride (int): pixels between mask centres.
+        blur_sigma (float): the sigma of the blurred state blended in, >= 0.
+        score (str): "chosen_action" (default) 1 - softmax(Q(x'))_a, Paper B's fix;
+            "output_l2" Greydanus' 1/2 ||f(x) - f(x')||^2 over the whole output (fails the
+            randomisation sanity check per Paper B); "drop" t(x) - t(x'); "one_minus"
+            1 - t(x'); "softmax_drop" the drop of softmax(Q)_a.
+        perturbation (str): "blur" (default) blends in the blurred state; "black" blends in
+            `fill`.
+        fill (float | str): what `perturbation="black"` blends in: a fraction of the value range
+            (0 black, 0.5 grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey",
+            "white" or "mean" (each state's mean per stacked frame).
+        mask_shape (str): "gaussian" (default, Greydanus' soft disk) or "hard" (a hard disk of
+            `radius`).
+        upsample (str): how the score grid is resized to (H, W): "bilinear" (default) or
+            "nearest" (half-pixel centres, as PIL and scikit-image).
+        obs_max (float | None): the top of the observations' value range, which `fill`
+            fractions scale; None: 255 for integer frames, for float frames 1.0 when every
+            value is <= 1, else 255.
+        incremental (bool | None): recompute only the perturbed box's receptive field in each
+            flax `nn.Conv` and run the rest of the model as is (equal to the plain path up to
+            float rounding; checked at run time, falling back to the plain path for non-local
+            ops). None (default): on when the box covers <= 1/4 of the image; True/False force it.
+        return_grid (bool): return the (N, gy, gx) score grid instead of the resized map.
+
+    Returns:
+        jax.Array: the maps, shape (N, H, W) float32; with `return_grid=True` the grid
+            (N, gy, gx).
+
+    Raises:
+        jaxsal.SaliencyInputError: `radius`, `stride` or `blur_sigma` out of range or not fitting
+            the image; an unknown `score`, `perturbation`, `mask_shape`, `fill` or `upsample`; a bad
+            `obs_max` or `incremental`; or a bad call (obs, target, actions, layout, batch_size), as
+            `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

@@ -29,21 +29,52 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
               batch_size=None, patch: int = 2, stride: int = 2, fill=0.0, score: str = "one_minus",
               upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
               return_grid: bool = False):
-    """Occlusion maps (N, H, W): score of the target when a `patch`x`patch` square (all stacked
-    frames) is set to `fill`, on a grid of stride `stride`, resized to the input.
+    """Occlusion maps (Zeiler & Fergus 2014): how the target changes when a square patch of every
+    stacked frame is filled, on a grid of patch positions resized to the input.
 
-    Defaults are Paper B's: patch 2, stride 2 (42x42 grid on 84x84), black fill, score
-    1 - Q_a(x') ("one_minus"). score="drop": t(x) - t(x'); "softmax_drop": drop of softmax(Q)_a.
-    fill is a fraction of the value range (0 black, 0.5 grey = 127.5 for 0-255 frames; see
-    `obs_max`), or "black"/"grey"/"mean". return_grid=True returns the (N, gy, gx) grid instead.
-    batch_size bounds the model rows (states x patches) per forward pass. incremental: recompute
-    only the patch's receptive field in each flax nn.Conv (VALID, undilated; any per-pixel op
-    such as ReLU or a channel LayerNorm may sit between convs) and run the rest of the model
-    as is. Equal to the plain path up to float rounding: every conv input is checked at run
-    time to change only inside its box, else (a non-local op such as a spatial mean or a
-    LayerNorm over H, W) the call reruns the plain path. Models without flax convs always run
-    the plain path. None (default, auto): on when the patch covers <= 1/4 of the image
-    (measured ~2.2-2.5x faster for 2x2 on the Nature CNN on CPU); True/False force it.
+    Defaults are Paper B's: a black 2x2 patch every 2 px (a 42x42 grid on 84x84 frames), scored
+    1 - Q_a(x'). Cost: one forward pass per patch position and state.
+
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs) -> output` (Q-values (N, A), or a
+            dict/tuple with them or policy logits).
+        params (PyTree): the model's parameters.
+        obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
+        target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
+            `output -> (N,)`).
+        actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
+            target's choice on the clean input, fixed once.
+        layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
+        batch_size (int | None): model rows (states x patch positions) per forward pass; None:
+            the backend's default.
+        patch (int): the patch's side in pixels.
+        stride (int): pixels between patch positions; a last position past H - patch gives a
+            patch clipped by the border.
+        fill (float | str): what the patch is set to: a fraction of the value range (0 black,
+            0.5 grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey", "white" or
+            "mean" (each state's mean per stacked frame).
+        score (str): "one_minus" (default) 1 - t(x'); "drop" t(x) - t(x'); "softmax_drop" the
+            drop of softmax(Q)_a; "chosen_action" 1 - softmax(Q(x'))_a; "output_l2"
+            1/2 ||f(x) - f(x')||^2 over the whole output; "target" t(x').
+        upsample (str): how the score grid is resized to (H, W): "bilinear" (default) or
+            "nearest" (half-pixel centres, as PIL and scikit-image).
+        obs_max (float | None): the top of the observations' value range, which `fill`
+            fractions scale; None: 255 for integer frames, for float frames 1.0 when every
+            value is <= 1, else 255.
+        incremental (bool | None): recompute only the perturbed box's receptive field in each
+            flax `nn.Conv` and run the rest of the model as is (equal to the plain path up to
+            float rounding; checked at run time, falling back to the plain path for non-local
+            ops). None (default): on when the box covers <= 1/4 of the image; True/False force it.
+        return_grid (bool): return the (N, gy, gx) score grid instead of the resized map.
+
+    Returns:
+        jax.Array: the maps, shape (N, H, W) float32; with `return_grid=True` the grid
+            (N, gy, gx).
+
+    Raises:
+        jaxsal.SaliencyInputError: `patch` or `stride` not a positive int that fits the image; an
+            unknown `score`, `fill` or `upsample`; a bad `obs_max` or `incremental`; or a bad call
+            (obs, target, actions, layout, batch_size), as `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

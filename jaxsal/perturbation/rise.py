@@ -44,11 +44,27 @@ def _grid2(grid):
 
 
 def rise_masks(key, n_masks: int = 1000, shape=(84, 84), grid=8, p_keep: float = 0.5):
-    """(n_masks, H, W) float32 RISE masks from `key` (same key -> same masks).
+    """RISE's random smooth masks, drawn from `key` (same key, same masks): pass them to `rise` as
+    `masks=` to explain several models with the same masks.
 
-    Each mask: a binary `grid`x`grid` draw (1 with probability p_keep), bilinearly upsampled
-    to (grid + 1) * ceil(H / grid) px (99 for 84 and grid 8; skimage's resize, reflect mode),
-    randomly shifted by 0..cell-1 px per axis and cropped to (H, W), as in Petsiuk's code.
+    Each mask is a binary `grid` x `grid` draw (1 with probability `p_keep`), bilinearly
+    upsampled to (grid + 1) * ceil(H / grid) px (99 for 84 and grid 8; scikit-image's resize,
+    reflect mode), randomly shifted by 0 .. cell - 1 px per axis and cropped to (H, W), as in
+    Petsiuk's code.
+
+    Args:
+        key (jax.Array): PRNG key, e.g. `jax.random.PRNGKey(0)`.
+        n_masks (int): how many masks.
+        shape (tuple[int, int]): (H, W) of the masks, the observations' spatial size.
+        grid (int | tuple[int, int]): cells per axis of the binary draw, or (gy, gx).
+        p_keep (float): probability that a cell is kept (1), in (0, 1].
+
+    Returns:
+        jax.Array: the masks, shape (n_masks, H, W) float32, values in [0, 1].
+
+    Raises:
+        jaxsal.SaliencyInputError: a missing or invalid `key`; `n_masks` not a positive int;
+            `shape` not (H, W); a `grid` with more cells than pixels; `p_keep` outside (0, 1].
     """
     check_key(key, "rise")
     n_masks = check_positive_int("n_masks", n_masks)
@@ -95,12 +111,46 @@ def _mask_builder(g, cell, up, hw):
 def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, n_masks: int = 1000, grid=8, p_keep: float = 0.5, masks=None, fill=0.0,
          obs_max=None):
-    """RISE maps (N, H, W): S = sum_i t(x_i') M_i / (n_masks p_keep), x_i' = x M_i + fill (1 - M_i).
+    """RISE maps (Petsiuk et al. 2018): the mean of random smooth masks weighted by the target's
+    score on the input seen through each mask.
 
-    Paper B's parameters (defaults): 1000 masks on an 8x8 grid, p_keep 0.5, black fill, raw
-    target t (Q_a). The masks are drawn once from `key` (see `rise_masks`) and reused for every
-    state; pass `masks` (n, H, W) instead to reuse the same masks across models (key then unused;
-    p_keep still normalises). batch_size bounds model rows (states x masks) per forward pass.
+    S = sum_i t(x_i') M_i / (n_masks p_keep), with x_i' = x M_i + fill (1 - M_i) on every stacked
+    frame. Defaults are Paper B's: 1000 masks on an 8x8 grid, p_keep 0.5, black fill, the raw
+    target t (Q_a). The masks are drawn once from `key` and shared by every state.
+
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs) -> output` (Q-values (N, A), or a
+            dict/tuple with them or policy logits).
+        params (PyTree): the model's parameters.
+        obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
+        target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
+            `output -> (N,)`).
+        actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
+            target's choice on the clean input, fixed once.
+        layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
+        key (jax.Array | None): PRNG key the masks are drawn from (`rise_masks`); required
+            unless `masks` is given.
+        batch_size (int | None): model rows (states x masks) per forward pass; None: the
+            backend's default.
+        n_masks (int): how many masks.
+        grid (int | tuple[int, int]): cells per axis of each mask's binary draw.
+        p_keep (float): probability that a cell is kept, in (0, 1]; also the normalisation.
+        masks (jax.Array | None): masks (n, H, W) to use instead of drawing them (e.g. the same
+            masks across models; `key` is then unused, `p_keep` still normalises).
+        fill (float | str): what masked-out pixels become: a fraction of the value range (0
+            black, 0.5 grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey",
+            "white" or "mean" (each state's mean per stacked frame).
+        obs_max (float | None): the top of the observations' value range, which `fill`
+            fractions scale; None: 255 for integer frames, for float frames 1.0 when every
+            value is <= 1, else 255.
+
+    Returns:
+        jax.Array: the maps, shape (N, H, W) float32.
+
+    Raises:
+        jaxsal.SaliencyInputError: no `key` and no `masks`; `masks` not (n, H, W) or not finite;
+            `p_keep` outside (0, 1]; a bad `n_masks`, `grid`, `fill` or `obs_max`; or a bad call
+            (obs, target, actions, layout, batch_size), as `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

@@ -35,19 +35,57 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None
           blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "hard",
           upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
           return_grid: bool = False):
-    """SARFA maps (N, H, W) on a grid of disk perturbations every `stride` px, resized.
+    """SARFA maps (Puri et al. 2020): specific and relevant attribution of the explained action,
+    from disk perturbations every `stride` px, resized to the input.
 
-    Defaults are Paper B's (its code and its stated parameters): a hard black disk of radius 2
-    (the pixels with dy^2 + dx^2 <= radius^2 set to `fill`=0 in all stacked frames, no blur),
-    centred every 2 px. mask_shape="gaussian" is our earlier variant, kept as an option:
-    Greydanus' 5-pixel disk blurred with sigma `radius` and divided by its max, a soft mask
-    that also dims pixels beyond the radius. perturbation="blur" blends in the frame-wise
-    blurred state (blur_sigma) instead of `fill`. The action a is the target's choice on the
-    clean input (argmax Q) or `actions`; the score always uses softmax over the model's
-    Q-vector/logits.
-    incremental: recompute only the disk's receptive field in flax convs (see
-    `occlusion`; None = auto: on when the mask's nonzero box covers <= 1/4 of the image, e.g.
-    the 5x5 px box of the hard disk of radius 2).
+    The score combines the drop of the action's softmax probability with how little the other
+    actions' distribution changes (`sarfa_score`). Defaults are Paper B's (its code and stated
+    parameters): a hard black disk of radius 2 (the pixels with dy^2 + dx^2 <= radius^2 set to
+    `fill` in all stacked frames, no blur), centred every 2 px.
+
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs) -> output` (Q-values (N, A), or a
+            dict/tuple with them or policy logits).
+        params (PyTree): the model's parameters.
+        obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
+        target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
+            `output -> (N,)`).
+        actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
+            target's choice on the clean input, fixed once.
+        layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
+        batch_size (int | None): model rows (states x disk positions) per forward pass; None:
+            the backend's default.
+        radius (float): the disk's radius in pixels.
+        stride (int): pixels between disk centres.
+        perturbation (str): "black" (default) sets the disk to `fill`; "blur" blends in the
+            frame-wise blurred state (`blur_sigma`).
+        blur_sigma (float): the blur's sigma for `perturbation="blur"`.
+        fill (float | str): what the disk is set to: a fraction of the value range (0 black, 0.5
+            grey = 127.5 for 0..255 frames; see `obs_max`), or "black", "grey", "white" or
+            "mean" (each state's mean per stacked frame).
+        mask_shape (str): "hard" (default) or "gaussian" (an earlier variant: Greydanus' 5-pixel
+            disk blurred with sigma `radius`, divided by its max, which also dims pixels beyond
+            the radius).
+        upsample (str): how the score grid is resized to (H, W): "bilinear" (default) or
+            "nearest" (half-pixel centres, as PIL and scikit-image).
+        obs_max (float | None): the top of the observations' value range, which `fill`
+            fractions scale; None: 255 for integer frames, for float frames 1.0 when every
+            value is <= 1, else 255.
+        incremental (bool | None): recompute only the perturbed box's receptive field in each
+            flax `nn.Conv` and run the rest of the model as is (equal to the plain path up to
+            float rounding; checked at run time, falling back to the plain path for non-local
+            ops). None (default): on when the box covers <= 1/4 of the image; True/False force it.
+        return_grid (bool): return the (N, gy, gx) score grid instead of the resized map.
+
+    Returns:
+        jax.Array: the maps, shape (N, H, W) float32; with `return_grid=True` the grid
+            (N, gy, gx).
+
+    Raises:
+        jaxsal.SaliencyInputError: the output has no Q-vector or logits; `radius` or `stride` out of
+            range; an unknown `perturbation`, `mask_shape`, `fill` or `upsample`; a bad `obs_max` or
+            `incremental`; or a bad call (obs, target, actions, layout, batch_size), as
+            `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
                         batch_size=batch_size, obs_max=obs_max)

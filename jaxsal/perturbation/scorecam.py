@@ -81,13 +81,40 @@ def _build_activations(model, layer, activation):
 @register("scorecam")
 def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
              batch_size=None, layer=None, per_frame=False, layer_activation=None):
-    """Score-CAM maps (N, H, W) of the named layer (default: last conv-like layer): channel weights
-    softmax_k of the target on the input masked by each normalised, upsampled activation map.
+    """Score-CAM maps (Wang et al. 2020) of a layer: a CAM whose channel weights are the softmax
+    of the target on the input masked by each channel's normalised, upsampled activation map.
 
-    K forward passes per state (K = the layer's channels, 64 for the Nature CNN's conv3);
-    batch_size bounds the model rows (states x channels) per pass. layer_activation as gradcam.
-    One map per state: a time-distributed layer (run once per frame) and per_frame=True are
-    refused (see the error) since every mask covers the whole stacked input.
+    K forward passes per state (K = the layer's channels, 64 for the Nature CNN's conv3), as
+    pytorch-grad-cam's ScoreCAM computes them (the module docstring compares it with the paper).
+
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs) -> output` (Q-values (N, A), or a
+            dict/tuple with them or policy logits).
+        params (PyTree): the model's parameters.
+        obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) in layout "NCHW".
+        target (str | Callable): what is explained (`jaxsal.targets`: a name or a callable
+            `output -> (N,)`).
+        actions (jax.Array | None): (N,) actions to explain (needed by "q_action"); None: the
+            target's choice on the clean input, fixed once.
+        layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
+        batch_size (int | None): model rows (states x channels) per forward pass; None: the
+            backend's default.
+        layer (str | None): the flax module whose output is A (N, h, w, K); None: the last
+            conv-like layer. It must run once per state (not a trunk shared by the frames).
+        per_frame (bool): not supported (every mask covers the whole stacked input); True is
+            refused.
+        layer_activation (str | Callable | None): where A is read, as for `gradcam`: None or
+            "module" (the module's output), "post_relu" (after the normalisation and ReLU that
+            follow it), an activation name such as "relu", or a callable applied to the output.
+
+    Returns:
+        jax.Array: the maps, shape (N, H, W) float32, ReLU(sum_k w_k A^k) upsampled as every
+            jaxsal CAM.
+
+    Raises:
+        jaxsal.SaliencyInputError: `per_frame=True`; an unknown `layer` or `layer_activation`; a
+            layer that runs more than once per state; or a bad call (obs, target, actions, layout,
+            batch_size), as `jaxsal.explain` reports it.
     """
     if per_frame:
         raise SaliencyInputError(
