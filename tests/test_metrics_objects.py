@@ -142,3 +142,22 @@ def test_synthetic_agent_reading_one_object():
         assert res.chance[0, 0] == pytest.approx(144 / (H * W))
         hits, _ = object_pointing(maps, ob)
         assert np.asarray(hits)[:, 0].all()
+
+
+@pytest.mark.parametrize("fn", ["object_pointing", "object_attribution"])
+def test_masks_that_do_not_fit_the_maps_are_refused_by_both(fn):
+    """Pointing checked nothing of the masks' size: 5x5 masks on 10x10 maps gave a silent wrong hit."""
+    import jaxsal.metrics as M
+    from jaxsal.errors import SaliencyInputError
+
+    f = getattr(M, fn)
+    maps = np.random.default_rng(0).random((2, 10, 10), np.float32)
+    with pytest.raises(SaliencyInputError, match="pixels"):
+        f(maps, np.zeros((2, 1, 5, 5), bool))
+    with pytest.raises(SaliencyInputError, match="frame must be"):
+        f(maps, np.zeros((2, 1, 10, 10), bool), frame=[0])
+    per_frame = np.random.default_rng(1).random((2, 10, 10, 4), np.float32)
+    with pytest.raises(SaliencyInputError, match="leave frame='union'"):
+        f(per_frame, np.zeros((2, 4, 1, 10, 10), bool), frame=-1)
+    with pytest.raises(SaliencyInputError, match="frames, masks"):
+        f(per_frame, np.zeros((2, 3, 1, 10, 10), bool))

@@ -143,3 +143,10 @@ def test_flat_ssim_differs_from_2d_ssim_where_structure_is_vertical():
 def test_flat_ssim_needs_seven_pixels():
     with pytest.raises(SaliencyInputError, match="ssim_flat"):
         similarity(np.ones((1, 2, 3)), np.ones((1, 2, 3)), ("ssim_flat",))
+
+
+def test_normalize_false_with_the_inverted_max_is_refused():
+    """It was silently normalised anyway: the inverted max needs maps in [0, 1]."""
+    a = np.random.default_rng(0).random((2, 9, 9), np.float32)
+    with pytest.raises(SaliencyInputError, match="normalize=False needs invert=False"):
+        similarity(a, a, "spearman", normalize=False)

@@ -94,6 +94,33 @@ def _shares(maps, masks):
     return pf_pos, pf_abs, pf_chance, (mk.sum((-2, -1)) > 0).any(1)
 
 
+def _check_maps_masks(maps, masks, frame):
+    """Maps of 3 or 4 dimensions, masks (or boxes) of the maps' pixel size, `frame` "union" or an
+    index, and "union" for per-frame maps (scored against each frame's own masks, so an index
+    would be ignored)."""
+    from jaxsal.objects.boxes import ObjectBoxes
+
+    if maps.ndim not in (3, 4):
+        raise SaliencyInputError(f"maps must be (N, H, W) or per-frame (N, H, W, F), got shape {maps.shape}")
+    if isinstance(frame, bool) or (frame != "union" and not isinstance(frame, (int, np.integer))):
+        raise SaliencyInputError(f"frame must be 'union' or a stacked-frame index like -1, got {frame!r}")
+    if maps.ndim == 4 and frame != "union":
+        raise SaliencyInputError(f"frame={frame!r} is for maps (N, H, W); per-frame maps (N, H, W, F) are scored "
+                                 "against each stacked frame's own masks: leave frame='union'")
+    if isinstance(masks, ObjectBoxes):
+        if (masks.height, masks.width) != tuple(maps.shape[1:3]):
+            raise SaliencyInputError(f"boxes are for {masks.height}x{masks.width} frames, maps are "
+                                     f"{maps.shape[1]}x{maps.shape[2]}")
+    elif np.ndim(masks) >= 2 and tuple(np.shape(masks)[-2:]) != tuple(maps.shape[1:3]):
+        raise SaliencyInputError(f"masks are {np.shape(masks)[-2:]} pixels, maps {maps.shape[1:3]}")
+
+
+def _check_frames(m, mk):
+    """Per-frame maps (N, F, H, W) against masks (N, F', C, H, W): F == F' (2-D maps have F = 1)."""
+    if m.shape[1] != mk.shape[1]:
+        raise SaliencyInputError(f"per-frame maps have {m.shape[1]} frames, masks {mk.shape[1]}")
+
+
 def _as_masks(masks, classes, per_frame: bool, frame, n):
     """Masks (N, F, C, H, W) or (N, C, H, W) or ObjectBoxes -> (bool masks with a frame axis, classes)."""
     from jaxsal.objects.boxes import ObjectBoxes   # objects does not import metrics: no cycle
@@ -148,28 +175,17 @@ def object_attribution(maps, masks, classes=None, frame="union", batch_size: int
             another frame size, state count or frame count than the maps; per-frame maps with
             masks without a frame axis; class names that do not match the masks.
     """
-    from jaxsal.objects.boxes import ObjectBoxes
-
     maps = jnp.asarray(maps) if not isinstance(maps, np.ndarray) else maps
-    if maps.ndim not in (3, 4):
-        raise SaliencyInputError(f"maps must be (N, H, W) or per-frame (N, H, W, F), got shape {maps.shape}")
-    if frame != "union" and not isinstance(frame, (int, np.integer)):
-        raise SaliencyInputError(f"frame must be 'union' or a stacked-frame index like -1, got {frame!r}")
+    _check_maps_masks(maps, masks, frame)
     per_frame = maps.ndim == 4
     n = maps.shape[0]
-    if isinstance(masks, ObjectBoxes) and (masks.height, masks.width) != tuple(maps.shape[1:3]):
-        raise SaliencyInputError(f"boxes are for {masks.height}x{masks.width} frames, maps are "
-                                 f"{maps.shape[1]}x{maps.shape[2]}")
-    if not isinstance(masks, ObjectBoxes) and np.ndim(masks) >= 2 and tuple(np.shape(masks)[-2:]) != tuple(maps.shape[1:3]):
-        raise SaliencyInputError(f"masks are {np.shape(masks)[-2:]} pixels, maps {maps.shape[1:3]}")
     parts = []
     for s in range(0, n, batch_size):
         chunk = masks[s:s + batch_size]
         mk, names = _as_masks(chunk, classes, per_frame, frame, min(batch_size, n - s))
         m = jnp.asarray(maps[s:s + batch_size])
         m = jnp.moveaxis(m, -1, 1) if per_frame else m[:, None]
-        if per_frame and m.shape[1] != mk.shape[1]:
-            raise SaliencyInputError(f"per-frame maps have {m.shape[1]} frames, masks {mk.shape[1]}")
+        _check_frames(m, mk)
         parts.append(_shares(m, mk))
     pf_pos, pf_abs, pf_chance, present = (jnp.concatenate(p) for p in zip(*parts))
     return ObjectShares(positive=pf_pos.sum(1), absolute=pf_abs.sum(1), chance=pf_chance.sum(1), present=present,
@@ -208,13 +224,13 @@ def object_pointing(maps, masks, classes=None, frame="union", batch_size: int = 
             `hits[i].any()`), and the class names.
 
     Raises:
-        jaxsal.SaliencyInputError: `maps` not 3-D or 4-D, or masks that do not fit them.
+        jaxsal.SaliencyInputError: `maps` not 3-D or 4-D; a bad `frame`; boxes or masks of
+            another frame size, state count or frame count than the maps.
     """
     from jaxsal.objects.boxes import ObjectBoxes
 
     maps = np.asarray(maps) if not isinstance(maps, jax.Array) else maps
-    if maps.ndim not in (3, 4):
-        raise SaliencyInputError(f"maps must be (N, H, W) or per-frame (N, H, W, F), got shape {maps.shape}")
+    _check_maps_masks(maps, masks, frame)
     per_frame = maps.ndim == 4
     out, names = [], None
     for s in range(0, maps.shape[0], batch_size):
@@ -222,5 +238,6 @@ def object_pointing(maps, masks, classes=None, frame="union", batch_size: int = 
         mk, names = _as_masks(chunk, classes, per_frame, frame, min(batch_size, maps.shape[0] - s))
         m = jnp.asarray(maps[s:s + batch_size], jnp.float32)
         m = jnp.moveaxis(m, -1, 1) if per_frame else m[:, None]
+        _check_frames(m, mk)
         out.append(_pointing(m, mk))
     return jnp.concatenate(out), names

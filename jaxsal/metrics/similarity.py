@@ -200,21 +200,24 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
             (Paper B's SSIM of the flattened maps), "ssim" (2-D SSIM, 7x7 window) and "hog"
             (Pearson correlation of HOG features). Defaults to all four.
         invert (bool): take the inverted max (Paper B).
-        normalize (bool): min-max normalise each map first (always done with `invert`).
+        normalize (bool): min-max normalise each map first; False needs `invert=False`.
         batch_size (int | None): pairs compared at once (a memory knob).
 
     Returns:
         dict[str, jax.Array]: `{metric: (N,)}`, one similarity per pair for each metric asked.
 
     Raises:
-        jaxsal.SaliencyInputError: an unknown or empty `metrics`; `maps` not (N, H, W) or not
-            finite; `others` of another shape; maps smaller than the metrics need (7x7 for
-            "ssim", 9x9 for "hog", 7 pixels for "ssim_flat").
+        jaxsal.SaliencyInputError: an unknown or empty `metrics`; `normalize=False` with `invert`;
+            `maps` not (N, H, W) or not finite; `others` of another shape; maps smaller than the
+            metrics need (7x7 for "ssim", 9x9 for "hog", 7 pixels for "ssim_flat").
     """
     metrics = tuple([metrics] if isinstance(metrics, str) else metrics)
     bad = [m for m in metrics if m not in _PAIR]
     if bad or not metrics:
         raise SaliencyInputError(f"unknown similarity metric(s) {bad}; choose from {list(METRICS)}")
+    if invert and not normalize:
+        raise SaliencyInputError("normalize=False needs invert=False: the inverted max compares a map with 1 - the "
+                                 "other, which is defined for min-max normalised maps only")
     a = check_maps(maps, "maps")
     b = check_maps(others, "others", shape=a.shape)
     need = 9 if "hog" in metrics else 7 if "ssim" in metrics else 1
