@@ -125,6 +125,35 @@ def s3_power(n_seeds: int) -> dict:
             "note": "S3 can reject with these seeds" if ok else S3_NO_POWER}
 
 
+def reproduction(study: plan.Study, runs_dir, rerun_dir) -> dict:
+    """The registered check of each re-trained run (`sp.RETRAINED`) against its committed run: the
+    same run when its frame shares agree to `sp.REPRODUCE_SHARES_ATOL` at every snapshot and its
+    return statistic is identical at every registered checkpoint. Either way S2 and S3 take the
+    re-run's CAM rows (and S3 its return curve); a re-run that does not reproduce is a deviation."""
+    from jaxsal_agents.snapshots import load_snapshots
+
+    out = {}
+    for name in sp.RETRAINED:
+        a, b = Path(runs_dir) / name, Path(rerun_dir) / name if rerun_dir else None
+        if b is None or not (a / "done.json").exists() or not (b / "done.json").exists():
+            out[name] = None
+            continue
+        sa, sb = load_snapshots(a / "snapshots"), load_snapshots(b / "snapshots")
+        same_steps = [s for s, _ in sa] == [s for s, _ in sb]
+        diffs = [float(np.abs(np.asarray(x["frame_shares"]) - np.asarray(y["frame_shares"])).max())
+                 for (_, x), (_, y) in zip(sa, sb)] if same_steps else []
+        variant, seed = name.rsplit("_s", 1)
+        ra = {r["step"]: r["return_mean"] for r in fss.load_run(study, variant, int(seed), runs_dir)[0]}
+        rb = {r["step"]: r["return_mean"] for r in fss.load_run(study, variant, int(seed), rerun_dir)[0]}
+        differ = [c for c in study.checkpoints if ra.get(c) != rb.get(c)]
+        out[name] = {"same_snapshot_steps": same_steps,
+                     "max_share_diff": max(diffs) if diffs else None,
+                     "first_share_diff": diffs[0] if diffs else None,
+                     "checkpoints_return_differs": len(differ),
+                     "reproduces": bool(same_steps and diffs and max(diffs) <= sp.REPRODUCE_SHARES_ATOL and not differ)}
+    return out
+
+
 def s3_return_rows(runs: dict, reruns: dict) -> dict:
     """The rows whose return curve gives each run's rise step R: R is per run (registration S3.1),
     so a run re-trained for its CAM rows (`sp.RETRAINED`) takes R from the re-run's own return
@@ -296,6 +325,10 @@ def analyse(study: plan.Study, runs_dir, rerun_dir=None, minatar_runs_dir=None, 
             return out
         view = dataclasses.replace(study, seeds=tuple(seeds))
         out.update(report="incomplete", truncated=True, checkpoints=checkpoints, cam_seeds=seeds)
+    out["reproduction"] = rep = reproduction(study, runs_dir, rerun_dir)
+    if any(r is not None and not r["reproduces"] for r in rep.values()):
+        out["deviation"] = ("re-trained runs do not reproduce their committed runs: S2 and S3 use the re-runs' CAM "
+                            "rows (and S3 their return curves) for all four, as the registration prescribes")
     masks = probe_masks(study, runs_dir, rerun_dir)
     out["s2"] = s2_cam_rule(view, cam, checkpoints, masks["ball_paddle"], n_boot)
     reruns = {(v, s): fss.load_run(study, v, s, rerun_dir)[0] for v, s in fss.all_runs(view)

@@ -243,3 +243,25 @@ def test_incomplete_report_runs_s1_to_s3_on_the_seeds_that_exist_truncated(tmp_p
     assert set(res["s3"]["rise_steps"]) == {fss.run_name(v, s) for v in study.variants for s in (100, 101)}
     assert res["s3_pooled_not_registered"]["label"] == "not registered"
     json.dumps(res)
+
+
+def test_the_reproduction_check_accepts_a_copy_and_rejects_a_share_off_by_more_than_the_tolerance(tmp_path):
+    """The registered acceptance of a re-trained run: frame shares within 1e-5 at every snapshot and the
+    same return statistic at every checkpoint (here on a committed run and copies of it)."""
+    import shutil
+    from pathlib import Path
+
+    runs = Path(__file__).resolve().parents[1] / "experiments/results/frame_stack_bug/runs_atari"
+    name = "correct_s101"
+    reruns = tmp_path / "reruns"
+    shutil.copytree(runs / name, reruns / name)
+    got = sec.reproduction(plan.ATARI, runs, reruns)
+    assert got[name]["reproduces"] and got[name]["max_share_diff"] == 0.0
+    assert got["reuse_s100"] is None                       # not re-trained here: reported as absent
+    snap = sorted((reruns / name / "snapshots").glob("step_*.npz"))[3]
+    z = dict(np.load(snap))
+    z["frame_shares"] = z["frame_shares"] + np.float32(2 * sp.REPRODUCE_SHARES_ATOL)
+    np.savez(snap, **z)
+    got = sec.reproduction(plan.ATARI, runs, reruns)[name]
+    assert not got["reproduces"] and got["max_share_diff"] > sp.REPRODUCE_SHARES_ATOL
+    assert got["checkpoints_return_differs"] == 0
