@@ -1,6 +1,7 @@
 """The tables of docs/guides/from-captum.md: every jaxsal call in them runs and names registered methods
 (fast, on a tiny model), and every row computes what its Captum or pytorch-grad-cam call computes on
 the same weights (slow; skipped where the bench extra's torch, captum and grad-cam are missing)."""
+import importlib.util
 import re
 import sys
 import types
@@ -87,22 +88,30 @@ def test_every_jaxsal_call_in_the_tables_runs_with_registered_methods(peer):
 
 # ---- against the peers (slow) ----
 
+# the torchvision names pytorch-grad-cam 1.5 imports at start-up (image utilities, SESS, box targets)
+STAND_IN = {"torchvision": (), "torchvision.ops": (), "torchvision.transforms": ("Compose", "Normalize", "ToTensor"),
+            "torchvision.transforms.functional": ("resize",)}
+
+
 def _pytorch_grad_cam():
     """pytorch_grad_cam, imported. Where torchvision's compiled ops do not load against the installed
     torch (a CPU torch beside a CUDA torchvision), a stand-in for the torchvision names pytorch-grad-cam
     imports at start-up is put in place: its CAM classes use none of them."""
-    pytest.importorskip("pytorch_grad_cam")
+    if importlib.util.find_spec("pytorch_grad_cam") is None:
+        pytest.skip("pytorch-grad-cam is not installed (the bench extra)")
     try:
         import torchvision  # noqa: F401
     except Exception:  # noqa: BLE001 (RuntimeError: operator torchvision::nms does not exist)
         for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
             del sys.modules[name]
-        tv = types.ModuleType("torchvision")
-        tv.transforms = types.ModuleType("torchvision.transforms")
-        for attr in ("Compose", "Normalize", "ToTensor"):
-            setattr(tv.transforms, attr, None)
-        tv.ops = types.ModuleType("torchvision.ops")
-        sys.modules.update({"torchvision": tv, "torchvision.transforms": tv.transforms, "torchvision.ops": tv.ops})
+        for name, attrs in STAND_IN.items():
+            mod = sys.modules[name] = types.ModuleType(name)
+            mod.__path__ = []  # a package, for the names below it
+            for attr in attrs:
+                setattr(mod, attr, None)
+            if "." in name:
+                parent, _, child = name.rpartition(".")
+                setattr(sys.modules[parent], child, mod)
     import pytorch_grad_cam
     from pytorch_grad_cam.utils import model_targets
     return pytorch_grad_cam, model_targets
