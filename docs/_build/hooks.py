@@ -7,7 +7,9 @@
   pages link to the very files the studies write, and a figure shown in the docs is the
   committed one.
 
-Each file keeps its path in the repository (a page links to `../experiments/results/...`).
+Each file keeps its path in the repository. A page in docs/ links to such a file by its path relative
+to the page in the repository (`../experiments/results/...` from docs/agents.md), so that the link works
+on GitHub too; `on_page_markdown` rewrites each such link to the file's place in the site.
 
 The reports are written for GitHub's Markdown, where a list may follow a paragraph line directly;
 `GitHubLists` (added to every page's Markdown) gives such a list the blank line Python-Markdown
@@ -15,6 +17,7 @@ needs. Lists nested by 2 spaces are mdx_truly_sane_lists' job (mkdocs.yml).
 """
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 
@@ -41,8 +44,42 @@ def _repo_files():
             yield p, rel
 
 
-LIST_ITEM = re.compile(r"^(?:[-*+]|\d+\.) \S")  # top-level items only: indented ones may be YAML (::: options)
+BROUGHT_IN = frozenset(rel for _, rel in _repo_files())
+
+
 FENCE = re.compile(r"^\s*(```|~~~)")
+DOCS = ROOT / "docs"
+LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s#]+)")  # [text](target or ![alt](target, up to a #fragment
+
+
+def site_link(target: str, page_src: str) -> str:
+    """A repository-relative link from docs/<page_src> to a file outside docs/ that the site brings in
+    (`_repo_files`), as the site sees it: relative to the page within the site's tree, where the file
+    keeps its repository path. Every other link is returned unchanged."""
+    if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("/"):
+        return target
+    repo = (DOCS / posixpath.dirname(page_src) / target).resolve()
+    if DOCS in repo.parents or ROOT not in repo.parents or not repo.is_file():
+        return target
+    rel = repo.relative_to(ROOT)
+    if rel not in BROUGHT_IN:
+        return target
+    return posixpath.relpath(rel.as_posix(), posixpath.dirname(page_src) or ".")
+
+
+def rewrite_links(markdown: str, page_src: str) -> str:
+    """`site_link` applied to every inline link and picture outside fenced code blocks."""
+    out, in_fence = [], False
+    for line in markdown.splitlines(keepends=True):
+        if FENCE.match(line):
+            in_fence = not in_fence
+        elif not in_fence:
+            line = LINK.sub(lambda m: m[1] + site_link(m[2], page_src), line)
+        out.append(line)
+    return "".join(out)
+
+
+LIST_ITEM = re.compile(r"^(?:[-*+]|\d+\.) \S")  # top-level items only: indented ones may be YAML (::: options)
 
 
 class _BlankLineBeforeLists(Preprocessor):
@@ -80,3 +117,9 @@ def on_files(files, config):
         files.append(File(dest.as_posix(), src_dir=str(ROOT), dest_dir=config.site_dir,
                           use_directory_urls=config.use_directory_urls))
     return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    if Path(page.file.abs_src_path).resolve().is_relative_to(DOCS):
+        return rewrite_links(markdown, page.file.src_uri)
+    return markdown
