@@ -20,7 +20,7 @@ $(VENV)/.linked: $(BIN)/jaxsal $(PKG_DIRS)
 	$(BIN)/pip install --quiet --no-deps -e . $(EDITABLE)
 	touch $(VENV)/.linked
 
-.PHONY: venv demo test test-slow docs docs-serve
+.PHONY: venv demo test test-slow docs docs-serve chromium
 venv: $(VENV)/.linked
 
 demo: venv
@@ -45,7 +45,19 @@ $(VENV)/.ray-extra: $(BIN)/jaxsal
 	$(BIN)/pip install --quiet -e ".[test,ray]" $(EDITABLE)
 	touch $@
 
-test-slow: venv $(VENV)/.clients-extra $(VENV)/.docs-extra $(VENV)/.ray-extra
+# tests/test_docs_browser.py opens the built site in the system's Chromium: installed here with apt where it
+# is missing and this is root (CI's fresh machines); elsewhere the line says how, and the test skips
+# outside CI. playwright (the browser extra) drives it and never downloads a browser of its own.
+$(VENV)/.browser-extra: $(BIN)/jaxsal
+	$(BIN)/pip install --quiet -e ".[test,browser]" $(EDITABLE)
+	touch $@
+
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "Chromium is missing (tests/test_docs_browser.py): sudo apt-get install chromium"; fi; }
+
+test-slow: venv $(VENV)/.clients-extra $(VENV)/.docs-extra $(VENV)/.ray-extra $(VENV)/.browser-extra chromium
 	$(BIN)/python -m pytest -q -m slow
 
 # the documentation site: mkdocs.yml and docs/, the docstrings (mkdocstrings) and the notebooks with their

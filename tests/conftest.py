@@ -20,6 +20,10 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
+from tests import _docs_site
+
 
 def _session_compile_cache():
     if os.environ.get("JAXSAL_TEST_COMPILE_CACHE", "1") == "0" or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
@@ -47,3 +51,13 @@ def pytest_configure(config):
     if fast_loop and os.environ.get("JAXSAL_TEST_XLA_OPT") != "default" \
             and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPT0}".strip()
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory):
+    """The documentation site, built once per session (slow: tests/test_docs_build.py, test_docs_browser.py).
+
+    Skipped where the docs extra is not installed."""
+    for module in _docs_site.DOCS_MODULES:
+        pytest.importorskip(module)
+    return _docs_site.build_site(tmp_path_factory.mktemp("docs") / "site")

@@ -2,30 +2,15 @@
 
 Slow: it imports jaxsal for the API reference and converts the notebooks (with their committed
 outputs, nothing executed). Skipped where the docs extra is not installed (`pip install -e '.[docs]'`;
-`make test-slow` installs it).
+`make test-slow` installs it). The site is built once per session (tests/conftest.py).
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_the_site_builds_strict_with_every_page(tmp_path):
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("material")
-    pytest.importorskip("mkdocstrings_handlers.python")
-    pytest.importorskip("mkdocs_jupyter")
-    site = tmp_path / "site"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
-                           str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+def test_the_site_builds_strict_with_every_page(docs_site):
+    assert docs_site.returncode == 0, docs_site.log
+    site = docs_site.path
     for page in ("index.html", "methods/gradcam/index.html", "api/jaxsal/index.html",
                  "notebooks/quickstart/index.html", "reproductions/paper_b/index.html",
                  "experiments/results/paper_b/index.html"):
