@@ -26,6 +26,7 @@ from .envs import check_game
 
 SKIP = 4          # raw frames per agent step (EnvPool)
 POOLED = 2        # the last POOLED raw frames of a step are max-pooled
+MARGIN = 1        # px around the moved object's boxes its own pixels may reach (Pong's ball: a row off its box)
 
 # RAM bytes of an object's screen position; one unit is one screen pixel in every table here
 MOVABLE = {
@@ -134,9 +135,6 @@ def replay(ale, moment: Moment, actions, writes: dict | None = None) -> Replay:
         obs[..., j] = resize_area(np.maximum(screens[j, 0], screens[j, 1]))
     ended = ended or ale.game_over() or ale.lives() < moment.lives
     return Replay(obs, rams, screens, ended)
-
-
-MARGIN = 1        # px around the moved object's boxes that its own pixels may reach (drawn a row off its RAM box)
 
 
 def _box_mask(boxes, h, w, grow: int = 0):

@@ -90,6 +90,17 @@ def test_per_frame_maps_are_scored_on_each_frames_boxes():
     assert wrong.rate() == 0.0 and np.allclose(wrong.shift, -2.0)
 
 
+def test_signed_maps_absolute_and_positive_shares():
+    x, xm, b, bm = _pair(10, 0)
+    m0 = -np.asarray(b.masks(frame="union"))[:, 0].astype(np.float32)      # all mass negative, on the ball
+    m1 = -np.asarray(bm.masks(frame="union"))[:, 0].astype(np.float32)
+    assert map_follows(m0, m1, b, bm, "ball").rate() == 1.0
+    pos = map_follows(m0, m1, b, bm, "ball", share="positive")              # no positive mass: not scored
+    assert not pos.valid.any() and pos.share == "positive"
+    m0[:, 0, 0], m1[:, 0, 0] = 1.0, 1.0                                      # positive mass off the ball only
+    assert map_follows(m0, m1, b, bm, "ball", share="positive").rate() == 0.0
+
+
 def test_a_paddle_that_did_not_move_is_not_scored():
     x, xm, b, bm = _pair(10, 0)
     m = np.ones((N, H, W), np.float32)
@@ -105,5 +116,7 @@ def test_bad_input_names_the_fix():
         map_follows(np.ones((N, H, W)), np.ones((N, H, W)), b, bm, "brick")
     with pytest.raises(SaliencyInputError, match="both be"):
         map_follows(np.ones((N, H, W)), np.ones((N, H, W, 2)), b, bm, "ball")
+    with pytest.raises(SaliencyInputError, match="'absolute' or 'positive'"):
+        map_follows(np.ones((N, H, W)), np.ones((N, H, W)), b, bm, "ball", share="signed")
     with pytest.raises(SaliencyInputError, match="ObjectBoxes"):
         map_follows(np.ones((N, H, W)), np.ones((N, H, W)), np.zeros((N, F, 2, 4)), bm, "ball")

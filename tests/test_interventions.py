@@ -115,7 +115,8 @@ def test_an_agent_that_reads_the_ball_sees_its_move_and_one_that_ignores_it_does
     res = displace(moments["breakout"], "ball", 12, 0)
     ci = res.boxes.classes.index("ball")
     y0, x0, y1, x1 = BAND
-    inside = lambda m: (~np.asarray(m.masks(frame="union"))[:, ci, :, :][:, np.r_[0:y0, y1:84]].any((1, 2)))  # noqa: E731
+    def inside(ob):                                                    # no ball pixel outside the band's rows
+        return ~np.asarray(ob.masks(frame="union"))[:, ci][:, np.r_[0:y0, y1:84]].any((1, 2))
     k = res.kept & inside(res.base_boxes) & inside(res.boxes)          # the ball in the band in both stacks
     assert k.sum() >= 3
     x, xm = res.base_obs[k], res.obs[k]

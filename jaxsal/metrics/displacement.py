@@ -81,13 +81,13 @@ def displacement_effects(apply_fn, params, obs, moved_obs, target="q_chosen", ba
 
 @dataclasses.dataclass(frozen=True)
 class MapFollows:
-    """Per pair (N,), shares of the maps' positive mass: `moved_on_new` / `moved_on_old` = the moved
-    stack's map on the object's new / old place, `orig_on_new` / `orig_on_old` = the original map on
-    them; `chance_new` / `chance_old` = those places' area shares (a map blind to the object);
+    """Per pair (N,), shares of the maps' mass (absolute or positive, `share`): `moved_on_new` /
+    `moved_on_old` = the moved stack's map on the object's new / old place, `orig_on_new` /
+    `orig_on_old` = the original map on them; `chance_new` / `chance_old` = those places' area shares (a map blind to the object);
     `shift` = (moved_on_new - orig_on_new) - (moved_on_old - orig_on_old): mass gained at the new
     place plus mass lost at the old one; `follows` = shift > 0. A place is the object's pixels in
     one stack and not the other (union over stacked frames, or per frame for per-frame maps); NaN
-    (follows False, `valid` False) where either place is empty or a map has no positive mass."""
+    (follows False, `valid` False) where either place is empty or a map has no mass."""
     moved_on_new: np.ndarray
     moved_on_old: np.ndarray
     orig_on_new: np.ndarray
@@ -98,6 +98,7 @@ class MapFollows:
     follows: np.ndarray
     valid: np.ndarray
     cls: str = ""
+    share: str = "absolute"
 
     def rate(self) -> float:
         """Share of the valid pairs whose map follows the object (NaN when none is valid)."""
@@ -125,12 +126,16 @@ def _class_masks(boxes, cls: str, n: int, h: int, w: int):
     return np.asarray(boxes.masks())[:, :, boxes.classes.index(cls)]
 
 
-def map_follows(maps, moved_maps, boxes, moved_boxes, cls: str) -> MapFollows:
+def map_follows(maps, moved_maps, boxes, moved_boxes, cls: str, share: str = "absolute") -> MapFollows:
     """Does the map's mass follow the displaced object (class `cls`) from its old place to its new one?
 
     maps / moved_maps: the maps of the original and the displaced stacks, (N, H, W) summed over the
     stack (scored on the union of the stacked frames' boxes) or (N, H, W, F) per frame (each frame
-    on its own boxes); boxes / moved_boxes: their `jaxsal.objects.ObjectBoxes`. Fields: MapFollows."""
+    on its own boxes); boxes / moved_boxes: their `jaxsal.objects.ObjectBoxes`. share: "absolute"
+    (default: |map|, defined for signed maps such as the plain gradient) or "positive" (the map's
+    positive part, as `object_attribution`'s positive share). Fields: MapFollows."""
+    if share not in ("absolute", "positive"):
+        raise SaliencyInputError(f"share must be 'absolute' or 'positive', got {share!r}")
     m0, m1 = np.asarray(maps, np.float64), np.asarray(moved_maps, np.float64)
     if m0.shape != m1.shape or m0.ndim not in (3, 4):
         raise SaliencyInputError(f"maps and moved_maps must both be (N, H, W) or (N, H, W, F), got {m0.shape} "
@@ -146,17 +151,17 @@ def map_follows(maps, moved_maps, boxes, moved_boxes, cls: str) -> MapFollows:
     old_only, new_only = old & ~new, new & ~old
     axes = tuple(range(1, old.ndim))
 
-    def share(m, region):
-        pos = np.maximum(m, 0.0)
+    def part(m, region):
+        pos = np.abs(m) if share == "absolute" else np.maximum(m, 0.0)
         tot = pos.sum(axes)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(tot > 0, (pos * region).sum(axes) / tot, np.nan)
 
     size = float(np.prod(old.shape[1:]))
-    mn, mo = share(m1, new_only), share(m1, old_only)
-    on, oo = share(m0, new_only), share(m0, old_only)
+    mn, mo = part(m1, new_only), part(m1, old_only)
+    on, oo = part(m0, new_only), part(m0, old_only)
     shift = (mn - on) - (mo - oo)
     valid = np.isfinite(shift) & new_only.any(axes) & old_only.any(axes)
     shift = np.where(valid, shift, np.nan)
     return MapFollows(mn, mo, on, oo, new_only.sum(axes) / size, old_only.sum(axes) / size, shift,
-                      valid & (np.nan_to_num(shift) > 0), valid, cls)
+                      valid & (np.nan_to_num(shift) > 0), valid, cls, share)
