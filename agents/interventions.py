@@ -3,6 +3,7 @@
     moments = record("breakout", steps=200, policy=greedy(agent))   # states whose F frames can be replayed
     res = displace(moments, "ball", dx=12)                          # Interventions: obs, boxes, status per moment
     res.obs[res.kept], res.base_obs[res.kept]                       # stacks before/after, only clean moves
+    out = measure(agent.apply_fn, agent.params, res, ["gradient", "gradcam"])   # Q change; do maps follow?
 
 A pixel removal changes what a state means (Breakout without a ball is the state before a serve);
 moving the object through the emulator keeps a state of the game and asks whether the agent uses
@@ -311,5 +312,31 @@ def displace(moments, obj: str, dx: int = 0, dy: int = 0, keep=("ok",)) -> Inter
                          status, items, np.isin(status, list(keep)))
 
 
+def measure(apply_fn, params, res: Interventions, methods=("gradient",), target="q_chosen", share: str = "absolute",
+            batch_size: int | None = None, **options) -> dict:
+    """On the kept moves of `res`: the output change (jaxsal.metrics.displacement_effects) and, per
+    jaxsal method, whether its map follows the object (jaxsal.metrics.map_follows). The maps of the
+    original and the moved stacks come from one batched jaxsal.explain call (2N stacks) and explain
+    the same action, the one chosen in the original stack. Returns {"effects", "follows": {method:
+    MapFollows}, "states"}; `options` go to jaxsal.explain."""
+    import jaxsal
+
+    k = np.asarray(res.kept, bool)
+    if not k.any():
+        raise ValueError(f"no kept moves to measure (statuses: {res.counts()}); widen keep= in displace or "
+                         "record more steps")
+    x, xm = res.base_obs[k], res.obs[k]
+    eff = jaxsal.metrics.displacement_effects(apply_fn, params, x, xm, target=target)
+    acts = np.asarray(eff.actions)
+    given = np.concatenate([acts, acts]) if jaxsal.targets.explains_action(target) else None
+    methods = [methods] if isinstance(methods, str) else list(methods)
+    maps = jaxsal.explain(apply_fn, params, np.concatenate([x, xm]), method=methods, target=target, actions=given,
+                          batch_size=batch_size, **options)
+    n = len(x)
+    follows = {m: jaxsal.metrics.map_follows(v[:n], v[n:], res.base_boxes[k], res.boxes[k], res.obj, share)
+               for m, v in maps.items()}
+    return {"effects": eff, "follows": follows, "states": n}
+
+
 __all__ = ["FIELD", "MOVABLE", "Moment", "Intervention", "Interventions", "Replay", "STATUSES", "displace",
-           "greedy", "intervene", "record", "replay"]
+           "greedy", "intervene", "measure", "record", "replay"]

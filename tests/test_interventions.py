@@ -5,6 +5,8 @@ every stacked frame with no other pixel changed; paddles the game writes back ar
 agent that reads the ball's pixels changes its output when the ball moves and one that reads the
 score does not; its gradient map, and the ball's box indicator, follow the ball in every kept
 state. A few dozen emulator steps per test: seconds."""
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ pytest.importorskip("ale_py")
 
 import jaxsal  # noqa: E402
 from jaxsal_agents.ale import make_ale  # noqa: E402
-from jaxsal_agents.interventions import STATUSES, displace, record, replay  # noqa: E402
+from jaxsal_agents.interventions import STATUSES, displace, measure, record, replay  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -119,22 +121,20 @@ def test_an_agent_that_reads_the_ball_sees_its_move_and_one_that_ignores_it_does
         return ~np.asarray(ob.masks(frame="union"))[:, ci][:, np.r_[0:y0, y1:84]].any((1, 2))
     k = res.kept & inside(res.base_boxes) & inside(res.boxes)          # the ball in the band in both stacks
     assert k.sum() >= 3
-    x, xm = res.base_obs[k], res.obs[k]
-    reads = _band_agent(BAND)
-    eff = jaxsal.metrics.displacement_effects(reads, jnp.float32(1.0), x, xm)
-    assert (np.asarray(eff.effect) < -0.05).all()                      # moved right: the ramp gives more
-    blind = _band_agent(SCORE)
-    eff = jaxsal.metrics.displacement_effects(blind, jnp.float32(1.0), x, xm)
-    assert np.all(np.asarray(eff.effect) == 0) and not np.asarray(eff.flips).any()
+    reads, blind = _band_agent(BAND), _band_agent(SCORE)
+    sub = dataclasses.replace(res, kept=k)
+    out = measure(reads, jnp.float32(1.0), sub, ["gradient"])        # effects, and maps of both stacks in one call
+    assert out["states"] == k.sum()
+    assert (np.asarray(out["effects"].effect) < -0.05).all()          # moved right: the ramp gives more
+    fol = out["follows"]["gradient"]                                   # 0 on black: the map sits on the ball
+    assert fol.valid.all() and fol.rate() == 1.0 and (fol.moved_on_new > fol.chance_new).all()
+    out = measure(blind, jnp.float32(1.0), sub, ["gradient"])
+    assert np.all(np.asarray(out["effects"].effect) == 0) and not np.asarray(out["effects"].flips).any()
+    assert out["follows"]["gradient"].rate() == 0.0
 
     box = lambda b: np.asarray(b.masks(frame="union"))[:, ci].astype(np.float32)   # noqa: E731
     fol = jaxsal.metrics.map_follows(box(res.base_boxes[k]), box(res.boxes[k]), res.base_boxes[k], res.boxes[k],
                                      "ball")
     assert fol.valid.all() and fol.rate() == 1.0
-    m0 = jaxsal.explain(reads, jnp.float32(1.0), x, method="gradient")
-    m1 = jaxsal.explain(reads, jnp.float32(1.0), xm, method="gradient")
-    fol = jaxsal.metrics.map_follows(m0, m1, res.base_boxes[k], res.boxes[k], "ball")
-    assert fol.rate() == 1.0 and (fol.moved_on_new > fol.chance_new).all()
-    m0 = jaxsal.explain(blind, jnp.float32(1.0), x, method="gradient")
-    m1 = jaxsal.explain(blind, jnp.float32(1.0), xm, method="gradient")
-    assert jaxsal.metrics.map_follows(m0, m1, res.base_boxes[k], res.boxes[k], "ball").rate() == 0.0
+    with pytest.raises(ValueError, match="no kept moves"):
+        measure(reads, jnp.float32(1.0), dataclasses.replace(res, kept=np.zeros_like(k)))
