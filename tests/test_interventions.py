@@ -1,4 +1,5 @@
-"""Emulator interventions (jaxsal_agents.interventions) on Breakout and Pong, with ale-py's ROMs:
+"""Emulator interventions (jaxsal_agents.interventions) on Breakout, Pong (and Space Invaders' cannon),
+with ale-py's ROMs:
 a replay without an edit gives the recorded stack bit for bit; a moved ball sits at old + delta in
 every stacked frame with no other pixel changed; paddles the game writes back are flagged
 "undone", balls pushed into bricks or out of the field "impossible", never kept. Known answers: an
@@ -73,6 +74,17 @@ def test_paddles_the_game_writes_back_are_flagged_undone(moments, game, obj, del
     for i in np.where(res.status == "undone")[0]:
         it = res.items[i]
         assert not np.array_equal(it.achieved[-1, -1], it.expected[-1, -1])
+
+
+def test_space_invaders_cannon_moves_and_its_shot_and_the_aliens_shots_react():
+    res = displace(record("spaceinvaders", 70, seed=1)[35:], "player", 20, 0)   # the cannon shows after ~30 steps
+    moved = np.isin(res.status, ["ok", "side_effects"])
+    assert moved.sum() >= 5 and set(res.status) <= set(STATUSES)
+    for i in np.where(moved)[0]:
+        it = res.items[i]
+        assert np.array_equal(it.achieved, it.expected) and set(it.others_changed) <= {"player_shot", "alien_shot"}
+    assert any("player_shot" in it.others_changed for it in res.items)   # the shot rides on the cannon
+    assert not res.kept[res.status == "side_effects"].any()
 
 
 def test_balls_into_bricks_or_out_of_the_field_are_impossible(moments):
