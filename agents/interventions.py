@@ -24,6 +24,7 @@ import numpy as np
 from .ale import AleAtariEnv, make_ale
 from .area_resize import resize_area
 from .envs import check_game
+from .errors import AgentInputError
 
 SKIP = 4          # raw frames per agent step (EnvPool)
 POOLED = 2        # the last POOLED raw frames of a step are max-pooled
@@ -154,10 +155,11 @@ def _overlaps(box, others) -> bool:
 class Intervention:
     """One displacement: `status` (a key of STATUSES) and `detail` (why, in words); the intervened
     `obs` (84, 84, F) and `rams` (F, 2, 128) (None when it was not simulated: impossible, absent,
-    not reproducible); `expected` / `achieved` (F, 2, A): the object's RAM position per pooled raw
-    frame, asked (old + delta) and after the replay; `others_changed`: classes whose boxes moved
-    too; `stray_pixels`: changed screen pixels outside the object's old and new boxes (grown by
-    MARGIN px) and outside the boxes of every class in `others_changed`; `seconds`: the emulator time spent."""
+    not reproducible, or a life lost even without the edit); `expected` / `achieved` (F, 2, A): the
+    object's RAM position per pooled raw frame, asked (old + delta) and after the replay;
+    `others_changed`: classes whose boxes moved too; `stray_pixels`: changed screen pixels outside
+    the object's old and new boxes (grown by MARGIN px) and outside the boxes of every class in
+    `others_changed`; `seconds`: the emulator time spent."""
     status: str
     detail: str
     obs: np.ndarray | None
@@ -171,16 +173,16 @@ class Intervention:
 
 def _check_object(game: str, obj: str, dx: int, dy: int) -> dict:
     if game not in MOVABLE:
-        raise ValueError(f"no RAM interventions for {game!r}; games with them: {sorted(MOVABLE)}")
+        raise AgentInputError(f"no RAM interventions for {game!r}; games with them: {sorted(MOVABLE)}")
     if obj not in MOVABLE[game]:
-        raise ValueError(f"{game}: cannot move {obj!r}; movable objects: {sorted(MOVABLE[game])}")
+        raise AgentInputError(f"{game}: cannot move {obj!r}; movable objects: {sorted(MOVABLE[game])}")
     axes = MOVABLE[game][obj]
     for name, d in (("x", dx), ("y", dy)):
         if d and name not in axes:
-            raise ValueError(f"{game}: {obj} has no {name} position in RAM (moves along {sorted(axes)}); "
+            raise AgentInputError(f"{game}: {obj} has no {name} position in RAM (moves along {sorted(axes)}); "
                              f"pass d{name}=0")
     if not any((dx, dy)):
-        raise ValueError("a displacement needs dx or dy (screen pixels) other than 0")
+        raise AgentInputError("a displacement needs dx or dy (screen pixels) other than 0")
     return axes
 
 
@@ -289,14 +291,14 @@ def displace(moments, obj: str, dx: int = 0, dy: int = 0, keep=("ok",)) -> Inter
 
     moments = list(moments)
     if not moments:
-        raise ValueError("no moments to intervene on: record() found no stack of plain steps")
+        raise AgentInputError("no moments to intervene on: record() found no stack of plain steps")
     games = {m.game for m in moments}
     if len(games) != 1:
-        raise ValueError(f"moments of several games {sorted(games)}: displace one game at a time")
+        raise AgentInputError(f"moments of several games {sorted(games)}: displace one game at a time")
     game = check_game(moments[0].game)
     bad = [k for k in keep if k not in STATUSES]
     if bad:
-        raise ValueError(f"unknown statuses {bad} in keep; statuses: {list(STATUSES)}")
+        raise AgentInputError(f"unknown statuses {bad} in keep; statuses: {list(STATUSES)}")
     n = len(moments)
     dxs, dys = np.broadcast_to(np.asarray(dx, int), (n,)), np.broadcast_to(np.asarray(dy, int), (n,))
     _check_object(game, obj, int(np.abs(dxs).max()), int(np.abs(dys).max()))
@@ -323,7 +325,7 @@ def measure(apply_fn, params, res: Interventions, methods=("gradient",), target=
 
     k = np.asarray(res.kept, bool)
     if not k.any():
-        raise ValueError(f"no kept moves to measure (statuses: {res.counts()}); widen keep= in displace or "
+        raise AgentInputError(f"no kept moves to measure (statuses: {res.counts()}); widen keep= in displace or "
                          "record more steps")
     x, xm = res.base_obs[k], res.obs[k]
     eff = jaxsal.metrics.displacement_effects(apply_fn, params, x, xm, target=target)
