@@ -26,17 +26,24 @@ def ale_module():
     return needs_extra("ale_py", "emulator frames with ground-truth objects (ale-py ships the ROMs)")
 
 
+def make_ale(game: str, seed: int = 0):
+    """An ale_py.ALEInterface for `game` with EnvPool's settings: one raw frame per act(), no sticky actions."""
+    ale_py = ale_module()
+    ale = ale_py.ALEInterface()
+    ale.setLoggerMode(ale_py.LoggerMode.Error)
+    ale.setInt("random_seed", int(seed) % (2 ** 31))
+    ale.setFloat("repeat_action_probability", 0.0)
+    ale.setInt("frame_skip", 1)
+    ale.loadROM(ale_py.roms.get_rom_path(ROM_NAMES[game]))
+    return ale
+
+
 class _OneEnv:
     """One ALE emulator with EnvPool's reset/step logic (see the module doc)."""
 
     def __init__(self, game, seed, frame_stack, noop_max, max_episode_steps, episodic_life):
         ale_py = ale_module()
-        self.ale = ale_py.ALEInterface()
-        self.ale.setLoggerMode(ale_py.LoggerMode.Error)
-        self.ale.setInt("random_seed", int(seed) % (2 ** 31))
-        self.ale.setFloat("repeat_action_probability", 0.0)
-        self.ale.setInt("frame_skip", 1)
-        self.ale.loadROM(ale_py.roms.get_rom_path(ROM_NAMES[game]))
+        self.ale = make_ale(game, seed)
         self.actions = list(self.ale.getMinimalActionSet())
         self.fire = ale_py.Action.FIRE in self.actions
         self.noop, self.fire_action = ale_py.Action.NOOP, ale_py.Action.FIRE
@@ -154,6 +161,18 @@ class AleAtariEnv:
         """(E, F, 2, 128) uint8: for each env's current observation, per stacked frame, the RAM
         after each of the two raw frames max-pooled into it (the same RAM twice after a reset)."""
         return np.stack([e.ram_stack for e in self._envs])
+
+    def emulators(self) -> list:
+        """Each env's ale_py.ALEInterface (cloneState, restoreState, setRAM)."""
+        return [e.ale for e in self._envs]
+
+    def ale_actions(self) -> list:
+        """The minimal action set: agent action i is ale_actions()[i] for ALEInterface.act."""
+        return list(self._envs[0].actions)
+
+    def resets_next(self) -> np.ndarray:
+        """(E,) bool: the env's next step() resets (a game over or a lost life) instead of stepping."""
+        return np.array([e.done for e in self._envs])
 
     def objects(self):
         """jaxsal.objects.ObjectBoxes of the current observations (E states)."""

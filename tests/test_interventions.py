@@ -1,0 +1,152 @@
+"""Emulator interventions (jaxsal_agents.interventions) on Breakout, Pong (and Space Invaders' cannon),
+with ale-py's ROMs:
+a replay without an edit gives the recorded stack bit for bit; a moved ball sits at old + delta in
+every stacked frame with no other pixel changed; paddles the game writes back are flagged
+"undone", balls pushed into bricks or out of the field "impossible", never kept. Known answers: an
+agent that reads the ball's pixels changes its output when the ball moves and one that reads the
+score does not; its gradient map, and the ball's box indicator, follow the ball in every kept
+state. A few dozen emulator steps per test: seconds."""
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("ale_py")
+
+import jaxsal  # noqa: E402
+from jaxsal_agents.ale import make_ale  # noqa: E402
+from jaxsal_agents.interventions import STATUSES, displace, measure, record, replay  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def moments():
+    return {g: record(g, 60, seed=3) for g in ("breakout", "pong")}
+
+
+@pytest.mark.parametrize("game", ["breakout", "pong"])
+def test_a_replay_without_an_edit_gives_the_recorded_stack(moments, game):
+    ms = moments[game]
+    assert len(ms) > 20
+    ale = make_ale(game, seed=99)          # another emulator: the state carries everything
+    acts = list(ale.getMinimalActionSet())
+    for m in ms[::5]:
+        r = replay(ale, m, acts)
+        assert np.array_equal(r.obs, m.obs) and np.array_equal(r.rams, m.rams) and not r.ended
+
+
+def _grow(mask, d=1):
+    """(N, H, W) bool dilated by d px."""
+    out = mask.copy()
+    for dy in range(-d, d + 1):
+        for dx in range(-d, d + 1):
+            out |= np.roll(np.roll(mask, dy, 1), dx, 2)
+    return out
+
+
+@pytest.mark.parametrize("game,delta", [("breakout", (12, 0)), ("breakout", (0, -16)), ("pong", (-20, 0))])
+def test_a_moved_ball_is_at_old_plus_delta_and_nothing_else_changed(moments, game, delta):
+    res = displace(moments[game], "ball", *delta)
+    ok = res.status == "ok"
+    assert ok.sum() >= 5 and np.array_equal(res.kept, ok)
+    assert set(res.status) <= set(STATUSES)
+    for i in np.where(ok)[0]:
+        it = res.items[i]
+        assert np.array_equal(it.achieved, it.expected) and not it.others_changed and it.stray_pixels == 0
+    ci = res.boxes.classes.index("ball")
+    old = np.asarray(res.base_boxes.masks(frame="union"))[:, ci]
+    new = np.asarray(res.boxes.masks(frame="union"))[:, ci]
+    diff = (res.obs != res.base_obs).any(-1)
+    assert diff[ok].any(axis=(1, 2)).all()                             # every kept stack changed...
+    assert not (diff & ~_grow(old | new))[ok].any()                    # ...only at the ball's two places
+    assert (old != new)[ok].any(axis=(1, 2)).all()
+    assert np.array_equal(res.obs[~res.kept & np.isin(res.status, ["impossible", "absent"])],
+                          res.base_obs[~res.kept & np.isin(res.status, ["impossible", "absent"])])
+
+
+@pytest.mark.parametrize("game,obj,delta", [("breakout", "paddle", (20, 0)), ("pong", "player", (0, 20)),
+                                            ("pong", "enemy", (0, -20))])
+def test_paddles_the_game_writes_back_are_flagged_undone(moments, game, obj, delta):
+    res = displace(moments[game], obj, *delta)
+    tried = ~np.isin(res.status, ["impossible", "absent"])           # a paddle at the wall cannot move
+    assert tried.sum() >= 10 and (res.status[tried] == "undone").mean() > 0.8
+    assert set(res.status) <= {"undone", "diverged", "impossible", "absent"} and not res.kept.any()
+    for i in np.where(res.status == "undone")[0]:
+        it = res.items[i]
+        assert not np.array_equal(it.achieved[-1, -1], it.expected[-1, -1])
+
+
+def test_space_invaders_cannon_moves_and_its_shot_and_the_aliens_shots_react():
+    res = displace(record("spaceinvaders", 70, seed=1)[35:], "player", 20, 0)   # the cannon shows after ~30 steps
+    moved = np.isin(res.status, ["ok", "side_effects"])
+    assert moved.sum() >= 5 and set(res.status) <= set(STATUSES)
+    for i in np.where(moved)[0]:
+        it = res.items[i]
+        assert np.array_equal(it.achieved, it.expected) and set(it.others_changed) <= {"player_shot", "alien_shot"}
+    assert any("player_shot" in it.others_changed for it in res.items)   # the shot rides on the cannon
+    assert not res.kept[res.status == "side_effects"].any()
+
+
+def test_balls_into_bricks_or_out_of_the_field_are_impossible(moments):
+    ms = moments["breakout"]
+    ale = make_ale("breakout")
+    ys = []
+    for m in ms:
+        ale.restoreState(m.state)
+        ys.append(int(ale.getRAM()[101]) + 9)
+    res = displace(ms, "ball", 0, 70 - np.array(ys))                 # every ball to row 70: the bricks
+    present = res.status != "absent"
+    assert present.sum() > 10 and (res.status[present] == "impossible").all() and not res.kept.any()
+    assert all("overlaps bricks" in it.detail for it, p in zip(res.items, present) if p)
+    off = displace(ms, "ball", -150, 0)
+    assert set(off.status) <= {"impossible", "absent"} and not off.kept.any()
+    with pytest.raises(ValueError, match="movable objects"):
+        displace(ms, "bricks", 4, 0)
+    with pytest.raises(ValueError, match="has no y position"):
+        displace(ms, "paddle", 0, 4)
+    with pytest.raises(ValueError, match="unknown statuses"):
+        displace(ms, "ball", 4, 0, keep=("fine",))
+
+
+BAND = (38, 4, 74, 80)      # obs rows between Breakout's bricks and paddle, inside the walls
+SCORE = (0, 0, 8, 84)       # the score and the top wall
+
+
+def _band_agent(region):
+    """Q_0 = sum over `region` of (pixel / 255)^2 x a ramp over columns: changes with the x of what is
+    there, and its gradient is 0 on black pixels (the map sits on the ball); Q_1 = a constant."""
+    y0, x0, y1, x1 = region
+    ramp = jnp.arange(x0, x1, dtype=jnp.float32)[None, None, :, None] / 84.0
+
+    def apply_fn(params, obs):
+        v = jnp.asarray(obs, jnp.float32)[:, y0:y1, x0:x1] / 255.0
+        q0 = (v * v * ramp).sum((1, 2, 3)) * params
+        return jnp.stack([q0, jnp.full_like(q0, -1.0)], -1)
+    return apply_fn
+
+
+def test_an_agent_that_reads_the_ball_sees_its_move_and_one_that_ignores_it_does_not(moments):
+    res = displace(moments["breakout"], "ball", 12, 0)
+    ci = res.boxes.classes.index("ball")
+    y0, x0, y1, x1 = BAND
+    def inside(ob):                                                    # no ball pixel outside the band's rows
+        return ~np.asarray(ob.masks(frame="union"))[:, ci][:, np.r_[0:y0, y1:84]].any((1, 2))
+    k = res.kept & inside(res.base_boxes) & inside(res.boxes)          # the ball in the band in both stacks
+    assert k.sum() >= 3
+    reads, blind = _band_agent(BAND), _band_agent(SCORE)
+    sub = dataclasses.replace(res, kept=k)
+    out = measure(reads, jnp.float32(1.0), sub, ["gradient"])        # effects, and maps of both stacks in one call
+    assert out["states"] == k.sum()
+    assert (np.asarray(out["effects"].effect) < -0.05).all()          # moved right: the ramp gives more
+    fol = out["follows"]["gradient"]                                   # 0 on black: the map sits on the ball
+    assert fol.valid.all() and fol.rate() == 1.0 and (fol.moved_on_new > fol.chance_new).all()
+    out = measure(blind, jnp.float32(1.0), sub, ["gradient"])
+    assert np.all(np.asarray(out["effects"].effect) == 0) and not np.asarray(out["effects"].flips).any()
+    assert out["follows"]["gradient"].rate() == 0.0
+
+    box = lambda b: np.asarray(b.masks(frame="union"))[:, ci].astype(np.float32)   # noqa: E731
+    fol = jaxsal.metrics.map_follows(box(res.base_boxes[k]), box(res.boxes[k]), res.base_boxes[k], res.boxes[k],
+                                     "ball")
+    assert fol.valid.all() and fol.rate() == 1.0
+    with pytest.raises(ValueError, match="no kept moves"):
+        measure(reads, jnp.float32(1.0), dataclasses.replace(res, kept=np.zeros_like(k)))
