@@ -127,7 +127,10 @@ def problems(fn) -> list[str]:
     for s in parsed.parse():
         sections.setdefault(s.kind.value, []).extend(s.value if isinstance(s.value, list) else [s.value])
     sig = inspect.signature(fn)
-    wanted = [_documented_name(p) for p in sig.parameters.values() if p.name not in ("self", "cls")]
+    params = list(sig.parameters.values())
+    if params and params[0].name in ("self", "cls"):  # a method's own first parameter, not a function's `cls=`
+        params = params[1:]
+    wanted = [_documented_name(p) for p in params]
     documented = [p.name for p in sections.get("parameters", [])]
     if wanted and "parameters" not in sections:
         out.append("no Args section")

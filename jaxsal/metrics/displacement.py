@@ -56,10 +56,33 @@ def _build(apply_fn, target_name, layout: str):
 
 def displacement_effects(apply_fn, params, obs, moved_obs, target="q_chosen", batch_size: int = 256, *,
                          actions=None, layout: str = "NHWC") -> DisplacementEffects:
-    """Output change between each stack and its displaced twin (module doc). obs, moved_obs: (N, H, W, F)
-    (layout="NCHW": (N, F, H, W)), row i of both the same state. target: as in `object_effects`: the
-    action is fixed on the original stack (argmax, or `actions`). One forward pass per chunk of
-    batch_size // 2 pairs; batch-independent, so chunking never changes a result."""
+    """Output change and action flips between each stack and its displaced twin (module doc).
+
+    The action is fixed on the original stack (the target's argmax, or `actions`), so `effect`
+    says how much moving the object changes the output for the action the agent took. One
+    forward pass per chunk of `batch_size // 2` pairs; chunking never changes a result.
+
+    Args:
+        apply_fn (Callable): `apply_fn(params, obs)`, the agent.
+        params (PyTree): its parameters.
+        obs (jax.Array | numpy.ndarray): the original stacks (N, H, W, F), or (N, F, H, W) with
+            `layout="NCHW"`.
+        moved_obs (jax.Array | numpy.ndarray): the same states with the object displaced, the
+            same shape; row i of both is one state.
+        target (str | Callable): what is compared, as in `jaxsal.explain` (default "q_chosen").
+        batch_size (int): model rows per forward pass (two per pair).
+        actions (jax.Array | numpy.ndarray | None): (N,) actions to compare; None: the target's
+            choice on the original stack ("q_action" needs them).
+        layout (str): "NHWC" (default) or "NCHW".
+
+    Returns:
+        DisplacementEffects: per pair (N,) `effect`, `flips`, `score`, `moved_score` and the
+            `actions` compared.
+
+    Raises:
+        jaxsal.SaliencyInputError: a bad `layout`; `obs` and `moved_obs` of different shapes;
+            invalid frames; "q_action" without `actions`; actions out of range.
+    """
     if layout not in LAYOUTS:
         raise SaliencyInputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     x, xm = check_obs(obs, layout), check_obs(moved_obs, layout)
@@ -101,11 +124,19 @@ class MapFollows:
     share: str = "absolute"
 
     def rate(self) -> float:
-        """Share of the valid pairs whose map follows the object (NaN when none is valid)."""
+        """Share of the valid pairs whose map follows the object.
+
+        Returns:
+            float: the follow rate, NaN when no pair is valid.
+        """
         return float(self.follows[self.valid].mean()) if self.valid.any() else float("nan")
 
     def mean(self) -> dict:
-        """The fields averaged over the valid pairs, with their number as "pairs"."""
+        """The fields averaged over the valid pairs.
+
+        Returns:
+            dict[str, float]: each share field's mean, "rate" and the number of valid "pairs".
+        """
         keys = ("moved_on_new", "moved_on_old", "orig_on_new", "orig_on_old", "chance_new", "chance_old", "shift")
         v = self.valid
         out = {k: float(np.mean(getattr(self, k)[v])) if v.any() else float("nan") for k in keys}
@@ -129,11 +160,28 @@ def _class_masks(boxes, cls: str, n: int, h: int, w: int):
 def map_follows(maps, moved_maps, boxes, moved_boxes, cls: str, share: str = "absolute") -> MapFollows:
     """Does the map's mass follow the displaced object (class `cls`) from its old place to its new one?
 
-    maps / moved_maps: the maps of the original and the displaced stacks, (N, H, W) summed over the
-    stack (scored on the union of the stacked frames' boxes) or (N, H, W, F) per frame (each frame
-    on its own boxes); boxes / moved_boxes: their `jaxsal.objects.ObjectBoxes`. share: "absolute"
-    (default: |map|, defined for signed maps such as the plain gradient) or "positive" (the map's
-    positive part, as `object_attribution`'s positive share). Fields: MapFollows."""
+    A place is the object's pixels in one stack and not the other; a pair follows when the moved
+    stack's map gained mass at the new place and lost it at the old one (`MapFollows.shift` > 0).
+
+    Args:
+        maps (jax.Array | numpy.ndarray): the original stacks' maps, (N, H, W) summed over the
+            stack (scored on the union of the stacked frames' boxes) or (N, H, W, F) per frame
+            (each frame on its own boxes).
+        moved_maps (jax.Array | numpy.ndarray): the displaced stacks' maps, the same shape.
+        boxes (jaxsal.objects.ObjectBoxes): the original stacks' boxes.
+        moved_boxes (jaxsal.objects.ObjectBoxes): the displaced stacks' boxes.
+        cls (str): the class that was moved, e.g. "ball".
+        share (str): "absolute" (default: |map|, defined for signed maps such as the plain
+            gradient) or "positive" (the map's positive part, as `object_attribution`'s).
+
+    Returns:
+        MapFollows: per pair (N,) shares on the new and old places of both maps, their chance
+            levels, `shift`, `follows` and `valid`; `rate()` and `mean()` summarise them.
+
+    Raises:
+        jaxsal.SaliencyInputError: a bad `share`; maps of different shapes or not 3-D/4-D; boxes
+            that are not ObjectBoxes, lack `cls` or do not fit the maps.
+    """
     if share not in ("absolute", "positive"):
         raise SaliencyInputError(f"share must be 'absolute' or 'positive', got {share!r}")
     m0, m1 = np.asarray(maps, np.float64), np.asarray(moved_maps, np.float64)
