@@ -156,6 +156,9 @@ def collect_states(agent, game, args, cache: Path, log=print, progress: P.Progre
                 r = play_episode(agent, game, env_seed(args.seed, e), k, args.epsilon, args.max_episode_steps)
             save_npz(f, **{key: np.asarray(v) for key, v in r.items()})
         eps.append(load_npz(f))
+        if "actions" not in eps[-1] and progress.root is not None:
+            raise P.ProgressMismatch(f"{f} was cached without its actions, so it cannot be recorded for another "
+                                     f"machine; start from an empty --cache (or pass --no-progress)")
         if progress.has_episode(e):
             progress.check_episode(e, eps[-1])      # a cache from another run is refused, not mixed
         else:
@@ -173,36 +176,41 @@ def collect_states(agent, game, args, cache: Path, log=print, progress: P.Progre
             "n_sanity": len(order_s), "episodes": eps, "distinct_episodes": len(set(hashes))}
 
 
-def method_maps(cache, label, agent, obs, method, opts, key, log=print):
+def method_dir(cache: Path, label: str, mkey: str) -> Path:
+    """The method's cache folder, named by its key: pieces made under other settings (batch size,
+    layers, options...) are never picked up, here or in the progress folder."""
+    return cache / "methods" / f"{label}_{mkey[:12]}"
+
+
+def method_maps(d: Path, label, agent, obs, method, opts, key, log=print):
     """The method's maps of all states (cached), with their timing in timing.npz beside them."""
-    f = cache / "methods" / label / "maps.npz"
+    f = d / "maps.npz"
     if f.exists():
         return load_npz(f)["maps"]
     log(f"[{label}] maps on {len(obs)} states")
     load = os.getloadavg()[0]
     maps, first, per_map = PB.time_maps(agent, obs, method, opts, key)
-    if not (f.parent / "timing.npz").exists():     # the first computation's timing is the one reported
-        save_npz(f.parent / "timing.npz", first_call_s=round(first, 3), ms_per_map=round(1000 * per_map, 3),
+    if not (d / "timing.npz").exists():     # the first computation's timing is the one reported
+        save_npz(d / "timing.npz", first_call_s=round(first, 3), ms_per_map=round(1000 * per_map, 3),
                  load_avg_1min=round(load, 2))
     save_npz(f, maps=np.asarray(maps, np.float32))
     return np.asarray(maps, np.float32)
 
 
-def method_timing(cache, label) -> dict:
-    z = load_npz(cache / "methods" / label / "timing.npz")
+def method_timing(d: Path) -> dict:
+    z = load_npz(d / "timing.npz")
     return {k: float(z[k]) for k in ("first_call_s", "ms_per_map", "load_avg_1min")}
 
 
-def method_done(cache, label, draws) -> bool:
+def method_done(d: Path, draws) -> bool:
     """Whether every result of the method (timing, fidelity, each sanity draw) is in the cache."""
-    d = cache / "methods" / label
     return all((d / f"{n}.npz").exists() for n in ["timing", "fidelity"] + [f"sanity_d{i:02d}" for i in range(draws)])
 
 
-def method_fidelity(cache, label, agent, obs, maps, key, batch_size) -> dict:
+def method_fidelity(d: Path, label, agent, obs, maps, key, batch_size) -> dict:
     """{(mode, substrate, score): (aucs (N,), mean curve)}; the random substrate is the same draw
     for every method (PB.fidelity's key)."""
-    f = cache / "methods" / label / "fidelity.npz"
+    f = d / "fidelity.npz"
     if not f.exists():
         fid = PB.fidelity(agent, obs, {label: maps}, key, batch_size)
         save_npz(f, **{f"auc/{'/'.join(s)}": v[label][0] for s, v in fid.items()},
@@ -211,9 +219,9 @@ def method_fidelity(cache, label, agent, obs, maps, key, batch_size) -> dict:
     return {tuple(k.split("/")[1:]): (z[k], z["curve/" + k[4:]]) for k in z if k.startswith("auc/")}
 
 
-def method_sanity(cache, label, agent, obs, maps, method, opts, key, draw, layers, log=print) -> dict:
+def method_sanity(d: Path, label, agent, obs, maps, method, opts, key, draw, layers, log=print) -> dict:
     """{group: {metric: (n_sanity,)}} of one randomisation draw."""
-    f = cache / "methods" / label / f"sanity_d{draw:02d}.npz"
+    f = d / f"sanity_d{draw:02d}.npz"
     if not f.exists():
         log(f"[{label}] sanity check on {len(obs)} states, draw {draw}")
         r = sanity_check(agent.model, agent.params, obs, method=method, layers=layers, key=key, draw=draw,
@@ -249,30 +257,32 @@ def run_game(game: str, args, log=print) -> Path:
     timing, failed, aucs, curves, sanity = [], {}, {}, {}, {}
     for label, method, opts, _ in chosen:
         fields = {**base, "label": label, "method": method, "options": opts}
-        mkey, mdir = P.key_of(fields), cache / "methods" / label
+        mkey = P.key_of(fields)
+        mdir = method_dir(cache, label, mkey)
         try:
             if progress.restore_method(label, mkey, mdir):
                 log(f"[{label}] restored from the progress folder")
-            maps = None if method_done(cache, label, args.draws) else method_maps(
-                cache, label, agent, obs, method, opts, key, log)
-            for s, (a, c) in method_fidelity(cache, label, agent, obs, maps, key, args.batch_size).items():
+            maps = None if method_done(mdir, args.draws) else method_maps(
+                mdir, label, agent, obs, method, opts, key, log)
+            for s, (a, c) in method_fidelity(mdir, label, agent, obs, maps, key, args.batch_size).items():
                 aucs.setdefault(s, {})[label], curves.setdefault(s, {})[label] = a, c
             progress.save_method(label, mkey, fields, mdir)
             sanity[label] = {}
             for d in range(args.draws):
-                sanity[label][d] = method_sanity(cache, label, agent, obs[:n_s], None if maps is None else maps[:n_s],
+                sanity[label][d] = method_sanity(mdir, label, agent, obs[:n_s], None if maps is None else maps[:n_s],
                                                  method, opts, key, d, layers, log)
                 progress.save_method(label, mkey, fields, mdir)
         except Exception as e:   # one broken method must not lose the others' results
             failed[label] = f"{type(e).__name__}: {e}"
             log(f"[{game}] {label} FAILED: {failed[label]}")
             continue
-        timing.append({"method": label, "states_timed": min(4, len(obs)), **method_timing(cache, label)})
+        timing.append({"method": label, "states_timed": min(4, len(obs)), **method_timing(mdir)})
     fields = {**base, "label": "random", "method": "uniform", "options": {"key_fold": 7}}
-    mkey, mdir = P.key_of(fields), cache / "methods" / "random"
+    mkey = P.key_of(fields)
+    mdir = method_dir(cache, "random", mkey)
     progress.restore_method("random", mkey, mdir)
     rnd = np.asarray(jax.random.uniform(jax.random.fold_in(key, 7), obs.shape[:3]))
-    for s, (a, c) in method_fidelity(cache, "random", agent, obs, rnd, key, args.batch_size).items():
+    for s, (a, c) in method_fidelity(mdir, "random", agent, obs, rnd, key, args.batch_size).items():
         aucs.setdefault(s, {})["random"], curves.setdefault(s, {})["random"] = a, c
     progress.save_method("random", mkey, fields, mdir)
     out = Path(args.out) / game
