@@ -12,8 +12,12 @@ generator seeded by the same number), STATES // EPISODES states per episode spre
 over the whole game (`spread_steps`). The sanity check runs on SANITY_STATES // EPISODES of
 each episode's states (spread evenly over them) x DRAWS randomisation draws. Every piece of
 work (an episode, a method's maps, its fidelity, one sanity draw) is cached under --cache as
-its own .npz written atomically, so a run stopped anywhere resumes where it stopped, on this
-or another machine (copy the cache). Outputs go to --out/<game>/ once every piece is done.
+its own .npz written atomically, so a run stopped anywhere resumes where it stopped. The cache
+is large (the frames and maps); what outlives the machine is the progress folder
+(--progress, by default --out/<game>/progress/, `paper_b_rerun_progress`): the episodes as
+seeds and actions, each method's finished results, written as they finish and restored at
+the start (episodes by an exact, hash-checked replay), so a session on a fresh machine only
+computes what no earlier session finished. Outputs go to --out/<game>/ once every piece is done.
 """
 from __future__ import annotations
 
@@ -31,7 +35,9 @@ import numpy as np
 
 from experiments import paper_b as PB
 from experiments import paper_b_rerun_analysis as A
-from experiments.machine import provenance
+from experiments import paper_b_rerun_progress as P
+from experiments.paper_b_rerun_progress import load_npz, save_npz
+from experiments.machine import git_state, provenance
 from jaxsal.metrics import sanity_check
 from jaxsal.metrics.sanity import _layer_names, group_norms
 
@@ -41,6 +47,7 @@ EPISODES, STATES, SANITY_STATES, DRAWS = 20, 1000, 200, 10
 EPSILON = 0.01                 # the shipped agents' final training epsilon
 MAX_EPISODE_STEPS = 27_000     # 108,000 frames, EnvPool's and the cards' evaluation cap
 SEED = 0
+DECIMALS = 5                   # the outputs' precision: the progress folder keeps the results at it
 SETTINGS = [(mode, sub, score) for mode in PB.MODES for sub, score in PB.SETTINGS]
 
 
@@ -93,27 +100,35 @@ class SpreadBuffer:
 
 
 def play_episode(agent, game: str, seed: int, k: int, epsilon: float = EPSILON,
-                 max_steps: int = MAX_EPISODE_STEPS, make_env=None) -> dict:
-    """One full game (or `max_steps` steps) with epsilon-greedy actions; k states spread over it."""
+                 max_steps: int = MAX_EPISODE_STEPS, make_env=None, actions=None) -> dict:
+    """One full game (or `max_steps` steps) with epsilon-greedy actions; k states spread over it.
+    actions: replay these recorded actions instead of asking the agent (the exploration draws are
+    still made, so a consistent record reproduces the same game, hashes included)."""
     from jaxsal_agents.envs import make_env as _make
     env = (make_env or _make)(game, 1, train=False, seed=seed)
     rng = np.random.default_rng(seed)
-    policy = jax.jit(agent.apply_fn)
-    buf, traj = SpreadBuffer(k), hashlib.sha256()
+    policy = None if actions is not None else jax.jit(agent.apply_fn)
+    buf, traj, taken = SpreadBuffer(k), hashlib.sha256(), []
     obs, ret, t, explored, done = env.reset(), 0.0, 0, 0, False
     while not done and t < max_steps:
+        if actions is not None and t >= len(actions):
+            break                   # the record ends early: the length check refuses the replay
         buf.add(t, obs[0])
-        q = _q(policy(agent.params, jnp.asarray(obs)))
-        a = int(jnp.argmax(q[0]))
+        if actions is None:
+            a = int(jnp.argmax(_q(policy(agent.params, jnp.asarray(obs)))[0]))
+        else:
+            a = int(actions[t])
         if rng.random() < epsilon:
             a, explored = int(rng.integers(env.num_actions)), explored + 1
         traj.update(np.ascontiguousarray(obs).tobytes() + a.to_bytes(2, "little"))
+        taken.append(a)
         obs, reward, d, _ = env.step(np.array([a]))
         ret += float(reward[0])
         done, t = bool(d[0]), t + 1
     steps, states = buf.result()
     return {"obs": states, "steps": steps, "length": t, "return": ret, "truncated": not done,
-            "random_actions": explored, "env_seed": seed, "trajectory_sha256": traj.hexdigest()}
+            "random_actions": explored, "env_seed": seed, "trajectory_sha256": traj.hexdigest(),
+            "actions": np.asarray(taken, np.int32)}
 
 
 def _q(out):
@@ -121,33 +136,33 @@ def _q(out):
 
 
 # ------------------------------------------------------------------ cache
-def save_npz(path: Path, **arrays) -> None:
-    """np.savez to a temporary file, then an atomic rename: a killed run never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
-
-
-def load_npz(path: Path) -> dict:
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
-
-
-def collect_states(agent, game, args, cache: Path, log=print) -> dict:
-    """Every registered episode, cached one file each; the states in study order: each episode's
-    sanity states first (episode by episode), then the rest, so the sanity states are a prefix
-    (maps of a prefix of the states are the prefix of the maps)."""
+def collect_states(agent, game, args, cache: Path, log=print, progress: P.Progress | None = None) -> dict:
+    """Every registered episode, cached one file each (a recorded one replayed from `progress`,
+    a new one recorded there); the states in study order: each episode's sanity states first
+    (episode by episode), then the rest, so the sanity states are a prefix (maps of a prefix of
+    the states are the prefix of the maps)."""
     k, k_s = args.states // args.episodes, args.sanity_states // args.episodes
+    progress = progress or P.Progress(None, {})
     eps, e = [], 0
     while e < args.episodes or sum(len(x["steps"]) for x in eps) < args.states:
         f = cache / "episodes" / f"ep{e:03d}.npz"
         if not f.exists():
-            log(f"[{game}] episode {e} (seed {env_seed(args.seed, e)})")
-            r = play_episode(agent, game, env_seed(args.seed, e), k, args.epsilon, args.max_episode_steps)
+            if progress.has_episode(e):
+                log(f"[{game}] episode {e}: replaying its recorded actions")
+                r = progress.replay_episode(e, lambda seed, actions: play_episode(
+                    None, game, seed, k, args.epsilon, args.max_episode_steps, actions=actions))
+            else:
+                log(f"[{game}] episode {e} (seed {env_seed(args.seed, e)})")
+                r = play_episode(agent, game, env_seed(args.seed, e), k, args.epsilon, args.max_episode_steps)
             save_npz(f, **{key: np.asarray(v) for key, v in r.items()})
         eps.append(load_npz(f))
+        if "actions" not in eps[-1] and progress.root is not None:
+            raise P.ProgressMismatch(f"{f} was cached without its actions, so it cannot be recorded for another "
+                                     f"machine; start from an empty --cache (or pass --no-progress)")
+        if progress.has_episode(e):
+            progress.check_episode(e, eps[-1])      # a cache from another run is refused, not mixed
+        else:
+            progress.save_episode(e, eps[-1])
         e += 1
     hashes = [str(x["trajectory_sha256"]) for x in eps]
     order_s, order_r = [], []
@@ -161,23 +176,41 @@ def collect_states(agent, game, args, cache: Path, log=print) -> dict:
             "n_sanity": len(order_s), "episodes": eps, "distinct_episodes": len(set(hashes))}
 
 
-def method_maps(cache, label, agent, obs, method, opts, key, log=print):
-    f = cache / "methods" / label / "maps.npz"
+def method_dir(cache: Path, label: str, mkey: str) -> Path:
+    """The method's cache folder, named by its key: pieces made under other settings (batch size,
+    layers, options...) are never picked up, here or in the progress folder."""
+    return cache / "methods" / f"{label}_{mkey[:12]}"
+
+
+def method_maps(d: Path, label, agent, obs, method, opts, key, log=print):
+    """The method's maps of all states (cached), with their timing in timing.npz beside them."""
+    f = d / "maps.npz"
     if f.exists():
-        z = load_npz(f)
-        return z["maps"], {k: float(z[k]) for k in ("first_call_s", "ms_per_map", "load_avg_1min")}
+        return load_npz(f)["maps"]
     log(f"[{label}] maps on {len(obs)} states")
     load = os.getloadavg()[0]
     maps, first, per_map = PB.time_maps(agent, obs, method, opts, key)
-    t = {"first_call_s": round(first, 3), "ms_per_map": round(1000 * per_map, 3), "load_avg_1min": round(load, 2)}
-    save_npz(f, maps=np.asarray(maps, np.float32), **t)
-    return np.asarray(maps, np.float32), t
+    if not (d / "timing.npz").exists():     # the first computation's timing is the one reported
+        save_npz(d / "timing.npz", first_call_s=round(first, 3), ms_per_map=round(1000 * per_map, 3),
+                 load_avg_1min=round(load, 2))
+    save_npz(f, maps=np.asarray(maps, np.float32))
+    return np.asarray(maps, np.float32)
 
 
-def method_fidelity(cache, label, agent, obs, maps, key, batch_size) -> dict:
+def method_timing(d: Path) -> dict:
+    z = load_npz(d / "timing.npz")
+    return {k: float(z[k]) for k in ("first_call_s", "ms_per_map", "load_avg_1min")}
+
+
+def method_done(d: Path, draws) -> bool:
+    """Whether every result of the method (timing, fidelity, each sanity draw) is in the cache."""
+    return all((d / f"{n}.npz").exists() for n in ["timing", "fidelity"] + [f"sanity_d{i:02d}" for i in range(draws)])
+
+
+def method_fidelity(d: Path, label, agent, obs, maps, key, batch_size) -> dict:
     """{(mode, substrate, score): (aucs (N,), mean curve)}; the random substrate is the same draw
     for every method (PB.fidelity's key)."""
-    f = cache / "methods" / label / "fidelity.npz"
+    f = d / "fidelity.npz"
     if not f.exists():
         fid = PB.fidelity(agent, obs, {label: maps}, key, batch_size)
         save_npz(f, **{f"auc/{'/'.join(s)}": v[label][0] for s, v in fid.items()},
@@ -186,9 +219,9 @@ def method_fidelity(cache, label, agent, obs, maps, key, batch_size) -> dict:
     return {tuple(k.split("/")[1:]): (z[k], z["curve/" + k[4:]]) for k in z if k.startswith("auc/")}
 
 
-def method_sanity(cache, label, agent, obs, maps, method, opts, key, draw, layers, log=print) -> dict:
+def method_sanity(d: Path, label, agent, obs, maps, method, opts, key, draw, layers, log=print) -> dict:
     """{group: {metric: (n_sanity,)}} of one randomisation draw."""
-    f = cache / "methods" / label / f"sanity_d{draw:02d}.npz"
+    f = d / f"sanity_d{draw:02d}.npz"
     if not f.exists():
         log(f"[{label}] sanity check on {len(obs)} states, draw {draw}")
         r = sanity_check(agent.model, agent.params, obs, method=method, layers=layers, key=key, draw=draw,
@@ -208,31 +241,50 @@ def run_game(game: str, args, log=print) -> Path:
     cache = Path(args.cache).expanduser() / game / (
         f"{agent.name}_e{args.episodes}_n{args.states}_k{args.sanity_states}_eps{args.epsilon}"
         f"_max{args.max_episode_steps}_seed{args.seed}")
+    progress = open_progress(game, agent, args, log)
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "provenance.jsonl", "a") as f:     # one line per start or resume
         f.write(json.dumps({**provenance(), "command": " ".join(sys.argv)}) + "\n")
     key = jax.random.PRNGKey(args.seed)
-    st = collect_states(agent, game, args, cache, log)
+    st = collect_states(agent, game, args, cache, log, progress)
     obs, n_s = st["obs"], st["n_sanity"]
     known = _layer_names(agent.params)
     layers = group_norms(agent.params, [l for l in PB.LAYERS if l in known])
     chosen = [m for m in PB.METHODS if not args.methods or m[0] in args.methods]
+    base = {"run": progress.run_key, "decimals": DECIMALS, "states_sha256": P.sha256_array(obs), "n_sanity": int(n_s),
+            "batch_size": args.batch_size, "modes": PB.MODES, "settings": PB.SETTINGS,
+            "layers": [list(g) if isinstance(g, tuple) else g for g in layers], "metrics": PB.METRICS}
     timing, failed, aucs, curves, sanity = [], {}, {}, {}, {}
     for label, method, opts, _ in chosen:
+        fields = {**base, "label": label, "method": method, "options": opts}
+        mkey = P.key_of(fields)
+        mdir = method_dir(cache, label, mkey)
         try:
-            maps, t = method_maps(cache, label, agent, obs, method, opts, key, log)
-            for s, (a, c) in method_fidelity(cache, label, agent, obs, maps, key, args.batch_size).items():
+            if progress.restore_method(label, mkey, mdir):
+                log(f"[{label}] restored from the progress folder")
+            maps = None if method_done(mdir, args.draws) else method_maps(
+                mdir, label, agent, obs, method, opts, key, log)
+            for s, (a, c) in method_fidelity(mdir, label, agent, obs, maps, key, args.batch_size).items():
                 aucs.setdefault(s, {})[label], curves.setdefault(s, {})[label] = a, c
-            sanity[label] = {d: method_sanity(cache, label, agent, obs[:n_s], maps[:n_s], method, opts, key, d,
-                                              layers, log) for d in range(args.draws)}
+            progress.save_method(label, mkey, fields, mdir)
+            sanity[label] = {}
+            for d in range(args.draws):
+                sanity[label][d] = method_sanity(mdir, label, agent, obs[:n_s], None if maps is None else maps[:n_s],
+                                                 method, opts, key, d, layers, log)
+                progress.save_method(label, mkey, fields, mdir)
         except Exception as e:   # one broken method must not lose the others' results
             failed[label] = f"{type(e).__name__}: {e}"
             log(f"[{game}] {label} FAILED: {failed[label]}")
             continue
-        timing.append({"method": label, "states_timed": min(4, len(obs)), **t})
+        timing.append({"method": label, "states_timed": min(4, len(obs)), **method_timing(mdir)})
+    fields = {**base, "label": "random", "method": "uniform", "options": {"key_fold": 7}}
+    mkey = P.key_of(fields)
+    mdir = method_dir(cache, "random", mkey)
+    progress.restore_method("random", mkey, mdir)
     rnd = np.asarray(jax.random.uniform(jax.random.fold_in(key, 7), obs.shape[:3]))
-    for s, (a, c) in method_fidelity(cache, "random", agent, obs, rnd, key, args.batch_size).items():
+    for s, (a, c) in method_fidelity(mdir, "random", agent, obs, rnd, key, args.batch_size).items():
         aucs.setdefault(s, {})["random"], curves.setdefault(s, {})["random"] = a, c
+    progress.save_method("random", mkey, fields, mdir)
     out = Path(args.out) / game
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers,
@@ -241,6 +293,17 @@ def run_game(game: str, args, log=print) -> Path:
     A.write_readme(Path(args.out))
     log(f"[{game}] wrote {out}")
     return out
+
+
+def open_progress(game, agent, args, log=print) -> P.Progress:
+    """The game's progress folder (--progress, by default --out/<game>/progress; off with
+    --no-progress) for this run's settings; a folder recorded under other settings is refused."""
+    root = None if args.progress == "" else Path(args.progress or Path(args.out) / game / "progress")
+    run = {"game": game, "agent": agent.name, "agent_sha256": P.sha256_tree(agent.params),
+           "episodes": args.episodes, "states": args.states, "sanity_states": args.sanity_states,
+           "epsilon": args.epsilon, "max_episode_steps": args.max_episode_steps, "seed": args.seed}
+    made_by = {**git_state(), "jax": jax.__version__, "backend": jax.default_backend()}
+    return P.Progress(root, run, made_by, log, DECIMALS)
 
 
 def write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers, methods,
@@ -255,16 +318,16 @@ def write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, t
          "states": len(x["steps"]), "trajectory_sha256": str(x["trajectory_sha256"])} for i, x in enumerate(eps)])
     PB.write_csv(out / "auc_per_state.csv.gz", [
         {"mode": s[0], "substrate": s[1], "score": s[2], "method": m, "state": i, "episode": int(ep[i]),
-         "auc": round(float(v), 5)} for s, res in aucs.items() for m, a in res.items() for i, v in enumerate(a)])
+         "auc": round(float(v), DECIMALS)} for s, res in aucs.items() for m, a in res.items() for i, v in enumerate(a)])
     PB.write_csv(out / "curves.csv", [
-        {"mode": s[0], "substrate": s[1], "score": s[2], "method": m, "step": t, "mean": round(float(v), 5)}
+        {"mode": s[0], "substrate": s[1], "score": s[2], "method": m, "step": t, "mean": round(float(v), DECIMALS)}
         for s, res in curves.items() for m, c in res.items() for t, v in enumerate(c)])
     rows = []
     for m, by_draw in sanity.items():
         for d, res in by_draw.items():
             for g in res:
                 rows.extend({"method": m, "randomised": g, "draw": d, "state": i, "episode": int(ep[i]),
-                             **{k: round(float(res[g][k][i]), 5) for k in PB.METRICS}} for i in range(n_s))
+                             **{k: round(float(res[g][k][i]), DECIMALS) for k in PB.METRICS}} for i in range(n_s))
     if rows:
         PB.write_csv(out / "sanity_per_state.csv.gz", rows)
     if timing:
@@ -319,6 +382,11 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--cache", default=str(CACHE), help="where the resumable pieces live (outside the repo)")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--progress", default=None,
+                   help="the committed progress folder, restored at the start and written as pieces finish "
+                        "(default: --out/<game>/progress)")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const="",
+                   help="neither restore nor record progress (the cache alone)")
     p.add_argument("--analyse", action="store_true", help="only re-run the registered analysis on --out/<game>")
     p.add_argument("--estimate", action="store_true", help="print hours per game from the committed timing")
     a = p.parse_args(argv)
@@ -344,7 +412,10 @@ def main(argv=None):
         A.write_game(Path(a.out) / a.game)
         A.write_readme(Path(a.out))
         return
-    run_game(a.game, a, log=lambda s: print(s, flush=True))
+    try:
+        run_game(a.game, a, log=lambda s: print(s, flush=True))
+    except (P.ProgressMismatch, P.ReplayMismatch) as e:
+        sys.exit(f"paper_b_rerun: {e}")
 
 
 if __name__ == "__main__":

@@ -227,13 +227,15 @@ def test_cost_estimate_from_the_committed_timing():
 def _args(tmp_path, **kw):
     a = dict(episodes=2, states=8, sanity_states=4, draws=2, epsilon=RR.EPSILON, max_episode_steps=40,
              methods=["gradient", "grad_x_input"], agent_file=None, batch_size=256, seed=0,
-             cache=str(tmp_path / "cache"), out=str(tmp_path / "out"))
+             cache=str(tmp_path / "cache"), out=str(tmp_path / "out"), progress="")
     a.update(kw)
     return Namespace(**a)
 
 
 @pytest.mark.slow
 def test_runner_tiny_end_to_end_and_resumes(tmp_path):
+    """Resuming from the cache alone (--no-progress); tests/test_paper_b_rerun_progress.py resumes
+    on a fresh machine from the progress folder."""
     pytest.importorskip("gymnax")
     logs = []
     out = RR.run_game("minatar-breakout", _args(tmp_path), log=logs.append)
@@ -249,7 +251,7 @@ def test_runner_tiny_end_to_end_and_resumes(tmp_path):
     assert any("maps on" in line for line in logs)
     # a second call does no work; a lost sanity draw is the only thing recomputed
     cache = next((tmp_path / "cache" / "minatar-breakout").iterdir())
-    (cache / "methods" / "gradient" / "sanity_d01.npz").unlink()
+    next((cache / "methods").glob("gradient_*")).joinpath("sanity_d01.npz").unlink()
     logs.clear()
     RR.run_game("minatar-breakout", _args(tmp_path), log=logs.append)
     work = [line for line in logs if "maps on" in line or "sanity check" in line or "episode" in line]

@@ -1,0 +1,258 @@
+"""The Paper B re-run's committed progress (experiments/paper_b_rerun_progress.py): results kept at
+the outputs' precision, keyed pieces, episodes as seeds and actions replayed exactly, and a run
+resumed on a fresh machine ending with the outputs of an uninterrupted one."""
+import gzip
+import json
+import shutil
+from argparse import Namespace
+
+import numpy as np
+import pytest
+
+from experiments import paper_b as PB
+from experiments import paper_b_rerun as RR
+from experiments import paper_b_rerun_progress as P
+
+RUN = {"game": "mspacman", "agent": "a", "agent_sha256": "0" * 64, "episodes": 20, "states": 1000,
+       "sanity_states": 200, "epsilon": 0.01, "max_episode_steps": 27000, "seed": 0}
+
+
+# ------------------------------------------------------------------ precision
+def test_values_keep_the_outputs_precision_exactly():
+    rng = np.random.default_rng(0)
+    arrays = {"a": rng.uniform(-1, 1, (20, 1000)).astype(np.float32), "b": rng.normal(0, 1e-5, 5000),
+              "c": rng.normal(0, 300, 5000), "d": np.array(0.25), "e": np.zeros((0, 3)),
+              "f": np.array([-0.0, 0.0, -1e-7, 1e-7, 0.123455, -2.5e-6, 0.5, 3.0]),
+              "nan": np.array([np.nan, 1.0]), "int": np.arange(3), "text": np.array("x")}
+    z = P.pack(arrays, 5)
+    assert sorted(k for k in z if k.startswith("raw:")) == ["raw:int", "raw:nan", "raw:text"]
+    assert z["packed:values"].dtype == np.uint8 and z["packed:values"].shape == (4, 20000 + 10000 + 1 + 8)
+    back = P.unpack(z)
+    assert list(back) == list(arrays)           # the order too: the outputs' rows follow it
+    for k, a in arrays.items():
+        assert back[k].shape == a.shape, k
+        if a.dtype.kind == "f" and np.isfinite(a).all():     # what the CSVs print, -0.0 included
+            assert [repr(round(float(x), 5)) for x in back[k].flat] == [repr(round(float(x), 5)) for x in a.flat]
+        else:
+            assert back[k].dtype == a.dtype and np.array_equal(back[k], a, equal_nan=a.dtype.kind == "f")
+    assert repr(float(back["f"][2])) == "-0.0" and back["f"][4] == round(0.123455, 5)
+    assert P.unpack(P.pack({}, 5)) == {}
+
+
+# ------------------------------------------------------------------ the folder
+def test_a_folder_from_other_settings_is_refused(tmp_path):
+    P.Progress(tmp_path / "p", RUN)
+    P.Progress(tmp_path / "p", dict(RUN))                    # the same settings: fine
+    with pytest.raises(P.ProgressMismatch, match=r"states.*--progress"):
+        P.Progress(tmp_path / "p", {**RUN, "states": 8})
+    assert P.Progress(None, {**RUN, "states": 8}).root is None      # off: nothing read or written
+
+
+def _method_cache(d, rng, draws=2, n=12, n_s=4):
+    auc = {f"auc/{m}/{s}/{c}": rng.normal(1.5, 0.5, n) for m, s, c in RR.SETTINGS}
+    curve = {f"curve/{m}/{s}/{c}": rng.normal(1.5, 0.5, 85) for m, s, c in RR.SETTINGS}
+    P.save_npz(d / "fidelity.npz", **auc, **curve)
+    P.save_npz(d / "timing.npz", first_call_s=12.345, ms_per_map=3.21, load_avg_1min=2.5)
+    P.save_npz(d / "maps.npz", maps=rng.random((n, 84, 84), np.float32))
+    for k in range(draws):
+        P.save_npz(d / f"sanity_d{k:02d}.npz", **{f"{g}/{m}": rng.uniform(-0.1, 1, n_s).astype(np.float32)
+                                                  for g in PB.GROUPS for m in PB.METRICS})
+
+
+def _printed(d):
+    return {f.name: {k: [repr(round(float(x), 5)) for x in np.ravel(v)] for k, v in P.load_npz(f).items()}
+            for f in sorted(d.glob("*.npz")) if f.stem != "maps"}
+
+
+def test_method_pieces_restore_without_maps_and_a_stale_key_is_ignored(tmp_path):
+    cache, prog = tmp_path / "cache" / "gradient", P.Progress(tmp_path / "p", RUN)
+    _method_cache(cache, np.random.default_rng(1))
+    prog.save_method("gradient", "k1", {"label": "gradient"}, cache)
+    f = tmp_path / "p" / "methods" / "gradient.npz"
+    z = P.load_npz(f)
+    assert str(z["key"]) == "k1" and not any("maps" in k for k in z)
+    assert "sanity_d01:q/spearman" in z["packed:names"].tolist()
+    before = f.read_bytes()
+    prog.save_method("gradient", "k1", {"label": "gradient"}, cache)
+    assert f.read_bytes() == before                      # nothing new: the file keeps its bytes (no git change)
+    fresh = tmp_path / "fresh" / "gradient"
+    assert sorted(prog.restore_method("gradient", "k1", fresh)) == ["fidelity", "sanity_d00", "sanity_d01", "timing"]
+    assert _printed(fresh) == _printed(cache)            # every value as the outputs print it
+    for name in ("fidelity.npz", "sanity_d01.npz"):      # in the same order (the outputs' rows follow it)
+        assert list(P.load_npz(fresh / name)) == list(P.load_npz(cache / name))
+    assert not (fresh / "maps.npz").exists()
+    assert prog.restore_method("gradient", "k1", fresh) == []      # the cache's own pieces are kept
+    logs = []
+    stale = P.Progress(tmp_path / "p", RUN, log=logs.append)
+    assert stale.restore_method("gradient", "k2", tmp_path / "other") == []
+    assert not (tmp_path / "other").exists() and "stale" in logs[0]
+    # a record under another key is replaced, not merged
+    (cache / "sanity_d01.npz").unlink()
+    stale.save_method("gradient", "k2", {}, cache)
+    z = P.load_npz(f)
+    assert str(z["key"]) == "k2" and not any(k.startswith("sanity_d01:") for k in z)
+
+
+def test_a_partly_finished_method_keeps_what_an_earlier_session_recorded(tmp_path):
+    prog = P.Progress(tmp_path / "p", RUN)
+    first, second = tmp_path / "s1" / "m", tmp_path / "s2" / "m"
+    _method_cache(first, np.random.default_rng(2), draws=1)
+    prog.save_method("m", "k", {}, first)
+    prog.restore_method("m", "k", second)
+    _method_cache(tmp_path / "extra", np.random.default_rng(3), draws=2)
+    (tmp_path / "extra" / "sanity_d01.npz").rename(second / "sanity_d01.npz")     # session 2 adds draw 1
+    prog.save_method("m", "k", {}, second)
+    got = tmp_path / "s3" / "m"
+    assert sorted(prog.restore_method("m", "k", got)) == ["fidelity", "sanity_d00", "sanity_d01", "timing"]
+    assert _printed(got) == {**_printed(first), "sanity_d01.npz": _printed(second)["sanity_d01.npz"]}
+
+
+def test_registered_size_method_and_episodes_stay_small(tmp_path):
+    """One method at the registered size (1,000 states, 10 draws of 200 sanity states) with values
+    of full entropy at the outputs' precision, and 20 long episodes of actions."""
+    cache, prog = tmp_path / "cache" / "m", P.Progress(tmp_path / "p", RUN)
+    _method_cache(cache, np.random.default_rng(4), draws=10, n=1000, n_s=200)
+    prog.save_method("m", "k", {}, cache)
+    size = (tmp_path / "p" / "methods" / "m.npz").stat().st_size
+    assert size < 200_000, size
+    print(f"one method at the registered size: {size / 1e3:.0f} KB")
+    rng = np.random.default_rng(5)
+    for e in range(20):
+        actions = np.where(rng.random(5000) < 0.7, np.repeat(rng.integers(0, 9, 500), 10), rng.integers(0, 9, 5000))
+        prog.save_episode(e, {"obs": np.zeros((50, 84, 84, 4), np.uint8), "actions": actions,
+                              "trajectory_sha256": "f" * 64, "length": 5000, "return": 1.0, "truncated": False,
+                              "random_actions": 50, "env_seed": 1000 + e})
+    eps = sum(f.stat().st_size for f in (tmp_path / "p" / "episodes").iterdir())
+    assert eps < 20 * 5000, eps
+
+
+def _episode(rng, seed=1000):
+    return {"obs": rng.integers(0, 255, (5, 84, 84, 4), np.uint8), "steps": np.arange(5), "length": 77,
+            "return": 12.0, "truncated": False, "random_actions": 1, "env_seed": seed,
+            "trajectory_sha256": "a" * 64, "actions": rng.integers(0, 9, 77)}
+
+
+def test_a_recorded_episode_is_replayed_and_a_changed_one_refused(tmp_path):
+    rng = np.random.default_rng(6)
+    ep = _episode(rng)
+    prog = P.Progress(tmp_path / "p", RUN)
+    prog.save_episode(0, ep)
+    seen = []
+    got = prog.replay_episode(0, lambda seed, actions: seen.append((seed, actions)) or dict(ep))
+    assert seen[0][0] == 1000 and np.array_equal(seen[0][1], ep["actions"]) and seen[0][1].dtype == np.uint8
+    assert got["obs"] is ep["obs"]
+    other = {**ep, "obs": ep["obs"].copy()}
+    other["obs"][2, 40, 40, 3] ^= 1                      # one pixel differs
+    with pytest.raises(P.ReplayMismatch, match="states_sha256"):
+        prog.replay_episode(0, lambda seed, actions: other)
+    with pytest.raises(P.ReplayMismatch, match="length"):
+        prog.check_episode(0, {**ep, "length": 76})
+    with pytest.raises(P.ReplayMismatch):                # never overwritten by another episode
+        prog.save_episode(0, other)
+    # a tampered record: its hash no longer matches the replay
+    f = tmp_path / "p" / "episodes" / "ep000.npz"
+    z = P.load_npz(f)
+    P.save_npz(f, compressed=True, **{**z, "states_sha256": np.array("0" * 64)})
+    with pytest.raises(P.ReplayMismatch, match="does not reproduce"):
+        prog.replay_episode(0, lambda seed, actions: dict(ep))
+    other_run = P.Progress(tmp_path / "p2", {**RUN, "seed": 1})
+    (tmp_path / "p2" / "episodes").mkdir()
+    f.rename(tmp_path / "p2" / "episodes" / "ep000.npz")           # a record copied from another run
+    with pytest.raises(P.ProgressMismatch, match="another run"):
+        other_run.replay_episode(0, lambda seed, actions: dict(ep))
+
+
+@pytest.mark.slow
+def test_atari_episode_replays_to_the_same_bytes():
+    """The emulator is deterministic given the env seed: the recorded actions regenerate the
+    played episode's frames, hashes and return exactly; a cut record is refused."""
+    pytest.importorskip("envpool")
+    import jaxsal_agents
+    agent = jaxsal_agents.load("mspacman")
+    ep = RR.play_episode(agent, "mspacman", 1000, 20, 0.05, 150)
+    assert ep["length"] == 150 and ep["random_actions"] > 0 and len(ep["actions"]) == 150
+    again = RR.play_episode(None, "mspacman", 1000, 20, 0.05, 150, actions=ep["actions"])
+    assert again["obs"].tobytes() == ep["obs"].tobytes() and again["steps"].tolist() == ep["steps"].tolist()
+    for k in ("trajectory_sha256", "return", "length", "truncated", "random_actions"):
+        assert again[k] == ep[k], k
+    cut = RR.play_episode(None, "mspacman", 1000, 20, 0.05, 150, actions=ep["actions"][:100])
+    assert cut["length"] == 100 and cut["trajectory_sha256"] != ep["trajectory_sha256"]
+
+
+# ------------------------------------------------------------------ the runner across machines
+def _args(root, **kw):
+    a = dict(episodes=2, states=8, sanity_states=4, draws=2, epsilon=RR.EPSILON, max_episode_steps=40,
+             methods=["gradient", "grad_x_input"], agent_file=None, batch_size=256, seed=0,
+             cache=str(root / "cache"), out=str(root / "out"), progress=None)
+    a.update(kw)
+    return Namespace(**a)
+
+
+def _outputs(out):
+    """The result files' contents (gzip members decompressed: their headers carry a time)."""
+    read = lambda f: gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes()
+    return {f.name: read(f) for f in sorted(out.iterdir()) if f.is_file() and f.name not in ("meta.json", "README.md",
+                                                                                            "summary.json")}
+
+
+def _work(logs):
+    return [line for line in logs if any(w in line for w in ("maps on", "sanity check", "episode", "restored",
+                                                             "stale"))]
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_a_fresh_machine_ends_as_an_uninterrupted_one(tmp_path, capsys):
+    pytest.importorskip("gymnax")
+    game = "minatar-breakout"
+    whole = RR.run_game(game, _args(tmp_path / "whole", progress=""), log=lambda s: None)
+    # session 1: one method, one draw; its progress is recorded as it goes
+    s1 = tmp_path / "s"
+    RR.run_game(game, _args(s1, draws=1, methods=["gradient"]), log=lambda s: None)
+    prog = s1 / "out" / game / "progress"
+    assert sorted(f.name for f in (prog / "methods").iterdir()) == ["gradient.npz", "random.npz"]
+    assert sorted(f.name for f in (prog / "episodes").iterdir()) == ["ep000.npz", "ep001.npz"]
+    shutil.rmtree(s1 / "cache")                          # a fresh machine: only the committed folder is left
+    capsys.readouterr()
+    logs = []
+    out = RR.run_game(game, _args(s1), log=logs.append)
+    printed = capsys.readouterr().out
+    assert _work(logs) == ["[minatar-breakout] episode 0: replaying its recorded actions",
+                           "[minatar-breakout] episode 1: replaying its recorded actions",
+                           "[gradient] restored from the progress folder",
+                           "[gradient] maps on 8 states",                 # the maps again, for draw 1 only
+                           "[gradient] sanity check on 4 states, draw 1",
+                           "[grad_x_input] maps on 8 states",
+                           "[grad_x_input] sanity check on 4 states, draw 0",
+                           "[grad_x_input] sanity check on 4 states, draw 1"], _work(logs)
+    assert "fidelity gradient" not in printed and "fidelity random" not in printed and "fidelity grad_x_input" in printed
+    got, want = _outputs(out), _outputs(whole)
+    assert got.keys() == want.keys() and "sanity_per_state.csv.gz" in got
+    timing = got.pop("timing.csv"), want.pop("timing.csv")        # measured: the same methods, other times
+    assert [r.split(b",")[0] for r in timing[0].splitlines()] == [r.split(b",")[0] for r in timing[1].splitlines()]
+    assert got == want
+    s_got, s_want = (json.loads((d / "summary.json").read_text()) for d in (out, whole))
+    assert {k: v for k, v in s_got.items() if k != "meta"} == {k: v for k, v in s_want.items() if k != "meta"}
+    # a third session has nothing left to do, from the cache or from the folder alone
+    logs.clear()
+    RR.run_game(game, _args(s1), log=logs.append)
+    assert _work(logs) == []
+    shutil.rmtree(s1 / "cache")
+    logs.clear()
+    RR.run_game(game, _args(s1), log=logs.append)
+    assert [w for w in _work(logs) if "replaying" not in w] == ["[gradient] restored from the progress folder",
+                                                                "[grad_x_input] restored from the progress folder"]
+    assert _outputs(out) | {"timing.csv": b""} == got | {"timing.csv": b""}
+    # other settings the results depend on: the pieces are stale and recomputed, not reused
+    logs.clear()
+    RR.run_game(game, _args(s1, batch_size=128, methods=["gradient"]), log=logs.append)
+    assert "[gradient] recorded progress is stale" in " ".join(logs) and "[gradient] maps on 8 states" in logs
+    # other sampling settings: the folder is refused before anything runs
+    with pytest.raises(P.ProgressMismatch, match="states"):
+        RR.run_game(game, _args(s1, states=10), log=lambda s: None)
+    # a replay that does not reproduce the record stops the run
+    shutil.rmtree(s1 / "cache")
+    f = prog / "episodes" / "ep001.npz"
+    z = P.load_npz(f)
+    P.save_npz(f, compressed=True, **{**z, "trajectory_sha256": np.array("0" * 64)})
+    with pytest.raises(P.ReplayMismatch, match="episode 1 .*trajectory_sha256"):
+        RR.run_game(game, _args(s1), log=lambda s: None)
