@@ -2,26 +2,26 @@
 
 Reads the states saved by `docs/_build/method_frames.py` (`docs/images/data/method_frames.npz`: the
 shipped Breakout and MsPacman agents, three states of one greedy game each), explains each with every
-registered method at its defaults through the shipped agents, and writes
+registered method at its defaults through the shipped agents (the greedy action), and writes
 
 - `docs/images/methods/<method>.png`: the method's maps on all six states,
-- `docs/images/methods/gallery_<agent>.png`: all methods side by side on one state of each agent,
-- `experiments/results/demo/breakout_grid.png`: the hero, Breakout with the demo's four methods.
+- `docs/images/methods/gallery_<agent>.png`: every method side by side on one state of each agent,
+- `docs/images/hero.png`: the README's picture, both agents with the demo's four methods.
 
-Each map has its own colour scale and colour bar: diverging (blue negative, red positive, centred on 0)
-where the map takes both signs, sequential from its low to its high end otherwise; the ends are the
-0.5th and 99.5th percentiles, so a single extreme pixel does not wash out the rest. The map is drawn
-over the newest of the state's four stacked frames, more opaque where it is stronger. Needs no game
-emulator; about two minutes on two CPU cores.
+Each map has its own scale and colour bar, its ends at the map's 0.5th and 99.5th percentiles (a single
+extreme pixel does not wash out the rest). The map's value of no effect (see `scale`) is drawn clear; above
+it the map goes from red to yellow, below it from blue to cyan, more opaque the further from it, over the
+newest of the state's four stacked frames, dimmed. Needs no game emulator; a few minutes on two CPU cores.
 
-    python docs/_build/method_pictures.py               # the committed pictures
-    python docs/_build/method_pictures.py --out DIR     # all of them into DIR (tests)
+    python docs/_build/method_pictures.py                    # the committed pictures
+    python docs/_build/method_pictures.py --tiny --out DIR   # all of them into DIR, cheaply (tests)
 """
 from __future__ import annotations
 
 import argparse
 import inspect
 import io
+import re
 import time
 from pathlib import Path
 
@@ -30,15 +30,37 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 FRAMES = ROOT / "docs" / "images" / "data" / "method_frames.npz"
 OUT = ROOT / "docs" / "images" / "methods"
-HERO = ROOT / "experiments" / "results" / "demo" / "breakout_grid.png"
+HERO = ROOT / "docs" / "images" / "hero.png"
 HERO_METHODS = ("gradcam", "gradient", "guided_backprop", "occlusion")  # what `jaxsal demo` shows
 GALLERY_STATE = 1  # the gallery shows each agent's middle state
 TITLES = {"breakout": "Breakout", "mspacman": "MsPacman"}
+ACTIONS = {"breakout": ("NOOP", "FIRE", "RIGHT", "LEFT"),  # the games' minimal action sets, in ALE's order
+           "mspacman": ("NOOP", "UP", "RIGHT", "LEFT", "DOWN", "UPRIGHT", "UPLEFT", "DOWNRIGHT", "DOWNLEFT")}
 # cheap stand-ins for the costly options, for a test that only checks what is written (--tiny)
 TINY = {"smoothgrad": {"n_samples": 2}, "integrated_gradients": {"steps": 2}, "rise": {"n_masks": 8},
         "lime": {"n_samples": 16}, "occlusion": {"patch": 12, "stride": 12},
         "noise_sensitivity": {"stride": 12}, "sarfa": {"stride": 12}}
 DPI = 100
+RAMP_UP = np.array([[0.85, 0.1, 0.1], [1.0, 0.95, 0.3]])  # above the map's base: red, to yellow at its end
+RAMP_DOWN = np.array([[0.1, 0.3, 1.0], [0.45, 1.0, 1.0]])  # below: blue, to cyan
+ALPHA, GAMMA = 0.95, 0.75  # opacity at the scale's end, and how fast it grows
+BAR_BACKGROUND = 0.15  # the grey the colour bars are drawn over, about a dimmed frame's
+FRAME_MAX = 400  # the frame drawn at up to 255/400 of white, so that the maps stand out
+
+
+def method_title(method: str, with_key: bool = True) -> str:
+    """The method's name as its page spells it (its first heading), with its registry name, or only that."""
+    page = ROOT / "docs" / "methods" / f"{method}.md"
+    heading = page.read_text().split("\n", 1)[0].lstrip("# ").strip() if page.is_file() else ""
+    if not heading or heading == method:
+        return method
+    return f"{heading} ({method})" if with_key else heading
+
+
+def state_title(name: str, d: dict, j: int) -> str:
+    """'Breakout, step 180: RIGHT': the game, the play step and the explained (greedy) action."""
+    actions, a = ACTIONS.get(name, ()), int(d["actions"][j])
+    return f"{TITLES.get(name, name)}, step {d['steps'][j]}: {actions[a] if a < len(actions) else f'action {a}'}"
 
 
 def compute_maps(frames, methods, options=None):
@@ -67,36 +89,63 @@ def compute_maps(frames, methods, options=None):
     return out
 
 
-def scale(m):
-    """(cmap name, vmin, vmax, signed) of one map: diverging about 0 where it takes both signs at its
-    0.5th/99.5th percentiles, else sequential between them."""
+def scale(m, sequential=False):
+    """(vmin, base, vmax) of one map, its ends at the 0.5th/99.5th percentiles, `base` its value of no
+    effect, drawn clear: its low end for a `sequential` map (a CAM: evidence from its weakest to its
+    strongest); 0 where the map takes both signs; its median where that lies well inside its range (an
+    offset map, such as occlusion's 1 - Q_a(x'), whose median is a patch that changes nothing); else the
+    end its median is nearest to."""
     lo, hi = (float(v) for v in np.percentile(m, [0.5, 99.5]))
+    if sequential and hi > lo:
+        return lo, lo, hi
     if lo < 0 < hi:
         s = float(np.percentile(np.abs(m), 99.5)) or 1.0
-        return "RdBu_r", -s, s, True
+        return -s, 0.0, s
     if hi <= lo:
-        hi = lo + (abs(lo) or 1.0) * 1e-6
-    return "inferno", lo, hi, False
+        return lo, lo, lo + (abs(lo) or 1.0) * 1e-6
+    c = float(np.median(m))
+    if min(c - lo, hi - c) > 0.2 * (hi - lo):
+        s = float(np.percentile(np.abs(m - c), 99.5))
+        return c - s, c, c + s
+    return (lo, lo, hi) if c - lo <= hi - c else (lo, hi, hi)
 
 
-def draw_map(fig, ax, frame, m, fontsize=7):
-    """The frame in grey, dimmed, and the map over it on its own scale, with a colour bar below."""
+def overlay(m, vmin, base, vmax):
+    """RGBA of a map: red to yellow above `base`, blue to cyan below, more opaque the further from it."""
+    m = np.asarray(m, np.float64) - base
+    up = m / (vmax - base) if vmax > base else np.zeros_like(m)  # a sequential scale has one side only
+    down = m / (base - vmin) if base > vmin else np.zeros_like(m)
+    v = np.clip(np.where(m >= 0, up, down), -1, 1)[..., None]
+    a = np.abs(v)
+    rgb = np.where(v >= 0, (1 - a) * RAMP_UP[0] + a * RAMP_UP[1], (1 - a) * RAMP_DOWN[0] + a * RAMP_DOWN[1])
+    return np.clip(np.concatenate([rgb, ALPHA * a ** GAMMA], -1), 0, 1)
+
+
+def _labels(ticks):
+    """Tick labels with the fewest significant digits that tell the ticks apart."""
+    for digits in range(2, 7):
+        labels = [f"{t:.{digits}g}" for t in ticks]
+        if len(set(labels)) == len(labels):
+            return labels
+    return labels
+
+
+def draw_map(fig, ax, frame, m, fontsize=8, sequential=False):
+    """The frame in grey, dimmed, and the map over it on its own scale, with a colour bar below that shows
+    the map's colours as they look over a dark frame."""
     import matplotlib as mpl
 
-    name, vmin, vmax, signed = scale(m)
-    cmap = mpl.colormaps[name]
-    norm = mpl.colors.Normalize(vmin, vmax)
-    strength = np.abs(m) / vmax if signed else (m - vmin) / (vmax - vmin)
-    rgba = cmap(norm(m))
-    rgba[..., 3] = 0.9 * np.clip(strength, 0, 1) ** 0.5
-    ax.imshow(frame, cmap="gray", vmin=0, vmax=400, interpolation="nearest")
-    ax.imshow(rgba, interpolation="nearest")
+    vmin, base, vmax = scale(m, sequential)
+    ax.imshow(frame, cmap="gray", vmin=0, vmax=FRAME_MAX, interpolation="nearest")
+    ax.imshow(overlay(m, vmin, base, vmax), interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
-    bar = fig.colorbar(mpl.cm.ScalarMappable(norm, cmap), ax=ax, orientation="horizontal",
-                       fraction=0.07, pad=0.03, aspect=14)
-    ticks = [vmin, 0.0, vmax] if signed else [vmin, vmax]
-    bar.set_ticks(ticks, labels=[f"{t:.2g}" for t in ticks])
+    rgba = overlay(np.linspace(vmin, vmax, 256), vmin, base, vmax)
+    colours = rgba[:, :3] * rgba[:, 3:] + BAR_BACKGROUND * (1 - rgba[:, 3:])
+    bar = fig.colorbar(mpl.cm.ScalarMappable(mpl.colors.Normalize(vmin, vmax), mpl.colors.ListedColormap(colours)),
+                       ax=ax, orientation="horizontal", fraction=0.07, pad=0.03, aspect=14)
+    ticks = sorted({vmin, base, vmax})
+    bar.set_ticks(ticks, labels=_labels(ticks))
     bar.ax.tick_params(labelsize=fontsize, length=2, pad=1)
     bar.outline.set_linewidth(0.5)
 
@@ -115,6 +164,21 @@ def save_png(fig, path: Path):
     img.save(path, optimize=True)
 
 
+def is_cam(method: str) -> bool:
+    """Whether the method is a CAM (it taps a layer, `layer=`): its maps are drawn on a sequential scale."""
+    import jaxsal
+
+    return "layer" in inspect.signature(jaxsal.METHODS[method]).parameters
+
+
+def _frame(ax, frame, title, fontsize):
+    """The state's newest frame as the agent sees it, for reference next to the maps."""
+    ax.imshow(frame, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=fontsize)
+
+
 def method_figure(method, data):
     """One row per agent, one column per state."""
     import matplotlib.pyplot as plt
@@ -126,45 +190,52 @@ def method_figure(method, data):
     for row, name in zip(axes, agents):
         d = data[name]
         for j, ax in enumerate(row):
-            draw_map(fig, ax, d["obs"][j, ..., -1], d["maps"][method][j], fontsize=8)
-            ax.set_title(f"{TITLES.get(name, name)}, step {d['steps'][j]}, action {d['actions'][j]}", fontsize=9)
-    fig.suptitle(method, fontsize=11, fontweight="bold")
+            draw_map(fig, ax, d["obs"][j, ..., -1], d["maps"][method][j], fontsize=8, sequential=is_cam(method))
+            ax.set_title(state_title(name, d, j), fontsize=9)
+    fig.suptitle(method_title(method), fontsize=12, fontweight="bold")
     return fig
 
 
-def gallery_figure(methods, d, state, title, columns=6):
-    """Every method on one state, `columns` to a row."""
+def gallery_figure(methods, name, d, state=GALLERY_STATE, columns=5):
+    """The state's frame, then every method on it, `columns` to a row."""
     import matplotlib.pyplot as plt
 
-    rows = -(-len(methods) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(1.4 * columns, 1.78 * rows), squeeze=False,
+    rows = -(-(len(methods) + 1) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(1.65 * columns, 2.0 * rows), squeeze=False,
                              layout="constrained")
-    for ax, m in zip(axes.flat, methods):
-        draw_map(fig, ax, d["obs"][state, ..., -1], d["maps"][m][state], fontsize=6.5)
+    frame = d["obs"][state, ..., -1]
+    _frame(axes.flat[0], frame, "the frame", 8)
+    for ax, m in zip(axes.flat[1:], methods):
+        draw_map(fig, ax, frame, d["maps"][m][state], fontsize=7, sequential=is_cam(m))
         ax.set_title(m, fontsize=8)
-    for ax in axes.flat[len(methods):]:
+    for ax in axes.flat[len(methods) + 1:]:
         ax.axis("off")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(f"Every method on {state_title(name, d, state)}", fontsize=10, fontweight="bold")
     return fig
 
 
-def hero_figure(d, methods=HERO_METHODS):
-    """One row per state: the frame, then each method's map."""
+def hero_figure(data, methods=HERO_METHODS, state=GALLERY_STATE):
+    """One row per agent, on one state: its frame, then each method's map."""
     import matplotlib.pyplot as plt
 
-    k = len(d["obs"])
     cols = 1 + len(methods)
-    fig, axes = plt.subplots(k, cols, figsize=(1.62 * cols, 1.95 * k), squeeze=False, layout="constrained")
-    for j, row in enumerate(axes):
-        frame = d["obs"][j, ..., -1]
-        row[0].imshow(frame, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
-        row[0].set_xticks([])
-        row[0].set_yticks([])
-        row[0].set_title(f"step {d['steps'][j]}, action {d['actions'][j]}", fontsize=8)
+    fig, axes = plt.subplots(len(data), cols, figsize=(1.65 * cols, 2.05 * len(data)), squeeze=False,
+                             layout="constrained")
+    for row, (name, d) in zip(axes, data.items()):
+        frame = d["obs"][state, ..., -1]
+        _frame(row[0], frame, state_title(name, d, state).replace(", step", "\nstep"), 8)
         for ax, m in zip(row[1:], methods):
-            draw_map(fig, ax, frame, d["maps"][m][j], fontsize=7)
-            ax.set_title(m, fontsize=8)
+            draw_map(fig, ax, frame, d["maps"][m][state], fontsize=7, sequential=is_cam(m))
+            ax.set_title(method_title(m, with_key=False), fontsize=9)
     return fig
+
+
+def ordered(methods):
+    """The methods in the order the methods overview lists them (by family), any others after them."""
+    index = (ROOT / "docs" / "methods" / "index.md")
+    listed = re.findall(r"^\| \[`(\w+)`\]", index.read_text(), re.M) if index.is_file() else []
+    rank = {m: i for i, m in enumerate(listed)}
+    return sorted(methods, key=lambda m: (rank.get(m, len(rank)), m))
 
 
 def main(argv=None):
@@ -178,19 +249,18 @@ def main(argv=None):
     p.add_argument("--out", type=Path, help="write every picture into this folder instead")
     p.add_argument("--tiny", action="store_true", help="cheap settings for the costly methods (tests)")
     args = p.parse_args(argv)
-    methods = jaxsal.methods()
+    methods = ordered(jaxsal.methods())
     with np.load(args.frames) as f:
         frames = {k: f[k] for k in f.files}
     data = compute_maps(frames, methods, TINY if args.tiny else None)
-    out, hero = (args.out, args.out / HERO.name) if args.out else (OUT, HERO)
+    out = args.out or OUT
     for m in methods:
         save_png(method_figure(m, data), out / f"{m}.png")
     for name, d in data.items():
-        title = f"{TITLES.get(name, name)}, step {d['steps'][GALLERY_STATE]}, action {d['actions'][GALLERY_STATE]}"
-        save_png(gallery_figure(methods, d, GALLERY_STATE, title), out / f"gallery_{name}.png")
-    save_png(hero_figure(data["breakout"]), hero)
+        save_png(gallery_figure(methods, name, d), out / f"gallery_{name}.png")
+    hero = out / HERO.name if args.out else HERO
+    save_png(hero_figure(data, [m for m in HERO_METHODS if m in methods]), hero)
     print(f"wrote {len(methods)} method pictures, {len(data)} galleries and {hero}")
-
 
 if __name__ == "__main__":
     main()
