@@ -7,7 +7,8 @@
     jaxsal agents
 
 Every bad input ends in one line on stderr and a non-zero exit, never a traceback
-(set JAXSAL_DEBUG=1 to see one).
+(set JAXSAL_DEBUG=1 to see one). Here: the parser, the exit codes and `main`; each command is a
+module of its own (explain, render, demo, sweep, agents), which builds its subparser.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def _die(msg: str, code: int = EXIT_INPUT):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `jaxsal` parser. The command modules are imported here, not when the package is, so that a
+    sweep worker (jaxsal.cli.sweep_run) loads none of them."""
     from jaxsal import __version__
     from jaxsal.cli import agents, demo, explain, render, sweep
 

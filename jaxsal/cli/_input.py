@@ -55,7 +55,7 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
     t = time.perf_counter()
     batch = provider.collect(_game_agent(agent), steps, env=env, seed=seed, until_done=until_done)
     say(f"played {len(batch)} steps of {game} in {time.perf_counter() - t:.1f}s "
-         f"(returns of finished games: {batch.episode_returns or 'none finished'})", quiet)
+        f"(returns of finished games: {batch.episode_returns or 'none finished'})", quiet)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(".obs.npy.tmp")
     with open(tmp, "wb") as f:  # a file handle: np.save(path) would append ".npy" to the name

@@ -32,12 +32,12 @@ def cmd_demo(args) -> int:
     elif "breakout" in agent_provider().available():
         agent = as_agent(agent_provider().load("breakout"), default_name="breakout")
         say(f"loaded the shipped Breakout agent ({agent.card.get('algorithm', agent.card.get('arch'))})",
-             args.quiet)
+            args.quiet)
     else:
         agent = as_agent(agent_provider().random_agent("breakout", args.seed),
                          default_name="breakout-random-init")
         say("the shipped Breakout agent is not available yet (agents/shipped/breakout.json); using an "
-             "UNTRAINED random-init agent, so the maps show the pipeline, not a trained policy", args.quiet)
+            "UNTRAINED random-init agent, so the maps show the pipeline, not a trained policy", args.quiet)
     if args.methods:
         names = [m.strip() for m in args.methods.split(",") if m.strip()]
     else:
@@ -72,7 +72,7 @@ def cmd_demo(args) -> int:
     for line in summary_lines(summary):
         say(line, args.quiet)
     say(f"demo done in {time.perf_counter() - t0:.1f}s. Look at: {res['html'].absolute()}\n"
-         f"  video: {res['videos'][0].absolute()}\n  maps: jaxsal.load_maps('{out}', '{names[0]}')", args.quiet)
+        f"  video: {res['videos'][0].absolute()}\n  maps: jaxsal.load_maps('{out}', '{names[0]}')", args.quiet)
     return 0
 
 

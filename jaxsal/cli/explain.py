@@ -153,7 +153,7 @@ def _explain_job(args, agent, specs, out: Path):
         source = Limited(source, args.limit)
     check_layers(agent, specs, source)
     say(f"explaining {len(source)} frames of {source.describe().get('path') or 'the rollout'} with "
-         f"{', '.join(s.alias for s in specs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
+        f"{', '.join(s.alias for s in specs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
     try:
         return run_job(agent.apply_fn, agent.params, source, out, specs, target=args.target, chunk=args.chunk,
                        batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,

@@ -58,7 +58,7 @@ def cmd_sweep(args) -> int:
     how = f"Ray tasks ({args.ray}, {cpus:g} CPU(s)" + (f", {gpus:g} GPU(s)" if gpus else "") + " each)" \
         if args.ray is not None else f"{args.workers} worker(s)"
     say(f"sweep: {len(cells)} cells ({len(done)} done already), {len(todo)} to run with {how} into {out}",
-         args.quiet)
+        args.quiet)
     sw.write_table(out, cells, metrics, sett, base)
 
     def finished(cell):
@@ -80,8 +80,8 @@ def cmd_sweep(args) -> int:
     for c in failed:
         print(f"jaxsal: error: cell {c.path} failed: {(sw.read_record(out, c) or {}).get('error')}", file=sys.stderr)
     say(f"sweep done: {len(cells) - len(failed)} of {len(cells)} cells ok; table {table} "
-         f"(jaxsal.load_sweep('{out}'))" + ("; rerun the same command to retry the failed cells" if failed else ""),
-         args.quiet)
+        f"(jaxsal.load_sweep('{out}'))" + ("; rerun the same command to retry the failed cells" if failed else ""),
+        args.quiet)
     return EXIT_INTERNAL if failed else 0
 
 

@@ -28,7 +28,7 @@ def cmd_render(args) -> int:
         res = render_sweep(args.dir, gallery=args.out, methods=args.methods.split(",") if args.methods else None,
                            frame=start, scheme=args.scheme, scale=args.scale)
         say(f"rendered the sweep's curves ({len(res['panels'])} panels) and grid ({len(res['grid'].rows)} rows x "
-             f"{len(res['grid'].methods)} methods) in {time.perf_counter() - t:.1f}s; open {res['html']}", args.quiet)
+            f"{len(res['grid'].methods)} methods) in {time.perf_counter() - t:.1f}s; open {res['html']}", args.quiet)
         return 0
     frames = None
     if args.input:
@@ -51,7 +51,7 @@ def cmd_render(args) -> int:
                      scheme=args.scheme, fps=args.fps, scale=args.scale, greydanus=grey,
                      objects=args.objects, boxes=not args.no_boxes)
     say(f"rendered {len(res['pngs'])} PNG(s) and {len(res['videos'])} video(s) in "
-         f"{time.perf_counter() - t:.1f}s; open {res['html']}", args.quiet)
+        f"{time.perf_counter() - t:.1f}s; open {res['html']}", args.quiet)
     return 0
 
 

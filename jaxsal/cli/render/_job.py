@@ -7,7 +7,7 @@ from pathlib import Path
 from jaxsal.errors import SaliencyInputError
 
 
-def candidates(out, stored) -> list[Path]:
+def _candidates(out, stored) -> list[Path]:
     """Where a file the manifest names may be: its path (absolute in new jobs); for a relative path (older
     jobs recorded it relative to where `jaxsal explain` ran) that path from here, then from the output
     directory and each directory above it."""
@@ -19,7 +19,7 @@ def candidates(out, stored) -> list[Path]:
 
 
 def job_input(out, manifest):
-    """The job's input as a source, found by `candidates` and checked against the job's input checksum
+    """The job's input as a source, found by `_candidates` and checked against the job's input checksum
     (a buffer rewritten or replaced since the job is refused, never drawn under the maps)."""
     from jaxsal.io import open_source
 
@@ -27,7 +27,7 @@ def job_input(out, manifest):
     stored = (manifest.get("input_source") or {}).get("path")
     want = (cfg.get("input") or {}).get("checksum")
     want = want.split("[:")[0] if want else None  # a --limit job records the file's checksum[:n]
-    cands = candidates(out, stored) if stored else []
+    cands = _candidates(out, stored) if stored else []
     if "play" in (cfg.get("input") or {}):
         cands.append(Path(out).absolute() / "input" / "obs.npy")  # where --play saves its rollout
     changed = None
@@ -54,7 +54,7 @@ def job_boxes(out, manifest, path=None):
         return None
     where = path or (manifest.get("objects_source") or {}).get("path")
     if where and not path:  # an older job's relative path: from here, else beside the output directory
-        where = next((c for c in candidates(out, where) if c.exists()), where)
+        where = next((c for c in _candidates(out, where) if c.exists()), where)
     if not where or not Path(where).exists():
         raise SaliencyInputError(f"the object boxes of {out} ({where}) are not available; pass the objects file "
                                  "(render --objects FILE) or render without boxes (--no-boxes)")
@@ -67,11 +67,11 @@ def job_boxes(out, manifest, path=None):
                                      "differs); pass that file with --objects FILE, or --no-boxes")
         ob = ob.limited(n)
     frame_shape = (n, ob.boxes.height, ob.boxes.width, ob.boxes.boxes.shape[1])
-    check_aligned(ob, n, (cfg.get("frame_shape") and nhwc_frame(cfg)) or frame_shape)
+    check_aligned(ob, n, (cfg.get("frame_shape") and _nhwc_frame(cfg)) or frame_shape)
     return ob.boxes
 
 
-def nhwc_frame(cfg) -> tuple:
+def _nhwc_frame(cfg) -> tuple:
     """The job's (H, W, C) frame shape, whatever layout the model read it in."""
     from jaxsal.io.layout import to_nhwc_shape
 

@@ -77,7 +77,7 @@ def grid_png(path, frames, maps: dict, indices, scheme: str = "auto", scale: int
         rows.append(label(row, (captions or {}).get(int(i), f"frame {int(i)}")))
     grid = np.concatenate(rows, 0)
     return save_png(path, np.concatenate([grid, _box_legend(boxes, grid.shape[1]),
-                                           legend(scales, grid.shape[1])], 0))
+                                          legend(scales, grid.shape[1])], 0))
 
 
 def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int = 3,
@@ -93,7 +93,7 @@ def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int
     if boxes is not None and boxes.boxes.shape[1] != c:
         boxes = None  # boxes for another stack depth: nothing to align them with
     rows = [np.concatenate([label(_outlined(up(grey_rgb(stack[..., j]), scale), scale, boxes, i, j),
-                                   f"t-{c - 1 - j}") for j in range(c)], 1)]
+                                  f"t-{c - 1 - j}") for j in range(c)], 1)]
     width = rows[0].shape[1]
     used = {}
     for k, m in maps.items():
