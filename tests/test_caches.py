@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 import jaxsal
-import jaxsal.cli  # noqa: F401  (its caches register on import)
+import jaxsal.cli.sweep_run  # noqa: F401  (its caches register on import)
 import jaxsal.plugins  # noqa: F401
 from jaxsal import batching
 from jaxsal.perturbation import _disk

@@ -13,7 +13,7 @@ from jaxsal.cli import main
 from jaxsal.io import objects as objs
 from jaxsal.metrics import object_effects
 from jaxsal.objects.draw import PALETTE
-from jaxsal.render import FLAG_COLOUR, effect_bars
+from jaxsal.cli.render.pictures import FLAG_COLOUR, effect_bars
 from tests import _object_agent
 from tests.test_cli_objects import AGENT, N, _same, _small_job, _state
 from tests.test_cli_support import sigkill_after_chunks

@@ -55,7 +55,7 @@ def _files(d):
 
 # --------------------------------------------------------------------------- 7a: no action for value
 def test_value_target_stores_no_action(tmp_path):
-    from jaxsal.render import _captions
+    from jaxsal.cli.render.gallery import _captions
 
     (tmp_path / "ac.py").write_text(AC_AGENT)
     np.save(tmp_path / "x.npy", frames(5))

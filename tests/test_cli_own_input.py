@@ -124,7 +124,7 @@ def test_sigint_exits_130_resumes_and_partial_renders(tmp_path):
     part = jaxsal.load_maps(out, "standin_grad", allow_incomplete=True)
     assert np.isfinite(part[:3]).all() and np.isnan(part[27:]).all()
     assert len(jaxsal.load_outputs(out, allow_incomplete=True)["action"]) >= 3 * (done - 1)
-    from jaxsal.render import render_dir
+    from jaxsal.cli.render.gallery import render_dir
 
     res = render_dir(out, videos=(), grid_frames=3)
     assert res["pngs"][0].exists()

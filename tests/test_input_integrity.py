@@ -11,6 +11,7 @@ import pytest
 
 import jaxsal
 from jaxsal.cli import main
+from jaxsal.cli._agent import load_agent
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import open_source, readers, store
 from jaxsal.io.layout import as_layout
@@ -65,7 +66,7 @@ def test_the_python_job_verifies_before_writing(tmp_path, card):
     path = tmp_path / "buf.npz"
     np.savez(path, obs=frames(48))
     corrupt_member(path, nbytes=200, at=0.1)
-    agent = jaxsal.cli.load_agent(str(card))
+    agent = load_agent(str(card))
     spec = jaxsal.io.MethodSpec("standin_grad", "standin_grad", {})
     with pytest.raises(SaliencyInputError, match="is corrupt"):
         jaxsal.io.run_job(agent.apply_fn, agent.params, open_source(path), tmp_path / "out", [spec], quiet=True)

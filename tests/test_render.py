@@ -6,7 +6,8 @@ import pytest
 from PIL import Image
 
 import jaxsal
-from jaxsal import render
+from jaxsal.cli.render import gallery, pictures, scale as scales
+from jaxsal.cli.render._draw import last_frame
 from jaxsal.cli import main
 from tests.test_cli_support import frames, make_agent_files
 
@@ -14,7 +15,7 @@ from tests.test_cli_support import frames, make_agent_files
 def test_signed_scale_is_paper_a():
     rng = np.random.default_rng(0)
     maps = rng.normal(0.0, 2.0, (5, 84, 84))
-    sc = render.Scale(maps, "signed")
+    sc = scales.Scale(maps, "signed")
     assert sc.scheme == "signed"
     z = (maps - maps.mean()) / maps.std() * 0.1
     np.testing.assert_allclose(sc.values(maps), np.clip(z, -1, 1))
@@ -30,24 +31,24 @@ def test_heat_scale_fixed_across_frames_and_auto_choice():
     maps = np.zeros((3, 84, 84))
     maps[0, 10, 10] = 1.0
     maps[2, 10, 10] = 4.0
-    sc = render.Scale(maps, "auto")
+    sc = scales.Scale(maps, "auto")
     assert sc.scheme == "heat"
     # the same value looks the same in every frame of the video
     v0, v2 = sc.values(maps[0]), sc.values(maps[2] / 4.0)
     np.testing.assert_array_equal(v0, v2)
-    assert render.Scale(maps - 1.0, "auto").scheme == "signed"
+    assert scales.Scale(maps - 1.0, "auto").scheme == "signed"
     with pytest.raises(jaxsal.SaliencyInputError):
-        render.Scale(maps, "rainbow")
+        scales.Scale(maps, "rainbow")
     with pytest.raises(jaxsal.SaliencyInputError, match="NaN"):
-        render.Scale(np.full((1, 4, 4), np.nan))
+        scales.Scale(np.full((1, 4, 4), np.nan))
 
 
 def test_greydanus_actor_blue_critic_red():
     frame = np.zeros((84, 84))
     actor, critic = np.zeros((84, 84)), np.zeros((84, 84))
     actor[5, 5], critic[7, 7] = 1.0, 1.0
-    sa, sc = render.Scale(actor[None], "heat"), render.Scale(critic[None], "heat")
-    img = render.greydanus_overlay(frame, actor, critic, sa, sc)
+    sa, sc = scales.Scale(actor[None], "heat"), scales.Scale(critic[None], "heat")
+    img = scales.greydanus_overlay(frame, actor, critic, sa, sc)
     assert tuple(img[5, 5]) == (0, 0, 255) and tuple(img[7, 7]) == (255, 0, 0) and img[0, 0].sum() == 0
 
 
@@ -58,23 +59,23 @@ def test_files_are_valid_png_gif_mp4(tmp_path):
     rng = np.random.default_rng(1)
     maps = {"signed": rng.normal(size=(6, 84, 84)), "heat": rng.random((6, 84, 84)),
             "perframe": rng.random((6, 84, 84, 4))}
-    g = render.grid_png(tmp_path / "grid.png", x, maps, [0, 3, 5], scale=2)
-    s = render.stack_png(tmp_path / "stack.png", x, maps, 2, scale=2)
+    g = pictures.grid_png(tmp_path / "grid.png", x, maps, [0, 3, 5], scale=2)
+    s = pictures.stack_png(tmp_path / "stack.png", x, maps, 2, scale=2)
     with Image.open(g) as im:
         assert im.format == "PNG" and im.size[0] == 4 * 84 * 2 and im.size[1] > 3 * 84 * 2
     with Image.open(s) as im:
         assert im.format == "PNG" and im.size[0] == 4 * 84 * 2
-    gif = render.video(tmp_path / "v.gif", x, maps, fps=10, scale=1)
-    mp4 = render.video(tmp_path / "v.mp4", x, maps, fps=10, scale=2, greydanus=("heat", "perframe"))
+    gif = pictures.video(tmp_path / "v.gif", x, maps, fps=10, scale=1)
+    mp4 = pictures.video(tmp_path / "v.mp4", x, maps, fps=10, scale=2, greydanus=("heat", "perframe"))
     with Image.open(gif) as im:
         assert im.format == "GIF" and im.n_frames == 6
     assert mp4.read_bytes()[4:8] == b"ftyp"
     got = iio.imread(mp4, plugin="FFMPEG" if False else None, index=None)
     assert got.shape[0] == 6 and got.shape[-1] == 3
     with pytest.raises(jaxsal.SaliencyInputError, match="mp4 or .gif"):
-        render.video(tmp_path / "v.avi", x, maps)
+        pictures.video(tmp_path / "v.avi", x, maps)
     with pytest.raises(jaxsal.SaliencyInputError, match="entries"):
-        render.video(tmp_path / "v.gif", x[:3], maps)
+        pictures.video(tmp_path / "v.gif", x[:3], maps)
 
 
 def test_render_command_gallery(tmp_path, capsys):
@@ -112,10 +113,10 @@ def test_minatar_states_drawn_as_object_planes(tmp_path):
     x = np.zeros((2, 10, 10, 4), np.uint8)
     x[0, 1, 2, 0] = 1
     x[0, 5, 5, 3] = 1
-    img = render.last_frame(x[0])
+    img = last_frame(x[0])
     assert img[1, 2] == 1 and img[5, 5] == 1 and img.sum() == 2
     maps = {"m": np.random.default_rng(0).random((2, 10, 10))}
-    p = render.grid_png(tmp_path / "g.png", x, maps, [0, 1], scale=1)
+    p = pictures.grid_png(tmp_path / "g.png", x, maps, [0, 1], scale=1)
     with Image.open(p) as im:
         assert im.size[0] == 2 * 10 * 16  # upscaled to stay visible
 
@@ -146,7 +147,7 @@ def test_stack_png_every_panel_shows_its_frames_map(tmp_path):
         (tmp_path / "o" / "manifest.json").write_text(json.dumps(cfg))
         (tmp_path / "o" / k).mkdir()
         np.save(tmp_path / "o" / k / "chunk_0000000.npy", m.astype(np.float32))
-    res = render.render_dir(tmp_path / "o", methods=["one", "each"], videos=(), grid_frames=2, scheme="heat")
+    res = gallery.render_dir(tmp_path / "o", methods=["one", "each"], videos=(), grid_frames=2, scheme="heat")
     img = np.asarray(Image.open(res["pngs"][1]).convert("RGB"))
     tile = 160                                         # 10x10 frames are upscaled x16
     one, each = _panels(img, 3, 4, tile)[1:]
@@ -163,7 +164,7 @@ def test_legend_text_is_never_cut():
     from PIL import ImageDraw
 
     rng = np.random.default_rng(0)
-    sc = render.Scale(rng.normal(size=(3, 10, 10)), "heat")   # signed maps on heat: the long description
+    sc = scales.Scale(rng.normal(size=(3, 10, 10)), "heat")   # signed maps on heat: the long description
     assert "negative values not shown" in sc.describe()
 
     def ink(a):  # darkness of the grey (text) pixels; the colour bar is not grey
@@ -179,7 +180,7 @@ def test_legend_text_is_never_cut():
     name, (lo, hi) = "a_long_method_alias", sc.ends()
     want = alone(name, (0, 0, 0)) + alone(f"{lo} .. {hi}", (0, 0, 0)) + alone(sc.describe(), (60, 60, 60))
     for width in (480, 320, 200):
-        leg = render.legend({name: sc}, width)
+        leg = scales.legend({name: sc}, width)
         assert leg.shape[1] == width
         assert abs(ink(leg) - want) <= 0.03 * want, (width, ink(leg), want)
 
@@ -239,6 +240,6 @@ def test_the_per_frame_hint_names_only_methods_that_give_per_frame_maps():
             works = True
         except jaxsal.SaliencyInputError:
             works = False
-        if works != bool(render._per_frame_hint(m)):
+        if works != bool(pictures._per_frame_hint(m)):
             wrong.append(m)
     assert not wrong, f"the hint is wrong for {wrong}"

@@ -62,7 +62,7 @@ def test_ray_options_refused_in_one_line(tmp_path, capsys, extra, words):
 
 
 def test_ray_task_env_cpu_without_gpus_and_a_memory_share_for_a_gpu_fraction():
-    from jaxsal.cli import ray_task_env
+    from jaxsal.cli.sweep_run import ray_task_env
 
     assert ray_task_env(0) == {"env_vars": {"JAX_PLATFORMS": "cpu"}}
     assert ray_task_env(0.25) == {"env_vars": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.225"}}

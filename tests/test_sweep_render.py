@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 import jaxsal
-from jaxsal import render_sweep as rs
+from jaxsal.cli.render import sweep as rs
 from jaxsal.cli import main
 from tests.test_cli_support import frames, make_agent_files
 

@@ -16,7 +16,8 @@ The config names the axes (paths are relative to the config file's folder):
 Here are the pure parts: reading and checking the config (every mistake is one
 SweepConfigError naming the key and the fix, before anything is written), the plan of cells
 and their stable directory names, the per-cell map statistics and metrics, and the table.
-The command itself (loading agents, playing, running the jobs, workers) is `jaxsal.cli`.
+The command itself is `jaxsal.cli.sweep`; loading agents, playing and running the cells (workers, Ray) is
+`jaxsal.cli.sweep_run`.
 """
 from __future__ import annotations
 

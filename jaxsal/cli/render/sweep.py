@@ -8,7 +8,7 @@
   checkpoints); a cell that has no maps (failed, pending) is a grey tile saying so.
 
 The layouts (`curve_panels`, `grid_layout`) are pure functions of the table; the drawing reuses the
-overlay helpers of jaxsal.render.
+drawing helpers of a job's pictures (jaxsal.cli.render._draw).
 """
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxsal.cli.render._draw import eff_scale, flat_map, grey_rgb, label, last_frame, resize, save_png, up, wrap
+from jaxsal.cli.render._job import job_input
+from jaxsal.cli.render.scale import Scale, legend
 from jaxsal.errors import SaliencyInputError
 
 NOT_METRICS = ("seed", "frames", "seconds")
@@ -167,7 +170,6 @@ def _cell_frame_and_map(out: Path, cell: str, method: str, frame: int):
     from jaxsal.io.layout import as_layout
     from jaxsal.io.store import load_maps, read_manifest
     from jaxsal.io.sweep import JOB
-    from jaxsal.render import _job_input
 
     job = out / cell / JOB
     manifest = read_manifest(job)
@@ -175,7 +177,7 @@ def _cell_frame_and_map(out: Path, cell: str, method: str, frame: int):
     if not 0 <= frame < n:
         raise SaliencyInputError(f"frame {frame} is not in {cell} (it has {n} frames); choose --frames F: with "
                                  f"F < {n}")
-    x = as_layout(_job_input(job, manifest), "NHWC").read(frame, frame + 1)[0]
+    x = as_layout(job_input(job, manifest), "NHWC").read(frame, frame + 1)[0]
     return x, np.asarray(load_maps(job, method)[frame])
 
 
@@ -183,27 +185,24 @@ def grid_png(path, out, layout: GridLayout, frame: int = 0, scheme: str = "auto"
     """Draw the grid of `layout` (frame `frame` of every cell) into `path`; returns (path, tile (h, w))."""
     from PIL import Image, ImageDraw
 
-    from jaxsal.render import (Scale, _eff_scale, _grey_rgb, _label, _resize, _save_png, _up, _wrap, flat_map,
-                               last_frame, legend)
-
     out = Path(out)
     got = {k: _cell_frame_and_map(out, c, k[1], frame) for k, c in layout.cells.items() if c is not None}
     if not got:
         raise SaliencyInputError(f"{out}: no cell is finished yet; nothing to draw")
     first = last_frame(next(iter(got.values()))[0])
-    s = _eff_scale(scale, first.shape[0])
+    s = eff_scale(scale, first.shape[0])
     h, w = first.shape[0] * s, first.shape[1] * s
     scales = {}
     for m in layout.methods:
         ms = [flat_map(got[k][1]) for k in got if k[1] == m]
         if ms:
-            scales[m] = Scale(np.stack([_resize(x, first.shape) for x in ms]), scheme)
+            scales[m] = Scale(np.stack([resize(x, first.shape) for x in ms]), scheme)
 
     def empty(text):
         """A grey tile saying why it has no map (white text, wrapped)."""
         img = Image.new("RGB", (w, h), (90, 90, 90))
         d = ImageDraw.Draw(img)
-        for k, line in enumerate(_wrap(text, w - 4)):
+        for k, line in enumerate(wrap(text, w - 4)):
             d.text((2, 2 + 12 * k), line, fill=(255, 255, 255))
         return np.asarray(img)
 
@@ -211,17 +210,17 @@ def grid_png(path, out, layout: GridLayout, frame: int = 0, scheme: str = "auto"
     for r, (agent, ckpt, inp) in enumerate(layout.rows):
         have = [got[(r, m)] for m in layout.methods if (r, m) in got]
         f = last_frame(have[0][0]) if have else None
-        tiles = [_label(_up(_grey_rgb(f), s) if f is not None else empty("no finished cell"), "frame")]
+        tiles = [label(up(grey_rgb(f), s) if f is not None else empty("no finished cell"), "frame")]
         for m in layout.methods:
             if (r, m) in got:
-                img = _up(scales[m].overlay(f, _resize(flat_map(got[(r, m)][1]), f.shape)), s)
+                img = up(scales[m].overlay(f, resize(flat_map(got[(r, m)][1]), f.shape)), s)
             else:
                 img = empty("not run" if (r, m) not in layout.cells else "no map (failed or pending)")
-            tiles.append(_label(img, m))
-        rows.append(_label(np.concatenate(tiles, 1), f"{agent} / {ckpt} / {inp} | frame {frame}"))
+            tiles.append(label(img, m))
+        rows.append(label(np.concatenate(tiles, 1), f"{agent} / {ckpt} / {inp} | frame {frame}"))
     img = np.concatenate(rows, 0)
     img = np.concatenate([img, legend(scales, img.shape[1])], 0)
-    return _save_png(path, img), (h, w)
+    return save_png(path, img), (h, w)
 
 
 def render_sweep(out, gallery=None, methods=None, metrics=None, frame: int = 0, scheme: str = "auto",

@@ -1,0 +1,4 @@
+"""`python -m jaxsal.cli`: the `jaxsal` command."""
+from jaxsal.cli import main
+
+main()
