@@ -265,3 +265,13 @@ def test_the_reproduction_check_accepts_a_copy_and_rejects_a_share_off_by_more_t
     got = sec.reproduction(plan.ATARI, runs, reruns)[name]
     assert not got["reproduces"] and got["max_share_diff"] > sp.REPRODUCE_SHARES_ATOL
     assert got["checkpoints_return_differs"] == 0
+
+
+def test_the_committed_secondary_results_are_what_the_code_computes_from_the_committed_runs():
+    """atari_secondary.json is the analysis of the 15 committed runs and the 4 committed re-runs, as committed."""
+    from pathlib import Path
+
+    res_dir = Path(__file__).resolve().parents[1] / "experiments/results/frame_stack_bug"
+    res = sec.analyse(plan.ATARI, res_dir / "runs_atari", res_dir / "reruns_atari", res_dir / "runs_minatar")
+    assert {"s1", "s2", "s3"} <= set(res) and not res["missing_cam_rows"]
+    assert json.loads(json.dumps(res)) == json.loads((res_dir / "atari_secondary.json").read_text())
