@@ -14,18 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsal
+from tests.test_conformance import A, C, H, W, Tiny  # the conformance CNN
 
 PATH = Path(__file__).parent / "data" / "engine_reference.npz"
-N, H, W, C, A = 5, 16, 16, 2, 3
-
-
-class Tiny(nn.Module):
-    @nn.compact
-    def __call__(self, obs):
-        x = jnp.asarray(obs, jnp.float32) / 255.0
-        x = nn.relu(nn.Conv(4, (3, 3), (2, 2), padding="VALID", name="conv1")(x))
-        x = nn.relu(nn.Conv(4, (2, 2), (1, 1), padding="VALID", name="conv2")(x))
-        return nn.Dense(A, name="q")(x.reshape(x.shape[0], -1))
+N = 5
 
 
 class Trunk(nn.Module):
