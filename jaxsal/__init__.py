@@ -13,6 +13,7 @@ cpu.auto()  # XLA:CPU's YNNPACK kernels, before JAX starts (JAXSAL_FAST_CPU=0 op
 from jaxsal import targets  # noqa: E402
 from jaxsal.errors import SaliencyInputError  # noqa: E402
 from jaxsal.front import explain
+from jaxsal.engine import noise_tunnel, path_integral  # noqa: E402  (SmoothGrad / IG of any gradient or CAM method)
 from jaxsal.backprop import *  # noqa: F401,F403  (registers the gradient/CAM methods; layer_calls)
 from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
 from jaxsal.registry import METHODS

@@ -347,19 +347,23 @@ def per_state(build: Callable[..., Callable], args: tuple, consts, *arrays, batc
     return map_batched(fn, consts, *arrays, batch_size=default_rows() if batch_size is None else batch_size)
 
 
-def accumulate(fn: Callable, statics: list, traced: bool):
-    """sum_g fn(statics[g]) over groups of equal-shaped statics (e.g. sample offsets): a Python
-    loop eagerly, `lax.scan` when traced (one traced copy of fn, not one per group)."""
+def accumulate(fn: Callable, statics: list, traced: bool, first=None):
+    """first + sum_g fn(statics[g]) over groups of equal-shaped statics (e.g. sample offsets;
+    first None: no first term): a Python loop eagerly, `lax.scan` when traced (one traced copy
+    of fn, not one per group)."""
+    acc = first
+    if not statics:
+        return acc
     if not traced or len(statics) == 1:
-        acc = None
         for st in statics:
             part = fn(st)
             acc = part if acc is None else jax.tree.map(jnp.add, acc, part)
         return acc
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *statics)
-    first = jax.tree.map(lambda v: v[0], stacked)
-    rest = jax.tree.map(lambda v: v[1:], stacked)
-    acc, _ = jax.lax.scan(lambda c, st: (jax.tree.map(jnp.add, c, fn(st)), None), fn(first), rest)
+    if acc is None:
+        acc = fn(jax.tree.map(lambda v: v[0], stacked))
+        stacked = jax.tree.map(lambda v: v[1:], stacked)
+    acc, _ = jax.lax.scan(lambda c, st: (jax.tree.map(jnp.add, c, fn(st)), None), acc, stacked)
     return acc
 
 

@@ -123,6 +123,21 @@ def check_key(key, method: str):
     return key
 
 
+def as_key(key, method: str):
+    """Check and normalise a PRNG key (typed or raw uint32[2]) of a stochastic method."""
+    key = check_key(key, method)
+    try:
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            return key
+        if tuple(np.shape(key)) != (2,) or np.dtype(key.dtype) != np.uint32:
+            raise TypeError
+        return jnp.asarray(key)
+    except (TypeError, AttributeError):
+        raise SaliencyInputError(
+            f"key must be a JAX PRNG key such as jax.random.PRNGKey(0) or jax.random.key(0), "
+            f"got {key!r}") from None
+
+
 def looks_channel_first(shape) -> bool:
     """True when a 4-D batch shape reads as (N, C, H, W): the last axis is larger than a
     spatial axis of the NHWC reading while axis 1 is the smallest of the three."""

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from jaxsal import engine
 from jaxsal.checks import check_values, values_checked
+from jaxsal.engine.spec import Spec
 from jaxsal.errors import SaliencyInputError
-from jaxsal.registry import accepted_options, call_method, get_method, is_default
+from jaxsal.registry import SPECS, accepted_options, call_method, get_method, is_default
 
 
-def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", target="q_chosen",
+def explain(apply_fn, params, obs, method: str | Spec | Sequence[str | Spec] = "gradcam", target="q_chosen",
             layer: str | None = None, per_frame: bool = False, layout: str | None = None, key=None,
             batch_size: int | None = None, actions=None, **options):
     """Saliency maps for a batch of observations: `(N, H, W)`, or with per_frame `(N, H, W, C)`
     (input-gradient methods) / `(N, H, W, T)` (CAM methods on a trunk shared by T frames).
 
     apply_fn(params, obs) is any pure JAX function (array or pytree output). `method` is a
-    name (see `jaxsal.methods()`) or a list of names, which returns a dict name -> maps.
+    name (see `jaxsal.methods()`), a spec such as `jaxsal.noise_tunnel("gradcam", n=16)`, or a
+    list of them, which returns a dict name -> maps.
     `target` says what is explained (see `jaxsal.targets`); `actions` gives per-sample actions
     for `target="q_action"` (or overrides the chosen action of the other targets). Options of
     the method (e.g. `n_samples`, `steps`, `patch`) pass as keyword arguments.
@@ -35,23 +38,33 @@ def explain(apply_fn, params, obs, method: str | Sequence[str] = "gradcam", targ
     # a method called directly (jaxsal.gradcam(...)) and the batch job get the same checks
     common = dict(target=target, layer=layer, per_frame=per_frame, layout=layout, key=key,
                   batch_size=batch_size, actions=actions)
-    if isinstance(method, (list, tuple)):
+    if isinstance(method, (list, tuple)) and not isinstance(method, Spec):
         return _explain_many(list(method), apply_fn, params, obs, common, options)
-    return call_method(method, apply_fn, params, obs, common, options)
+    return call_method(_function(method), apply_fn, params, obs, common, options)
+
+
+def _function(method):
+    """The method function of a name or a spec."""
+    return engine.method_function(method) if isinstance(method, Spec) else get_method(method)
+
+
+def _name(method) -> str:
+    return method.name if isinstance(method, Spec) else method
 
 
 def _explain_many(methods, apply_fn, params, obs, common, options):
-    """Several methods in one call: each gets the options it accepts; the single-backward
-    gradient/CAM methods (see jaxsal.backprop.family) share one forward/backward per chunk."""
+    """Several methods in one call: each gets the options it accepts; methods whose share keys
+    agree (the single-backward gradient/CAM methods) share one forward/backward per chunk."""
     if not methods:
         raise SaliencyInputError("method list is empty; pass at least one method name")
-    accepted = {m: accepted_options(get_method(m)) for m in methods}
+    names = [_name(m) for m in methods]
+    accepted = {_name(m): accepted_options(_function(m)) for m in methods}
     for name, value in {**common, **options}.items():
         if name in options or not is_default(name, value):
             if not any(name in acc for acc in accepted.values()):
-                raise SaliencyInputError(f"none of the methods {methods} takes {name}={value!r}")
-    calls = {m: (m, {k: v for k, v in common.items() if k in accepted[m]},
-                 {k: v for k, v in options.items() if k in accepted[m]}) for m in dict.fromkeys(methods)}
+                raise SaliencyInputError(f"none of the methods {names} takes {name}={value!r}")
+    calls = {_name(m): (m, {k: v for k, v in common.items() if k in accepted[_name(m)]},
+                        {k: v for k, v in options.items() if k in accepted[_name(m)]}) for m in methods}
     check_values(obs, getattr(apply_fn, "jaxsal_pixels", None))  # once, not once per method
     out = {}
     with values_checked():
@@ -60,36 +73,25 @@ def _explain_many(methods, apply_fn, params, obs, common, options):
     return {m: out[m] for m in calls}
 
 
-SHARED = ("target", "actions", "layout", "batch_size", "per_frame", "fast_conv")
-"""Settings one shared computation of the single-backward family applies to all its methods."""
-LAYER_SHARED = ("layer", "layer_activation")
-"""Settings that must also agree between the CAM methods of one shared computation."""
+def _spec(method):
+    return method if isinstance(method, Spec) else SPECS.get(method)
 
 
-def _family_settings(method, common, options):
-    """(key, layer key, compute kwargs) of a single-backward family method called with `common`
-    and `options` (as call_method takes them), or None when it must run alone: not in the
-    family, or an argument the shared computation does not take (its own call reports it)."""
-    import inspect
-
-    from jaxsal.backprop.family import FAMILY, LAYER_METHODS
-
-    if method not in FAMILY:
+def _share(method, common, options):
+    """(key, detail, spec, options, call arguments) of a call that may share its computation, or
+    None (no share key, or an argument its own call must report)."""
+    spec = _spec(method)
+    if spec is None or spec.share_key is None:
         return None
-    fn = get_method(method)
-    acc = accepted_options(fn)
-    if any(k not in acc for k in options) or any(k not in acc and not is_default(k, v)
-                                                 for k, v in common.items()):
+    call = {k: common.get(k, v) for k, v in engine.CALL_ARGS.items()}
+    own = {**{k: v for k, v in common.items() if k not in engine.CALL_ARGS}, **options}
+    if any(k not in spec.options for k in options) or any(
+            k not in spec.options and not is_default(k, v) for k, v in own.items()):
         return None
-    args = {**{k: v for k, v in common.items() if k in acc}, **options}
-    names = SHARED + (LAYER_SHARED if method in LAYER_METHODS else ())
-    sig = inspect.signature(fn).parameters
-    if set(args) - set(names) - {"key"} or any(k not in sig for k in names):
-        return None  # an option the shared computation would drop: never silently
-    kw = {k: args.get(k, sig[k].default) for k in names}
-    key = tuple(_token(kw[k]) for k in SHARED)
-    lkey = tuple(_token(kw[k]) for k in LAYER_SHARED) if method in LAYER_METHODS else None
-    return key, lkey, kw
+    own = {k: v for k, v in own.items() if k in spec.options}
+    key, detail = spec.share_key({**spec.options, **own})
+    key = (tuple(_token(v) for v in call.values()), _token(key), _token(spec.shared))
+    return key, (None if detail is None else _token(detail)), spec, own, call
 
 
 def _token(v):
@@ -104,46 +106,43 @@ def _token(v):
 
 
 def share_groups(calls: dict) -> list[list]:
-    """Split calls {name: (method, common, options)} into the groups computed together: family
-    methods with identical shared settings (CAM methods also the same layer) form one group;
+    """Split calls {name: (method, common, options)} into the groups computed together: calls
+    whose specs' share keys and call arguments agree, and whose details agree (a detail None,
+    e.g. an input-gradient method, joins the first group of its key whatever its CAM layer);
     every other call is a group of its own. Groups follow the order of first appearance."""
     groups, classes = [], {}
     for name, (method, common, options) in calls.items():
-        s = _family_settings(method, common, options)
+        s = _share(method, common, options)
         if s is None:
             groups.append([name])
             continue
-        key, lkey, _ = s
-        cls = classes.setdefault(key, {})  # layer key -> group; None: input methods only so far
-        if lkey is None:  # input-gradient methods join the first group of their settings
+        key, detail = s[:2]
+        cls = classes.setdefault(key, {})  # detail -> group; None: detail-free calls only so far
+        if detail is None:
             g = next(iter(cls.values()), None)
             if g is None:
                 g = cls[None] = []
                 groups.append(g)
-        elif lkey in cls:
-            g = cls[lkey]
-        elif list(cls) == [None]:  # the input methods so far join this CAM layer
-            g = cls[lkey] = cls.pop(None)
+        elif detail in cls:
+            g = cls[detail]
+        elif list(cls) == [None]:  # the detail-free calls so far join this detail
+            g = cls[detail] = cls.pop(None)
         else:
-            g = cls[lkey] = []
+            g = cls[detail] = []
             groups.append(g)
         g.append(name)
     return groups
 
 
 def explain_group(apply_fn, params, obs, calls: dict, group) -> dict:
-    """Maps {name: maps} of one group of share_groups(calls): one jaxsal.backprop.family.compute
-    for several methods (per chunk one forward, one backward per ReLU rule), else its own call."""
+    """Maps {name: maps} of one group of share_groups(calls): one engine run for all its
+    methods (per chunk one forward, one backward per ReLU rule), else the method's own call."""
     if len(group) == 1:
         method, common, options = calls[group[0]]
-        return {group[0]: call_method(method, apply_fn, params, obs, common, options)}
-    from jaxsal.backprop.family import compute
-
-    settings = [_family_settings(*calls[n]) for n in group]
-    lkeys = {s[1] for s in settings if s is not None and s[1] is not None}
-    if any(s is None for s in settings) or len({s[0] for s in settings}) > 1 or len(lkeys) > 1:
+        return {group[0]: call_method(_function(method), apply_fn, params, obs, common, options)}
+    shares = [_share(*calls[n]) for n in group]
+    if any(s is None for s in shares) or len({s[0] for s in shares}) > 1 \
+            or len({s[1] for s in shares if s[1] is not None}) > 1:
         raise ValueError(f"{list(group)} cannot be computed together; group calls with share_groups")
-    kw = next((s[2] for s in settings if s[1] is not None), settings[0][2])  # a CAM method's: + layer
-    methods = tuple(calls[n][0] for n in group)
-    maps = compute(methods, apply_fn, params, obs, **kw)
-    return {n: maps[calls[n][0]] for n in group}
+    maps = engine.run([(s[2], s[3]) for s in shares], apply_fn, params, obs, **shares[0][4])
+    return dict(zip(group, maps))

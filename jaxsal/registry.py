@@ -11,6 +11,8 @@ from jaxsal.checks import resolve_layout
 
 METHODS: dict[str, Callable] = {}
 STOCHASTIC: set[str] = set()
+SPECS: dict = {}
+"""name -> jaxsal.engine.Spec of the methods the engine runs (jaxsal.engine.register)."""
 
 
 def identity(fn) -> tuple:
@@ -37,6 +39,8 @@ def register(name: str, stochastic: bool = False, *, replace: bool = False):
     def wrap(fn):
         check_free(name, identity(fn), replace)
         METHODS[name] = fn
+        SPECS.pop(name, None)  # a plain function replaces a spec of that name
+        STOCHASTIC.discard(name)
         if stochastic:
             STOCHASTIC.add(name)
         return fn
@@ -66,13 +70,15 @@ def is_default(name: str, value) -> bool:
     return value is d or (isinstance(value, str) and isinstance(d, str) and value == d)
 
 
-def call_method(name: str, apply_fn, params, obs, common: dict, options: dict):
-    """Call a registered method with the common arguments it takes and the user's options.
+def call_method(method, apply_fn, params, obs, common: dict, options: dict):
+    """Call a method (a registered name, or a method function) with the common arguments it
+    takes and the user's options.
 
     A common argument a method does not take is dropped when left at its default (None/False);
     set explicitly, or an unknown option, it is an error naming what the method accepts.
     """
-    fn = get_method(name)
+    fn = method if callable(method) else get_method(method)
+    name = method if isinstance(method, str) else fn.__name__
     accepted = accepted_options(fn)
     unknown = [k for k in options if k not in accepted]
     if unknown:

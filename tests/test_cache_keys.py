@@ -175,7 +175,7 @@ def test_smoothgrad_noise_is_drawn_per_channel_after_a_one_channel_call():
 def test_static_key_covers_captured_values_and_refuses_arrays():
     import functools
 
-    from jaxsal.backprop.vanilla import _with_extra
+    from jaxsal.engine.combinators import path_integral
     from jaxsal.perturbation._common import make_score
     from jaxsal.targets import get_target
 
@@ -188,7 +188,7 @@ def test_static_key_covers_captured_values_and_refuses_arrays():
     assert key(functools.partial(max, 1)) != key(functools.partial(max, 1.0))  # int vs float
     assert key(functools.partial(max, 1)) != key(functools.partial(max, True))
     with pytest.raises(TypeError, match="traced argument"):
-        key(_with_extra(lambda *a: a, jnp.ones(3)))  # a captured array is a bug, not a key
+        key(path_integral("gradient", baseline=jnp.ones(3)).prepare)  # a captured array is a bug, not a key
 
     def user():  # a function from outside jaxsal: by identity (it may read changing globals)
         return 0

@@ -7,7 +7,7 @@ import pytest
 
 import jaxsal
 from jaxsal.errors import SaliencyInputError
-from tests.test_conformance import CASES, MODEL, PARAMS, _obs
+from tests.test_conformance import CASES, COMBINED, MODEL, PARAMS, _obs
 
 BAD = {
     "not callable": (lambda m: dict(apply_fn=None), "apply_fn must be callable"),
@@ -25,7 +25,7 @@ BAD = {
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_every_method_rejects_bad_input_the_same_way(method, bad):
     change, message = BAD[bad]
-    call = dict(apply_fn=MODEL.apply, params=PARAMS, obs=_obs(), method=method, **CASES[method])
+    call = dict(apply_fn=MODEL.apply, params=PARAMS, obs=_obs(), method=COMBINED.get(method, method), **CASES[method])
     call.update(change(method))
     with pytest.raises(SaliencyInputError, match=message):
         jaxsal.explain(call.pop("apply_fn"), call.pop("params"), call.pop("obs"), **call)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal.backprop import cam, family
+from jaxsal.backprop import cam
 from jaxsal.backprop.layers import tap
 from jaxsal.errors import SaliencyInputError
-from jaxsal.registry import METHODS, register
+from jaxsal.registry import METHODS, SPECS, register
 from tests.test_conformance import MODEL, PARAMS, _obs
 
 
@@ -49,7 +49,7 @@ def test_a_new_variant_is_one_registration():
     finally:
         METHODS.pop("xgradcam_test", None)
         cam.CAMS.pop("xgradcam_test", None)
-        family.FAMILY.pop("xgradcam_test", None)
+        SPECS.pop("xgradcam_test", None)
 
 
 def test_register_cam_rejects_an_unknown_rule():
@@ -74,4 +74,4 @@ def test_a_taken_name_is_refused_unless_replaced():
     finally:
         METHODS.pop("cam_again_test", None)
         cam.CAMS.pop("cam_again_test", None)
-        family.FAMILY.pop("cam_again_test", None)
+        SPECS.pop("cam_again_test", None)

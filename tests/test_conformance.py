@@ -35,13 +35,9 @@ PARAMS = jax.jit(MODEL.init)(jax.random.PRNGKey(0), jnp.zeros((1, H, W, C)))
 KEY = jax.random.PRNGKey(7)
 
 # method -> options of its conformance case (small sample counts; the method's own
-# definition and defaults are tested against references elsewhere)
-CASES = {
-    "gradient": {}, "grad_x_input": {}, "guided_backprop": {}, "deconvnet": {},
-    "smoothgrad": {"n_samples": 4, "key": KEY},
-    "integrated_gradients": {"steps": 4},
-    "gradcam": {"layer": "conv2"}, "gradcam_pp": {"layer": "conv2"}, "g1gradcam": {},
-    "g2gradcam": {}, "guided_gradcam": {"layer": "conv1"}, "xgradcam": {"layer": "conv2"},
+# definition and defaults are tested against references elsewhere). Methods the engine runs
+# bring their case (Spec.example); the perturbation methods' cases are listed here.
+HAND = {
     "scorecam": {"layer": "conv2"},
     "occlusion": {"patch": 4, "stride": 4},
     "noise_sensitivity": {"radius": 1.0, "stride": 4},
@@ -49,8 +45,25 @@ CASES = {
     "rise": {"n_masks": 16, "grid": 4, "key": KEY},
     "lime": {"n_samples": 24, "segmentation_options": {"n_segments": 6}, "key": KEY},
 }
-STOCHASTIC = {"smoothgrad", "rise", "lime"}
-POSITION_KEYED = {"smoothgrad"}
+COMBINED = {"noise_tunnel_gradcam": jaxsal.noise_tunnel("gradcam"),
+            "path_integral_guided_backprop": jaxsal.path_integral("guided_backprop")}
+"""Methods made by the combinators, checked as every registered method is."""
+
+
+def _spec_cases() -> dict:
+    from jaxsal.registry import SPECS
+    specs = {**{m: s for m, s in SPECS.items() if _jaxsal_defined(m)}, **COMBINED}
+    return {m: {**s.example, **({"key": KEY} if s.stochastic else {})} for m, s in specs.items()}
+
+
+def _jaxsal_defined(m):
+    from jaxsal.registry import METHODS
+    return METHODS[m].__module__.startswith("jaxsal.")
+
+
+CASES = {**_spec_cases(), **HAND}
+STOCHASTIC = {"smoothgrad", "rise", "lime", "noise_tunnel_gradcam"}
+POSITION_KEYED = {"smoothgrad", "noise_tunnel_gradcam"}
 """Noise of state i comes from fold_in(key, i) (i = its row in the call): a one-state call
 reproduces row 0 of the batch, not every row."""
 
@@ -60,7 +73,7 @@ def _obs(n=N, seed=0):
 
 
 def _explain(method, p, o, **kw):
-    return jaxsal.explain(MODEL.apply, p, o, method=method, **{**CASES[method], **kw})
+    return jaxsal.explain(MODEL.apply, p, o, method=COMBINED.get(method, method), **{**CASES[method], **kw})
 
 
 def _close(got, want, what):
@@ -79,7 +92,7 @@ def _shipped():
 def test_every_registered_method_has_a_case():
     missing = sorted(_shipped() - set(CASES))
     assert not missing, f"methods registered without a conformance case: {missing}"
-    assert not set(CASES) - _shipped(), "cases for methods that are not registered"
+    assert not set(CASES) - _shipped() - set(COMBINED), "cases for methods that are not registered"
 
 
 METHODS = [(m, m) for m in sorted(CASES)]
@@ -112,7 +125,7 @@ class Conformance(chex.TestCase):
         # sanity check reuses them as its original maps)
         _close(run(PARAMS, obs[:2]), eager[:2], f"{method}: prefix of the batch == batch of the prefix")
         nchw = jaxsal.explain(lambda q, x: MODEL.apply(q, jnp.transpose(x, (0, 2, 3, 1))), PARAMS,
-                              jnp.transpose(obs, (0, 3, 1, 2)), method=method, layout="NCHW",
+                              jnp.transpose(obs, (0, 3, 1, 2)), method=COMBINED.get(method, method), layout="NCHW",
                               **CASES[method])
         _close(nchw, eager, f"{method}: NCHW == NHWC")
 

@@ -6,7 +6,7 @@ import pytest
 
 import jaxsal
 from jaxsal.errors import SaliencyInputError
-from jaxsal.backprop.vanilla import ig_alphas
+from jaxsal.engine.combinators import quadrature as ig_alphas
 from _gradient_models import ConvHead, init, obs
 
 H, W_, C, A = 5, 6, 2, 3

@@ -15,7 +15,7 @@ import pytest
 import jaxsal
 from jaxsal.cli import main
 from jaxsal.front import share_groups
-from jaxsal.backprop import family
+from jaxsal.engine import execute
 from tests.test_cli_support import ROOT, cli_env, frames, make_agent_files
 
 LIST = ["gradcam", "g1gradcam", "guided_backprop", "gradient"]
@@ -45,14 +45,14 @@ def _close(got, want, tol=1e-5):
 
 
 def _count_runs(monkeypatch):
-    """Counts the jitted single-backward programs run (one per jaxsal.backprop.family.compute)."""
+    """Counts the jitted programs the engine runs (one per jaxsal.engine.run, each a cached program)."""
     runs = []
-    real = family.run_chunks
+    real = execute._chunks
 
-    def counting(fn, *a, **k):
-        runs.append(fn)
-        return real(fn, *a, **k)
-    monkeypatch.setattr(family, "run_chunks", counting)
+    def counting(program, *a, **k):
+        runs.append(program)
+        return real(program, *a, **k)
+    monkeypatch.setattr(execute, "_chunks", counting)
     return runs
 
 
@@ -129,8 +129,9 @@ def test_q_action_list_job(tmp_path):
 
 
 def test_share_groups_split_on_any_differing_setting():
-    """Only identical shared settings group; input-gradient methods join the first CAM layer;
-    methods outside the family, or with an option the shared call does not take, stay alone."""
+    """Only identical call arguments and share keys group (per_frame is each method's own: it
+    shares); input-gradient methods join the first CAM layer; methods without a share key, or
+    with an option they do not take, stay alone."""
     base = dict(target="q_chosen", layer=None, per_frame=False, layout="NHWC", key=None, batch_size=8,
                 actions=None)
     acts, other = np.zeros(4, np.int32), np.zeros(4, np.int32)
@@ -146,7 +147,7 @@ def test_share_groups_split_on_any_differing_setting():
         "a1": call("gradient", actions=acts), "a2": call("gradcam", actions=acts), "a3": call("gradcam", actions=other),
         "rise": call("rise"), "bad": call("gradient", {"no_such_option": 1}),
     }
-    assert share_groups(calls) == [["gradient", "gradcam", "g1", "gb2"], ["c2", "g1_c2"], ["pf"], ["v"],
+    assert share_groups(calls) == [["gradient", "gradcam", "g1", "gb2", "pf"], ["c2", "g1_c2"], ["v"],
                                    ["b16"], ["slow"], ["act"], ["a1", "a2"], ["a3"], ["rise"], ["bad"]]
 
 

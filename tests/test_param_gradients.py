@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal.backprop.family import FAMILY
+from jaxsal.registry import SPECS
 
 N, H, W, C, A = 2, 16, 16, 2, 3
 
@@ -32,7 +32,7 @@ OPTIONS = {"smoothgrad": {"n_samples": 3, "key": jax.random.PRNGKey(1)},
            "integrated_gradients": {"steps": 3}}
 FAST = {"gradient", "guided_backprop", "gradcam", "smoothgrad"}  # one per rule and engine; the rest slow (~3 CPU s each)
 METHODS = [m if m in FAST else pytest.param(m, marks=pytest.mark.slow)
-           for m in sorted(FAMILY) + ["smoothgrad", "integrated_gradients"]]
+           for m in sorted(m for m in SPECS if SPECS[m].share_key is not None) + ["smoothgrad", "integrated_gradients"]]
 
 
 def _weights(shape):

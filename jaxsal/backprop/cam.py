@@ -1,7 +1,7 @@
 """CAM family math and its table of variants: Grad-CAM, Grad-CAM++, G1/G2 Grad-CAM (Paper A),
 Guided Grad-CAM. A variant is a `CamSpec` (channel-weight function + which gradient, whether
 maps are max-normalised, whether they multiply guided backprop); `jaxsal.register_cam` adds
-one and registers it with `jaxsal.explain` (the engine is jaxsal.backprop.family).
+one and registers it with `jaxsal.explain` (the specs are in jaxsal.backprop.single_backward).
 
 All share one base: the named layer's activations A (N, h, w, K) and the gradient g of the
 per-sample target w.r.t. A (plain, or through guided ReLUs for G1/G2); only the channel

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxsal.backprop.common import objective
+from jaxsal.engine.spec import objective
 from jaxsal.backprop.prefix import split_affine
 from jaxsal.backprop.rules import rewrite
 

@@ -3,7 +3,7 @@
 Its channel weight is the gradient averaged with the channel's own activations as weights,
 w_k = sum_ij (A^k_ij / sum_ab A^k_ab) g^k_ij, the choice the paper derives from its sensitivity
 and conservation axioms (Grad-CAM's plain mean is the special case of a constant A^k). Being a
-`register_cam` row, it gets everything the CAM engine gives (jaxsal.backprop.family): layer=,
+`register_cam` row, it gets everything the CAM engine gives (jaxsal.backprop.single_backward): layer=,
 layer_activation=, per_frame maps on time-distributed trunks, one shared backward in method
 lists, jit / vmap / lax.scan.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxsal.backprop.family import register_cam
+from jaxsal.backprop.single_backward import register_cam
 
 EPS = 1e-7
 """Added to the channel sum, as pytorch-grad-cam's XGradCAM.get_cam_weights does."""

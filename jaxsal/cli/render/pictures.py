@@ -116,8 +116,8 @@ def stack_png(path, frames, maps: dict, i: int, scheme: str = "auto", scale: int
 def _per_frame_hint(method: str) -> str:
     """The per-frame option, named only for methods that give per-frame maps on any model (the
     input-resolution ones); layer-resolution and perturbation methods refuse it."""
-    from jaxsal.backprop import cam, family
-    ok = (method in family.INPUT_RULES or method in ("smoothgrad", "integrated_gradients")
+    from jaxsal.backprop import cam, single_backward
+    ok = (method in single_backward.INPUT_RULES or method in ("smoothgrad", "integrated_gradients")
           or (method in cam.CAMS and cam.CAMS[method].guided_input))
     return f" (per-frame maps: --option {method}.per_frame=true)" if ok else ""
 

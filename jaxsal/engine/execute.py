@@ -1,0 +1,152 @@
+"""The one engine: `run(bound, apply_fn, params, obs, ...)` executes specs (jaxsal.engine.spec)
+eagerly, under the caller's jit / vmap / scan and in the batch job, the same way.
+
+Here and nowhere else: the call is checked once (jaxsal.checks.check_call), chunks are sized
+(model rows per state from every spec's `prepare`), the compile cache is keyed, and the greedy
+action is chosen (per chunk, inside the chunk's traced function, on the clean frames).
+Eagerly a Python loop over bucket-padded chunks calls the jitted chunk function (one per group
+of the inner loop, then one finalize; a single group is one program); traced, the chunks run
+in lax.map and the groups in lax.scan (jaxsal.batching.run).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsal import batching, registry
+from jaxsal.checks import as_float, check_call
+from jaxsal.engine.spec import Ctx, Prepared, Rows, Spec, greedy_actions
+from jaxsal.errors import SaliencyInputError
+
+CALL_ARGS = {"target": "q_chosen", "actions": None, "layout": None, "batch_size": None}
+"""The arguments of every call the engine itself takes (the rest are the specs' options)."""
+
+
+def bind(spec: Spec, options: dict) -> dict:
+    """The spec's options with the caller's `options` over its defaults; an unknown one is an
+    error naming what the spec accepts."""
+    unknown = [k for k in options if k not in spec.options]
+    if unknown:
+        raise SaliencyInputError(f"method {spec.name!r} has no option {', '.join(map(repr, unknown))}; it "
+                                 f"accepts: {', '.join(list(CALL_ARGS) + list(spec.options))}")
+    return {**spec.options, **options}
+
+
+def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
+        batch_size=None) -> list:
+    """The outputs of specs [(spec, options), ...] on one call, in order. Several specs run in
+    one chunk function (they must agree on their groups); specs with a `shared` piece (all the
+    same one: see share_key) read one shared value per chunk."""
+    bound = [(spec, bind(spec, opts)) for spec, opts in bound]
+    call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
+                      batch_size=batch_size)
+    preps = [spec.prepare(call, apply_fn, params, **opts) for spec, opts in bound]
+    specs = tuple(spec for spec, _ in bound)
+    groups = preps[0].groups
+    if len(specs) > 1 and any(len(p.groups) != 1 or p.groups[0] is not None for p in preps):
+        raise SaliencyInputError(f"{[s.name for s in specs]}: only methods without an inner loop run together")
+    shared = {s.shared for s in specs}
+    if len(shared) > 1:
+        raise SaliencyInputError(f"{[s.name for s in specs]} share no computation; run them separately")
+    ctx = Ctx(apply_fn, call.target, call.layout)
+    rows = {"x": call.x, "extra": [p.per_state for p in preps]}
+    if any(s.indexed for s in specs):  # a host array, chunked like the frames (no program per N)
+        rows["index"] = np.arange(call.x.shape[0], dtype=np.int32)
+    if call.actions is not None:
+        rows["actions"] = call.actions
+    per_state = max(p.rows_per_state for p in preps)
+    size = batching.chunk_size(call.x.shape[0], max(1, call.rows // max(1, per_state)), 1)
+    statics = tuple(p.static for p in preps)
+    pieces = tuple(Pieces(s.chunk, s.finalize, s.shared) for s in specs)  # the traced ones: the cache key
+    arrays = [p.arrays for p in preps]
+    traced = batching.is_traced(params, rows, arrays, groups)
+    if len(groups) == 1:
+        program = batching.cached_jit(_build, pieces, ctx, statics, "whole")
+        per_chunk = lambda r: program(params, arrays, r, groups[0])  # noqa: E731
+    else:
+        program, fin = (batching.cached_jit(_build, pieces, ctx, statics, w) for w in ("step", "finalize"))
+        step = program
+
+        def per_chunk(r):
+            parts, acts = step(params, arrays, r, groups[0])
+            r = dict(r, actions=acts)  # later groups and finalize explain the same actions
+            parts = batching.accumulate(lambda g: step(params, arrays, r, g)[0], list(groups[1:]), traced,
+                                        first=parts)
+            return fin(params, arrays, r, parts)
+
+    return list(_chunks(program, per_chunk, rows, size, traced))
+
+
+def _chunks(program, per_chunk, rows, size, traced):
+    """per_chunk over the chunks of rows (jaxsal.batching.run); `program` is its cached jitted
+    function (tests count the programs a call runs here)."""
+    return batching.run(per_chunk, rows, size, traced=traced)
+
+
+class Pieces(NamedTuple):
+    """A spec's traced pieces (prepare and the options, which may hold arrays, stay out of the key)."""
+    chunk: Callable
+    finalize: Callable
+    shared: Callable | None
+
+
+def _build(specs, ctx, statics, what):
+    """The traced chunk function of specs (their statics fixed): "whole" (one group: rows ->
+    outputs), "step" (one group's parts and the actions) or "finalize" (summed parts -> outputs)."""
+    def parts(params, arrays, r, group):
+        x = as_float(r["x"])
+        acts = r.get("actions")
+        acts = greedy_actions(ctx, params, x) if acts is None else jnp.asarray(acts, jnp.int32)
+        preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
+        rs = [Rows(x, acts, r.get("index"), e) for e in r["extra"]]
+        value = specs[0].shared(ctx, params, preps, rs[0]) if specs[0].shared is not None else None
+        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts
+
+    def outputs(params, arrays, r, acts, acc):
+        x = as_float(r["x"])
+        preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
+        return tuple(s.finalize(ctx, params, p, Rows(x, acts, r.get("index"), e), a)
+                     for s, p, e, a in zip(specs, preps, r["extra"], acc))
+
+    if what == "whole":
+        def whole(params, arrays, r, group):
+            acc, acts = parts(params, arrays, r, group)
+            return outputs(params, arrays, r, acts, acc)
+        return whole
+    if what == "step":
+        return parts
+    return lambda params, arrays, r, acc: outputs(params, arrays, r, r["actions"], acc)
+
+
+def method_function(spec: Spec, module: str | None = None):
+    """`fn(apply_fn, params, obs, *, target=..., actions=..., layout=..., batch_size=...,
+    **options)`: the spec as a function (what `jaxsal.explain(method=name)` calls)."""
+    def method(apply_fn, params, obs, **kwargs):
+        call = {k: kwargs.pop(k, v) for k, v in CALL_ARGS.items()}
+        return run([(spec, kwargs)], apply_fn, params, obs, **call)[0]
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    pos = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("apply_fn", "params", "obs")]
+    names = list(CALL_ARGS.items()) + [(k, v) for k, v in spec.options.items() if k not in CALL_ARGS]
+    method.__signature__ = inspect.Signature(pos + [inspect.Parameter(k, kw, default=v) for k, v in names])
+    method.__name__ = method.__qualname__ = spec.name
+    method.__doc__ = spec.doc
+    if module is not None:
+        method.__module__ = module
+    method.jaxsal_spec = spec
+    return method
+
+
+def register(spec: Spec, *, module: str, identity: tuple | None = None, replace: bool = False):
+    """Register `spec` under its name for `jaxsal.explain(method=name)` (jaxsal.registry) and
+    return its method function; `identity` (module, qualified name) says who defined it (default
+    the module and the spec's name), a taken name needs replace=True."""
+    fn = method_function(spec, module)
+    fn.jaxsal_identity = tuple(identity or (module, spec.name))
+    registry.register(spec.name, spec.stochastic, replace=replace)(fn)
+    registry.SPECS[spec.name] = spec
+    return fn

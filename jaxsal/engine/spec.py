@@ -1,0 +1,106 @@
+"""The method protocol: a `Spec` is a method's pure pieces and its options (optax-style), run by
+the one engine `jaxsal.engine.run`.
+
+The engine checks the call once (jaxsal.checks.check_call), asks `prepare` for the call's
+constants, sizes the chunks, and per chunk of states traces one function: the greedy actions,
+`chunk` once per group of the spec's inner loop (noise samples, path steps), summed, then
+`finalize`. Specs whose `share_key`s agree run in one chunk function and read one `shared`
+result (one forward/backward for several gradient and CAM methods).
+"""
+from __future__ import annotations
+
+from typing import Callable, Hashable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Ctx(NamedTuple):
+    """What every traced piece may use: the model, the target (jaxsal.targets.Target) and the
+    call's layout ("NHWC"/"NCHW")."""
+    apply_fn: Callable
+    target: object
+    layout: str
+
+
+class Rows(NamedTuple):
+    """One chunk of states as the traced pieces see it."""
+    x: jax.Array        # (n, ...) float32 frames in the call's layout
+    actions: jax.Array  # (n,) int32: the caller's actions, else the target's greedy choice
+    index: jax.Array    # (n,) int32: each state's position in the call (noise keyed by state); None
+                        # unless the spec is `indexed`
+    extra: dict         # prepare's per-state arrays, chunked with the states
+
+
+class Prepared(NamedTuple):
+    """What `prepare` returns, once per call, on the host.
+
+    static: hashable settings the traced pieces depend on (part of the compile-cache key);
+    arrays: call-wide arrays (traced arguments: a baseline, a key); per_state: (N, ...) arrays
+    chunked with the states (Rows.extra); groups: the inner loop, one pytree of equal-shaped
+    arrays per group (None: no inner loop), whose chunk parts are summed; rows_per_state: model
+    rows one state costs (samples per group x rows of a trunk run per frame), for chunk sizing.
+    """
+    static: Hashable
+    arrays: object = ()
+    per_state: dict = {}
+    groups: tuple = (None,)
+    rows_per_state: int = 1
+
+
+def _identity_finalize(ctx, params, prep, rows, acc):
+    return acc
+
+
+class Spec(NamedTuple):
+    """A method. Pieces (all pure; the traced ones see `prep` with traced arrays):
+
+    prepare(call, apply_fn, params, **options) -> Prepared       host, once per call; checks options
+    chunk(ctx, params, prep, rows, group, shared) -> part        traced, once per chunk and group
+    finalize(ctx, params, prep, rows, acc) -> maps               traced, once per chunk (acc: summed parts)
+    shared(ctx, params, preps, rows) -> value                    traced, once per chunk for a share group
+    share_key(options) -> (key, detail) or None                  calls with equal keys and details share
+                                                                 (a detail None agrees with any)
+
+    options: the method's own options and their defaults; example: tiny options for its generated
+    conformance case; stochastic: needs key=; kind: what `chunk` gives, "gradient" (an input
+    gradient in the call's layout: path_integral multiplies by x - x0), "input" (another
+    input-shaped attribution) or "maps" (final maps); sums: optional fast weighted sums of the
+    part over many inputs per state (jaxsal.backprop.pathavg), used by the combinators; indexed:
+    its pieces read Rows.index.
+    """
+    name: str
+    prepare: Callable
+    chunk: Callable
+    finalize: Callable = _identity_finalize
+    options: dict = {}
+    example: dict = {}
+    stochastic: bool = False
+    kind: str = "maps"
+    shared: Callable | None = None
+    share_key: Callable | None = None
+    sums: object = None
+    indexed: bool = False
+    doc: str = ""
+
+
+class Sums(NamedTuple):
+    """Weighted sums of a gradient spec's part over many inputs per state, exactly, faster than
+    one chunk per input (the affine-prefix path of jaxsal.backprop.pathavg).
+
+    samples(ctx, params, prep, x, xs, weights, actions, squares) -> (sum, sum of squares or None)
+    path(ctx, params, prep, x0, x, alphas, weights, actions) -> sum_k w_k part(x0 + a_k (x - x0))
+    """
+    samples: Callable
+    path: Callable
+
+
+def objective(tgt, out, actions):
+    """Per-sample target scores (N,) of the model output `out` for `actions` (no gradient
+    flows into the actions)."""
+    return tgt.score(out, jax.lax.stop_gradient(actions).astype(jnp.int32))
+
+
+def greedy_actions(ctx: Ctx, params, x):
+    """The target's choice on the clean frames x: the one place a greedy action is chosen."""
+    return jax.lax.stop_gradient(ctx.target.choose(ctx.apply_fn(params, x))).astype(jnp.int32)
