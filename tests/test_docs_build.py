@@ -4,6 +4,8 @@ Slow: it imports jaxsal for the API reference and converts the notebooks (with t
 outputs, nothing executed). Skipped where the docs extra is not installed (`pip install -e '.[docs]'`;
 `make test-slow` installs it). The site is built once per session (tests/conftest.py).
 """
+from pathlib import Path
+
 import pytest
 
 
