@@ -351,3 +351,49 @@ def test_a_worker_that_dies_is_recorded(swept, tmp_path, monkeypatch, capsys):
     t = jaxsal.load_sweep(out)
     assert list(t["status"]) == ["ok"] * 3 + ["error", "error", "ok"]
     assert t["error"][3].startswith("worker exited with code ") and "sh:" in t["error"][3]  # its last stderr line
+
+
+def test_effects_metric_removes_each_class_and_scores_agreement(tmp_path):
+    """The effects metric on an agent that reads one object only: removing it changes Q, removing the other
+    object changes nothing, and per class and method the table says so (issue 47 item 3)."""
+    from tests import _object_agent
+
+    obs, ob = _object_agent.buffer(4)
+    np.save(tmp_path / "buf.npy", obs)
+    ob.save(tmp_path / "buf.objects.npz")
+    (tmp_path / "sweep.toml").write_text(f"""
+agents = ["{ROOT / 'tests' / '_object_agent.py'}:load"]
+inputs = ["buf.npy"]
+metrics = ["effects"]
+[methods]
+gradient = {{}}
+""")
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 0
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["status"]) == ["ok"]
+    # by hand: Q_0 of each state minus Q_0 with the target's pixels filled, over the 4 states
+    from jaxsal.io.objects import load_object_effects
+    from jaxsal.metrics import object_effects
+
+    job = next((tmp_path / "out").rglob("job"))
+    e = load_object_effects(job)
+    apply_fn, params = _object_agent.load()
+    ref = object_effects(apply_fn, params, obs, ob)
+    np.testing.assert_allclose(t["effects_target_effect"][0], np.asarray(ref.effect)[:, 0].mean(), rtol=1e-5)
+    assert abs(t["effects_target_effect"][0]) > 1e-3 and t["effects_other_effect"][0] == 0.0
+    np.testing.assert_allclose(e["effect"], np.asarray(ref.effect), rtol=1e-5)
+    assert t["effects_other_flips"][0] == 0.0
+    # within-state agreement by hand: with two classes each state's Spearman rho is the sign of
+    # (share difference) x (effect difference); the gradient's share is all on the target
+    from jaxsal.io.objects import load_object_shares
+
+    sh = load_object_shares(job, "gradient")["positive"]
+    rho = np.sign(sh[:, 0] - sh[:, 1]) * np.sign(e["effect"][:, 0] - e["effect"][:, 1])
+    assert t["effects_agreement_within_state"][0] == pytest.approx(rho.mean()) and t["effects_agreement_states"][0] == 4
+
+
+def test_effects_metric_needs_boxes_and_names_itself(tmp_path):
+    raw = {"agents": [f"{ROOT / 'tests' / '_object_agent.py'}:load"], "inputs": [{"play": 5, "seed": 0}],
+           "metrics": ["effects"], "methods": {"gradient": {}}}
+    with pytest.raises(sw.SweepConfigError, match="'effects' needs boxes"):
+        sw.plan(raw, tmp_path)

@@ -82,12 +82,13 @@ def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:
         source, n_input = _sweep_source(agent, cell, Path(out), sett["target"])
         rec["frames"] = len(source)
         objects = None
-        if "objects" in metrics:
+        if {"objects", "effects"} & set(metrics):
             from jaxsal.io.layout import to_nhwc_shape
             from jaxsal.io.objects import for_job
 
             objects, _ = for_job("auto", "maps", cell.input_spec.get("path"), agent.card.get("game"), n_input,
-                                 to_nhwc_shape(source.shape, agent.layout), cell.input_spec.get("limit"))
+                                 to_nhwc_shape(source.shape, agent.layout), cell.input_spec.get("limit"),
+                                 effects="effects" in metrics)
         inp = cell.input_spec
         input_id = {k: inp[k] for k in ("play", "seed", "game") if k in inp} if "play" in inp else None
         spec = MethodSpec(cell.method, cell.method_name, cell.options)

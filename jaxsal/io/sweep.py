@@ -8,7 +8,7 @@ The config names the axes (paths are relative to the config file's folder):
 
     agents = ["breakout", "runs/pong/*.msgpack"]    # any --agent SPEC; a glob: its checkpoints, sorted
     inputs = ["buffer.npy", { play = 500, seed = 1 }]
-    metrics = ["insertion", "objects"]              # also "deletion", "sanity"
+    metrics = ["insertion", "objects"]              # also "deletion", "effects", "sanity"
     [methods]
     gradcam = { layer = "conv3" }
     occlusion = { patch = 6 }
@@ -40,7 +40,7 @@ from jaxsal.errors import SaliencyInputError
 CONFIG_TOML, CONFIG_JSON, RESULTS, CELLS = "sweep.toml", "sweep.json", "results.csv", "cells"
 CELL_RECORD, JOB = "cell.json", "job"
 TOP_KEYS = ("agents", "inputs", "methods", "metrics", "target", "seed", "chunk", "batch_size", "sanity_frames")
-METRICS = ("insertion", "deletion", "objects", "sanity")
+METRICS = ("insertion", "deletion", "objects", "effects", "sanity")
 DEFAULTS = {"target": "q_chosen", "seed": 0, "chunk": 512, "batch_size": 256, "sanity_frames": 16}
 AGENT_KEYS, INPUT_KEYS = ("spec", "card", "checkpoints", "name"), ("path", "limit", "play", "seed", "game")
 BASE_COLUMNS = ("agent", "checkpoint", "input", "method", "method_name", "options", "agent_spec", "model",
@@ -400,30 +400,32 @@ def plan(raw: dict, base) -> tuple[list[Cell], list[str], dict]:
     sett = settings(raw)
     agents = plan_agents(raw, base)
     inputs = plan_inputs(raw, base)
-    if "objects" in metrics:
-        check_objects(agents, inputs)
+    for m in ("objects", "effects"):
+        if m in metrics:
+            check_objects(agents, inputs, m)
+            break
     cells = [Cell(a, c, label, s.alias, s.method, dict(s.options), spec, model, inp, game)
              for a, c, spec, model, game in agents for label, inp in inputs for s in specs]
     return cells, metrics, sett
 
 
-def check_objects(agents, inputs):
-    """The objects metric needs a game with an object table and boxes for every input."""
+def check_objects(agents, inputs, metric: str = "objects"):
+    """The objects and effects metrics need a game with an object table and boxes for every input."""
     from jaxsal.io.objects import RECORD_HINT, find_objects
     from jaxsal.objects import games
 
     for a, c, spec, _, game in agents:
         if game is not None and game.lower().replace("_", "").replace("-", "") not in games():
-            raise SweepConfigError(f"metrics: 'objects' needs a game with an object table, but agent {a!r} plays "
-                                   f"{game!r} (games with one: {', '.join(games())}); drop 'objects' or that agent")
+            raise SweepConfigError(f"metrics: '{metric}' needs a game with an object table, but agent {a!r} plays "
+                                   f"{game!r} (games with one: {', '.join(games())}); drop '{metric}' or that agent")
     for label, inp in inputs:
         if "play" in inp:
-            raise SweepConfigError(f"metrics: 'objects' needs boxes, and input {label!r} is played (EnvPool has no "
+            raise SweepConfigError(f"metrics: '{metric}' needs boxes, and input {label!r} is played (EnvPool has no "
                                    f"RAM); record frames with their boxes: {RECORD_HINT}, and list DIR/obs.npy")
         try:
             find_objects("auto", inp["path"], None)
         except SaliencyInputError as e:
-            raise SweepConfigError(f"metrics: 'objects' for input {label!r}: {e}") from None
+            raise SweepConfigError(f"metrics: '{metric}' for input {label!r}: {e}") from None
 
 
 def stored_config(raw: dict, base) -> dict:
@@ -536,6 +538,8 @@ def cell_metrics(apply_fn, params, source, job_dir, cell: Cell, metrics, sett: d
         for cls, row in sorted(mean_shares(load_object_shares(job_dir, cell.method)).items()):
             for k in ("positive", "absolute", "chance", "pointing"):
                 out[f"objects_{_slug(cls)}_{k}"] = row[k]
+    if "effects" in metrics:
+        out.update(effect_columns(job_dir, cell.method))
     if "sanity" in metrics:
         from jaxsal.metrics import sanity_check
 
@@ -551,6 +555,38 @@ def cell_metrics(apply_fn, params, source, job_dir, cell: Cell, metrics, sett: d
         for layer, sims in res.items():
             for metric, v in sorted(sims.items()):
                 out[f"sanity_{layer}_{metric}"] = _mean(v)
+    return out
+
+
+def effect_columns(job_dir, method: str) -> dict:
+    """The effects metric of one finished cell: per object class, the mean drop of the explained
+    output when the class is removed and how often the greedy action flips (over the frames that
+    show it), and how well the method's positive object shares rank the classes as their removal
+    does (`jaxsal.metrics.effect_agreement`: within-state rank correlation, and per class across
+    states). Point estimates only: a sweep input has no episode ids to resample."""
+    import warnings
+
+    from jaxsal.io.objects import load_object_effects, load_object_shares
+    from jaxsal.metrics import effect_agreement
+
+    e = load_object_effects(job_dir)
+    sh = load_object_shares(job_dir, method)
+    present = e["present"] & sh["present"]
+    out = {}
+    for j, cls in enumerate(e["classes"]):
+        p = present[:, j]
+        out[f"effects_{_slug(cls)}_effect"] = _mean(e["effect"][p, j]) if p.any() else float("nan")
+        out[f"effects_{_slug(cls)}_flips"] = _mean(e["flips"][p, j].astype(np.float64)) if p.any() else float("nan")
+    keep = present & ~(e.get("overlap", np.zeros_like(e["effect"])) >= 1)     # a class never removed says nothing
+    shares = np.where(keep, sh["positive"], np.nan)
+    effects = np.where(keep, e["effect"], np.nan)
+    with warnings.catch_warnings():      # constant shares or effects: NaN correlations, counted in the states
+        warnings.simplefilter("ignore", RuntimeWarning)
+        agr = effect_agreement(shares, effects, n_resamples=1)
+    out["effects_agreement_within_state"] = agr["within_state"]["mean"]
+    out["effects_agreement_states"] = agr["within_state"]["states"]
+    for cls, r in agr["across_states"].items():
+        out[f"effects_{_slug(cls)}_agreement"] = r["rho"]
     return out
 
 
@@ -610,7 +646,7 @@ def table_rows(out, cells: list[Cell], metrics: list[str], sett: dict, base) -> 
             if k not in STAT_COLUMNS and k not in extra:
                 extra.append(k)
         rows.append(row)
-    order = {m: i for i, m in enumerate(["insertion", "deletion", "objects", "sanity"])}
+    order = {m: i for i, m in enumerate(["insertion", "deletion", "objects", "effects", "sanity"])}
     extra.sort(key=lambda k: (order.get(k.split("_")[0], 9), k))
     return list(BASE_COLUMNS) + list(STAT_COLUMNS) + extra, rows
 
