@@ -28,17 +28,22 @@ from jaxsal.batching import clear_caches  # noqa: E402  (empty every bounded jax
 from jaxsal import loaders  # noqa: E402,F401  (agents trained elsewhere: CleanRL, SB3, flax msgpack)
 
 __version__ = "0.2.0.dev0"
-explain.__doc__ = (explain.__doc__ or "") + (
-    "\n    Methods and their options (defaults), also `jaxsal.method_options(name)`:\n"
-    + options_table() + "\n")
 
 
 def methods() -> list[str]:
-    """Names of all methods accepted by `jaxsal.explain`."""
+    """Names of all methods accepted by `jaxsal.explain`, sorted.
+
+    Returns:
+        list[str]: the registered method names (`jaxsal.method_options(name)` gives each one's options).
+    """
     return sorted(METHODS)
 
 
 def cam_methods() -> list[str]:
-    """Names of the CAM variants (methods taking `layer=`; add one with `jaxsal.register_cam`)."""
+    """Names of the CAM variants (methods taking `layer=`; add one with `jaxsal.register_cam`), sorted.
+
+    Returns:
+        list[str]: the registered CAM variant names.
+    """
     from jaxsal.backprop.cam import CAMS
     return sorted(CAMS)

@@ -58,8 +58,11 @@ def caches() -> list[LRU]:
 
 
 def clear_caches() -> None:
-    """Empty every jaxsal cache (built functions, traced structure, loaded agents, small
-    matrices): a fresh process's state."""
+    """Empty every jaxsal cache, as in a fresh process.
+
+    The caches hold built functions, traced model structure, loaded agents and small matrices;
+    all are bounded, so clearing them is only needed to free memory or to time cold calls.
+    """
     for c in _CACHES:
         c.clear()
 

@@ -14,25 +14,53 @@ from jaxsal.registry import SPECS, accepted_options, call_method, get_method, is
 def explain(apply_fn, params, obs, method: str | Spec | Sequence[str | Spec] = "gradcam", target="q_chosen",
             layer: str | None = None, per_frame: bool = False, layout: str | None = None, key=None,
             batch_size: int | None = None, actions=None, **options):
-    """Saliency maps for a batch of observations: `(N, H, W)`, or with per_frame `(N, H, W, C)`
-    (input-gradient methods) / `(N, H, W, T)` (CAM methods on a trunk shared by T frames).
+    """Saliency maps of a batch of observations by any registered method, or by several at once.
 
-    apply_fn(params, obs) is any pure JAX function (array or pytree output). `method` is a
-    name (see `jaxsal.methods()`), a spec such as `jaxsal.noise_tunnel("gradcam", n=16)`, or a
-    list of them, which returns a dict name -> maps.
-    `target` says what is explained (see `jaxsal.targets`); `actions` gives per-sample actions
-    for `target="q_action"` (or overrides the chosen action of the other targets). Options of
-    the method (e.g. `n_samples`, `steps`, `patch`) pass as keyword arguments.
+    Targets: `target` says which scalar per state is explained (jaxsal.targets), by default the
+    Q-value of the greedy action; `actions` gives per-state actions for "q_action" or overrides
+    the chosen action of the other targets.
 
-    target: q_chosen (default: Q of the greedy action), q_action (needs actions=), advantage,
-        value, policy_logit, log_prob, softmax_chosen, or a callable output -> (N,).
-    layer: the flax module name a CAM method taps (e.g. "conv3", CleanRL's "Conv_2"); default
-        the last conv layer. `jaxsal.layer_calls(apply_fn, params, obs)` or
-        `jaxsal agents --layers SPEC` list the names.
-    layout: "NHWC" or "NCHW"; default the model's declared layout (agents from
-        `jaxsal.loaders` declare theirs), else NHWC. Frames whose shape contradicts it are an
-        error unless layout= is given. Agents that declare uint8 pixels reject frames outside
-        0..255 and float frames in [0, 1].
+    Layers: CAM methods tap the flax module named by `layer` (e.g. "conv3", CleanRL's
+    "Conv_2"), by default the last conv-like layer; `jaxsal.layer_calls(apply_fn, params, obs)`
+    and `jaxsal agents --layers SPEC` list the names.
+
+    Layouts: frames are NHWC or NCHW, by default the model's declared layout (agents from
+    `jaxsal.loaders` declare theirs), else NHWC; frames whose shape contradicts it are an error
+    unless `layout` is given. Agents that declare uint8 pixels reject frames outside 0..255 and
+    float frames in [0, 1].
+
+    Batching: states run in chunks of `batch_size` (default: sized to fit the device); maps do
+    not depend on it, and the same call works under jit, vmap and lax.scan.
+
+    `jaxsal.methods()` lists the methods, `jaxsal.method_options(name)` gives one method's
+    options with their defaults and `jaxsal.options_table()` all of them.
+
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, obs)`, any pure JAX function (array or
+            pytree output).
+        params (PyTree): the model's parameters.
+        obs (jax.Array): a batch of N observations, (N, H, W, C) or (N, C, H, W).
+        method (str | jaxsal.engine.Spec | Sequence[str | jaxsal.engine.Spec]): a method name (see
+            `jaxsal.methods()`), a spec such as `jaxsal.noise_tunnel("gradcam", n=16)`, or a list
+            of them.
+        target (str | Callable): "q_chosen", "q_action" (needs actions), "advantage", "value",
+            "policy_logit", "log_prob", "softmax_chosen", or a callable output -> (N,).
+        layer (str | None): the flax module name a CAM method taps; None: the last conv-like layer.
+        per_frame (bool): keep the frame or channel axis last instead of summing it.
+        layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
+        key (jax.Array | None): the PRNG key (jax.random.key(0)) of a stochastic method.
+        batch_size (int | None): states per chunk; None: sized to fit the device.
+        actions (jax.Array | None): per-state actions (N,) int; None: the target's greedy choice.
+        **options (Any): the method's own options, e.g. `n_samples`, `steps`, `patch`.
+
+    Returns:
+        jax.Array | dict[str, jax.Array]: maps (N, H, W); with per_frame=True (N, H, W, C) for
+            input-gradient methods or (N, H, W, T) for CAM methods on a trunk shared by T frames.
+            A list of methods gives a dict name -> maps.
+
+    Raises:
+        jaxsal.SaliencyInputError: an unknown method or option, an option no listed method
+            takes, an empty method list, or frames, actions or a layer that do not fit the model.
     """
     # layout, pixels, target and actions are checked by every method in jaxsal.checks.check_call, so
     # a method called directly (jaxsal.gradcam(...)) and the batch job get the same checks

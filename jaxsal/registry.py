@@ -112,8 +112,20 @@ def _model_layout(apply_fn, obs) -> str:
 
 
 def method_options(name: str) -> dict:
-    """A method's own options with their defaults, e.g. method_options("rise") -> {"n_masks": 1000, ...}
-    (the common arguments target, layer, layout, per_frame, key, batch_size, actions are left out)."""
+    """A method's own options with their defaults, e.g. method_options("rise") -> {"n_masks": 1000, ...}.
+
+    The common arguments of `jaxsal.explain` (target, layer, layout, per_frame, key, batch_size,
+    actions) are left out.
+
+    Args:
+        name (str): a method name, one of `jaxsal.methods()`.
+
+    Returns:
+        dict: option name -> its default (None where the option has no default).
+
+    Raises:
+        jaxsal.SaliencyInputError: `name` is not a registered method.
+    """
     fn = get_method(name)
     sig = inspect.signature(fn)
     return {k: (None if p.default is inspect.Parameter.empty else p.default)
@@ -122,7 +134,11 @@ def method_options(name: str) -> dict:
 
 
 def options_table() -> str:
-    """Every registered method and its options with defaults, one line each (for help())."""
+    """Every registered method and its options with defaults, one line each.
+
+    Returns:
+        str: lines "name: option=default, ..." ("no options" for a method without any), sorted by name.
+    """
     lines = []
     for name in sorted(METHODS):
         opts = method_options(name)

@@ -74,7 +74,16 @@ def _calls(apply_fn, params, x) -> list[LayerCall]:
 
 
 def layer_calls(apply_fn, params, x) -> list[LayerCall]:
-    """Every flax module call in `apply_fn(params, x)`, in order of completion."""
+    """Every flax module call in `apply_fn(params, x)`, in order of completion: the names `layer=` takes.
+
+    Args:
+        apply_fn (Callable): the model, `apply_fn(params, x)`.
+        params (PyTree): the model's parameters.
+        x (jax.Array): a batch of observations the model accepts.
+
+    Returns:
+        list[LayerCall]: one (name, qualified name, module class, output shape) per module call.
+    """
     return _calls(apply_fn, params, x)
 
 

@@ -197,7 +197,19 @@ def rewrite(fn, rule: str = "plain", fast_conv: bool = True):
 
 
 def with_rule(fn, rule: str):
-    """fn with every ReLU's backward replaced by `rule` ("plain" returns fn unchanged)."""
+    """`fn` with every ReLU's backward replaced by `rule`; the forward pass is unchanged.
+
+    Args:
+        fn (Callable): any JAX function, e.g. a model's `apply_fn`.
+        rule (str): "guided" (pass positive gradients where the input is positive), "deconvnet"
+            (pass positive gradients) or "plain" (returns `fn` unchanged).
+
+    Returns:
+        Callable: a function of the same arguments and outputs as `fn`.
+
+    Raises:
+        ValueError: `rule` is not "plain", "guided" or "deconvnet".
+    """
     return rewrite(fn, rule, fast_conv=False)
 
 

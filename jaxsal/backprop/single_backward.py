@@ -192,11 +192,29 @@ def cam_spec(name: str, row: cam.CamSpec, doc: str) -> Spec:
 
 def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: bool = False,
                  guided_input: bool = False, doc: str | None = None, replace: bool = False):
-    """Add a CAM variant (its channel weights w = weights(A, g) -> (N, K)) and register it as
-    `jaxsal.explain(method=name)`. Usable as a decorator on the weight function. rule: the
-    ReLU rule of dY/dA ("plain"/"guided"); normalise: maps / their max; guided_input: times
-    guided backprop (input resolution); replace: allow a name another method holds (refused
-    otherwise). Returns the registered method."""
+    """Add a CAM variant by its channel weights and register it as `jaxsal.explain(method=name)`.
+
+    Usable as a decorator on the weight function (`@jaxsal.register_cam("mycam")`). The variant
+    gets everything the CAM engine gives: layer=, layer_activation=, per-frame maps, one shared
+    backward in method lists, jit / vmap / lax.scan.
+
+    Args:
+        name (str): the method name.
+        weights (Callable | None): w = weights(A, g), (N, h, w, K), (N, h, w, K) -> (N, K), from
+            the tapped activations A and their gradient g; None: return a decorator.
+        rule (str): the ReLU rule of g = dY/dA, "plain" or "guided".
+        normalise (bool): divide each map by its max (per state, over its frames).
+        guided_input (bool): multiply by guided backprop, giving input-resolution maps.
+        doc (str | None): the method's docstring; None: the docstring of `weights`.
+        replace (bool): allow a name another method holds.
+
+    Returns:
+        Callable: the registered method function (a decorator when `weights` is None).
+
+    Raises:
+        ValueError: `rule` is not "plain" or "guided".
+        jaxsal.SaliencyInputError: `name` is empty or another method holds it and replace is False.
+    """
     if weights is None:
         return lambda w: register_cam(name, w, rule=rule, normalise=normalise,
                                       guided_input=guided_input, doc=doc, replace=replace)

@@ -96,9 +96,29 @@ def _check_sigma(sigma):
 # ------------------------------------------------------------------ noise tunnel
 def noise_tunnel(method, n: int = 50, sigma: float = 0.15, variant: str = "mean", *, name: str | None = None,
                  doc: str | None = None) -> Spec:
-    """The spec (or registered method name) `method` averaged over noisy copies of each state
-    (see the module doc). n, sigma, variant: the defaults of its options n_samples, sigma,
-    variant ("mean" | "squared" | "vargrad"); it takes key= and the inner method's options."""
+    """A method averaged over noisy copies x + N(0, s^2) of each state (SmoothGrad of any method).
+
+    s = sigma * (max x - min x) per state. The returned spec runs with `jaxsal.explain(method=spec)`
+    and takes options n_samples, sigma, variant (defaults from the arguments here), key,
+    fast_prefix and the inner method's options.
+
+    Args:
+        method (str | Spec): a gradient or CAM method name (e.g. "gradcam") or spec.
+        n (int): the default of option n_samples, noisy copies per state.
+        sigma (float): the default of option sigma, the noise level as a fraction of each state's
+            value range.
+        variant (str): the default of option variant: "mean", "squared" (or "sg2", SmoothGrad^2)
+            or "vargrad" (the variance).
+        name (str | None): the spec's name; None: "noise_tunnel(<method>)".
+        doc (str | None): the docstring of its method function; None: a one-line summary.
+
+    Returns:
+        Spec: the combined method.
+
+    Raises:
+        jaxsal.SaliencyInputError: `method` is no gradient or CAM method, is itself combined, or
+            n, sigma or variant is invalid.
+    """
     inner = _inner(method, "noise_tunnel")
     own = {"n_samples": check_positive_int("n", n), "sigma": _check_sigma(sigma), "variant": variant,
            "fast_prefix": True, "key": None}
@@ -259,13 +279,31 @@ def _x0(kind, bsig, layout, x, rows, const, k):
 
 def path_integral(method, steps: int = 50, baseline="black", *, quadrature_option: str = "quadrature",
                   name: str | None = None, doc: str | None = None) -> Spec:
-    """The spec (or registered method name) `method` integrated along the straight path from a
-    baseline to each state (see the module doc). steps, baseline: the defaults of its options;
-    it also takes quadrature= (the rule, default right Riemann; `quadrature_option` renames it),
-    blur_sigma (baseline "blur"), return_error (input-gradient specs: also the completeness error
-    sum(attributions) - (y(x) - y(x0)) per state), fast_prefix, key (baseline "uniform") and the
-    inner method's options. Baselines: "black" (zeros), "blur", "uniform" (U(min x, max x) per
-    state), or an array broadcastable to obs."""
+    """A method integrated along the straight path from a baseline to each state (IG of any method).
+
+    For an input-gradient method the path sum is multiplied by (x - x0): Integrated Gradients of
+    that gradient; for any other method it is the path average of its maps. The returned spec
+    runs with `jaxsal.explain(method=spec)` and takes options steps, baseline (defaults from the
+    arguments here), quadrature (default right Riemann), blur_sigma (baseline "blur"),
+    return_error (input-gradient methods: also the completeness error per state), fast_prefix,
+    key (baseline "uniform") and the inner method's options.
+
+    Args:
+        method (str | Spec): a gradient or CAM method name (e.g. "guided_backprop") or spec.
+        steps (int): the default of option steps, quadrature points along the path.
+        baseline (str | jax.Array): the default of option baseline: "black" (zeros), "blur",
+            "uniform" (U(min x, max x) per state) or an array broadcastable to obs.
+        quadrature_option (str): the name under which the spec takes its quadrature rule.
+        name (str | None): the spec's name; None: "path_integral(<method>)".
+        doc (str | None): the docstring of its method function; None: a one-line summary.
+
+    Returns:
+        Spec: the combined method.
+
+    Raises:
+        jaxsal.SaliencyInputError: `method` is no gradient or CAM method, is itself combined, or
+            steps is not a positive integer.
+    """
     inner = _inner(method, "path_integral")
     qname = quadrature_option
     own = {"steps": check_positive_int("steps", steps), "baseline": baseline, qname: "riemann_right",

@@ -134,11 +134,64 @@ def method_function(spec: Spec, module: str | None = None):
     names = list(CALL_ARGS.items()) + [(k, v) for k, v in spec.options.items() if k not in CALL_ARGS]
     method.__signature__ = inspect.Signature(pos + [inspect.Parameter(k, kw, default=v) for k, v in names])
     method.__name__ = method.__qualname__ = spec.name
-    method.__doc__ = spec.doc
+    method.__doc__ = method_doc(spec, [n for n, _ in names])
     if module is not None:
         method.__module__ = module
     method.jaxsal_spec = spec
     return method
+
+
+_ARG_DOCS = {
+    "apply_fn": "Callable: the model, `apply_fn(params, obs)`, any pure JAX function (array or pytree output).",
+    "params": "PyTree: the model's parameters.",
+    "obs": "jax.Array: a batch of N observations, (N, H, W, C) or (N, C, H, W) (see `layout`).",
+    "target": "str | Callable: what is explained (jaxsal.targets): q_chosen (Q of the greedy action), "
+              "q_action (needs actions), advantage, value, policy_logit, log_prob, softmax_chosen, or a "
+              "callable output -> (N,).",
+    "actions": "jax.Array | None: per-state actions (N,) int; None: the target's greedy choice.",
+    "layout": 'str | None: "NHWC" or "NCHW"; None: the model\'s declared layout, else NHWC.',
+    "batch_size": "int | None: states per chunk; None: sized to fit the device.",
+    "key": "jax.Array | None: the PRNG key (jax.random.key(0)) of a stochastic method or option.",
+    "per_frame": "bool: keep the frame or channel axis last instead of summing it.",
+    "fast_conv": "bool: run strided convolutions' input gradients as matmuls (same maps, faster).",
+    "rule": 'str: the ReLU rule of the backward pass: "plain", "guided" or "deconvnet".',
+    "layer": "str | None: the flax module name whose output is tapped; None: the last conv-like layer "
+             "(`jaxsal.layer_calls` lists the names).",
+    "layer_activation": 'str | None: where A is read: None or "module", the module\'s output; "post_relu", '
+                        "the ReLU after it (jaxsal.backprop.cam_site).",
+    "n_samples": "int: noisy copies per state.",
+    "sigma": "float: noise standard deviation, as a fraction of each state's value range.",
+    "variant": 'str: "mean", "squared" (or "sg2", SmoothGrad^2) or "vargrad" (the variance).',
+    "fast_prefix": "bool: transpose the model's affine input prefix once per state instead of once per "
+                   "sample or step (exactly the same sums, faster).",
+    "steps": "int: quadrature steps along the path.",
+    "baseline": 'str | jax.Array: "black" (zeros), "blur", "uniform" (U(min x, max x) per state, needs key) '
+                "or an array broadcastable to obs.",
+    "quadrature": 'str: the quadrature rule: "riemann_right", "riemann_middle", "riemann_left", '
+                  '"riemann_trapezoid" or "gausslegendre".',
+    "blur_sigma": 'float: Gaussian blur width in pixels of baseline "blur".',
+    "return_error": "bool: also return the completeness error sum(attributions) - (y(x) - y(x0)) per state.",
+}
+"""`name (type): meaning` of every argument a method function may take (method_doc's Args)."""
+_ARG_DOCS["method"] = _ARG_DOCS["quadrature"]  # integrated_gradients names its quadrature method=
+
+
+def method_doc(spec: Spec, options: list) -> str:
+    """The docstring of a spec's method function: the spec's doc, then Args (every argument of
+    the signature), Returns and Raises sections."""
+    args = "\n".join(f"    {n} ({_ARG_DOCS.get(n, 'Any: an option of the method.').replace(': ', '): ', 1)}"
+                      for n in ("apply_fn", "params", "obs", *options))
+    if "layer" in spec.options:
+        shape = ("(N, H, W) maps, or per frame (N, H, W, T) with per_frame=True on a time-distributed layer "
+                 "(input-resolution variants: (N, H, W, C))")
+    else:
+        shape = "(N, H, W) maps summed over channels, or (N, H, W, C) with per_frame=True"
+    ret = f"jax.Array: {shape}."
+    if "return_error" in spec.options:
+        ret = f"jax.Array | tuple[jax.Array, jax.Array]: {shape}; with return_error=True, (maps, error (N,))."
+    return (inspect.cleandoc(spec.doc or f"The {spec.name} saliency method.") + f"\n\nArgs:\n{args}\n\n"
+            f"Returns:\n    {ret}\n\nRaises:\n    jaxsal.SaliencyInputError: an unknown option, an invalid "
+            "value, or frames or actions that do not fit the model.\n")
 
 
 def register(spec: Spec, *, module: str, identity: tuple | None = None, replace: bool = False):
