@@ -18,8 +18,9 @@ PACKAGE = "jaxsal"
 
 
 def _public_functions(mod) -> list[str]:
-    names = ["explain", "methods", "cam_methods", "method_options", "register_cam", "layer_calls", "with_rule",
-             "rise_masks", "load_maps", "load_outputs", "load_object_shares", "params_checksum"]
+    names = ["explain", "methods", "cam_methods", "method_options", "options_table", "register_cam", "noise_tunnel",
+             "path_integral", "layer_calls", "with_rule", "rise_masks", "load_maps", "load_outputs",
+             "load_object_shares", "params_checksum"]
     return names + [m for m in mod.methods() if m not in names]
 
 
@@ -39,7 +40,7 @@ def _function(name: str, obj, parent) -> griffe.Function:
     fn = griffe.Function(name, parameters=griffe.Parameters(*params), parent=parent)
     doc = inspect.getdoc(obj)
     if doc:
-        fn.docstring = griffe.Docstring(doc, parent=fn)
+        fn.docstring = griffe.Docstring(doc, parent=fn, parser="google", parser_options={"returns_named_value": False})
     return fn
 
 
