@@ -64,6 +64,7 @@ def test_every_relative_link_resolves_in_the_repository(page):
     assert not broken(page), broken(page)
 
 
+@pytest.mark.slow  # needs the docs extra, which `make test-slow` installs (CI runs it there)
 def test_the_site_hook_maps_repository_links_onto_the_site():
     pytest.importorskip("mkdocs")
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "_build" / "hooks.py")
