@@ -337,6 +337,14 @@ def write_stats_csv(runs: dict, path):
                 w.writerow({"variant": v, "seed": s, **r})
 
 
+def variant_colors(n: int) -> list:
+    """n distinct colours: matplotlib's default cycle for up to 10 variants, tab20 beyond (the
+    replay-DDDQN study has 16)."""
+    import matplotlib.pyplot as plt
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return cycle[:n] if n <= len(cycle) else [plt.get_cmap("tab20")(i % 20) for i in range(n)]
+
+
 def figure(study: plan.Study, runs: dict, runs_dir, path, state: int = 0, cols: int = 5):
     """Returns and the map statistic per variant (all seeds) next to the first seed's
     G1Grad-CAM, Grad-CAM, Guided Backprop and gradient snapshots of probe `state`."""
@@ -346,7 +354,7 @@ def figure(study: plan.Study, runs: dict, runs_dir, path, state: int = 0, cols: 
 
     from jaxsal_agents.snapshots import load_snapshots
 
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = variant_colors(len(study.variants))
     nrow = len(study.variants) * len(FIGURE_METHODS)
     fig = plt.figure(figsize=(7 + 1.2 * cols, 0.95 * nrow + 1))
     gs = fig.add_gridspec(nrow, cols + 6)
@@ -398,7 +406,7 @@ def detection_figure(study: plan.Study, runs: dict, summary: dict, path):
     from scipy import stats
 
     checkpoints = summary["checkpoints"]
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = variant_colors(len(study.variants))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     ret_key = getattr(study, "signals", plan.SIGNALS)["return"]
     ret_games = getattr(study, "return_window", plan.RETURN_GAMES)
