@@ -199,7 +199,7 @@ class Recording:
 
 
 def collect_objects(agent, steps: int, game: str | None = None, epsilon: float = 0.0, num_envs: int = 1,
-                    seed: int = 0, env: AleAtariEnv | None = None):
+                    seed: int = 0, env: AleAtariEnv | None = None, until_done: bool = False):
     """`jaxsal_agents.collect` on ale-py: (Batch, ObjectBoxes) with one row of boxes per state, in the
     Batch's env-major order."""
     from .collect import collect
@@ -207,7 +207,7 @@ def collect_objects(agent, steps: int, game: str | None = None, epsilon: float =
 
     env = env or AleAtariEnv(game or agent.game, num_envs, train=False, seed=seed)
     rec = Recording(env)
-    batch = collect(agent, steps, epsilon=epsilon, seed=seed, env=rec)
+    batch = collect(agent, steps, epsilon=epsilon, seed=seed, env=rec, until_done=until_done)
     rams = np.stack(rec.rams[:len(batch) // env.num_envs])            # (T, E, F, 2, 128)
     rams = np.swapaxes(rams, 0, 1).reshape((-1,) + rams.shape[2:])   # env-major, as the Batch
     return batch, boxes_from_ram(env.game, rams)

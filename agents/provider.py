@@ -18,7 +18,8 @@ from .zoo import SHIPPED_DIR, available, load, random_agent
 
 ERRORS = (AgentLoadError, AgentInputError)
 
-__all__ = ["ERRORS", "available", "card", "check_game", "collect", "load", "make_env", "random_agent"]
+__all__ = ["ERRORS", "available", "card", "check_game", "collect", "load", "make_env", "random_agent",
+           "record_objects"]
 
 
 def card(name: str) -> dict:
@@ -31,3 +32,16 @@ def card(name: str) -> dict:
 def make_env(game: str, seed: int = 0):
     """One evaluation env of `game` (true game, unclipped rewards) with `obs_shape`, `num_actions`."""
     return envs.make_env(game, 1, train=False, seed=seed)
+
+
+def record_objects(agent, steps: int, game: str, seed: int = 0, until_done: bool = False):
+    """Greedy play of `agent` on ale-py with EnvPool's preprocessing (the same frames), reading every
+    stacked frame's object boxes from the emulator's RAM: (Batch, jaxsal.objects ObjectBoxes)."""
+    from jaxsal.objects import games
+
+    from .ale import collect_objects
+
+    if game not in games():
+        raise AgentInputError(f"{game} has no object table, so its boxes cannot be recorded; games with one: "
+                              f"{', '.join(games())}")
+    return collect_objects(agent, steps, game=game, seed=seed, until_done=until_done)

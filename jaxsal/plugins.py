@@ -89,6 +89,16 @@ class AgentProvider:
         with `obs` (N, H, W, C) and `episode_returns`."""
         return self._call("collect", agent, steps, env=env, seed=seed, until_done=until_done)
 
+    def record_objects(self, agent, steps: int, game: str, seed: int = 0, until_done: bool = False):
+        """Greedy play as `collect`, on an env that also reads each state's object boxes: (batch,
+        boxes), boxes a `jaxsal.objects` ObjectBoxes with one row per state. Optional: a provider
+        without it cannot serve `--play --objects`."""
+        if not callable(getattr(self.module, "record_objects", None)):
+            raise AgentProviderError(f"the agents provider {self.name!r} cannot record object boxes, so --play "
+                                     f"cannot be used with --objects; record frames and boxes yourself and give "
+                                     f"--input FILE --objects BOXES")
+        return self._call("record_objects", agent, steps, game, seed=seed, until_done=until_done)
+
 
 _NO_PROVIDER = ("no agents provider is installed (entry-point group 'jaxsal.agents'), so shipped agents, "
                 "--play and `jaxsal demo` are unavailable; fix: install the checkout with `pip install -e .` "

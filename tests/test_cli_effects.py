@@ -168,7 +168,7 @@ def test_bad_flag_combinations_write_nothing(job, tmp_path, capsys):
     cases = [
         (["--input", buf, "--effects"], "add --objects"),
         (["--input", buf, "--effects", "--store", "shares"], "add --objects"),
-        (["--play", "5", "--objects", "--effects"], "--play records with EnvPool"),
+        (["--play", "5", "--objects", buf.replace(".npy", ".objects.npz")], "give --objects without FILE"),
     ]
     for extra, frag in cases:
         out = tmp_path / "o"

@@ -218,8 +218,8 @@ def test_errors_name_the_fix(job, tmp_path, capsys):
     more = [
         (["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(tmp_path / "m.npy"),
           "--objects", "--out", str(tmp_path / "o2")], "game 'minatar-breakout' has no object table"),
-        (["explain", "--agent", AGENT, "--methods", "gradient", "--play", "5", "--objects", "--out",
-          str(tmp_path / "o3")], "--play records with EnvPool"),
+        (["explain", "--agent", str(card), "--methods", "standin_grad", "--play", "5", "--objects", "--out",
+          str(tmp_path / "o3")], "--objects: minatar-breakout has no object table"),
         (["explain", "--agent", AGENT, "--methods", "gradient", "--input", str(tmp_path / "lonely.npy"), "--objects",
           "--out", str(tmp_path / "o4")], "python -m jaxsal_agents.record_objects"),
     ]
@@ -269,3 +269,55 @@ def test_game_mismatch_and_the_recorded_buffer(tmp_path, capsys):
     assert "has no object table" in capsys.readouterr().err
     assert record_main(["--agent", "pong", "--steps", "2", "--out", str(tmp_path / "buf")]) == 2
     assert "already holds a recorded buffer" in capsys.readouterr().err
+
+
+def test_play_with_objects_records_the_boxes_of_its_frames(tmp_path, capsys):
+    """--play N --objects plays on ale-py (the frames record_objects writes at the same seed) and keeps
+    each state's RAM boxes beside the rollout, where --objects finds them; a rerun reuses both; a rollout
+    recorded without boxes, a boxes FILE with --play and a game without an object table are refused."""
+    pytest.importorskip("ale_py")
+    import jaxsal_agents
+    from jaxsal_agents.record_objects import record
+
+    out = tmp_path / "o"
+    argv = ["explain", "--agent", "pong", "--methods", "standin_pool", "--play", "4", "--objects", "--store",
+            "shares", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    ref = record(jaxsal_agents.load("pong"), 4, tmp_path / "ref", epsilon=0.0, seed=0)
+    np.testing.assert_array_equal(np.load(out / "input" / "obs.npy"), np.load(ref["obs"]))
+    got, want = ObjectBoxes.load(out / "input" / "obs.objects.npz"), ObjectBoxes.load(ref["objects"])
+    np.testing.assert_array_equal(got.boxes, want.boxes)
+    assert got.classes == want.classes
+    s = jaxsal.load_object_shares(out, "standin_pool")
+    assert s["positive"].shape == (4, 3) and s["present"][:, s["classes"].index("player")].any()
+    before = (out / "input" / "obs.objects.npz").stat().st_mtime_ns
+    assert main(argv) == 0                                        # rerun: reuses the rollout and its boxes
+    assert (out / "input" / "obs.objects.npz").stat().st_mtime_ns == before
+    plain = tmp_path / "plain"
+    assert main(["explain", "--agent", "pong", "--methods", "standin_pool", "--play", "3", "--out", str(plain),
+                 "--quiet"]) == 0
+    cases = [
+        (["--agent", "pong", "--play", "3", "--objects", "--out", str(plain)], "recorded without object boxes"),
+        (["--agent", "pong", "--play", "3", "--objects", str(ref["objects"]), "--out", str(tmp_path / "x")],
+         "give --objects without FILE"),
+        (["--agent", "minatar-breakout", "--play", "3", "--objects", "--out", str(tmp_path / "y")],
+         "has no object table"),
+    ]
+    for extra, frag in cases:
+        capsys.readouterr()
+        assert main(["explain", "--methods", "standin_pool", "--quiet", *extra]) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("jaxsal: error:") and "\n" not in err and frag in err, (extra, err)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_a_provider_that_cannot_record_boxes_says_so():
+    import types
+
+    from jaxsal.plugins import _NAMES, AgentProvider, AgentProviderError
+
+    module = types.ModuleType("bare_provider")
+    for name in _NAMES:
+        setattr(module, name, lambda *a, **k: None)
+    with pytest.raises(AgentProviderError, match="cannot record object boxes.*--input FILE --objects BOXES"):
+        AgentProvider(module, "bare").record_objects(None, 3, "pong")

@@ -26,23 +26,34 @@ def _game_agent(agent):
 
 
 def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, until_done: bool = False,
-         quiet: bool = False, target: str | None = None, layout_given: str | None = None):
+         quiet: bool = False, target: str | None = None, layout_given: str | None = None, objects: bool = False):
     """Play `steps` steps with the agents provider's game (EnvPool / gymnax) and save the frames as
-    out/input/obs.npy (reused on rerun). The model is checked on the game's frames (layout, `target`)
-    before playing."""
+    out/input/obs.npy (reused on rerun). With `objects`, play on the provider's env that reads each
+    state's object boxes (ale-py: the same frames) and save them beside as out/input/obs.objects.npz,
+    where `--objects` finds them. The model is checked on the game's frames (layout, `target`) before
+    playing."""
     from jaxsal.checks import num_actions
     from jaxsal.io import open_source
     from jaxsal.plugins import agent_provider
     from jaxsal.io.store import MANIFEST
 
     path = Path(out).absolute() / "input" / "obs.npy"  # recorded in the manifest: render finds it from anywhere
+    boxes_path = path.with_name("obs.objects.npz")     # the name --objects looks for beside an input
     if (out / MANIFEST).exists() and path.exists():
+        if objects and not boxes_path.exists():
+            raise CLIError(f"the rollout in {path.parent} was recorded without object boxes: give --play "
+                           f"--objects a new --out")
         say(f"reusing the rollout saved in {path}", quiet)
         return open_source(path)
     if steps < 1:
         raise CLIError(f"--play needs a positive number of steps, got {steps}")
     provider = agent_provider()
     game = provider.check_game(game or agent.card.get("game") or "breakout")
+    if objects:
+        from jaxsal.objects import games
+        if game not in games():
+            raise CLIError(f"--objects: {game} has no object table, so its boxes are unknown; games with one: "
+                           f"{', '.join(games())}")
     env = provider.make_env(game, seed=seed)
     shape = (1,) + tuple(env.obs_shape)
     model_shape = shape if agent.layout == "NHWC" else (1, shape[3], shape[1], shape[2])
@@ -53,15 +64,25 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
                        f"{env.num_actions}: choose the agent trained on {game}")
     check_frames(agent, model_shape)
     t = time.perf_counter()
-    batch = provider.collect(_game_agent(agent), steps, env=env, seed=seed, until_done=until_done)
+    if objects:
+        batch, boxes = provider.record_objects(_game_agent(agent), steps, game, seed=seed, until_done=until_done)
+    else:
+        batch = provider.collect(_game_agent(agent), steps, env=env, seed=seed, until_done=until_done)
     say(f"played {len(batch)} steps of {game} in {time.perf_counter() - t:.1f}s "
         f"(returns of finished games: {batch.episode_returns or 'none finished'})", quiet)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".obs.npy.tmp")
-    with open(tmp, "wb") as f:  # a file handle: np.save(path) would append ".npy" to the name
-        np.save(f, np.asarray(batch.obs, np.uint8))
-    os.replace(tmp, path)
+    if objects:  # the boxes first: frames without their boxes are never left as a finished rollout
+        _write_atomic(boxes_path, lambda f: boxes.save(f, game=game))
+    _write_atomic(path, lambda f: np.save(f, np.asarray(batch.obs, np.uint8)))
     return open_source(path)
+
+
+def _write_atomic(path: Path, write):
+    """`write(file)` into a temporary file beside `path`, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:  # a file handle: np.save(path) would append ".npy" to the name
+        write(f)
+    os.replace(tmp, path)
 
 
 class Limited:

@@ -86,10 +86,9 @@ def cmd_explain(args) -> int:
     check_specs(specs)
     if (args.input is None) == (args.play is None):
         raise CLIError("give exactly one of --input PATH or --play STEPS")
-    if args.objects is not None and args.play is not None:
-        from jaxsal.io.objects import RECORD_HINT
-        raise CLIError("--objects needs frames with known boxes; --play records with EnvPool, which has no RAM. "
-                       f"Record with ale-py instead: {RECORD_HINT}, then jaxsal explain --input DIR/obs.npy --objects")
+    if args.objects not in (None, "auto") and args.play is not None:
+        raise CLIError(f"--play records the boxes of its own frames: give --objects without FILE "
+                       f"(not {args.objects})")
     if args.store == "shares" and args.objects is None:
         raise CLIError("--store shares keeps only the object shares: add --objects [FILE]")
     if args.effects and args.objects is None:
@@ -138,7 +137,7 @@ def _explain_job(args, agent, specs, out: Path):
 
     if args.play is not None:
         source = play(agent, args.play, out, game=args.game, seed=args.seed, quiet=args.quiet, target=args.target,
-                      layout_given=args.layout)
+                      layout_given=args.layout, objects=args.objects is not None)
         input_id = {"play": args.play, "game": args.game or agent.card.get("game"), "seed": args.seed}
     else:
         source = open_source(Path(args.input).absolute())  # the manifest records where it is, from anywhere
@@ -218,7 +217,8 @@ def _objects_for(args, agent, source):
     from jaxsal.io.objects import for_job
 
     objects = args.objects if args.objects in (None, "auto") else str(Path(args.objects).absolute())
-    where = None if args.input is None else str(Path(args.input).absolute())
+    # a --play rollout lies in OUT/input/obs.npy, its boxes (with --objects) beside it
+    where = str(Path(args.input).absolute()) if args.input is not None else source.describe().get("path")
     return for_job(objects, args.store, where, agent.card.get("game"), len(source),
                    to_nhwc_shape(source.shape, agent.layout), args.limit, effects=args.effects)
 
@@ -267,7 +267,8 @@ def add_parser(sub):
                                     "add_count and invalid_range files are required: the states are Dopamine's "
                                     "valid transitions, oldest first; jaxsal.load_outputs gives each one's buffer "
                                     "index)")
-    e.add_argument("--play", type=int, help="play STEPS steps with EnvPool and explain them")
+    e.add_argument("--play", type=int, help="play STEPS steps with EnvPool (with --objects: on ale-py, the same "
+                                            "frames, recording each state's object boxes) and explain them")
     e.add_argument("--game", help="game for --play (default: the agent's game)")
     e.add_argument("--out", required=True, help="output directory (resumes a stopped job)")
     e.add_argument("--option", action="append", metavar="METHOD.NAME=VALUE",
@@ -284,7 +285,8 @@ def add_parser(sub):
                    help="also store per-frame object shares (per class: positive and absolute mass, chance, "
                         "per stacked frame; jaxsal.load_object_shares) from the boxes in FILE (.npz: boxes, "
                         "labels, classes; see jaxsal.io.objects), or without FILE from INPUT.objects.npz beside "
-                        "the input (python -m jaxsal_agents.record_objects writes both)")
+                        "the input (python -m jaxsal_agents.record_objects writes both); with --play, the boxes "
+                        "of the rollout")
     e.add_argument("--effects", action="store_true",
                    help="with --objects: also remove each object class from every stacked frame of each state "
                         "(its pixels outside other classes' boxes set to the median of a ring around each box) and "

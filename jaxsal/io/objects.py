@@ -180,8 +180,8 @@ def find_objects(objects_arg: str, input_path, game: str | None) -> ObjectsInput
         return read_objects(objects_arg, game)
     if input_path is None:
         raise SaliencyInputError(
-            "--objects needs frames with known boxes; --play records with EnvPool, which has no RAM. Record "
-            f"with ale-py instead: {RECORD_HINT}, then jaxsal explain --input DIR/obs.npy --objects")
+            "--objects without FILE looks for the boxes beside the input file, and these frames have no file: "
+            f"give --objects FILE, or record frames with their boxes: {RECORD_HINT}")
     path = beside(input_path)
     if path.exists():
         return read_objects(path, game)
