@@ -397,3 +397,24 @@ def test_effects_metric_needs_boxes_and_names_itself(tmp_path):
            "metrics": ["effects"], "methods": {"gradient": {}}}
     with pytest.raises(sw.SweepConfigError, match="'effects' needs boxes"):
         sw.plan(raw, tmp_path)
+
+
+def test_objects_metric_on_a_played_input_records_its_boxes(tmp_path):
+    """A played input with the objects metric is played on the env that reads each state's boxes from
+    the RAM (as `jaxsal explain --play N --objects`), so the cell's shares have their boxes."""
+    pytest.importorskip("ale_py")
+    (tmp_path / "sweep.toml").write_text("""
+agents = ["pong"]
+inputs = [{ play = 3, seed = 0 }]
+metrics = ["objects"]
+[methods]
+gradient = {}
+""")
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 0
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["status"]) == ["ok"], t["error"]
+    saved = next((tmp_path / "out").rglob("_rollout"))
+    assert (saved / "input" / "obs.objects.npz").exists()
+    shares = jaxsal.load_object_shares(next((tmp_path / "out").rglob("job")), "gradient")
+    assert shares["positive"].shape[0] == 3 and "ball" in shares["classes"]
+    assert 0 < t["objects_player_chance"][0] < 0.05 and t["objects_player_absolute"][0] > 0   # our paddle, from the RAM

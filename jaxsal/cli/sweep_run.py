@@ -15,10 +15,11 @@ from jaxsal.cli._input import Limited, play
 from jaxsal.errors import CLIError, error_line
 
 
-def _sweep_source(agent, cell, out: Path, target: str):
-    """(the cell's frames in the model's layout, the whole input's length): a buffer (cut to its
-    limit), or the agent's own rollout, played once per agent checkpoint x input and shared by its
-    methods (a lock keeps parallel workers from playing it twice)."""
+def _sweep_source(agent, cell, out: Path, target: str, objects: bool = False):
+    """(the cell's frames in the model's layout, the whole input's length, its file): a buffer (cut
+    to its limit), or the agent's own rollout, played once per agent checkpoint x input and shared by
+    its methods (a lock keeps parallel workers from playing it twice); with `objects` the rollout
+    keeps each state's boxes beside it."""
     import fcntl
 
     from jaxsal.io import open_source
@@ -26,7 +27,8 @@ def _sweep_source(agent, cell, out: Path, target: str):
 
     inp = cell.input_spec
     if "path" in inp:
-        source = open_source(Path(inp["path"]))
+        saved = Path(inp["path"])
+        source = open_source(saved)
     else:
         where = out / cell.input_dir
         where.mkdir(parents=True, exist_ok=True)
@@ -35,13 +37,13 @@ def _sweep_source(agent, cell, out: Path, target: str):
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not saved.exists():
                 play(agent, inp["play"], saved.parent.parent, game=inp.get("game"), seed=inp["seed"], quiet=True,
-                     target=target)
+                     target=target, objects=objects)
         source = open_source(saved)
     source = as_layout(source, agent.layout)
     check_agent(agent, source.shape, None, target)
     check_frames(agent, source.shape)
     n = len(source)
-    return (Limited(source, inp["limit"]) if "limit" in inp else source), n
+    return (Limited(source, inp["limit"]) if "limit" in inp else source), n, str(saved)
 
 
 _SWEEP_MODELS = LRU("sweep architectures", 64)  # agent card (JSON) -> the apply_fn of its architecture
@@ -79,14 +81,15 @@ def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:
     rec = {"cell": cell.path, "status": "ok", "error": "", "frames": None, "metrics": {}}
     try:
         agent = _sweep_agent(cell)
-        source, n_input = _sweep_source(agent, cell, Path(out), sett["target"])
+        boxes = bool({"objects", "effects"} & set(metrics))
+        source, n_input, input_path = _sweep_source(agent, cell, Path(out), sett["target"], objects=boxes)
         rec["frames"] = len(source)
         objects = None
-        if {"objects", "effects"} & set(metrics):
+        if boxes:
             from jaxsal.io.layout import to_nhwc_shape
             from jaxsal.io.objects import for_job
 
-            objects, _ = for_job("auto", "maps", cell.input_spec.get("path"), agent.card.get("game"), n_input,
+            objects, _ = for_job("auto", "maps", input_path, agent.card.get("game"), n_input,
                                  to_nhwc_shape(source.shape, agent.layout), cell.input_spec.get("limit"),
                                  effects="effects" in metrics)
         inp = cell.input_spec

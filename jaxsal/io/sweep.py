@@ -419,9 +419,16 @@ def check_objects(agents, inputs, metric: str = "objects"):
             raise SweepConfigError(f"metrics: '{metric}' needs a game with an object table, but agent {a!r} plays "
                                    f"{game!r} (games with one: {', '.join(games())}); drop '{metric}' or that agent")
     for label, inp in inputs:
-        if "play" in inp:
-            raise SweepConfigError(f"metrics: '{metric}' needs boxes, and input {label!r} is played (EnvPool has no "
-                                   f"RAM); record frames with their boxes: {RECORD_HINT}, and list DIR/obs.npy")
+        if "play" in inp:  # played on the env that records each state's boxes (jaxsal explain --play --objects)
+            for a, c, spec, _, game in agents:
+                g = inp.get("game") or game
+                if g is None or g.lower().replace("_", "").replace("-", "") not in games():
+                    raise SweepConfigError(
+                        f"metrics: '{metric}' needs boxes, and input {label!r} is played by agent {a!r} in "
+                        f"{repr(g) if g else 'a game it does not name'}, which has no object table (games with one: "
+                        f"{', '.join(games())}); give the input a game, or record frames with their boxes: "
+                        f"{RECORD_HINT}, and list DIR/obs.npy")
+            continue
         try:
             find_objects("auto", inp["path"], None)
         except SaliencyInputError as e:
