@@ -63,9 +63,12 @@ def test_a_planted_story_holds_and_a_blind_map_does_not():
 def test_the_registered_size_can_reject():
     """With the registered episodes, the exact test's smallest p is below Holm's strictest threshold
     for every registered method, and a planted effect of one between-episode SD is found often."""
-    n_methods = 18                                                   # jaxsal.methods() at registration
-    strictest = P.ALPHA / len(P.GAMES) / (len(P.STATS) * n_methods)
+    import jaxsal
+
+    assert len(jaxsal.methods()) == P.REGISTERED_METHODS
+    strictest = P.ALPHA / len(P.GAMES) / P.n_tests(P.REGISTERED_METHODS, P.GAMES[:1])
     assert A.smallest_p(P.EPISODES) < strictest / 100
+    assert A.smallest_p(P.MIN_EPISODES_PER_TEST) < strictest <= A.smallest_p(P.MIN_EPISODES_PER_TEST - 1)
     assert A.sign_flip_p(np.full(P.EPISODES, 0.3)) == A.smallest_p(P.EPISODES)
     assert A.power(P.EPISODES, strictest, effect_sd=1.0, sims=400) > 0.4
     assert A.power(P.EPISODES, strictest, effect_sd=1.5, sims=400) > 0.9
@@ -105,6 +108,15 @@ def test_incomplete_and_unestimable_studies_say_so():
     assert "Incomplete study" in A.markdown(res)
 
 
+def test_a_short_episode_is_padded_not_refused():
+    eps = planted(n_ep=P.EPISODES)
+    short = planted(n_ep=1, s=7, seed=5)[0]
+    res = A.analyse(eps[:-1] + [short], "breakout", n_resamples=200)
+    assert res["states"] == (P.EPISODES - 1) * P.STATES_PER_EPISODE + 7 and not res["complete"]
+    assert res["interventions"] == res["states"] * 2
+    assert res["methods"]["story"]["story"] == "holds"
+
+
 def test_the_analysis_refuses_mixed_records():
     eps = planted(n_ep=3)
     eps[1]["methods"] = np.array(["story", "other"])
@@ -134,7 +146,10 @@ def test_the_plan_is_the_registration_s():
     """registration.md states plan.py's numbers, and is frozen."""
     text = (P.HERE / "registration.md").read_text()
     assert "Status: frozen" in text
-    for needle in (f"{P.EPISODES} ", f"{P.STATES} ", f"{P.EPSILON}", f"{P.SEED_BASE}", f"{P.DEV_SEED}"):
+    for needle in (f"{P.EPISODES} ", f"{P.STATES} ", f"{P.EPSILON}", f"{P.SEED_BASE}", f"{P.DEV_SEED}",
+                   f"{P.STATES_PER_EPISODE} per episode", f"{P.MAX_EPISODE_STEPS} agent steps",
+                   f"fewer than {P.MIN_EPISODES_PER_TEST} episodes", f"{P.N_RESAMPLES} resamples",
+                   f"{P.REGISTERED_METHODS} at registration"):
         assert needle in text, needle
     for game in P.GAMES:
         for dx, dy in P.MOVES[game]:

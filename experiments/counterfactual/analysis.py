@@ -181,9 +181,17 @@ def stack(episodes: list[dict]) -> dict:
             if not np.array_equal(ep[k], first[k]):
                 raise ValueError(f"episode {i} was run with other {k} ({ep[k]}) than episode 0 ({first[k]}): "
                                  "analyse one run's progress folder")
-    keys = ("share", "chance", "present", "removal", "removal_ok", "removal_newest", "removal_newest_ok",
-            "status", "disp", "shift")
-    out = {k: np.stack([ep[k] for ep in episodes]) for k in keys}
+    s = max(len(ep["present"]) for ep in episodes)          # an episode with fewer states is padded
+    fills = {"share": np.nan, "chance": np.nan, "present": False, "removal": np.nan, "removal_ok": False,
+             "removal_newest": np.nan, "removal_newest_ok": False, "status": -1, "disp": np.nan, "shift": np.nan}
+
+    def pad(x, k):
+        axis = 1 if k in ("share", "shift") else 0
+        width = [(0, 0)] * x.ndim
+        width[axis] = (0, s - x.shape[axis])
+        return np.pad(x, width, constant_values=fills[k])
+    out = {k: np.stack([pad(np.asarray(ep[k]), k) for ep in episodes]) for k in fills}
+    out["real"] = np.stack([np.arange(s) < len(ep["present"]) for ep in episodes])     # (E, S)
     out["share"] = np.moveaxis(out["share"], 1, 0)              # (M, E, S, C)
     out["shift"] = np.moveaxis(out["shift"], 1, 0)              # (M, E, S, J)
     out.update(methods=[str(m) for m in first["methods"]], classes=[str(c) for c in first["classes"]],
@@ -199,7 +207,9 @@ def analyse(episodes: list[dict], game: str, n_games: int = len(P.GAMES), n_resa
     d = stack(episodes)
     alpha = P.ALPHA / n_games
     c_obj = d["classes"].index(d["moved"])
-    kept = np.isin(np.asarray(d["statuses"])[d["status"]], P.KEEP)
+    names = np.asarray(d["statuses"] + ["(no state)"])
+    status = names[d["status"]]                                  # -1: a padded state's slot
+    kept = np.isin(status, P.KEEP)
     rows, pvals = [], []
     for i, m in enumerate(d["methods"]):
         share = d["share"][i]
@@ -223,18 +233,16 @@ def analyse(episodes: list[dict], game: str, n_games: int = len(P.GAMES), n_resa
         for k, s in enumerate(P.STATS):
             row["tests"][s]["p_holm"] = float(adj[3 * j + k])
         row.update(verdict(row["tests"], alpha))
-    status, counts = np.asarray(d["statuses"])[d["status"]], {}
-    for s in d["statuses"]:
-        counts[s] = int((status == s).sum())
+    counts = {s: int((status == s).sum()) for s in d["statuses"]}
     n_ep = len(episodes)
     return {"game": game, "moved": d["moved"], "moves": d["moves"], "classes": d["classes"],
-            "episodes": n_ep, "states": int(d["present"].shape[0] * d["present"].shape[1]),
+            "episodes": n_ep, "states": int(d["real"].sum()),
             "episode_meta": [{k: (ep[k].item() if np.ndim(ep[k]) == 0 else None) for k in
                               ("seed", "length", "return", "truncated", "random_actions")} for ep in episodes],
-            "intervention_status": counts, "interventions": int(status.size),
+            "intervention_status": counts, "interventions": int(sum(counts.values())),
             "states_with_kept_move": int(kept.any(-1).sum()),
             "alpha_game": alpha, "family_tests": len(pvals), "smallest_p": smallest_p(n_ep),
-            "complete": bool(n_ep >= P.EPISODES and d["present"].shape[0] * d["present"].shape[1] >= P.STATES),
+            "complete": bool(n_ep >= P.EPISODES and d["real"].sum() >= P.STATES),
             "methods": {r["method"]: {k: v for k, v in r.items() if k != "method"} for r in rows}}
 
 
@@ -259,9 +267,9 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_episodes(game: str, root: Path = P.PROGRESS) -> list[dict]:
-    """The finished episode records of `game`, in episode order."""
-    files = sorted((Path(root) / game).glob("ep*.npz"))
+def load_episodes(folder: Path) -> list[dict]:
+    """The finished episode records in a game's progress folder, in episode order."""
+    files = sorted(Path(folder).glob("ep*.npz"))
     out = []
     for f in files:
         with np.load(f, allow_pickle=False) as z:
@@ -269,9 +277,10 @@ def load_episodes(game: str, root: Path = P.PROGRESS) -> list[dict]:
     return out
 
 
-def write_game(game: str, root: Path = P.PROGRESS, out: Path = P.RESULTS) -> dict:
-    """Analyse `game`'s progress and write results/<game>/summary.json and summary.md."""
-    res = analyse(load_episodes(game, root), game)
+def write_game(game: str, folder: Path | None = None, out: Path = P.RESULTS) -> dict:
+    """Analyse `game`'s progress folder (default progress/<game>) and write results/<game>/summary.json
+    and summary.md."""
+    res = analyse(load_episodes(folder or P.PROGRESS / game), game)
     d = Path(out) / game
     d.mkdir(parents=True, exist_ok=True)
     (d / "summary.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
@@ -282,11 +291,11 @@ def write_game(game: str, root: Path = P.PROGRESS, out: Path = P.RESULTS) -> dic
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.counterfactual.analysis", description=__doc__.split("\n")[0])
     p.add_argument("--game", choices=P.GAMES, action="append", required=True)
-    p.add_argument("--progress", default=str(P.PROGRESS))
+    p.add_argument("--progress", default=None, help="the game's progress folder (default progress/GAME)")
     p.add_argument("--out", default=str(P.RESULTS))
     a = p.parse_args(argv)
     for g in a.game:
-        r = write_game(g, Path(a.progress), Path(a.out))
+        r = write_game(g, Path(a.progress) if a.progress else None, Path(a.out))
         print(f"{g}: " + ", ".join(f"{m} {v['story']}" for m, v in r["methods"].items()))
     return 0
 

@@ -1,11 +1,14 @@
 """Cost pilot of the counterfactual study, on the development seed only (plan.DEV_SEED, never a
-study seed): per game, one full game played and replayed, and the registered measurements with
-every method on a few of its states; CPU-seconds per study episode extrapolated from them.
+study seed): per game, one full game played and replayed, and the registered measurements on its
+25 states with one cheap method (gradient: the interventions, removals, Q changes and follows are
+measured as the study makes them); every other method's cost per map is taken from the committed
+CPU throughput table (experiments/results/throughput_cpu.json, this VM, library defaults) times the
+maps a study episode needs (25 + its kept moves).
 
-    python -m experiments.counterfactual.pilot --states 3      # writes experiments/counterfactual/pilot.json
+    python -m experiments.counterfactual.pilot        # writes experiments/counterfactual/pilot.json
 
-The pilot's results are never analysed: only its timings and the interventions' status counts
-(is each registered move feasible) are read.
+Only the timings and the interventions' status counts (is each registered move feasible) are read;
+the pilot's measurements are never analysed.
 """
 from __future__ import annotations
 
@@ -19,7 +22,31 @@ from experiments.counterfactual import plan as P
 from experiments.counterfactual import run as R
 
 
-def pilot_game(game: str, states: int, methods=None) -> dict:
+THROUGHPUT = P.HERE.parent / "results" / "throughput_cpu.json"
+# methods the throughput table lacks, costed as the nearest one it has
+STAND_IN = {"xgradcam": "gradcam", "scorecam": "smoothgrad (n=50)"}
+
+
+def seconds_per_map(methods) -> dict:
+    """{method: wall seconds per map on the 2-core VM at library defaults} from the throughput table
+    (median maps/s at the largest measured batch)."""
+    import json
+
+    cases = json.loads(THROUGHPUT.read_text())["cases"]
+    by_name = {}
+    for k, v in cases.items():                                   # the first row of a name: the default path
+        by_name.setdefault(k.split(" (")[0], v)
+    out = {}
+    for m in methods:
+        rows = cases.get(STAND_IN.get(m, ""), None) or by_name.get(m)
+        if rows is None:
+            raise ValueError(f"no throughput row for {m}: add it to STAND_IN")
+        out[m] = 1.0 / rows[-1]["median_maps_per_s"]
+    return out
+
+
+def pilot_game(game: str, methods=None) -> dict:
+    """CPU seconds of one development-seed episode of `game`, measured and extrapolated."""
     import jaxsal
     import jaxsal_agents
     from jaxsal_agents.interventions import greedy
@@ -31,36 +58,38 @@ def pilot_game(game: str, states: int, methods=None) -> dict:
     steps = ep["eligible"][R.spread(len(ep["eligible"]), P.STATES_PER_EPISODE)]
     c1 = time.process_time()
     rep = R.play_episode(game, P.DEV_SEED, P.EPSILON, P.MAX_EPISODE_STEPS, actions=ep["actions"], keep=steps)
-    assert rep["trajectory_sha256"] == ep["trajectory_sha256"]
+    assert rep["trajectory_sha256"] == ep["trajectory_sha256"], "the replay does not reproduce the game"
     c2 = time.process_time()
-    pick = R.spread(len(rep["moments"]), states)
-    R.measure_episode(agent, game, [rep["moments"][i] for i in pick[:1]], methods, P.MOVES[game])   # compile
+    res = R.measure_episode(agent, game, rep["moments"], ["gradient"], P.MOVES[game])
     c3 = time.process_time()
-    res = R.measure_episode(agent, game, [rep["moments"][i] for i in pick], methods, P.MOVES[game])
-    c4 = time.process_time()
-    per_state = (c4 - c3) / len(pick)
-    per_episode = (c1 - c0) + (c2 - c1) + per_state * P.STATES_PER_EPISODE + (c3 - c2)
     status = np.asarray(res["statuses"])[res["status"]]
+    kept = int(np.isin(status, P.KEEP).sum())
+    maps = len(rep["moments"]) + kept
+    per_map = seconds_per_map(methods)
+    # the table's seconds are wall seconds of a process using both cores: at most 2 CPU seconds each
+    maps_cpu = 2.0 * maps * sum(v for k, v in per_map.items() if k != "gradient")
+    per_episode = (c3 - c0) + maps_cpu
     return {"game": game, "seed": P.DEV_SEED, "length": ep["length"], "return": ep["return"],
-            "eligible": len(ep["eligible"]), "methods": len(methods), "states_measured": int(len(pick)),
-            "cpu_s": {"play": round(c1 - c0, 1), "replay": round(c2 - c1, 1), "compile_first_state": round(c3 - c2, 1),
-                      "measure_per_state": round(per_state, 1)},
-            "cpu_s_per_episode": round(per_episode, 0),
+            "truncated": ep["truncated"], "eligible_steps": len(ep["eligible"]), "states": len(rep["moments"]),
+            "methods": len(methods), "maps_per_episode": maps,
+            "cpu_s": {"play": round(c1 - c0, 1), "replay": round(c2 - c1, 1),
+                      "measure_with_gradient_incl_compile": round(c3 - c2, 1),
+                      "other_methods_maps_from_throughput": round(maps_cpu, 1)},
+            "cpu_s_per_episode": round(per_episode),
             "cpu_hours_per_game": round(per_episode * P.EPISODES / 3600, 2),
-            "wall_s": round(time.perf_counter() - w0, 1),
-            "status_counts": {s: int((status == s).sum()) for s in np.unique(status)}}
+            "pilot_wall_s": round(time.perf_counter() - w0, 1),
+            "status_counts": {str(s): int((status == s).sum()) for s in np.unique(status)}}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.counterfactual.pilot", description=__doc__.split("\n")[0])
     p.add_argument("--game", action="append", choices=P.GAMES)
-    p.add_argument("--states", type=int, default=3)
     p.add_argument("--out", default=str(P.HERE / "pilot.json"))
     a = p.parse_args(argv)
     import jaxsal
 
     jaxsal.cpu.use_fast_kernels()
-    out = {g: pilot_game(g, a.states) for g in (a.game or P.GAMES)}
+    out = {g: pilot_game(g) for g in (a.game or P.GAMES)}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

@@ -52,7 +52,9 @@ STATS = ("removal", "displacement", "follow")       # the three tests per method
 FOLLOW_CHANCE = 0.5           # follow rate of a map whose change is unrelated to the move
 EXACT_FLIPS_UP_TO = 22        # sign-flip tests enumerate all 2^n sign patterns up to n episodes
 MC_FLIPS = 200_000            # Monte Carlo sign flips beyond that
-MIN_EPISODES_PER_TEST = 10    # a test with fewer contributing episodes is "not estimable"
+REGISTERED_METHODS = 18       # len(jaxsal.methods()) at registration
+MIN_EPISODES_PER_TEST = 12    # fewer contributing episodes: "not estimable" (2^-12 is the first 2^-n below
+                              # Holm's strictest threshold ALPHA / 3 / (3 * 18) = 3.1e-4: fewer could never reject)
 POWER_EFFECT_SD = 1.0         # the planted effect of the power check: episode mean / between-episode SD
 POWER_SIMULATIONS = 2_000
 

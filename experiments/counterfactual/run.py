@@ -286,6 +286,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.game not in P.GAMES:
         p.error(f"no counterfactual study for {a.game!r}: choose one of {', '.join(P.GAMES)}")
+    if a.max_new_episodes is not None and a.max_new_episodes < 1:
+        p.error("--max-new-episodes must be a positive integer")
     if not a.analyse:
         import jaxsal
 
@@ -295,11 +297,11 @@ def main(argv=None) -> int:
         except (ProgressMismatch, ReplayMismatch, ValueError) as e:
             print(f"counterfactual: error: {e}", file=sys.stderr)
             return 2
-    root = Path(a.progress).parent if a.progress else P.PROGRESS
+    folder = Path(a.progress) if a.progress else P.PROGRESS / a.game
     from experiments.counterfactual import analysis
 
-    if len(analysis.load_episodes(a.game, root)) >= P.EPISODES:
-        analysis.write_game(a.game, root)
+    if len(analysis.load_episodes(folder)) >= P.EPISODES:
+        analysis.write_game(a.game, folder)
         print(f"{a.game}: wrote {P.RESULTS / a.game / 'summary.json'}")
     return 0
 
