@@ -16,8 +16,9 @@ follows the object.
 What a later session on a fresh machine needs is committed, small, in `progress/<game>/`:
 `run.json` (the settings; another run's folder is refused), `play/epNNN.npz` (seed, actions,
 hashes: written as soon as the game is played; a resume replays the actions and checks the
-hashes) and `epNNN.npz` (the episode's results, a few KB). Nothing heavy is kept; the cache
-folder (`plan.CACHE`) only holds the compile cache.
+hashes) and `epNNN.npz` (the episode's results, a few KB). Nothing heavy is kept: frames and
+maps live in memory for one episode; outside the repository, `plan.CACHE` holds only JAX's
+persistent compile cache, so a resumed session on the same machine skips most compiling.
 """
 from __future__ import annotations
 
@@ -292,6 +293,9 @@ def main(argv=None) -> int:
         import jaxsal
 
         jaxsal.cpu.use_fast_kernels()
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(P.CACHE.expanduser() / "jax_compile"))
         try:
             run_game(a.game, progress=a.progress, max_new=a.max_new_episodes)
         except (ProgressMismatch, ReplayMismatch, ValueError) as e:
@@ -300,9 +304,13 @@ def main(argv=None) -> int:
     folder = Path(a.progress) if a.progress else P.PROGRESS / a.game
     from experiments.counterfactual import analysis
 
-    if len(analysis.load_episodes(folder)) >= P.EPISODES:
+    finished = len(analysis.load_episodes(folder))
+    if finished >= P.EPISODES:
         analysis.write_game(a.game, folder)
         print(f"{a.game}: wrote {P.RESULTS / a.game / 'summary.json'}")
+    else:
+        print(f"{a.game}: {finished} of {P.EPISODES} episodes finished in {folder}; the analysis waits for all "
+              f"(rerun to resume, then commit {folder})")
     return 0
 
 
