@@ -68,17 +68,28 @@ def clear_caches() -> None:
 
 
 def forget(objects) -> int:
-    """Drop every cache entry whose key refers to one of `objects` (by identity) or to a function
-    defined inside one of them (a closure it builds per call): what `jaxsal.unregister` leaves
+    """Drop every cache entry whose key refers to one of `objects` (the object, its static_key, or
+    a function defined inside it: a closure it builds per call): what `jaxsal.unregister` leaves
     behind of a removed method. Returns how many entries were dropped."""
     objects = [o for o in objects if o is not None]
     ids = {id(o) for o in objects}
+    keys = set()
+    for o in objects:
+        try:
+            keys.add(static_key(o))
+        except TypeError:  # holds an array or an unhashable value: matched by identity only
+            pass
     inner = tuple((f.__module__, f.__qualname__ + ".<locals>.") for f in objects
                   if isinstance(f, types.FunctionType))
 
     def refers(k) -> bool:
         if id(k) in ids:
             return True
+        try:
+            if k in keys:
+                return True
+        except TypeError:
+            pass
         if isinstance(k, types.FunctionType):
             return any(k.__module__ == m and k.__qualname__.startswith(q) for m, q in inner)
         if isinstance(k, _Ref):

@@ -105,9 +105,10 @@ def unregister(name: str) -> None:
         _restore(name, shadowed.pop())
         if not shadowed:
             del REPLACED[name]
-    pieces = [fn, spec, *rows]
-    pieces += [p for s in (spec, *rows) if isinstance(s, tuple) for p in s if callable(p)]
-    batching.forget(pieces)
+    pieces = [fn, spec, *rows] + [p for s in (spec, *rows) if isinstance(s, tuple) for p in s if callable(p)]
+    kept = [*METHODS.values(), *SPECS.values(), *(r for t in TABLES for r in t.values())]
+    kept = {id(p) for p in kept} | {id(p) for s in kept if isinstance(s, tuple) for p in s}
+    batching.forget([p for p in pieces if id(p) not in kept])  # pieces a method still uses stay cached
 
 
 def get_method(name: str) -> Callable:

@@ -159,3 +159,8 @@ def check_all(method):
     check_shapes_batching_chunking_layout(method, jax.jit, eager=False)
     check_deterministic_vmap_and_scan(method)
     check_bad_input(method)
+
+
+def agent():
+    """The conformance CNN as a CLI agent (`--agent tests/_conformance.py:agent`)."""
+    return MODEL.apply, PARAMS

@@ -78,6 +78,8 @@ def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:
     where = Path(out) / cell.path
     rec = {"cell": cell.path, "status": "ok", "error": "", "frames": None, "metrics": {}}
     try:
+        from jaxsal.plugins import load_methods
+        load_methods()  # a worker process registers the plugins' methods as the command did
         agent = _sweep_agent(cell)
         source, n_input = _sweep_source(agent, cell, Path(out), sett["target"])
         rec["frames"] = len(source)
