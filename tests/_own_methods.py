@@ -1,6 +1,6 @@
-"""Three methods defined outside jaxsal, as a user's module would: a gradient method and a
-perturbation method written to the method protocol (jaxsal.engine.Spec), and a CAM variant by its
-channel weights. Importing the module registers them (a plugin: `JAXSAL_METHODS=this_file.py
+"""Methods defined outside jaxsal, as a user's module would: a gradient method and a
+perturbation method written to the method protocol (jaxsal.engine.Spec), SmoothGrad of the
+gradient method (a stochastic one), and a CAM variant by its channel weights. Importing the module registers them (a plugin: `JAXSAL_METHODS=this_file.py
 jaxsal explain --methods abs_gradient ...`); tests/test_own_methods.py imports and unregisters it.
 """
 import jax
@@ -12,7 +12,7 @@ from jaxsal.backprop.cam import CamSpec
 from jaxsal.engine import Prepared, Spec, objective
 from jaxsal.errors import SaliencyInputError
 
-NAMES = ("abs_gradient", "patch_drop", "max_gradcam")
+NAMES = ("abs_gradient", "smooth_abs_gradient", "patch_drop", "max_gradcam")
 
 
 def _nhwc(a, layout):
@@ -36,6 +36,8 @@ def _grad_finalize(ctx, params, prep, rows, acc):
 abs_gradient = jaxsal.register(Spec(
     "abs_gradient", _grad_prepare, _grad_chunk, _grad_finalize, options={"per_frame": False},
     kind="gradient", doc="The magnitude of the input gradient, |dy/dx|."))
+smooth_abs_gradient = jaxsal.register(jaxsal.noise_tunnel(abs_gradient.jaxsal_spec, n=8), name="smooth_abs_gradient")
+"""A stochastic method: SmoothGrad of it (noise keyed by key= and each state's position)."""
 
 
 # ---- a perturbation method: each patch's drop of the target when the patch is set to 0

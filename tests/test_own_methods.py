@@ -1,6 +1,6 @@
 """A new method is one file plus one registration: tests/_own_methods.py adds a gradient method, a
-perturbation method (both `jaxsal.engine.Spec`s) and a CAM variant with `jaxsal.register`, with no
-edit to any jaxsal file. Each gets the generated conformance checks (tests/_conformance.py), runs
+perturbation method (both `jaxsal.engine.Spec`s), SmoothGrad of the first and a CAM variant with
+`jaxsal.register`, with no edit to any jaxsal file. Each gets the generated conformance checks (tests/_conformance.py), runs
 through `jaxsal.explain` (alone and in a method list), is listed with its options, reaches the CLI
 through JAXSAL_METHODS, and `jaxsal.unregister` takes it out again with its compiled programs."""
 import importlib
@@ -37,9 +37,10 @@ def own():
     sys.modules.pop(MODULE, None)
 
 
-@pytest.mark.parametrize("name", ["abs_gradient", "patch_drop", "max_gradcam"])
+@pytest.mark.parametrize("name", ["abs_gradient", "smooth_abs_gradient", "patch_drop", "max_gradcam"])
 def test_each_passes_the_generated_checks(own, name):
     assert name in K.cases()  # the registry gives its case: the example it declared
+    assert K.stochastic(name) == (name == "smooth_abs_gradient")
     K.check_all(name)
 
 
