@@ -27,6 +27,9 @@ from jaxsal.registry import method_options, options_table  # noqa: E402
 from jaxsal.batching import clear_caches  # noqa: E402  (empty every bounded jaxsal cache)
 from jaxsal import loaders  # noqa: E402,F401  (agents trained elsewhere: CleanRL, SB3, flax msgpack)
 
+from jaxsal import registry  # noqa: E402
+registry.SHIPPED.update(registry.METHODS)  # what jaxsal.unregister refuses to remove
+
 __version__ = "0.2.0.dev0"
 
 

@@ -20,6 +20,8 @@ TABLES: list[dict] = []
 """Other tables keyed by method name (jaxsal.backprop.cam.CAMS): `unregister` clears them too."""
 REPLACED: dict[str, list] = {}
 """name -> the entries that `replace=True` registrations shadowed, newest last (`unregister` restores)."""
+SHIPPED: dict[str, Callable] = {}
+"""name -> method function of the methods jaxsal itself registers (filled when `jaxsal` is imported)."""
 
 
 def identity(fn) -> tuple:
@@ -95,8 +97,7 @@ def unregister(name: str) -> None:
     """
     if not isinstance(name, str) or name not in METHODS:
         raise SaliencyInputError(f"no method {name!r} is registered; registered: {', '.join(sorted(METHODS))}")
-    module = str(identity(METHODS[name])[0] or "")
-    if module == "jaxsal" or module.startswith("jaxsal."):
+    if SHIPPED.get(name) is METHODS[name]:
         raise SaliencyInputError(f"method {name!r} ships with jaxsal and cannot be unregistered; register "
                                  "another under its name with jaxsal.register(..., replace=True)")
     fn, spec, _, _, rows = _drop(name)
