@@ -189,3 +189,14 @@ def test_load_methods_takes_modules_files_and_entry_points(monkeypatch, tmp_path
     finally:
         jaxsal.unregister("plugin_probe")
         plugins.load_methods.cache_clear()
+
+
+def test_a_broken_plugin_is_one_line_from_the_cli(monkeypatch, capsys):
+    monkeypatch.setenv(plugins.METHODS_ENV_VAR, "no_such_plugin_module")
+    plugins.load_methods.cache_clear()
+    try:
+        assert main(["agents"]) == 2
+    finally:
+        plugins.load_methods.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "JAXSAL_METHODS item 'no_such_plugin_module'" in err, err
