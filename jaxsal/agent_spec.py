@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,15 +74,8 @@ def _import(head: str):
         path = Path(head)
         if not path.exists():
             raise AgentSpecError(f"--agent {head}: no such file")
-        name = f"_jaxsal_agent_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(path.resolve().parent))  # its sibling modules import too
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            sys.path.remove(str(path.resolve().parent))
-        return module
+        from jaxsal.plugins import exec_file  # run afresh each time: a changed file is reloaded
+        return exec_file(path, f"_jaxsal_agent_{abs(hash(str(path.resolve())))}")
     try:
         return importlib.import_module(head)
     except ModuleNotFoundError as e:

@@ -67,6 +67,47 @@ def clear_caches() -> None:
         c.clear()
 
 
+def forget(objects) -> int:
+    """Drop every cache entry whose key refers to one of `objects` (the object, its static_key, or
+    a function defined inside it: a closure it builds per call): what `jaxsal.unregister` leaves
+    behind of a removed method. Returns how many entries were dropped."""
+    objects = [o for o in objects if o is not None]
+    ids = {id(o) for o in objects}
+    keys = set()
+    for o in objects:
+        try:
+            keys.add(static_key(o))
+        except TypeError:  # holds an array or an unhashable value: matched by identity only
+            pass
+    inner = tuple((f.__module__, f.__qualname__ + ".<locals>.") for f in objects
+                  if isinstance(f, types.FunctionType))
+
+    def refers(k) -> bool:
+        if id(k) in ids:
+            return True
+        try:
+            if k in keys:
+                return True
+        except TypeError:
+            pass
+        if isinstance(k, types.FunctionType):
+            return any(k.__module__ == m and k.__qualname__.startswith(q) for m, q in inner)
+        if isinstance(k, _Ref):
+            return refers(k.obj)
+        if isinstance(k, (tuple, list, frozenset, set)):
+            return any(refers(v) for v in k)
+        if isinstance(k, dict):
+            return any(refers(a) or refers(b) for a, b in k.items())
+        return isinstance(k, functools.partial) and refers((k.func, k.args, k.keywords))
+
+    dropped = 0
+    for cache in _CACHES:
+        for key in [key for key in cache if refers(key)]:
+            del cache[key]
+            dropped += 1
+    return dropped
+
+
 def memo(name: str, maxsize: int, key: Callable[..., object] | None = None):
     """functools.lru_cache in a registered LRU: the function's result memoised on `key(*args,
     **kwargs)` (default static_key of the arguments), so it is bounded and `clear_caches`

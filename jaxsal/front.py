@@ -1,10 +1,14 @@
-"""The front door: `jaxsal.explain(apply_fn, params, obs, method=...)` for every method (this
-module is `jaxsal.front`, so that `jaxsal.explain` names one thing, the function)."""
+"""The front door: `jaxsal.explain(apply_fn, params, obs, method=...)` for every method, and
+`jaxsal.register` to add one (this module is `jaxsal.front`, so that `jaxsal.explain` names one
+thing, the function)."""
 from __future__ import annotations
 
-from typing import Sequence
+import sys
+from typing import Callable, Sequence
 
-from jaxsal import engine
+from jaxsal import engine, registry
+from jaxsal.backprop.cam import CamSpec
+from jaxsal.backprop.single_backward import register_cam
 from jaxsal.checks import check_values, values_checked
 from jaxsal.engine.spec import Spec
 from jaxsal.errors import SaliencyInputError
@@ -174,3 +178,64 @@ def explain_group(apply_fn, params, obs, calls: dict, group) -> dict:
         raise ValueError(f"{list(group)} cannot be computed together; group calls with share_groups")
     maps = engine.run([(s[2], s[3]) for s in shares], apply_fn, params, obs, **shares[0][4])
     return dict(zip(group, maps))
+
+
+def register(method: Spec | CamSpec | Callable | None = None, *, name: str | None = None,
+             stochastic: bool | None = None, example: dict | None = None, replace: bool = False):
+    """Add a saliency method: `jaxsal.explain(method=name)`, `jaxsal.methods()`, the CLI's
+    `--methods` and the generated conformance checks all see it (`jaxsal.unregister` removes it).
+
+    Three kinds of method, one call:
+
+    - a `jaxsal.engine.Spec` (the method protocol: pure pieces run by the one engine, which
+      chunks, compiles and picks the greedy action for it);
+    - a CAM variant, `jaxsal.backprop.cam.CamSpec(weights, rule=, normalise=, guided_input=)` (as
+      `jaxsal.register_cam`): the channel weights of the shared CAM engine;
+    - a function `fn(apply_fn, params, obs, *, target=, actions=, layout=, batch_size=, **options)`
+      giving (N, H, W) maps, e.g. a perturbation method built on `jaxsal.batching.map_batched`.
+
+    Usable as a decorator on a function: `@jaxsal.register(name="mine", example={...})`.
+
+    Args:
+        method (jaxsal.engine.Spec | jaxsal.backprop.cam.CamSpec | Callable | None): the method;
+            None: return a decorator.
+        name (str | None): its name; None: the spec's name or the function's `__name__` (a CamSpec
+            needs one).
+        stochastic (bool | None): it needs `key=`; None: the spec's own flag (a function: False).
+        example (dict | None): tiny options of its generated conformance case; None: the spec's
+            `example` (a function or CamSpec: its defaults, a CamSpec's `layer="conv2"`).
+        replace (bool): allow a name another method holds; `jaxsal.unregister` brings that one back.
+
+    Returns:
+        Callable: the method function, `fn(apply_fn, params, obs, **options)` (a decorator when
+            `method` is None).
+
+    Raises:
+        jaxsal.SaliencyInputError: the name is empty or taken (and replace is False), or `method`
+            is none of the three kinds.
+    """
+    if method is None:
+        return lambda m: register(m, name=name, stochastic=stochastic, example=example, replace=replace)
+    if isinstance(method, Spec):
+        changes = {k: v for k, v in (("name", name), ("stochastic", stochastic), ("example", example))
+                   if v is not None}
+        spec = method._replace(**changes)
+        return engine.register(spec, module=_caller_module(), replace=replace)
+    if isinstance(method, CamSpec):
+        if not name:
+            raise SaliencyInputError("a CAM variant needs a name: jaxsal.register(CamSpec(...), name=\"mycam\")")
+        return register_cam(name, method.weights, rule=method.rule, normalise=method.normalise,
+                            guided_input=method.guided_input, example=example, replace=replace)
+    if callable(method):
+        return registry.register(name or getattr(method, "__name__", ""), bool(stochastic), replace=replace,
+                                 example=example)(method)
+    raise SaliencyInputError(f"jaxsal.register takes a jaxsal.engine.Spec, a jaxsal.backprop.cam.CamSpec or a "
+                             f"method function, got {type(method).__name__}")
+
+
+def _caller_module() -> str:
+    """The module that called jaxsal.register (who defined the method: its identity)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "__main__") if frame is not None else "__main__"

@@ -1,4 +1,17 @@
-"""The plugin boundary through which the `jaxsal` command reaches shipped agents and games.
+"""The plugin boundaries of the `jaxsal` command: saliency methods of other packages, and the
+shipped agents and games.
+
+Methods: a module that registers methods when imported (`jaxsal.register`) reaches the command
+through the entry-point group `jaxsal.methods` of an installed package,
+
+    [project.entry-points."jaxsal.methods"]
+    mine = "my_package.saliency"
+
+or, without installing anything, through JAXSAL_METHODS, a comma list of module names or .py
+files (`JAXSAL_METHODS=my_methods.py jaxsal explain --methods mine ...`). `load_methods` imports
+them; the command calls it before it reads `--methods`.
+
+Agents:
 
 jaxsal computes saliency for any `apply_fn(params, obs)` and never imports an agents package:
 imports point one way (agents use jaxsal's public API, not the reverse). Packages that ship
@@ -25,20 +38,96 @@ installed (or to use a provider that is importable but not installed).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from jaxsal.batching import memo
 from jaxsal.errors import SaliencyInputError
 
 GROUP = "jaxsal.agents"
 ENV_VAR = "JAXSAL_AGENT_PROVIDER"
+METHODS_GROUP = "jaxsal.methods"
+METHODS_ENV_VAR = "JAXSAL_METHODS"
 _NAMES = ("available", "card", "load", "random_agent", "check_game", "make_env", "collect")
 
 
 class AgentProviderError(SaliencyInputError):
     """A user error from the agents provider (unknown agent or game, bad card or parameters),
     or no provider at all; the CLI prints it in one line and exits with status 2."""
+
+
+class MethodPluginError(SaliencyInputError):
+    """A method plugin (JAXSAL_METHODS or a `jaxsal.methods` entry point) that cannot be imported."""
+
+
+@memo("method plugins", 4, key=lambda: os.environ.get(METHODS_ENV_VAR))  # imported once per setting
+def load_methods() -> tuple[str, ...]:
+    """Import every method plugin, so its methods are registered: the modules of the installed
+    `jaxsal.methods` entry points, then those JAXSAL_METHODS names (module names or .py files).
+
+    Returns:
+        tuple[str, ...]: the plugins imported (entry-point names and JAXSAL_METHODS items).
+
+    Raises:
+        MethodPluginError: a plugin that cannot be found or fails while it is imported.
+    """
+    loaded = []
+    for ep in entry_points(group=METHODS_GROUP):
+        _import_plugin(f"entry point {ep.name!r} ({ep.value})", ep.load)
+        loaded.append(ep.name)
+    for item in (s.strip() for s in os.environ.get(METHODS_ENV_VAR, "").split(",")):
+        if item:
+            _import_plugin(f"{METHODS_ENV_VAR} item {item!r}", lambda: import_module_or_file(item))
+            loaded.append(item)
+    return tuple(loaded)
+
+
+def _import_plugin(what: str, load):
+    try:
+        load()
+    except SaliencyInputError:
+        raise
+    except ModuleNotFoundError as e:
+        raise MethodPluginError(f"method plugin {what}: cannot import {e.name!r}; put it on PYTHONPATH or give "
+                                "the path of its .py file") from None
+    except Exception as e:  # the plugin's own code failed: one line, as every user error
+        raise MethodPluginError(f"method plugin {what} failed while imported: {type(e).__name__}: {e}") from e
+
+
+def import_module_or_file(name: str):
+    """A module by name, or a .py file by path, imported once (under a name of its own, kept in
+    sys.modules so that what it registers names a module that resolves)."""
+    if not name.endswith(".py"):
+        return importlib.import_module(name)
+    path = Path(name).resolve()
+    if not path.is_file():
+        raise MethodPluginError(f"{name}: no such file")
+    module_name = f"_jaxsal_plugin_{path.stem}_{abs(hash(str(path)))}"
+    if module_name not in sys.modules:
+        exec_file(path, module_name, keep=True)
+    return sys.modules[module_name]
+
+
+def exec_file(path: Path, module_name: str, keep: bool = False):
+    """Run a .py file as module `module_name` (its folder on sys.path meanwhile, so its sibling
+    modules import too); `keep`: it is in sys.modules while it runs (and after, unless it fails)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    if keep:
+        sys.modules[module_name] = module
+    sys.path.insert(0, str(Path(path).resolve().parent))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        if keep:
+            del sys.modules[module_name]
+        raise
+    finally:
+        sys.path.remove(str(Path(path).resolve().parent))
+    return module
 
 
 class AgentProvider:

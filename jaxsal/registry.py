@@ -6,6 +6,7 @@ from typing import Callable
 
 import numpy as np
 
+from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
 from jaxsal.checks import resolve_layout
 
@@ -13,6 +14,14 @@ METHODS: dict[str, Callable] = {}
 STOCHASTIC: set[str] = set()
 SPECS: dict = {}
 """name -> jaxsal.engine.Spec of the methods the engine runs (jaxsal.engine.register)."""
+EXAMPLES: dict[str, dict] = {}
+"""name -> tiny options of a function method's generated conformance case (a spec carries its own)."""
+TABLES: list[dict] = []
+"""Other tables keyed by method name (jaxsal.backprop.cam.CAMS): `unregister` clears them too."""
+REPLACED: dict[str, list] = {}
+"""name -> the entries that `replace=True` registrations shadowed, newest last (`unregister` restores)."""
+SHIPPED: dict[str, Callable] = {}
+"""name -> method function of the methods jaxsal itself registers (filled when `jaxsal` is imported)."""
 
 
 def identity(fn) -> tuple:
@@ -33,18 +42,74 @@ def check_free(name: str, ident: tuple, replace: bool = False):
             f"name, or pass replace=True to replace it for every caller")
 
 
-def register(name: str, stochastic: bool = False, *, replace: bool = False):
-    """Decorator: make `fn(apply_fn, params, obs, **kwargs)` available as `explain(method=name)`.
-    A name that another method holds is refused unless `replace=True`."""
+def register(name: str, stochastic: bool = False, *, replace: bool = False, example: dict | None = None):
+    """Decorator: make `fn(apply_fn, params, obs, **kwargs)` available as `explain(method=name)`;
+    `example`: tiny options for its generated conformance case. A name that another method holds
+    is refused unless `replace=True` (jaxsal.register is the public way in)."""
     def wrap(fn):
         check_free(name, identity(fn), replace)
+        if name in METHODS and identity(METHODS[name]) != identity(fn):
+            REPLACED.setdefault(name, []).append(_entry(name))
+        _drop(name)
         METHODS[name] = fn
-        SPECS.pop(name, None)  # a plain function replaces a spec of that name
-        STOCHASTIC.discard(name)
         if stochastic:
             STOCHASTIC.add(name)
+        if example is not None:
+            EXAMPLES[name] = dict(example)
         return fn
     return wrap
+
+
+def _entry(name: str) -> tuple:
+    """Everything registered under `name`: (method, spec, stochastic, example, row of each table)."""
+    return (METHODS.get(name), SPECS.get(name), name in STOCHASTIC, EXAMPLES.get(name),
+            [t.get(name) for t in TABLES])
+
+
+def _drop(name: str) -> tuple:
+    """Remove `name` from every table; returns what was there (_entry)."""
+    entry = _entry(name)
+    for table in (METHODS, SPECS, EXAMPLES, *TABLES):
+        table.pop(name, None)
+    STOCHASTIC.discard(name)
+    return entry
+
+
+def _restore(name: str, entry: tuple):
+    fn, spec, stochastic, example, rows = entry
+    for table, value in [(METHODS, fn), (SPECS, spec), (EXAMPLES, example), *zip(TABLES, rows)]:
+        if value is not None:
+            table[name] = value
+    if stochastic:
+        STOCHASTIC.add(name)
+
+
+def unregister(name: str) -> None:
+    """Remove a method added with `jaxsal.register` (or `jaxsal.register_cam`), with the compiled
+    programs cached for it; a method it replaced (`replace=True`) is registered again.
+
+    Args:
+        name (str): the method's name.
+
+    Raises:
+        jaxsal.SaliencyInputError: no method has this name, or it ships with jaxsal (replace it with
+            `jaxsal.register(..., replace=True)` instead).
+    """
+    if not isinstance(name, str) or name not in METHODS:
+        raise SaliencyInputError(f"no method {name!r} is registered; registered: {', '.join(sorted(METHODS))}")
+    if SHIPPED.get(name) is METHODS[name]:
+        raise SaliencyInputError(f"method {name!r} ships with jaxsal and cannot be unregistered; register "
+                                 "another under its name with jaxsal.register(..., replace=True)")
+    fn, spec, _, _, rows = _drop(name)
+    shadowed = REPLACED.get(name)
+    if shadowed:
+        _restore(name, shadowed.pop())
+        if not shadowed:
+            del REPLACED[name]
+    pieces = [fn, spec, *rows] + [p for s in (spec, *rows) if isinstance(s, tuple) for p in s if callable(p)]
+    kept = [*METHODS.values(), *SPECS.values(), *(r for t in TABLES for r in t.values())]
+    kept = {id(p) for p in kept} | {id(p) for s in kept if isinstance(s, tuple) for p in s}
+    batching.forget([p for p in pieces if id(p) not in kept])  # pieces a method still uses stay cached
 
 
 def get_method(name: str) -> Callable:

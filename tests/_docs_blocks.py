@@ -12,7 +12,7 @@ The conventions a page follows (HTML comments, invisible on the site, visible in
 
 Every other ```python block runs in one namespace per page, every other ```bash block in bash
 (`-e -o pipefail`) in the page's folder, in page order. A bash block runs only if each of its commands
-is `jaxsal ...` or `python -m ...`; any other block needs a `not-run` reason.
+is `jaxsal ...` or `python -m ...` (after `VAR=value` settings, as `JAXSAL_METHODS=m.py jaxsal ...`); any other block needs a `not-run` reason.
 
 Run as a script (`python tests/_docs_blocks.py PAGE`, in the page's folder) it runs PAGE and exits 1
 on the first block that fails, naming the page, the block and its line.
@@ -28,7 +28,7 @@ from pathlib import Path
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w+-]*)\s*$")
 MARK = re.compile(r"^\s*<!--\s*(not-run|file):\s*(.*?)\s*-->\s*$")
 TEST_FILES = re.compile(r"<!--\s*test-files:\s*(.*?)\s*-->")
-RUNNABLE_BASH = re.compile(r"^(jaxsal|python -m)\s")
+RUNNABLE_BASH = re.compile(r"^([A-Z_][A-Z0-9_]*=\S*\s+)*(jaxsal|python -m)\s")  # after VAR=value settings
 
 
 @dataclass

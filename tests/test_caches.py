@@ -15,7 +15,7 @@ from jaxsal.perturbation import _disk
 from tests.test_conformance import MODEL, PARAMS, _obs
 
 ROOT = Path(jaxsal.__file__).parent
-REGISTRIES = {"METHODS", "STOCHASTIC", "SPECS", "CAMS", "_CACHES"}  # what is registered, not cached
+REGISTRIES = {"METHODS", "STOCHASTIC", "SPECS", "EXAMPLES", "TABLES", "REPLACED", "SHIPPED", "CAMS", "_CACHES"}  # what is registered, not cached
 
 
 def test_clear_caches_empties_every_cache():

@@ -47,9 +47,8 @@ def test_a_new_variant_is_one_registration():
                               layer="conv2")
         np.testing.assert_allclose(both["xgradcam_test"], got, rtol=1e-5, atol=1e-7)
     finally:
-        METHODS.pop("xgradcam_test", None)
-        cam.CAMS.pop("xgradcam_test", None)
-        SPECS.pop("xgradcam_test", None)
+        jaxsal.unregister("xgradcam_test")  # its method, its table row and its spec
+    assert "xgradcam_test" not in METHODS and "xgradcam_test" not in SPECS and "xgradcam_test" not in cam.CAMS
 
 
 def test_register_cam_rejects_an_unknown_rule():
@@ -72,6 +71,4 @@ def test_a_taken_name_is_refused_unless_replaced():
         jaxsal.register_cam("cam_again_test", cam.gradcam_pp_weights, replace=True)
         assert cam.CAMS["cam_again_test"].weights is cam.gradcam_pp_weights
     finally:
-        METHODS.pop("cam_again_test", None)
-        cam.CAMS.pop("cam_again_test", None)
-        SPECS.pop("cam_again_test", None)
+        jaxsal.unregister("cam_again_test")  # its method, its table row and its spec

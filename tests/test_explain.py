@@ -5,11 +5,13 @@ import numpy as np
 import pytest
 
 import jaxsal
+from jaxsal.backprop.single_backward import backward
 from jaxsal.errors import SaliencyInputError
+from jaxsal.registry import METHODS, SPECS
 from _gradient_models import ConvHead, cleanrl_agent, init, obs
 
-ALL = ["gradient", "grad_x_input", "guided_backprop", "deconvnet", "gradcam", "gradcam_pp",
-       "g1gradcam", "g2gradcam", "guided_gradcam", "xgradcam"]
+ALL = sorted(m for m, s in SPECS.items() if s.shared is backward and METHODS[m].__module__.startswith("jaxsal."))
+"""The shipped single-backward methods (a new CAM variant joins by registering)."""
 
 
 @pytest.fixture(scope="module")

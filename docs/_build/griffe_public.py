@@ -18,9 +18,9 @@ PACKAGE = "jaxsal"
 
 
 def _public_functions(mod) -> list[str]:
-    names = ["explain", "methods", "cam_methods", "method_options", "options_table", "register_cam", "noise_tunnel",
-             "path_integral", "layer_calls", "with_rule", "rise_masks", "load_maps", "load_outputs",
-             "load_object_shares", "params_checksum"]
+    names = ["explain", "methods", "cam_methods", "method_options", "options_table", "register", "unregister",
+             "register_cam", "noise_tunnel", "path_integral", "layer_calls", "with_rule", "rise_masks", "load_maps",
+             "load_outputs", "load_object_shares", "params_checksum"]
     return names + [m for m in mod.methods() if m not in names]
 
 

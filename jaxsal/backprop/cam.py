@@ -32,6 +32,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxsal import registry
+
 
 class CamSpec(NamedTuple):
     """One CAM variant: w = weights(A, g) (N,h,w,K),(N,h,w,K) -> (N,K), g = dY/dA through
@@ -45,6 +47,7 @@ class CamSpec(NamedTuple):
 
 CAMS: dict[str, CamSpec] = {}
 """name -> CamSpec of every registered CAM variant (filled by jaxsal.register_cam)."""
+registry.TABLES.append(CAMS)  # jaxsal.unregister clears a variant's row with its method
 
 
 def gradcam_weights(A, g):

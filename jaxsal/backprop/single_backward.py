@@ -184,19 +184,22 @@ def _structure_cached(fn, apply_fn, params, x1, layer, activation=None):
     return _LAYER_CACHE.get_or_build(k, lambda: fn(apply_fn, params, x1, layer, activation))
 
 
-def cam_spec(name: str, row: cam.CamSpec, doc: str) -> Spec:
-    """The spec of CAM variant `row`."""
+def cam_spec(name: str, row: cam.CamSpec, doc: str, example: dict | None = None) -> Spec:
+    """The spec of CAM variant `row`; `example`: its conformance case's options (default: the
+    conformance model's layer "conv2")."""
     return Spec(name, functools.partial(_prepare_cam, name, row), _cam_chunk, options=dict(CAM_OPTIONS),
-                example={"layer": "conv2"}, shared=backward, share_key=_share_key, doc=doc)
+                example={"layer": "conv2"} if example is None else dict(example), shared=backward,
+                share_key=_share_key, doc=doc)
 
 
 def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: bool = False,
-                 guided_input: bool = False, doc: str | None = None, replace: bool = False):
+                 guided_input: bool = False, doc: str | None = None, example: dict | None = None,
+                 replace: bool = False):
     """Add a CAM variant by its channel weights and register it as `jaxsal.explain(method=name)`.
 
     Usable as a decorator on the weight function (`@jaxsal.register_cam("mycam")`). The variant
     gets everything the CAM engine gives: layer=, layer_activation=, per-frame maps, one shared
-    backward in method lists, jit / vmap / lax.scan.
+    backward in method lists, jit / vmap / lax.scan. `jaxsal.unregister(name)` removes it.
 
     Args:
         name (str): the method name.
@@ -206,6 +209,7 @@ def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: boo
         normalise (bool): divide each map by its max (per state, over its frames).
         guided_input (bool): multiply by guided backprop, giving input-resolution maps.
         doc (str | None): the method's docstring; None: the docstring of `weights`.
+        example (dict | None): options of its generated conformance case; None: {"layer": "conv2"}.
         replace (bool): allow a name another method holds.
 
     Returns:
@@ -216,16 +220,17 @@ def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: boo
         jaxsal.SaliencyInputError: `name` is empty or another method holds it and replace is False.
     """
     if weights is None:
-        return lambda w: register_cam(name, w, rule=rule, normalise=normalise,
-                                      guided_input=guided_input, doc=doc, replace=replace)
+        return lambda w: register_cam(name, w, rule=rule, normalise=normalise, guided_input=guided_input,
+                                      doc=doc, example=example, replace=replace)
     if rule not in ("plain", "guided"):
         raise ValueError(f"rule must be 'plain' or 'guided', got {rule!r}")
     ident = (getattr(weights, "__module__", __name__), getattr(weights, "__qualname__", repr(weights)))
     check_free(name, ident, replace)  # before the table changes
     row = cam.CamSpec(weights, rule, bool(normalise), bool(guided_input))
+    spec = cam_spec(name, row, doc or (weights.__doc__ or f"CAM variant {name!r}"), example)
+    fn = engine.register(spec, module=ident[0], identity=ident, replace=True)  # keeps the row it shadows
     cam.CAMS[name] = row
-    spec = cam_spec(name, row, doc or (weights.__doc__ or f"CAM variant {name!r}"))
-    return engine.register(spec, module=ident[0], identity=ident, replace=True)
+    return fn
 
 
 def _prepare_ruled(call, apply_fn, params, *, rule="plain", key=None, per_frame=False, fast_conv=True):

@@ -58,6 +58,8 @@ def main(argv=None) -> int:
     handled = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if handled else None
     try:
+        from jaxsal.plugins import load_methods
+        load_methods()  # the methods of other packages and JAXSAL_METHODS, before --methods is read
         code = args.fn(args)
     except KeyboardInterrupt as e:
         term = isinstance(e, Terminated)

@@ -224,12 +224,17 @@ def _objects_for(args, agent, source):
 
 
 def _explain_epilog() -> str:
+    import contextlib
+
+    from jaxsal.plugins import load_methods
     from jaxsal.registry import METHODS
     from jaxsal.targets import TARGET_NAMES
 
     import jaxsal  # noqa: F401  (registers the methods)
 
-    return ("methods: " + ", ".join(sorted(m for m in METHODS if not m.startswith("standin"))) + "\n"
+    with contextlib.suppress(Exception):  # a broken plugin is reported by main(), in one line
+        load_methods()  # the plugins' methods are listed too
+    return ("methods: " + ", ".join(sorted(METHODS)) + "\n"
             "  options: --option METHOD.NAME=VALUE; each method's options and defaults:\n"
             "  python -c 'import jaxsal; print(jaxsal.method_options(\"rise\"))'\n"
             "targets: " + ", ".join(TARGET_NAMES) + " (q_action: the buffer's actions, an .npz's\n"

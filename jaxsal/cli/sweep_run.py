@@ -80,6 +80,8 @@ def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:
     where = Path(out) / cell.path
     rec = {"cell": cell.path, "status": "ok", "error": "", "frames": None, "metrics": {}}
     try:
+        from jaxsal.plugins import load_methods
+        load_methods()  # a worker process registers the plugins' methods as the command did
         agent = _sweep_agent(cell)
         boxes = bool({"objects", "effects"} & set(metrics))
         source, n_input, input_path = _sweep_source(agent, cell, Path(out), sett["target"], objects=boxes)

@@ -336,7 +336,7 @@ def plan_methods(raw: dict):
         opts = dict(opts)
         method = opts.pop("method", alias)
         if not isinstance(method, str) or method not in METHODS:
-            known = sorted(m for m in METHODS if not m.startswith("standin"))
+            known = sorted(METHODS)
             raise SweepConfigError(f"{where}: unknown method {method!r}{_hint(str(method), known)}; use one of "
                                    f"{', '.join(known)} (or set method = \"NAME\" for an alias)")
         accepted = accepted_options(get_method(method))

@@ -155,7 +155,8 @@ def _paint():
     return f
 
 
-@register("lime", stochastic=True)
+@register("lime", stochastic=True,
+          example={"n_samples": 24, "segmentation_options": {"n_segments": 6}})
 def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, segmentation: str = "slic", n_samples: int | None = None,
          kernel_width: float = 0.25, fill=0.0, ridge_alpha: float = 1.0, segments=None,

@@ -62,7 +62,7 @@ def _blurred():
     return lambda b, x: D.blur_frames(x, *b)
 
 
-@register("noise_sensitivity")
+@register("noise_sensitivity", example={"radius": 1.0, "stride": 4})
 def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
                       batch_size=None, radius: float = 3.0, stride: int = 3, blur_sigma: float = 3.0,
                       score: str = "chosen_action", perturbation: str = "blur", fill=0.0,

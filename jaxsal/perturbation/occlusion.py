@@ -24,7 +24,7 @@ def _patch_mask(gy, gx, hw, patch, stride):
     return ((ii >= si) & (ii < si + patch) & (jj >= sj) & (jj < sj + patch)).astype(jnp.float32)
 
 
-@register("occlusion")
+@register("occlusion", example={"patch": 4, "stride": 4})
 def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
               batch_size=None, patch: int = 2, stride: int = 2, fill=0.0, score: str = "one_minus",
               upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,

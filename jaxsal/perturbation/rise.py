@@ -107,7 +107,7 @@ def _mask_builder(g, cell, up, hw):
     return build
 
 
-@register("rise", stochastic=True)
+@register("rise", stochastic=True, example={"n_masks": 16, "grid": 4})
 def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, n_masks: int = 1000, grid=8, p_keep: float = 0.5, masks=None, fill=0.0,
          obs_max=None):

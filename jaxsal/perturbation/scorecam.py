@@ -78,7 +78,7 @@ def _build_activations(model, layer, activation):
     return lambda p, x: tap(model, layer, activation)(p, x, 0.0)[1]
 
 
-@register("scorecam")
+@register("scorecam", example={"layer": "conv2"})
 def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
              batch_size=None, layer=None, per_frame=False, layer_activation=None):
     """Score-CAM maps (Wang et al. 2020) of a layer: a CAM whose channel weights are the softmax
