@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
-from jaxsal.targets import check_actions, get_target, logits_of, q_of, require_actions
+from jaxsal.targets import check_actions, get_target, greedy, logits_of, q_of, require_actions
 
 LAYOUTS = ("NHWC", "NCHW")
 
@@ -326,7 +326,7 @@ def check_model(apply_fn, params, shape, *, layout: str, target="q_chosen"):
         return _SHAPES[key]
     out = _probe(apply_fn, params, shape, layout)
     try:
-        score = jax.eval_shape(lambda o: tgt.score(o, tgt.choose(o)), out)
+        score = jax.eval_shape(lambda o: tgt.score(o, greedy(tgt, o)), out)
     except Exception as e:  # noqa: BLE001
         if isinstance(e, SaliencyInputError):
             raise TargetFails(str(e)) from None

@@ -14,6 +14,8 @@ from typing import Callable, Hashable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxsal.targets import greedy
+
 
 class Ctx(NamedTuple):
     """What every traced piece may use: the model, the target (jaxsal.targets.Target) and the
@@ -102,5 +104,6 @@ def objective(tgt, out, actions):
 
 
 def greedy_actions(ctx: Ctx, params, x):
-    """The target's choice on the clean frames x: the one place a greedy action is chosen."""
-    return jax.lax.stop_gradient(ctx.target.choose(ctx.apply_fn(params, x))).astype(jnp.int32)
+    """The target's choice on the clean frames x (jaxsal.targets.greedy, the one place an
+    action is chosen)."""
+    return greedy(ctx.target, ctx.apply_fn(params, x))

@@ -41,15 +41,14 @@ class DisplacementEffects:
 def _build(apply_fn, target_name, layout: str):
     """Chunk function (params, obs, moved, actions) -> (effect, flips, score, moved_score, actions)."""
     target = T.get_target(target_name)
-    choose = target.choose if T.explains_action(target) else (lambda o: jnp.argmax(T.q_of(o), -1))
 
     def fn(params, x, xm, actions):
         b = x.shape[0]
         out = apply_fn(params, jnp.concatenate([x, xm], 0))
         orig = jax.tree.map(lambda o: o[:b], out)
-        a = jnp.where(actions >= 0, actions, jax.lax.stop_gradient(target.choose(orig))).astype(jnp.int32)
+        a = jnp.where(actions >= 0, actions, T.greedy(target, orig))
         scores = target.score(out, jnp.concatenate([a, a])).reshape(2, b)
-        greedy = choose(out).reshape(2, b)
+        greedy = T.greedy(target, out, agent=True).reshape(2, b)
         return scores[0] - scores[1], greedy[0] != greedy[1], scores[0], scores[1], a
     return fn
 

@@ -226,7 +226,6 @@ def _build(apply_fn, target_name, layout: str, fill_mode: str, num_classes, heig
     argument before the actions). Mask source: (boxes, labels) when num_classes is an int, else masks
     (B, F, C, H, W)."""
     target = T.get_target(target_name)
-    choose = target.choose if T.explains_action(target) else (lambda o: jnp.argmax(T.q_of(o), -1))
 
     def fn(params, obs, *rest):
         if num_classes is not None:
@@ -247,10 +246,10 @@ def _build(apply_fn, target_name, layout: str, fill_mode: str, num_classes, heig
         out = apply_fn(params, rows)
         out = jax.tree.map(lambda o: o.reshape((b, c + 1) + o.shape[1:]), out)
         orig = jax.tree.map(lambda o: o[:, 0], out)
-        a = jnp.where(actions >= 0, actions, jax.lax.stop_gradient(target.choose(orig))).astype(jnp.int32)
+        a = jnp.where(actions >= 0, actions, T.greedy(target, orig))
         flat = jax.tree.map(lambda o: o.reshape((b * (c + 1),) + o.shape[2:]), out)
         scores = target.score(flat, jnp.repeat(a, c + 1)).reshape(b, c + 1)
-        greedy = choose(flat).reshape(b, c + 1)
+        greedy = T.greedy(target, flat, agent=True).reshape(b, c + 1)
         return (scores[:, :1] - scores[:, 1:], greedy[:, 1:] != greedy[:, :1], scores[:, 0], a,
                 present, overlap, residue, share)
     return fn
