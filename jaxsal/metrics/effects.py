@@ -30,7 +30,7 @@ from scipy import stats
 from jaxsal import targets as T
 from jaxsal.batching import cached_jit, is_traced, map_batched
 from jaxsal.errors import SaliencyInputError
-from jaxsal.checks import LAYOUTS, check_obs, target_actions
+from jaxsal.checks import LAYOUTS, check_obs, num_actions, output_shape, target_actions
 
 FILLS = ("ring", "background")
 FRAMES = ("all", "newest")
@@ -399,8 +399,8 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
     elif traced:
         acts = T.check_actions(actions, n, None)
     else:
-        q_shape = jax.eval_shape(lambda p, o: T.q_of(apply_fn(p, o)), params, x[:1]).shape
-        acts = jnp.asarray(T.check_actions(actions, n, q_shape[-1]))
+        acts = jnp.asarray(T.check_actions(actions, n, num_actions(output_shape(apply_fn, params, x.shape,
+                                                                                layout=layout))))
     dtype = np.dtype(obs.dtype if hasattr(obs, "dtype") else np.asarray(obs).dtype)
     fn = cached_jit(_build, apply_fn, target, layout, fill_mode, num_classes, h, w, dtype in (np.uint8, np.bool_),
                     frames, int(margin), int(ring_width))
