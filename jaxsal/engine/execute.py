@@ -3,7 +3,8 @@ eagerly, under the caller's jit / vmap / scan and in the batch job, the same way
 
 Here and nowhere else: the call is checked once (jaxsal.checks.check_call), chunks are sized
 (model rows per state from every spec's `prepare`), the compile cache is keyed, and the greedy
-action is chosen (per chunk, inside the chunk's traced function, on the clean frames).
+action is chosen (jaxsal.targets.greedy, per chunk, inside the chunk's traced function, on the clean
+frames, whose forward also gives the model outputs run(outputs=True) returns).
 Eagerly a Python loop over bucket-padded chunks calls the jitted chunk function (one per group
 of the inner loop, then one finalize; a single group is one program); traced, the chunks run
 in lax.map and the groups in lax.scan (jaxsal.batching.run).

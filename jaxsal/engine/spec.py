@@ -14,8 +14,6 @@ from typing import Callable, Hashable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxsal.targets import greedy
-
 
 class Ctx(NamedTuple):
     """What every traced piece may use: the model, the target (jaxsal.targets.Target) and the
@@ -102,8 +100,3 @@ def objective(tgt, out, actions):
     flows into the actions)."""
     return tgt.score(out, jax.lax.stop_gradient(actions).astype(jnp.int32))
 
-
-def greedy_actions(ctx: Ctx, params, x):
-    """The target's choice on the clean frames x (jaxsal.targets.greedy, the one place an
-    action is chosen)."""
-    return greedy(ctx.target, ctx.apply_fn(params, x))

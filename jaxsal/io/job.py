@@ -133,7 +133,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     i % num_processes == process_id. Returns a summary dict (frames, maps/s per method,
     wall time, output path). `extra_meta` adds provenance fields to the manifest. `layout` is
     the model's ("NHWC"/"NCHW"; frames are read in it). Every chunk also stores the explained
-    action (none for a target that explains no action, e.g. value), the model's output vector and
+    action (none for a target that explains no action, e.g. value), the model's output vector (both
+    from the engine's clean forward of the chunk's methods: the job runs no forward of its own) and
     each state's index in the input (`jaxsal.load_outputs`: the row number, or a Dopamine buffer's
     index and checkpoint); with target="q_action" the
     actions come from `source.actions(start, stop)` (a Dopamine buffer's action file, an .npz's
