@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxsal import batching
 from jaxsal.errors import SaliencyInputError
-from jaxsal.targets import check_actions, get_target, logits_of, q_of, require_actions
+from jaxsal.targets import check_actions, get_target, greedy, logits_of, q_of, require_actions
 
 LAYOUTS = ("NHWC", "NCHW")
 
@@ -286,15 +286,15 @@ def _other_reading(shape, layout):
 
 def _probe(apply_fn, params, shape, layout):
     one = (1,) + tuple(shape[1:])
-    try:
-        return jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct(one, jnp.float32))
+    try:  # through a plain function: eval_shape of a jitted function copied by a loader (SBX) failed
+        return jax.eval_shape(lambda p, o: apply_fn(p, o), params, jax.ShapeDtypeStruct(one, jnp.float32))
     except SaliencyInputError:
         raise
     except Exception as e:  # noqa: BLE001 (turned into one clear error)
         err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
     alt = _other_reading(one, layout)
     try:
-        jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct(alt, jnp.float32))
+        jax.eval_shape(lambda p, o: apply_fn(p, o), params, jax.ShapeDtypeStruct(alt, jnp.float32))
     except Exception:  # noqa: BLE001 (the other reading fails too: not a layout problem)
         raise ModelFails(
             f"apply_fn(params, obs) failed on obs of shape {one[1:]} per state with layout={layout!r}: "
@@ -309,24 +309,44 @@ def _probe(apply_fn, params, shape, layout):
 _SHAPES = batching.LRU("checked model outputs", 256)  # (apply_fn, target, params/obs shapes) -> output shapes of a checked call
 
 
-def check_model(apply_fn, params, shape, *, layout: str, target="q_chosen"):
-    """Output shapes of apply_fn on one state of `shape` (N, ...) in `layout`, with the target
-    checked to give one scalar per state. Memoised on the function, target and shapes (tracing
-    twice per call cost ~1.3 ms, most of a one-state gradient call); failures are never cached.
-    A model that fails is ModelFails (naming the layout when the other one runs), a target it
-    cannot give TargetFails."""
-    tgt = get_target(target)
-    try:  # everything the output shapes depend on: the functions, layout, shapes, params' structure
-        key = (batching.fn_key(apply_fn), batching.fn_key(target), layout, tuple(shape[1:]),
-               params_signature(params))
+def _shapes_key(apply_fn, target, layout, shape, params):
+    """Everything a probe's result depends on (the functions, layout, shapes, params' structure),
+    or None when some of it is unhashable (then nothing is memoised)."""
+    try:
+        key = (batching.fn_key(apply_fn), None if target is None else batching.fn_key(target), layout,
+               tuple(shape[1:]), params_signature(params))
         hash(key)
     except TypeError:
-        key = None
-    if key is not None and key in _SHAPES:
-        return _SHAPES[key]
-    out = _probe(apply_fn, params, shape, layout)
+        return None
+    return key
+
+
+def output_shape(apply_fn, params, shape, *, layout: str = "NHWC"):
+    """The model's output shapes (a pytree of jax.ShapeDtypeStruct, batch 1) on one state of
+    `shape` (N, ...) in `layout`: the one way jaxsal probes a model (no values computed). Memoised
+    on the function and shapes; a model that fails is ModelFails, naming the layout when the
+    other one runs."""
+    key = _shapes_key(apply_fn, None, layout, shape, params)
+    probe = lambda: _probe(apply_fn, params, shape, layout)  # noqa: E731
+    return probe() if key is None else _SHAPES.get_or_build(key, probe)  # a failure raises: not cached
+
+
+def check_model(apply_fn, params, shape, *, layout: str, target="q_chosen"):
+    """Output shapes of apply_fn on one state of `shape` (N, ...) in `layout` (output_shape), with
+    the target checked to give one scalar per state. Memoised on the function, target and shapes
+    (tracing twice per call cost ~1.3 ms, most of a one-state gradient call); failures are never
+    cached. A model that fails is ModelFails (naming the layout when the other one runs), a
+    target it cannot give TargetFails."""
+    tgt = get_target(target)
+    key = _shapes_key(apply_fn, target, layout, shape, params)
+    check = lambda: _checked_target(tgt, output_shape(apply_fn, params, shape, layout=layout))  # noqa: E731
+    return check() if key is None else _SHAPES.get_or_build(key, check)  # a failure raises: not cached
+
+
+def _checked_target(tgt, out):
+    """`out` (a model's output shapes), once the target gives one scalar per state from it."""
     try:
-        score = jax.eval_shape(lambda o: tgt.score(o, tgt.choose(o)), out)
+        score = jax.eval_shape(lambda o: tgt.score(o, greedy(tgt, o)), out)
     except Exception as e:  # noqa: BLE001
         if isinstance(e, SaliencyInputError):
             raise TargetFails(str(e)) from None
@@ -335,8 +355,6 @@ def check_model(apply_fn, params, shape, *, layout: str, target="q_chosen"):
     if getattr(score, "shape", None) != (1,):
         raise TargetFails(f"target {tgt.name!r} must give one scalar per sample, shape "
                           f"(N,); got {getattr(score, 'shape', type(score))} for N = 1")
-    if key is not None:
-        _SHAPES.get_or_build(key, lambda: out)
     return out
 
 

@@ -109,18 +109,27 @@ def _spec(method):
     return method if isinstance(method, Spec) else SPECS.get(method)
 
 
-def _share(method, common, options):
-    """(key, detail, spec, options, call arguments) of a call that may share its computation, or
-    None (no share key, or an argument its own call must report)."""
+def _engine_call(method, common, options):
+    """(spec, options, call arguments) of a call the engine runs as it is, or None (no spec, or
+    an argument its own call must report)."""
     spec = _spec(method)
-    if spec is None or spec.share_key is None:
+    if spec is None:
         return None
     call = {k: common.get(k, v) for k, v in engine.CALL_ARGS.items()}
     own = {**{k: v for k, v in common.items() if k not in engine.CALL_ARGS}, **options}
     if any(k not in spec.options for k in options) or any(
             k not in spec.options and not is_default(k, v) for k, v in own.items()):
         return None
-    own = {k: v for k, v in own.items() if k in spec.options}
+    return spec, {k: v for k, v in own.items() if k in spec.options}, call
+
+
+def _share(method, common, options):
+    """(key, detail, spec, options, call arguments) of a call that may share its computation, or
+    None (no share key, or an argument its own call must report)."""
+    bound = _engine_call(method, common, options)
+    if bound is None or bound[0].share_key is None:
+        return None
+    spec, own, call = bound
     key, detail = spec.share_key({**spec.options, **own})
     key = (tuple(_token(v) for v in call.values()), _token(key), _token(spec.shared))
     return key, (None if detail is None else _token(detail)), spec, own, call
@@ -166,18 +175,25 @@ def share_groups(calls: dict) -> list[list]:
     return groups
 
 
-def explain_group(apply_fn, params, obs, calls: dict, group) -> dict:
+def explain_group(apply_fn, params, obs, calls: dict, group, outputs: bool = False):
     """Maps {name: maps} of one group of share_groups(calls): one engine run for all its
-    methods (per chunk one forward, one backward per ReLU rule), else the method's own call."""
+    methods (per chunk one forward, one backward per ReLU rule), else the method's own call.
+    outputs=True: ({name: maps}, the engine's actions and model output (jaxsal.engine.run), or
+    None for a method the engine does not run)."""
     if len(group) == 1:
-        method, common, options = calls[group[0]]
-        return {group[0]: call_method(_function(method), apply_fn, params, obs, common, options)}
-    shares = [_share(*calls[n]) for n in group]
+        bound = _engine_call(*calls[group[0]]) if outputs else None
+        if bound is None:
+            method, common, options = calls[group[0]]
+            maps = call_method(_function(method), apply_fn, params, obs, common, options)
+            return ({group[0]: maps}, None) if outputs else {group[0]: maps}
+        shares = [(None, None) + bound]
+    else:
+        shares = [_share(*calls[n]) for n in group]
     if any(s is None for s in shares) or len({s[0] for s in shares}) > 1 \
             or len({s[1] for s in shares if s[1] is not None}) > 1:
         raise ValueError(f"{list(group)} cannot be computed together; group calls with share_groups")
-    maps = engine.run([(s[2], s[3]) for s in shares], apply_fn, params, obs, **shares[0][4])
-    return dict(zip(group, maps))
+    res = engine.run([(s[2], s[3]) for s in shares], apply_fn, params, obs, **shares[0][4], outputs=outputs)
+    return (dict(zip(group, res[0])), res[1]) if outputs else dict(zip(group, res))
 
 
 def register(method: Spec | CamSpec | Callable | None = None, *, name: str | None = None,

@@ -123,11 +123,20 @@ def require_actions(target):
         raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
 
 
+def greedy(target: Target, out, agent: bool = False):
+    """The one place jaxsal chooses an action: the target's greedy choice (N,) int32 on the clean
+    output `out`, without gradient. Targets that explain no action (value, a callable) choose 0;
+    with agent=True they choose the agent's own greedy action (argmax of its Q-vector or logits),
+    e.g. to tell whether removing an object flips what the agent would play."""
+    choose = _argmax_q if agent and not explains_action(target) else target.choose
+    return jax.lax.stop_gradient(choose(out)).astype(jnp.int32)
+
+
 def resolve_actions(target: Target, out, actions=None):
     """Per-sample actions: the caller's (validated) or the target's choice on the clean output."""
     if actions is None:
         require_actions(target)
-        return jax.lax.stop_gradient(target.choose(out)).astype(jnp.int32)
+        return greedy(target, out)
     return jnp.asarray(actions, jnp.int32)
 
 

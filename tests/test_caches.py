@@ -6,6 +6,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 import jaxsal
 import jaxsal.cli.sweep_run  # noqa: F401  (its caches register on import)
@@ -72,24 +73,100 @@ def test_a_memoised_function_stays_within_its_bound():
     np.testing.assert_allclose(_disk.blur_matrix(5, 0.0), np.eye(5))
 
 
+CACHE_WORDS = ("lru_cache", "functools.cache", "@cache", "OrderedDict", "cachetools")
+
+
+def _empty_container(v) -> bool:
+    """An expression that makes an empty, growable container: {}, [], set(), dict(), list(), a
+    defaultdict (empty whatever its factory) or a deque without maxlen (tables like dict(a=1) are
+    not)."""
+    if isinstance(v, (ast.Dict, ast.List, ast.Set)):
+        return not (getattr(v, "keys", None) or getattr(v, "elts", None))
+    if not isinstance(v, ast.Call):
+        return False
+    name = getattr(v.func, "id", getattr(v.func, "attr", None))
+    if name == "defaultdict":
+        return True
+    if name == "deque":
+        return not any(k.arg == "maxlen" for k in v.keywords) and len(v.args) < 2
+    return name in ("dict", "list", "set") and not v.args and not v.keywords
+
+
+def _container(v) -> bool:
+    """Any dict, list or set display or constructor call (a cache by its name, empty or not)."""
+    return isinstance(v, (ast.Dict, ast.List, ast.Set)) or (isinstance(v, ast.Call) and getattr(
+        v.func, "id", getattr(v.func, "attr", None)) in ("dict", "list", "set", "defaultdict", "OrderedDict"))
+
+
+def own_caches(text: str, batching_module: bool = False) -> list[str]:
+    """Caches in a module's source that clear_caches cannot see: functools/cachetools caches and
+    OrderedDicts (outside batching.py), module-level empty containers (not the registries), and
+    attributes named like a cache (`self._cache = {}`) made empty (a pickle reader's memo table is not one)."""
+    found = [word for word in CACHE_WORDS if word in text and not batching_module]
+    tree = ast.parse(text)
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            name = ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
+            if _empty_container(node.value) and name not in REGISTRIES:
+                found.append(f"{node.lineno}: module-level {name} = {ast.unparse(node.value)}")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and "cache" in t.attr.lower() and _container(node.value):
+                    found.append(f"{node.lineno}: {ast.unparse(t)} = {ast.unparse(node.value)}")
+    return found
+
+
 def test_no_module_keeps_a_cache_of_its_own():
-    """functools caches, OrderedDicts and module-level dicts filled at run time are caches that
-    clear_caches does not see: every cache is a batching.LRU instead."""
-    found = []
-    for path in sorted(ROOT.rglob("*.py")):
-        text = path.read_text()
-        rel = path.relative_to(ROOT.parent)
-        for word in ("lru_cache", "functools.cache", "@cache", "OrderedDict", "cachetools"):
-            if word in text and path.name != "batching.py":
-                found.append(f"{rel}: {word}")
-        for node in ast.parse(text).body:
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                v = node.value
-                empty = (isinstance(v, (ast.Dict, ast.List, ast.Set)) and not (
-                    getattr(v, "keys", None) or getattr(v, "elts", None))) or (
-                    isinstance(v, ast.Call) and getattr(v.func, "id", getattr(v.func, "attr", None))
-                    in ("dict", "list", "set", "defaultdict"))
-                name = ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
-                if empty and name not in REGISTRIES:
-                    found.append(f"{rel}:{node.lineno}: module-level {name} = {ast.unparse(v)}")
+    """functools caches, OrderedDicts, module-level containers filled at run time and per-object
+    cache dicts are caches that clear_caches does not see: every cache is a batching.LRU instead."""
+    found = [f"{path.relative_to(ROOT.parent)}: {f}" for path in sorted(ROOT.rglob("*.py"))
+             for f in own_caches(path.read_text(), path.name == "batching.py")]
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("text", ["_SEEN = {}", "_SEEN: dict[str, int] = {}", "_SEEN = dict()", "_SEEN = []",
+                                  "_BY = defaultdict(list)", "_BY = collections.defaultdict(dict, a=1)",
+                                  "_Q = deque()", "import functools\n@functools.lru_cache\ndef f(): pass",
+                                  "class A:\n    def __init__(self):\n        self._cache = {}",
+                                  "class A:\n    def __init__(self, k, v):\n        self._cache: dict = {k: v}",
+                                  "class A:\n    def f(self):\n        self.chunk_cache: dict = dict()"])
+def test_the_scan_flags_a_cache(text):
+    assert own_caches(text)
+
+
+@pytest.mark.parametrize("text", ["OPTIONS = dict(a=1)", "TABLE = {'a': 1}", "NAMES = ['a']", "_Q = deque(maxlen=8)",
+                                  "METHODS: dict = {}", "def f():\n    seen = {}\n    return seen",
+                                  "class A:\n    def __init__(self):\n        self.rows = {}",
+                                  "class Unpickler:\n    def __init__(self):\n        self.memo = {}"])  # a pickle memo table
+def test_the_scan_leaves_tables_registries_and_locals_alone(text):
+    assert own_caches(text) == []
+
+
+def test_a_map_views_open_chunks_are_bounded_and_cleared(tmp_path):
+    from jaxsal.io import MethodSpec, open_source, run_job
+    from jaxsal.io.store import _OPEN_CHUNKS
+
+    np.save(tmp_path / "x.npy", np.asarray(_obs(5)))
+    run_job(MODEL.apply, PARAMS, open_source(tmp_path / "x.npy"), tmp_path / "o",
+            [MethodSpec("gradient", "gradient", {})], quiet=True, chunk=2)
+    jaxsal.clear_caches()
+    maps = jaxsal.load_maps(tmp_path / "o", "gradient")
+    whole = np.asarray(maps[:])
+    assert len(_OPEN_CHUNKS) == 3  # every chunk touched once, each opened once
+    jaxsal.clear_caches()
+    assert len(_OPEN_CHUNKS) == 0
+    np.testing.assert_array_equal(np.asarray(maps[:]), whole)  # reopened on the next touch
+    np.testing.assert_array_equal(maps[4], whole[4])
+
+
+def test_a_method_first_called_under_jit_then_eagerly():
+    """A memo filled while the caller's jit traces keeps no tracer: the eager call after it works
+    and gives the traced call's maps (RISE's mask builder once kept jax arrays made in the trace)."""
+    jaxsal.clear_caches()
+    obs, key = np.asarray(_obs(2), np.float32), jax.random.PRNGKey(0)
+    opts = dict(method="rise", n_masks=8, grid=3, key=key)
+    traced = jax.jit(lambda x: jaxsal.explain(MODEL.apply, PARAMS, x, **opts))(obs)
+    eager = jaxsal.explain(MODEL.apply, PARAMS, obs, **opts)
+    np.testing.assert_allclose(np.asarray(eager), np.asarray(traced), rtol=1e-5, atol=1e-6)

@@ -2,6 +2,6 @@
 options), `run` executes specs, `register` makes one `jaxsal.explain(method=name)`, and the
 combinators `noise_tunnel` / `path_integral` turn any gradient or CAM spec into SmoothGrad- and
 Integrated-Gradients-style methods of it."""
-from jaxsal.engine.spec import Ctx, Prepared, Rows, Spec, Sums, greedy_actions, objective  # noqa: F401
+from jaxsal.engine.spec import Ctx, Prepared, Rows, Spec, Sums, objective  # noqa: F401
 from jaxsal.engine.execute import CALL_ARGS, bind, method_function, register, run  # noqa: F401
 from jaxsal.engine.combinators import noise_tunnel, path_integral, spec_of  # noqa: F401

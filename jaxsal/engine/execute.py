@@ -3,7 +3,8 @@ eagerly, under the caller's jit / vmap / scan and in the batch job, the same way
 
 Here and nowhere else: the call is checked once (jaxsal.checks.check_call), chunks are sized
 (model rows per state from every spec's `prepare`), the compile cache is keyed, and the greedy
-action is chosen (per chunk, inside the chunk's traced function, on the clean frames).
+action is chosen (jaxsal.targets.greedy, per chunk, inside the chunk's traced function, on the clean
+frames, whose forward also gives the model outputs run(outputs=True) returns).
 Eagerly a Python loop over bucket-padded chunks calls the jitted chunk function (one per group
 of the inner loop, then one finalize; a single group is one program); traced, the chunks run
 in lax.map and the groups in lax.scan (jaxsal.batching.run).
@@ -19,8 +20,9 @@ import numpy as np
 
 from jaxsal import batching, registry
 from jaxsal.checks import as_float, check_call
-from jaxsal.engine.spec import Ctx, Prepared, Rows, Spec, greedy_actions
+from jaxsal.engine.spec import Ctx, Prepared, Rows, Spec
 from jaxsal.errors import SaliencyInputError
+from jaxsal.targets import greedy
 
 CALL_ARGS = {"target": "q_chosen", "actions": None, "layout": None, "batch_size": None}
 """The arguments of every call the engine itself takes (the rest are the specs' options)."""
@@ -37,16 +39,19 @@ def bind(spec: Spec, options: dict) -> dict:
 
 
 def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
-        batch_size=None) -> list:
+        batch_size=None, outputs: bool = False):
     """The outputs of specs [(spec, options), ...] on one call, in order. Several specs run in
     one chunk function (they must agree on their groups); specs with a `shared` piece (all the
-    same one: see share_key) read one shared value per chunk."""
+    same one: see share_key) read one shared value per chunk. With outputs=True also what the
+    chunks' clean forward gave, as (maps list, {"actions": (N,) int32 explained, "output": the
+    model's output pytree}) (the batch job stores these: no forward of its own); with no specs,
+    only that forward runs."""
     bound = [(spec, bind(spec, opts)) for spec, opts in bound]
     call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
     preps = [spec.prepare(call, apply_fn, params, **opts) for spec, opts in bound]
     specs = tuple(spec for spec, _ in bound)
-    groups = preps[0].groups
+    groups = preps[0].groups if preps else (None,)
     if len(specs) > 1 and any(len(p.groups) != 1 or p.groups[0] is not None for p in preps):
         raise SaliencyInputError(f"{[s.name for s in specs]}: only methods without an inner loop run together")
     shared = {s.shared for s in specs}
@@ -58,27 +63,28 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
         rows["index"] = np.arange(call.x.shape[0], dtype=np.int32)
     if call.actions is not None:
         rows["actions"] = call.actions
-    per_state = max(p.rows_per_state for p in preps)
+    per_state = max([p.rows_per_state for p in preps], default=1)
     size = batching.chunk_size(call.x.shape[0], max(1, call.rows // max(1, per_state)), 1)
     statics = tuple(p.static for p in preps)
     pieces = tuple(Pieces(s.chunk, s.finalize, s.shared) for s in specs)  # the traced ones: the cache key
     arrays = [p.arrays for p in preps]
     traced = batching.is_traced(params, rows, arrays, groups)
     if len(groups) == 1:
-        program = batching.cached_jit(_build, pieces, ctx, statics, "whole")
+        program = batching.cached_jit(_build, pieces, ctx, statics, "whole", outputs)
         per_chunk = lambda r: program(params, arrays, r, groups[0])  # noqa: E731
-    else:
-        program, fin = (batching.cached_jit(_build, pieces, ctx, statics, w) for w in ("step", "finalize"))
-        step = program
+    else:  # the first group's step also gives the actions (and outputs); later groups reuse them
+        program, step, fin = (batching.cached_jit(_build, pieces, ctx, statics, w, o)
+                              for w, o in (("step", outputs), ("step", False), ("finalize", False)))
 
         def per_chunk(r):
-            parts, acts = step(params, arrays, r, groups[0])
+            parts, acts, out = program(params, arrays, r, groups[0])
             r = dict(r, actions=acts)  # later groups and finalize explain the same actions
             parts = batching.accumulate(lambda g: step(params, arrays, r, g)[0], list(groups[1:]), traced,
                                         first=parts)
-            return fin(params, arrays, r, parts)
+            return fin(params, arrays, r, parts), acts, out
 
-    return list(_chunks(program, per_chunk, rows, size, traced))
+    maps, acts, out = _chunks(program, per_chunk, rows, size, traced)
+    return (list(maps), {"actions": acts, "output": out}) if outputs else list(maps)
 
 
 def _chunks(program, per_chunk, rows, size, traced):
@@ -94,17 +100,21 @@ class Pieces(NamedTuple):
     shared: Callable | None
 
 
-def _build(specs, ctx, statics, what):
+def _build(specs, ctx, statics, what, with_outputs=False):
     """The traced chunk function of specs (their statics fixed): "whole" (one group: rows ->
-    outputs), "step" (one group's parts and the actions) or "finalize" (summed parts -> outputs)."""
+    (maps, actions, model output or None)), "step" (one group's parts, the actions, the output
+    or None) or "finalize" (summed parts -> maps). The clean forward is run once: it chooses the
+    greedy action and is the model output returned with_outputs."""
     def parts(params, arrays, r, group):
         x = as_float(r["x"])
         acts = r.get("actions")
-        acts = greedy_actions(ctx, params, x) if acts is None else jnp.asarray(acts, jnp.int32)
+        out = ctx.apply_fn(params, x) if acts is None or with_outputs else None
+        acts = greedy(ctx.target, out) if acts is None else jnp.asarray(acts, jnp.int32)
         preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
         rs = [Rows(x, acts, r.get("index"), e) for e in r["extra"]]
-        value = specs[0].shared(ctx, params, preps, rs[0]) if specs[0].shared is not None else None
-        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts
+        value = specs[0].shared(ctx, params, preps, rs[0]) if specs and specs[0].shared is not None else None
+        return (tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts,
+                jax.lax.stop_gradient(out) if with_outputs else None)
 
     def outputs(params, arrays, r, acts, acc):
         x = as_float(r["x"])
@@ -114,8 +124,8 @@ def _build(specs, ctx, statics, what):
 
     if what == "whole":
         def whole(params, arrays, r, group):
-            acc, acts = parts(params, arrays, r, group)
-            return outputs(params, arrays, r, acts, acc)
+            acc, acts, out = parts(params, arrays, r, group)
+            return outputs(params, arrays, r, acts, acc), acts, out
         return whole
     if what == "step":
         return parts

@@ -100,7 +100,3 @@ def objective(tgt, out, actions):
     flows into the actions)."""
     return tgt.score(out, jax.lax.stop_gradient(actions).astype(jnp.int32))
 
-
-def greedy_actions(ctx: Ctx, params, x):
-    """The target's choice on the clean frames x: the one place a greedy action is chosen."""
-    return jax.lax.stop_gradient(ctx.target.choose(ctx.apply_fn(params, x))).astype(jnp.int32)

@@ -133,7 +133,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     i % num_processes == process_id. Returns a summary dict (frames, maps/s per method,
     wall time, output path). `extra_meta` adds provenance fields to the manifest. `layout` is
     the model's ("NHWC"/"NCHW"; frames are read in it). Every chunk also stores the explained
-    action (none for a target that explains no action, e.g. value), the model's output vector and
+    action (none for a target that explains no action, e.g. value), the model's output vector (both
+    from the engine's clean forward of the chunk's methods: the job runs no forward of its own) and
     each state's index in the input (`jaxsal.load_outputs`: the row number, or a Dopamine buffer's
     index and checkpoint); with target="q_action" the
     actions come from `source.actions(start, stop)` (a Dopamine buffer's action file, an .npz's
@@ -152,6 +153,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     from jaxsal.provenance import params_checksum as checksum_of
 
     import jaxsal
+    from jaxsal.engine import run as run_engine
     from jaxsal.front import explain_group, share_groups
 
     t0 = time.perf_counter()
@@ -282,8 +284,6 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         acts = pad_rows(np.asarray(source.actions(i * chunk, i * chunk + rows(i))), pad_to) if use_actions else None
         return i, rows(i), (jax.device_put(x) if sharding is None else jax.device_put(x, sharding)), acts
 
-    forward = _outputs_fn(apply_fn, target)
-
     def save(item):
         i, results, outputs, chunk_effects = item
         if chunk_effects is not None and not objs.effects_path(out, i).exists():
@@ -334,9 +334,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             if item is None:
                 break
             i, m, x, acts = item
-            outputs = {k: np.asarray(v)[:m] for k, v in forward(params, x, acts).items()}
-            outputs.update(row_ids(source, i * chunk, i * chunk + m))  # which state of the input each row is
-            results = []
+            results, engine_out = [], None
             calls = base if acts is None else {a: (meth, dict(common, actions=acts), own)
                                                for a, (meth, common, own) in base.items()}
             groups = share_groups(calls)  # the same every chunk: it depends on the settings only
@@ -346,9 +344,15 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 if all(method_done(a, i) for a in group):
                     continue
                 ts = time.perf_counter()
+                # the stored actions and outputs come from the first group that explains the job's
+                # target and actions: what its clean forward gave (the job runs no forward of its own)
+                want = engine_out is None and all(calls[a][1]["target"] == target and calls[a][1]["actions"] is acts
+                                                  for a in group)
                 try:
                     with checks.values_checked():  # once per chunk, when it was read
-                        maps = explain_group(apply_fn, params, x, calls, group)
+                        maps, got = explain_group(apply_fn, params, x, calls, group, outputs=True) if want \
+                            else (explain_group(apply_fn, params, x, calls, group), None)
+                    engine_out = engine_out if got is None else got
                     for a in group:
                         shares = None if objects is None else objs.chunk_shares(
                             maps[a], objects.boxes[i * chunk:i * chunk + m], m)  # from the float32 maps
@@ -373,6 +377,12 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 except SaliencyInputError as e:
                     raise SaliencyInputError(f"object effects, frames {i * chunk}:{i * chunk + m}: {e}") from None
                 effects_s += time.perf_counter() - ts
+            if engine_out is None:  # no group ran on the engine (or all were done): its forward alone
+                with checks.values_checked():
+                    _, engine_out = run_engine([], apply_fn, params, x, target=target, actions=acts,
+                                               layout=layout, batch_size=batch_size, outputs=True)
+            outputs = stored_outputs(engine_out, target, acts is not None, m)
+            outputs.update(row_ids(source, i * chunk, i * chunk + m))  # which state of the input each row is
             writer.put((i, results, outputs, chunk_effects))
             computed += m
             if bar is not None:
@@ -453,39 +463,30 @@ OUTPUTS = store.OUTPUTS
 POLICY_TARGETS = ("policy_logit", "log_prob")
 
 
-def _outputs_fn(apply_fn, target):
-    """Jitted chunk -> {"action": (n,), "q" or "logits": (n, A), ["value": (n,)]}: the action the
-    target explains (the given one for q_action) and the model's output vector."""
-    from jaxsal.batching import cached_jit
-    from jaxsal.checks import as_float
+def stored_outputs(engine_out: dict, target, given: bool, m: int) -> dict:
+    """What a chunk stores of the engine's clean forward (jaxsal.engine.run(outputs=True)), as
+    host arrays of its m real rows: {"action": (m,), "q" or "logits": (m, A), ["value": (m,)]},
+    the action the target explains (the given one for q_action; none for a target that explains
+    no action, e.g. value) and the model's output vector."""
     from jaxsal.targets import LOGIT_KEYS, Q_KEYS, logits_of, q_of, value_of
 
-    tgt = get_target(target)
-
-    def build():
-        def fn(params, x, actions):
-            o = apply_fn(params, as_float(x))
-            res = {}
-            if isinstance(o, dict):
-                if any(k in o for k in Q_KEYS):
-                    res["q"] = q_of(o)
-                if any(k in o for k in LOGIT_KEYS):
-                    res["logits"] = logits_of(o)
-                if "value" in o:
-                    res["value"] = value_of(o)
-            elif isinstance(o, (tuple, list)) and len(o) == 2:
-                res["logits" if target in POLICY_TARGETS else "q"] = o[0]
-                res["value"] = value_of(o)
-            elif hasattr(o, "ndim") and o.ndim == 2:
-                res["logits" if target in POLICY_TARGETS else "q"] = o
-            if actions is not None or explains_action(tgt):  # value (and callables): no action is explained
-                a = tgt.choose(o) if actions is None else actions
-                res["action"] = jax.numpy.asarray(a).astype(jax.numpy.int32)
-            return res
-        return fn
-
-    fn = cached_jit(build)
-    return lambda params, x, actions: fn(params, x, actions)
+    o = jax.tree.map(lambda v: np.asarray(v)[:m], engine_out["output"])
+    res = {}
+    if isinstance(o, dict):
+        if any(k in o for k in Q_KEYS):
+            res["q"] = q_of(o)
+        if any(k in o for k in LOGIT_KEYS):
+            res["logits"] = logits_of(o)
+        if "value" in o:
+            res["value"] = value_of(o)
+    elif isinstance(o, (tuple, list)) and len(o) == 2:
+        res["logits" if target in POLICY_TARGETS else "q"] = o[0]
+        res["value"] = value_of(o)
+    elif getattr(o, "ndim", None) == 2:
+        res["logits" if target in POLICY_TARGETS else "q"] = o
+    if given or explains_action(get_target(target)):  # value (and callables): no action is explained
+        res["action"] = np.asarray(engine_out["actions"])[:m].astype(np.int32)
+    return res
 
 
 def resolved_options(apply_fn, params, source, specs, target, layout) -> dict:

@@ -9,6 +9,7 @@ into the same directory is refused instead of mixing results.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxsal.batching import LRU
 from jaxsal.errors import SaliencyInputError
 
 MANIFEST = "manifest.json"
@@ -438,10 +440,15 @@ def missing_chunks(out, method: str, n_chunks: int) -> list[int]:
     return [i for i in range(n_chunks) if not chunk_path(out, method, i).exists()]
 
 
+_OPEN_CHUNKS = LRU("open map chunks", 64)  # (MapArray number, chunk) -> its memory-mapped chunk file
+_MAP_ARRAYS = itertools.count()  # numbers MapArrays: a number is never reused, so no view reads another's chunks
+
+
 class MapArray:
     """Read-only array-like view `(N, H, W)` (or `(N, H, W, C)`) over a method's chunk files.
 
-    Chunks are memory-mapped on first touch; indexing with an int, slice or index array
+    Chunks are memory-mapped on first touch (a bounded cache of open chunks, emptied by
+    `jaxsal.clear_caches()`); indexing with an int, slice or index array
     reads only the chunks it needs. `np.asarray(maps)` loads everything. `load_maps` makes one.
 
     Args:
@@ -482,7 +489,8 @@ class MapArray:
         self.dtype = first.dtype
         self.ndim = len(self.shape)
         self.meta = manifest
-        self._cache: dict[int, np.ndarray] = {first_i: first}
+        self._id = next(_MAP_ARRAYS)
+        _OPEN_CHUNKS[(self._id, first_i)] = first
         if self.missing and not np.issubdtype(self.dtype, np.floating):
             self.dtype = np.dtype(np.float32)
 
@@ -493,9 +501,8 @@ class MapArray:
         if i in self.missing:
             rows = min(self.chunk, self.shape[0] - i * self.chunk)
             return np.full((rows,) + self.shape[1:], np.nan, self.dtype)
-        if i not in self._cache:
-            self._cache[i] = np.load(chunk_path(self.out, self.method, i), mmap_mode="r")
-        return self._cache[i]
+        return _OPEN_CHUNKS.get_or_build(
+            (self._id, i), lambda: np.load(chunk_path(self.out, self.method, i), mmap_mode="r"))
 
     def _rows(self, idx: np.ndarray) -> np.ndarray:
         out = np.empty((len(idx),) + self.shape[1:], self.dtype)

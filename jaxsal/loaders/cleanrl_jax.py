@@ -11,6 +11,7 @@ import flax.serialization
 import jax.numpy as jnp
 
 from jaxsal.agent_spec import DeclaredFn, LoadedAgent
+from jaxsal.checks import ModelFails, output_shape
 from jaxsal.loaders.nets import CleanRLActor, CleanRLCritic, CleanRLNetwork, CleanRLQNetwork
 from jaxsal.loaders.errors import LoaderError, read_bytes
 
@@ -133,10 +134,8 @@ def cleanrl_model(path, name: str | None = None) -> LoadedAgent:
 
 
 def _check_apply(apply_fn, params, path):
-    import jax
-
     try:
-        jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct((1, 4, 84, 84), jnp.float32))
-    except Exception as e:
+        output_shape(apply_fn, params, (1, 4, 84, 84), layout="NCHW")
+    except ModelFails as e:
         raise LoaderError(f"{path}: parameters do not fit CleanRL's Nature CNN on (4, 84, 84) frames "
-                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+                          f"({e.error})") from None

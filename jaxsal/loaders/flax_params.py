@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxsal.agent_spec import DeclaredFn, LoadedAgent
+from jaxsal.checks import output_shape
 from jaxsal.loaders.errors import LoaderError, read_bytes
 
 
@@ -76,7 +77,7 @@ def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | No
     def apply_fn(p, x):
         return plain_outputs(module.apply(p, x))
 
-    out = jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct((1,) + tuple(obs_shape), jnp.float32))
+    out = output_shape(apply_fn, params, (1,) + tuple(obs_shape), layout=layout)
     leaf = out.get("logits", out.get("q")) if isinstance(out, dict) else out
     n = int(leaf.shape[-1]) if hasattr(leaf, "shape") and len(leaf.shape) == 2 else None
     return LoadedAgent(name=name or Path(path).stem, apply_fn=DeclaredFn(apply_fn, layout, pixels), params=params,

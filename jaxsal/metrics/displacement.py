@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxsal import targets as T
 from jaxsal.batching import cached_jit, map_batched
-from jaxsal.checks import LAYOUTS, check_obs, target_actions
+from jaxsal.checks import LAYOUTS, check_obs, num_actions, output_shape, target_actions
 from jaxsal.errors import SaliencyInputError
 
 
@@ -41,15 +41,14 @@ class DisplacementEffects:
 def _build(apply_fn, target_name, layout: str):
     """Chunk function (params, obs, moved, actions) -> (effect, flips, score, moved_score, actions)."""
     target = T.get_target(target_name)
-    choose = target.choose if T.explains_action(target) else (lambda o: jnp.argmax(T.q_of(o), -1))
 
     def fn(params, x, xm, actions):
         b = x.shape[0]
         out = apply_fn(params, jnp.concatenate([x, xm], 0))
         orig = jax.tree.map(lambda o: o[:b], out)
-        a = jnp.where(actions >= 0, actions, jax.lax.stop_gradient(target.choose(orig))).astype(jnp.int32)
+        a = jnp.where(actions >= 0, actions, T.greedy(target, orig))
         scores = target.score(out, jnp.concatenate([a, a])).reshape(2, b)
-        greedy = choose(out).reshape(2, b)
+        greedy = T.greedy(target, out, agent=True).reshape(2, b)
         return scores[0] - scores[1], greedy[0] != greedy[1], scores[0], scores[1], a
     return fn
 
@@ -95,8 +94,8 @@ def displacement_effects(apply_fn, params, obs, moved_obs, target="q_chosen", ba
         target_actions(tgt, None, n, None)  # q_action: the caller's actions are needed
         acts = jnp.full((n,), -1, jnp.int32)
     else:
-        q_shape = jax.eval_shape(lambda p, o: T.q_of(apply_fn(p, o)), params, x[:1]).shape
-        acts = jnp.asarray(T.check_actions(actions, n, q_shape[-1]))
+        acts = jnp.asarray(T.check_actions(actions, n, num_actions(output_shape(apply_fn, params, x.shape,
+                                                                                layout=layout))))
     fn = cached_jit(_build, apply_fn, target, layout)
     eff, flips, s0, s1, a = map_batched(fn, params, x, xm, acts, batch_size=batch_size, rows_per_state=2)
     return DisplacementEffects(eff, flips, s0, s1, a)

@@ -30,7 +30,7 @@ from scipy import stats
 from jaxsal import targets as T
 from jaxsal.batching import cached_jit, is_traced, map_batched
 from jaxsal.errors import SaliencyInputError
-from jaxsal.checks import LAYOUTS, check_obs, target_actions
+from jaxsal.checks import LAYOUTS, check_obs, num_actions, output_shape, target_actions
 
 FILLS = ("ring", "background")
 FRAMES = ("all", "newest")
@@ -226,7 +226,6 @@ def _build(apply_fn, target_name, layout: str, fill_mode: str, num_classes, heig
     argument before the actions). Mask source: (boxes, labels) when num_classes is an int, else masks
     (B, F, C, H, W)."""
     target = T.get_target(target_name)
-    choose = target.choose if T.explains_action(target) else (lambda o: jnp.argmax(T.q_of(o), -1))
 
     def fn(params, obs, *rest):
         if num_classes is not None:
@@ -247,10 +246,10 @@ def _build(apply_fn, target_name, layout: str, fill_mode: str, num_classes, heig
         out = apply_fn(params, rows)
         out = jax.tree.map(lambda o: o.reshape((b, c + 1) + o.shape[1:]), out)
         orig = jax.tree.map(lambda o: o[:, 0], out)
-        a = jnp.where(actions >= 0, actions, jax.lax.stop_gradient(target.choose(orig))).astype(jnp.int32)
+        a = jnp.where(actions >= 0, actions, T.greedy(target, orig))
         flat = jax.tree.map(lambda o: o.reshape((b * (c + 1),) + o.shape[2:]), out)
         scores = target.score(flat, jnp.repeat(a, c + 1)).reshape(b, c + 1)
-        greedy = choose(flat).reshape(b, c + 1)
+        greedy = T.greedy(target, flat, agent=True).reshape(b, c + 1)
         return (scores[:, :1] - scores[:, 1:], greedy[:, 1:] != greedy[:, :1], scores[:, 0], a,
                 present, overlap, residue, share)
     return fn
@@ -400,8 +399,8 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
     elif traced:
         acts = T.check_actions(actions, n, None)
     else:
-        q_shape = jax.eval_shape(lambda p, o: T.q_of(apply_fn(p, o)), params, x[:1]).shape
-        acts = jnp.asarray(T.check_actions(actions, n, q_shape[-1]))
+        acts = jnp.asarray(T.check_actions(actions, n, num_actions(output_shape(apply_fn, params, x.shape,
+                                                                                layout=layout))))
     dtype = np.dtype(obs.dtype if hasattr(obs, "dtype") else np.asarray(obs).dtype)
     fn = cached_jit(_build, apply_fn, target, layout, fill_mode, num_classes, h, w, dtype in (np.uint8, np.bool_),
                     frames, int(margin), int(ring_width))

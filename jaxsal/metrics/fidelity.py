@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxsal import targets as T
 from jaxsal.batching import cached_jit, map_batched
-from jaxsal.checks import as_float, check_call, check_positive_int
+from jaxsal.checks import as_float, check_call, check_positive_int, output_shape
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics.similarity import check_maps
 
@@ -113,9 +113,9 @@ def _follow(target):
     return T.get_target(target).score
 
 
-def _policy_only(apply_fn, params, x) -> bool:
+def _policy_only(apply_fn, params, x, layout) -> bool:
     """True when the model's output is a dict with policy logits and no Q-values (an actor-critic)."""
-    out = jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct((1,) + tuple(x.shape[1:]), jnp.float32))
+    out = output_shape(apply_fn, params, x.shape, layout=layout)
     return isinstance(out, dict) and not any(k in out for k in T.Q_KEYS) and any(k in out for k in T.LOGIT_KEYS)
 
 
@@ -203,7 +203,7 @@ def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score
                       batch_size=batch_size)
     x, layout, (h, w, _) = call.x, call.layout, call.hwc
     shown = repr(target) if isinstance(target, str) else "a callable"
-    if target in Q_TARGETS and _policy_only(apply_fn, params, x):
+    if target in Q_TARGETS and _policy_only(apply_fn, params, x, layout):
         shown += " (on this model's policy logits: it has no Q-values)"
         target = "policy_logit"      # the "Q-vector" it reads is a policy's logits: follow pi(a|x_t)
     score, names = _check_score(score, target, shown)

@@ -128,7 +128,7 @@ def _module_init(model):
 
 
 def _chooser(apply_fn, tgt):
-    return lambda p, o: tgt.choose(apply_fn(p, o)).astype(jnp.int32)
+    return lambda p, o: T.greedy(tgt, apply_fn(p, o))
 
 
 def _resolve_model(model, apply_fn, obs):

@@ -93,8 +93,9 @@ def rise_bits(key, n_masks: int, grid, cell, p_keep):
 
 @memo("RISE mask builders", 32)
 def _mask_builder(g, cell, up, hw):
-    uy = jnp.asarray(_upsample_matrix(g[0], up[0]))
-    ux = jnp.asarray(_upsample_matrix(g[1], up[1]))
+    # host (numpy) matrices: a jax array made here while the caller's jit traces would be a
+    # tracer kept in the memo, leaking into every later (eager) call
+    uy, ux = _upsample_matrix(g[0], up[0]), _upsample_matrix(g[1], up[1])
 
     def one(bits, sy, sx):
         big = jnp.matmul(jnp.matmul(uy, bits, precision="highest"), ux.T, precision="highest")
