@@ -284,17 +284,26 @@ def _other_reading(shape, layout):
     return (1, shape[3], shape[1], shape[2]) if layout == "NHWC" else (1, shape[2], shape[3], shape[1])
 
 
+def output_shapes(apply_fn, params, obs_shape, dtype=jnp.float32):
+    """apply_fn(params, obs)'s output shapes on obs of obs_shape and dtype, computing nothing.
+
+    Traced through a call of apply_fn, not jax.eval_shape(apply_fn) itself: a copy of a jax.jit
+    function (SBX's policies after `load`) runs, but has lost the attribute jax.eval_shape reads.
+    """
+    return jax.eval_shape(lambda p, o: apply_fn(p, o), params, jax.ShapeDtypeStruct(obs_shape, dtype))
+
+
 def _probe(apply_fn, params, shape, layout):
     one = (1,) + tuple(shape[1:])
     try:
-        return jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct(one, jnp.float32))
+        return output_shapes(apply_fn, params, one)
     except SaliencyInputError:
         raise
     except Exception as e:  # noqa: BLE001 (turned into one clear error)
         err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
     alt = _other_reading(one, layout)
     try:
-        jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct(alt, jnp.float32))
+        output_shapes(apply_fn, params, alt)
     except Exception:  # noqa: BLE001 (the other reading fails too: not a layout problem)
         raise ModelFails(
             f"apply_fn(params, obs) failed on obs of shape {one[1:]} per state with layout={layout!r}: "

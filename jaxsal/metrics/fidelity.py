@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxsal import targets as T
 from jaxsal.batching import cached_jit, map_batched
-from jaxsal.checks import as_float, check_call, check_positive_int
+from jaxsal.checks import as_float, check_call, check_positive_int, output_shapes
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics.similarity import check_maps
 
@@ -115,7 +115,7 @@ def _follow(target):
 
 def _policy_only(apply_fn, params, x) -> bool:
     """True when the model's output is a dict with policy logits and no Q-values (an actor-critic)."""
-    out = jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct((1,) + tuple(x.shape[1:]), jnp.float32))
+    out = output_shapes(apply_fn, params, (1,) + tuple(x.shape[1:]))
     return isinstance(out, dict) and not any(k in out for k in T.Q_KEYS) and any(k in out for k in T.LOGIT_KEYS)
 
 
