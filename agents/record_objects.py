@@ -64,7 +64,8 @@ def record(agent, steps: int, out, epsilon: float = 0.05, seed: int = 0, num_env
     return paths
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's flags (`python -m jaxsal_agents.record_objects --help`)."""
     p = argparse.ArgumentParser(prog="python -m jaxsal_agents.record_objects", description=__doc__.split("\n")[0])
     p.add_argument("--agent", help="shipped agent name or card .json (default: the shipped agent of --game)")
     p.add_argument("--game", help="game (default: the agent's); needs an object table (jaxsal.objects.games())")
@@ -74,6 +75,11 @@ def main(argv=None) -> int:
     p.add_argument("--epsilon", type=float, default=0.05, help="random actions (keeps greedy play from looping)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="directory for obs.npy, obs.objects.npz, actions.npy")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     from .errors import AgentLoadError
     from jaxsal.objects import games

@@ -76,11 +76,21 @@ def _cleanrl(d: Path):
         flax.serialization.to_bytes([args, [net_params, actor.init(k2, h), critic.init(k3, h)]]))
 
 
+def _sb3_sbx(d: Path):
+    """A DQN of Stable-Baselines3 (torch) and one of SBX, CnnPolicy, trained briefly and saved by each library."""
+    for lib in ("stable_baselines3", "sbx"):
+        pytest.importorskip(lib, reason="the clients extra: `make test-slow` installs it")
+    from tests import _client_models as C
+    C.sb3_dqn(100).save(d / "sb3_dqn_breakout.zip")
+    C.sbx_dqn(100).save(d / "sbx_dqn_breakout.zip")
+
+
 FILES = {
     "buffer.npz": _npz,
     "buffer.npy": _npy,
     "runs/pong/*.msgpack": _pong_checkpoints,
     "CleanRL checkpoints": _cleanrl,
+    "SB3 and SBX models": _sb3_sbx,
 }
 
 

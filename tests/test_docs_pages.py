@@ -37,6 +37,22 @@ def test_every_method_has_a_page_with_its_options_and_defaults(method):
     assert f"](../api/methods.md#jaxsal.{method})" in text, "no link to its API entry"
 
 
+def test_the_readmes_method_table_counts_and_defaults_are_the_codes():
+    """The README's method count and families, and each `name=value` of its key-options column, are
+    the registry's (a changed default or a new method makes the README stale)."""
+    ours = [m for m in jaxsal.methods() if jaxsal.METHODS[m].__module__.startswith("jaxsal.")]
+    rows = {m: cells.split(" | ") for m, cells in re.findall(r"^\| \[`(\w+)`\]\([^)]+\) \| (.+) \|$", README, re.M)}
+    assert sorted(rows) == sorted(ours)
+    families = {cells[0] for cells in rows.values()}
+    words = {3: "three", 4: "four", 5: "five", 6: "six"}
+    assert f"It has {len(ours)} methods in {words[len(families)]} families" in README.replace("\n", " "), families
+    assert f"All {len(ours)} methods" in README
+    for m, cells in rows.items():
+        for name, value in re.findall(r"`(\w+)=([^`]+)`", cells[-1]):
+            assert _fmt(jaxsal.method_options(m)[name]) == value or repr(jaxsal.method_options(m)[name]) == value, \
+                (m, name, value, jaxsal.method_options(m)[name])
+
+
 def test_the_readmes_links_and_pictures_exist_inside_the_repository():
     bad = []
     for target in LINK.findall(README):

@@ -4,9 +4,12 @@ SBX stores `module.apply = jax.jit(module.apply)`; users jit their apply too. Fl
 interceptor does not see module calls inside a jit that is already traced, so layer methods
 failed with "no flax module call was seen". The ReLU rules (guided backprop, deconvnet) already
 looked inside jit equations; both are checked here, on a jit called directly, on one called
-inside a plain function, and with the jit's cache warm (as after training).
+inside a plain function, with the jit's cache warm (as after training), and on a copy of the jit
+(SBX's `Model.load` gives one: it runs, but has lost the attribute `jax.eval_shape(fn)` reads).
 """
 from __future__ import annotations
+
+import copy
 
 import flax.linen as nn
 import jax
@@ -39,7 +42,8 @@ def inside_plain(p, x):
     return JITTED(p, x)
 
 
-APPLIES = {"jit": JITTED, "jit_in_plain_fn": inside_plain, "nested_jit": NESTED}
+COPIED = copy.copy(JITTED)
+APPLIES = {"jit": JITTED, "jit_in_plain_fn": inside_plain, "nested_jit": NESTED, "copied_jit": COPIED}
 CASES = {
     "gradient": {}, "guided_backprop": {}, "deconvnet": {},
     "gradcam": {"layer": "conv2"}, "gradcam_pp": {"layer": "conv2"},
@@ -79,3 +83,21 @@ def test_layers_are_listed_through_a_jitted_apply(wrap):
     assert layer_calls(APPLIES[wrap], P, jnp.asarray(X[:1])) == layer_calls(NET.apply, P, jnp.asarray(X[:1]))
     assert [c.name for c in layer_calls(APPLIES[wrap], P, jnp.asarray(X[:1]))] == \
         ["conv1", "conv2", "conv2_norm", "fc", "q"]
+
+
+def test_a_copied_jit_keeps_the_affine_prefix_and_runs_the_metrics():
+    """The copy has lost what jax.eval_shape reads, so the shape probes trace a call of it: IG's
+    affine-prefix split is still found and a fidelity curve equals the plain apply's."""
+    from jaxsal.backprop.prefix import split_affine
+    with pytest.raises(AttributeError):
+        jax.eval_shape(COPIED, P, X[:1])
+    assert split_affine(COPIED, P, X.shape[1:]) is not None
+    maps = _maps(NET.apply, "gradient")
+    want = jaxsal.metrics.deletion(NET.apply, P, X, maps, score="difference")
+    got = jaxsal.metrics.deletion(COPIED, P, X, maps, score="difference")
+    assert got.keys() == want.keys() and got["auc"].shape == (len(X),)
+    for k in want:
+        if isinstance(want[k], str):
+            assert got[k] == want[k], k
+        else:
+            np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6, err_msg=k)

@@ -5,43 +5,15 @@ import numpy as np
 import pytest
 
 sb3 = pytest.importorskip("stable_baselines3")
-gym = pytest.importorskip("gymnasium")
+pytest.importorskip("gymnasium")
 torch = pytest.importorskip("torch")
 
 import jaxsal  # noqa: E402
 from jaxsal.cli import main  # noqa: E402
 from jaxsal.loaders import load_file  # noqa: E402
+from tests._client_models import Frames, frames as _frames, sb3_dqn  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-class Frames(gym.Env):
-    """84x84x4 uint8 frames with a bright square; reward for the action that names its quadrant."""
-    observation_space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-    action_space = gym.spaces.Discrete(4)
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._obs(), {}
-
-    def _obs(self):
-        self.q = int(self.np_random.integers(4))
-        o = self.np_random.integers(0, 40, (84, 84, 4), dtype=np.uint8)
-        r, c = divmod(self.q, 2)
-        o[r * 42:r * 42 + 20, c * 42:c * 42 + 20] = 220
-        return o
-
-    def step(self, action):
-        self.t += 1
-        reward = float(action == self.q)
-        return self._obs(), reward, self.t >= 16, False, {}
-
-
-def _frames(n=6, seed=0):
-    env = Frames()
-    env.reset(seed=seed)
-    return np.stack([env._obs() for _ in range(n)])          # (N, 84, 84, 4) uint8
 
 
 def _policy_input(model, frames_nchw):
@@ -50,9 +22,7 @@ def _policy_input(model, frames_nchw):
 
 
 def test_sb3_dqn_zip_gives_sb3s_q_values_and_maps(tmp_path):
-    model = sb3.DQN("CnnPolicy", Frames(), buffer_size=500, learning_starts=64, batch_size=16,
-                    train_freq=4, target_update_interval=50, seed=0, device="cpu")
-    model.learn(300)
+    model = sb3_dqn(300)
     model.save(tmp_path / "dqn.zip")
     x = _frames().transpose(0, 3, 1, 2)                      # SB3 transposes images to channel-first
     with torch.no_grad():

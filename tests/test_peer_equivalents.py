@@ -98,7 +98,8 @@ def _pytorch_grad_cam():
     torch (a CPU torch beside a CUDA torchvision), a stand-in for the torchvision names pytorch-grad-cam
     imports at start-up is put in place: its CAM classes use none of them."""
     if importlib.util.find_spec("pytorch_grad_cam") is None:
-        pytest.skip("pytorch-grad-cam is not installed (the bench extra)")
+        pytest.skip("pytorch-grad-cam is not installed: pip install 'jaxsal[bench]' (`make test-slow` leaves it "
+                    "out: its torchvision does not install beside the CPU torch)")
     try:
         import torchvision  # noqa: F401
     except Exception:  # noqa: BLE001 (RuntimeError: operator torchvision::nms does not exist)

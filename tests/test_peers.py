@@ -6,6 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 captum = pytest.importorskip("captum")  # the bench extra installs both; torch alone (the loaders extra) is not enough
 
+pytestmark = pytest.mark.slow  # a minute of torch and JAX; `make test-slow` installs captum beside torch
+
 import jax  # noqa: E402
 
 import jaxsal  # noqa: E402

@@ -185,7 +185,8 @@ def split_affine(apply_fn, params, row_shape, dtype=jnp.float32) -> AffineSplit 
     x_abs = jax.ShapeDtypeStruct((1,) + row_shape, dtype)
     try:
         closed, out1 = jax.make_jaxpr(apply_fn, return_shape=True)(p_abs, x_abs)
-        out2 = jax.eval_shape(apply_fn, p_abs, jax.ShapeDtypeStruct((2,) + row_shape, dtype))
+        # through a call: a copied jax.jit function (SBX's, after load) lacks what eval_shape(fn) reads
+        out2 = jax.eval_shape(lambda p, o: apply_fn(p, o), p_abs, jax.ShapeDtypeStruct((2,) + row_shape, dtype))
     except Exception:  # noqa: BLE001 (the plain path reports the model's own error)
         return None
     l1, l2 = jax.tree.leaves(out1), jax.tree.leaves(out2)

@@ -9,8 +9,9 @@ import numpy as np
 from jaxsal.errors import CLIError
 
 
-AGENT_HELP = ("shipped agent name (see `jaxsal agents`), an agent card .json, a checkpoint file "
-              "(.cleanrl_model, torch .pth/.pt, Stable-Baselines3 .zip), or path/to/file.py:FUNCTION / "
+AGENT_HELP = ("shipped agent name (see `jaxsal agents`), an agent card .json, a .msgpack with its card "
+              "beside it, a checkpoint file (.cleanrl_model, torch .pth/.pt, a Stable-Baselines3 or SBX .zip), "
+              "or path/to/file.py:FUNCTION / "
               "package.module:FUNCTION where FUNCTION() returns an object with apply_fn and params "
               "(optionally layout, name, num_actions) or a tuple (apply_fn, params)")
 

@@ -88,7 +88,7 @@ def cmd_sweep(args) -> int:
 SWEEP_EPILOG = """config (TOML; docs/guides/sweeps.md):
   agents = ["breakout", "runs/pong/*.msgpack"]   # any --agent SPEC; a glob: its checkpoints, sorted
   inputs = ["buffer.npy", { play = 500, seed = 1 }]
-  metrics = ["insertion", "objects"]             # also deletion, sanity; map statistics always
+  metrics = ["insertion", "deletion"]            # also sanity; objects, effects: inputs with boxes
   [methods]
   gradcam = { layer = "conv3" }
   occlusion = { patch = 6 }

@@ -8,7 +8,7 @@ The config names the axes (paths are relative to the config file's folder):
 
     agents = ["breakout", "runs/pong/*.msgpack"]    # any --agent SPEC; a glob: its checkpoints, sorted
     inputs = ["buffer.npy", { play = 500, seed = 1 }]
-    metrics = ["insertion", "objects"]              # also "deletion", "effects", "sanity"
+    metrics = ["insertion", "deletion"]             # also "sanity"; "objects", "effects": inputs with boxes
     [methods]
     gradcam = { layer = "conv3" }
     occlusion = { patch = 6 }
@@ -124,7 +124,7 @@ def _list(raw: dict, key: str, where: str) -> list:
 EXAMPLES = {"agents": 'agents = ["breakout", "runs/pong/*.msgpack"]',
             "inputs": 'inputs = ["buffer.npy", { play = 500, seed = 1 }]',
             "methods": '[methods] gradcam = { layer = "conv3" }',
-            "metrics": 'metrics = ["insertion", "objects"]'}
+            "metrics": 'metrics = ["insertion", "deletion"]'}
 
 
 def check_agent_spec(spec: str, model: str | None, where: str) -> str | None:
