@@ -3,7 +3,9 @@ eagerly, under the caller's jit / vmap / scan and in the batch job, the same way
 
 Here and nowhere else: the call is checked once (jaxsal.checks.check_call), chunks are sized
 (model rows per state from every spec's `prepare`), the compile cache is keyed, and the greedy
-action is chosen (per chunk, inside the chunk's traced function, on the clean frames).
+action is chosen (per chunk, inside the chunk's traced function, on the clean frames, always in
+float32) and the precision is applied (jaxsal.engine.precision: the chunk's traced pieces, their
+backward passes included).
 Eagerly a Python loop over bucket-padded chunks calls the jitted chunk function (one per group
 of the inner loop, then one finalize; a single group is one program); traced, the chunks run
 in lax.map and the groups in lax.scan (jaxsal.batching.run).
@@ -19,10 +21,11 @@ import numpy as np
 
 from jaxsal import batching, registry
 from jaxsal.checks import as_float, check_call
+from jaxsal.engine.precision import check_precision, with_precision
 from jaxsal.engine.spec import Ctx, Prepared, Rows, Spec, greedy_actions
 from jaxsal.errors import SaliencyInputError
 
-CALL_ARGS = {"target": "q_chosen", "actions": None, "layout": None, "batch_size": None}
+CALL_ARGS = {"target": "q_chosen", "actions": None, "layout": None, "batch_size": None, "precision": "float32"}
 """The arguments of every call the engine itself takes (the rest are the specs' options)."""
 
 
@@ -37,11 +40,13 @@ def bind(spec: Spec, options: dict) -> dict:
 
 
 def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
-        batch_size=None) -> list:
+        batch_size=None, precision="float32") -> list:
     """The outputs of specs [(spec, options), ...] on one call, in order. Several specs run in
     one chunk function (they must agree on their groups); specs with a `shared` piece (all the
-    same one: see share_key) read one shared value per chunk."""
+    same one: see share_key) read one shared value per chunk. `precision` is a static argument
+    of the chunk functions (their compile-cache key)."""
     bound = [(spec, bind(spec, opts)) for spec, opts in bound]
+    check_precision(precision)
     call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
     preps = [spec.prepare(call, apply_fn, params, **opts) for spec, opts in bound]
@@ -65,10 +70,10 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     arrays = [p.arrays for p in preps]
     traced = batching.is_traced(params, rows, arrays, groups)
     if len(groups) == 1:
-        program = batching.cached_jit(_build, pieces, ctx, statics, "whole")
+        program = batching.cached_jit(_build, pieces, ctx, statics, "whole", precision)
         per_chunk = lambda r: program(params, arrays, r, groups[0])  # noqa: E731
     else:
-        program, fin = (batching.cached_jit(_build, pieces, ctx, statics, w) for w in ("step", "finalize"))
+        program, fin = (batching.cached_jit(_build, pieces, ctx, statics, w, precision) for w in ("step", "finalize"))
         step = program
 
         def per_chunk(r):
@@ -94,23 +99,29 @@ class Pieces(NamedTuple):
     shared: Callable | None
 
 
-def _build(specs, ctx, statics, what):
+def _build(specs, ctx, statics, what, precision):
     """The traced chunk function of specs (their statics fixed): "whole" (one group: rows ->
-    outputs), "step" (one group's parts and the actions) or "finalize" (summed parts -> outputs)."""
-    def parts(params, arrays, r, group):
+    outputs), "step" (one group's parts and the actions) or "finalize" (summed parts -> outputs).
+    The greedy actions are chosen in float32, the specs' pieces computed at `precision`."""
+    def pieces(params, arrays, r, acts, group):
         x = as_float(r["x"])
-        acts = r.get("actions")
-        acts = greedy_actions(ctx, params, x) if acts is None else jnp.asarray(acts, jnp.int32)
         preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
         rs = [Rows(x, acts, r.get("index"), e) for e in r["extra"]]
         value = specs[0].shared(ctx, params, preps, rs[0]) if specs[0].shared is not None else None
-        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts
+        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs))
 
-    def outputs(params, arrays, r, acts, acc):
+    def finalized(params, arrays, r, acts, acc):
         x = as_float(r["x"])
         preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
         return tuple(s.finalize(ctx, params, p, Rows(x, acts, r.get("index"), e), a)
                      for s, p, e, a in zip(specs, preps, r["extra"], acc))
+
+    pieces, outputs = with_precision(pieces, precision), with_precision(finalized, precision)
+
+    def parts(params, arrays, r, group):
+        acts = r.get("actions")
+        acts = greedy_actions(ctx, params, as_float(r["x"])) if acts is None else jnp.asarray(acts, jnp.int32)
+        return pieces(params, arrays, r, acts, group), acts
 
     if what == "whole":
         def whole(params, arrays, r, group):
@@ -124,7 +135,7 @@ def _build(specs, ctx, statics, what):
 
 def method_function(spec: Spec, module: str | None = None):
     """`fn(apply_fn, params, obs, *, target=..., actions=..., layout=..., batch_size=...,
-    **options)`: the spec as a function (what `jaxsal.explain(method=name)` calls)."""
+    precision=..., **options)`: the spec as a function (what `jaxsal.explain(method=name)` calls)."""
     def method(apply_fn, params, obs, **kwargs):
         call = {k: kwargs.pop(k, v) for k, v in CALL_ARGS.items()}
         return run([(spec, kwargs)], apply_fn, params, obs, **call)[0]
@@ -151,6 +162,8 @@ _ARG_DOCS = {
     "actions": "jax.Array | None: per-state actions (N,) int; None: the target's greedy choice.",
     "layout": 'str | None: "NHWC" or "NCHW"; None: the model\'s declared layout, else NHWC.',
     "batch_size": "int | None: states per chunk; None: sized to fit the device.",
+    "precision": 'str: "float32" or "bfloat16": the precision of the convolutions and matmuls, backward '
+                 "passes included (float32 accumulation; maps float32; the greedy action is chosen in float32).",
     "key": "jax.Array | None: the PRNG key (jax.random.key(0)) of a stochastic method or option.",
     "per_frame": "bool: keep the frame or channel axis last instead of summing it.",
     "fast_conv": "bool: run strided convolutions' input gradients as matmuls (same maps, faster).",
