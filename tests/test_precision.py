@@ -89,23 +89,42 @@ def test_bfloat16_runs_every_conv_and_matmul_on_bf16_operands_backward_included(
     assert all(ins == ("bfloat16", "bfloat16") and o == "float32" for _, ins, o in low), low
 
 
-def test_the_engine_rewrites_the_whole_chunk_and_chooses_actions_in_float32(cnn):
+def test_bfloat16_reaches_into_scan_cond_while_remat_jit_and_custom_jvp_bodies():
+    w = jnp.linspace(-1.0, 1.0, 9, dtype=jnp.float32).reshape(3, 3) / 3.0  # not bf16-exact
+
+    def f(x):
+        y = jax.lax.scan(lambda c, r: (c + r @ w, r @ w), jnp.zeros(3), x)[1]
+        y = jax.lax.cond(y.sum() > 0, lambda v: v @ w, lambda v: v, y)
+        y = jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] @ w), (0, y))[1]
+        y = jax.checkpoint(lambda v: jax.jit(jax.nn.gelu)(v @ w))(y)
+        return jax.grad(lambda v: (jax.nn.relu(v @ w) ** 2).sum())(y)
+
+    x = jnp.linspace(0.0, 1.0, 12, dtype=jnp.float32).reshape(4, 3)
+    low = _products(jax.make_jaxpr(with_precision(f, "bfloat16"))(x).jaxpr)
+    assert len(low) >= 7 and all(ins == ("bfloat16", "bfloat16") and o == "float32" for _, ins, o in low), low
+    assert not np.array_equal(np.asarray(with_precision(f, "bfloat16")(x)), np.asarray(f(x)))
+
+
+@pytest.mark.parametrize("method", ["gradcam", "occlusion"])
+def test_the_whole_traced_call_is_bfloat16_but_the_greedy_choice(cnn, method):
     apply_fn, params, obs = cnn
     x = jnp.asarray(obs, jnp.float32)
-    acts = jnp.zeros(len(obs), jnp.int32)
 
     def traced(precision, highest=False, **kw):
-        return _products(jax.make_jaxpr(lambda o: jaxsal.explain(apply_fn, params, o, method="gradcam",
-                                                                 precision=precision, **kw))(x).jaxpr, highest)
+        return _products(jax.make_jaxpr(lambda o: jaxsal.explain(apply_fn, params, o, method=method, precision=precision,
+                                                                 **CHEAP[method], **kw))(x).jaxpr, highest)
 
-    low = traced("bfloat16", actions=acts)  # given actions: no greedy forward
-    assert len(low) >= 6 and all(ins == ("bfloat16", "bfloat16") for _, ins, _ in low), low
-    upsample = traced("bfloat16", highest=True, actions=acts)  # the CAM's resize asks for HIGHEST: kept
-    assert upsample and all(ins == ("float32", "float32") for _, ins, _ in upsample)
-    assert all(ins == ("float32", "float32") for _, ins, _ in traced("float32", actions=acts))
-    greedy = traced("bfloat16")  # the greedy choice: one float32 forward (2 convs, 2 matmuls), the rest bf16
-    assert sum(ins == ("float32", "float32") for _, ins, _ in greedy) == 4
-    assert len(greedy) == len(low) + 4
+    assert all(ins == ("float32", "float32") for _, ins, _ in traced("float32"))
+    low = traced("bfloat16")
+    plain = [p for p in low if p[1] == ("float32", "float32")]
+    assert len(plain) == 4, low  # the greedy choice: one float32 forward (2 convs, 2 matmuls)
+    assert len(low) >= 8 and sum(ins == ("bfloat16", "bfloat16") for _, ins, _ in low) == len(low) - 4
+    if method == "gradcam":  # given actions: no greedy forward, every product bfloat16
+        acts = jnp.zeros(len(obs), jnp.int32)
+        given = traced("bfloat16", actions=acts)
+        assert len(given) == len(low) - 4 and all(ins == ("bfloat16", "bfloat16") for _, ins, _ in given)
+        upsample = traced("bfloat16", highest=True, actions=acts)  # the CAM's resize asks for HIGHEST: kept
+        assert upsample and all(ins == ("float32", "float32") for _, ins, _ in upsample)
 
 
 @pytest.mark.parametrize("method", sorted(CHEAP))
@@ -204,6 +223,7 @@ def test_sweep_precision_key_reaches_the_engine(tiny, capsys):
     maps = np.asarray(jaxsal.load_maps(job, "gradient"))
     low = _reference(card, np.load(d / "buf.npy"), precision="bfloat16")
     np.testing.assert_allclose(maps, low, rtol=0, atol=1e-6 * np.abs(low).max())
+    assert not np.allclose(maps, _reference(card, np.load(d / "buf.npy")), rtol=0, atol=1e-6 * np.abs(low).max())
     assert json.loads((job / "manifest.json").read_text())["config"]["precision"] == "bfloat16"
     cfg.write_text(cfg.read_text().replace('"bfloat16"', '"half"'))
     assert main(["sweep", str(cfg), "--out", str(d / "sweep_bad"), "--quiet"]) == 2
