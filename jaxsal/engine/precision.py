@@ -60,8 +60,8 @@ def with_precision(fn, precision: str):
 
 
 def _lowerable(eqn) -> bool:
-    """A float32 x float32 conv or matmul that does not ask for Precision.HIGHEST."""
-    if eqn.primitive.name not in LOWERED or any(v.aval.dtype != jnp.float32 for v in eqn.invars):
+    """A float32 x float32 -> float32 conv or matmul that does not ask for Precision.HIGHEST."""
+    if eqn.primitive.name not in LOWERED or any(v.aval.dtype != jnp.float32 for v in [*eqn.invars, *eqn.outvars]):
         return False
     p = eqn.params.get("precision")
     return not any(q == jax.lax.Precision.HIGHEST for q in (p if isinstance(p, tuple) else (p,)))
