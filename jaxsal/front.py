@@ -17,7 +17,7 @@ from jaxsal.registry import SPECS, accepted_options, call_method, get_method, is
 
 def explain(apply_fn, params, obs, method: str | Spec | Sequence[str | Spec] = "gradcam", target="q_chosen",
             layer: str | None = None, per_frame: bool = False, layout: str | None = None, key=None,
-            batch_size: int | None = None, actions=None, **options):
+            batch_size: int | None = None, actions=None, precision: str = "float32", **options):
     """Saliency maps of a batch of observations by any registered method, or by several at once.
 
     Targets: `target` says which scalar per state is explained (jaxsal.targets), by default the
@@ -35,6 +35,10 @@ def explain(apply_fn, params, obs, method: str | Spec | Sequence[str | Spec] = "
 
     Batching: states run in chunks of `batch_size` (default: sized to fit the device); maps do
     not depend on it, and the same call works under jit, vmap and lax.scan.
+
+    Precision: "bfloat16" runs the model's convolutions and matmuls, backward passes included,
+    on bfloat16 operands with float32 accumulation (jaxsal.engine.precision), also in models that
+    cast their input to float32; maps stay float32 and the explained action is the float32 choice.
 
     `jaxsal.methods()` lists the methods, `jaxsal.method_options(name)` gives one method's
     options with their defaults and `jaxsal.options_table()` all of them.
@@ -55,6 +59,8 @@ def explain(apply_fn, params, obs, method: str | Spec | Sequence[str | Spec] = "
         key (jax.Array | None): the PRNG key (jax.random.key(0)) of a stochastic method.
         batch_size (int | None): states per chunk; None: sized to fit the device.
         actions (jax.Array | None): per-state actions (N,) int; None: the target's greedy choice.
+        precision (str): "float32" or "bfloat16", the precision of the model's convolutions and
+            matmuls.
         **options (Any): the method's own options, e.g. `n_samples`, `steps`, `patch`.
 
     Returns:
@@ -64,12 +70,13 @@ def explain(apply_fn, params, obs, method: str | Spec | Sequence[str | Spec] = "
 
     Raises:
         jaxsal.SaliencyInputError: an unknown method or option, an option no listed method
-            takes, an empty method list, or frames, actions or a layer that do not fit the model.
+            takes, an empty method list, an unknown precision, or frames, actions or a layer that
+            do not fit the model.
     """
     # layout, pixels, target and actions are checked by every method in jaxsal.checks.check_call, so
     # a method called directly (jaxsal.gradcam(...)) and the batch job get the same checks
     common = dict(target=target, layer=layer, per_frame=per_frame, layout=layout, key=key,
-                  batch_size=batch_size, actions=actions)
+                  batch_size=batch_size, actions=actions, precision=precision)
     if isinstance(method, (list, tuple)) and not isinstance(method, Spec):
         return _explain_many(list(method), apply_fn, params, obs, common, options)
     return call_method(_function(method), apply_fn, params, obs, common, options)

@@ -125,7 +125,7 @@ def accepted_options(fn: Callable) -> list[str]:
 
 
 FRONT_DEFAULTS = {"target": "q_chosen", "actions": None, "layout": None, "key": None, "batch_size": None,
-                  "per_frame": False, "layer": None}
+                  "per_frame": False, "layer": None, "precision": "float32"}
 """The common arguments of `jaxsal.explain` with its defaults (tests/test_explain.py checks they agree)."""
 
 
@@ -180,7 +180,7 @@ def method_options(name: str) -> dict:
     """A method's own options with their defaults, e.g. method_options("rise") -> {"n_masks": 1000, ...}.
 
     The common arguments of `jaxsal.explain` (target, layer, layout, per_frame, key, batch_size,
-    actions) are left out.
+    actions, precision) are left out.
 
     Args:
         name (str): a method name, one of `jaxsal.methods()`.

@@ -28,16 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.backprop.rules import bind_eqn
-
-try:
-    from jax.extend import core as jcore
-    jcore.Literal  # noqa: B018 (older JAX lacks it here)
-except (ImportError, AttributeError):  # pragma: no cover
-    from jax import core as jcore
-
-_CALLS = ("pjit", "jit", "closed_call", "core_call")
-"""Call primitives whose body is inlined before classification."""
+from jaxsal.jaxprs import CALLS, bind_eqn, jcore
 
 _LINEAR_ANY = frozenset({
     "neg", "reshape", "transpose", "squeeze", "expand_dims", "broadcast_in_dim", "reduce_sum",
@@ -93,7 +84,7 @@ def _flatten(closed, n_in) -> _Program:
         for eqn in jaxpr.eqns:
             ins = tuple(read(v) for v in eqn.invars)
             sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")) \
-                if eqn.primitive.name in _CALLS else None
+                if eqn.primitive.name in CALLS else None
             if sub is not None:
                 outs = walk(getattr(sub, "jaxpr", sub), getattr(sub, "consts", ()), ins)
             else:

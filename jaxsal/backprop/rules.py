@@ -20,11 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal.backprop.strided_conv import conv_rule, conv_rule_eligible
-try:
-    from jax.extend import core as jcore
-    jcore.Literal  # noqa: B018 (older JAX lacks it here)
-except (ImportError, AttributeError):  # pragma: no cover
-    from jax import core as jcore
+from jaxsal.jaxprs import CALLS, bind_eqn, jcore
 
 RULES = ("plain", "guided", "deconvnet")
 
@@ -47,8 +43,6 @@ def _rule_bwd(rule, x, r):
 
 
 rule_relu.defvjp(_rule_fwd, _rule_bwd)
-
-_CALLS = ("pjit", "jit", "closed_call", "core_call")
 
 
 def _is_zero_literal(v) -> bool:
@@ -95,7 +89,7 @@ def _is_relu_jaxpr(closed) -> bool:
     if len(jaxpr.invars) != 1 or len(jaxpr.outvars) != 1 or len(jaxpr.eqns) != 1:
         return False
     eqn = jaxpr.eqns[0]
-    if eqn.primitive.name in _CALLS:
+    if eqn.primitive.name in CALLS:
         return _is_relu_jaxpr(eqn.params["jaxpr"])
     if eqn.primitive.name == "max":
         k = _relu_operand(eqn, _zero_consts(jaxpr, consts))
@@ -119,17 +113,6 @@ def _contains_relu(closed) -> bool:
 
 def _conv_ok(eqn) -> bool:
     return conv_rule_eligible(eqn.params, eqn.invars[0].aval, eqn.invars[1].aval)
-
-
-def bind_eqn(eqn, invals) -> list:
-    """Run one jaxpr equation on concrete or traced values, as a list of outputs."""
-    bound = eqn.primitive.get_bind_params(eqn.params)
-    if isinstance(bound, tuple):  # older JAX: (subfuns, params)
-        subfuns, bound = bound
-        invals = [*subfuns, *invals]
-    with eqn.ctx.manager:
-        outs = eqn.primitive.bind(*invals, **bound)
-    return outs if eqn.primitive.multiple_results else [outs]
 
 
 def _eval(jaxpr, consts, args, rule: str, stats: dict, conv: bool = False):
@@ -159,7 +142,7 @@ def _eval(jaxpr, consts, args, rule: str, stats: dict, conv: bool = False):
                 and _is_relu_jaxpr(eqn.params["call_jaxpr"]):
             stats["relus"] += 1
             outs = [rule_relu(rule, invals[0])]
-        elif name in _CALLS:
+        elif name in CALLS:
             sub = eqn.params["jaxpr"]
             outs = _eval(sub.jaxpr, sub.consts, invals, rule, stats, conv)
         elif rule != "plain" and name == "custom_jvp_call" \

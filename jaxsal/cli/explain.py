@@ -9,6 +9,7 @@ from pathlib import Path
 from jaxsal.cli._agent import AGENT_HELP, check_agent, check_buffer_actions, check_frames, check_layers, load_agent
 from jaxsal.cli._common import say, summary_lines
 from jaxsal.cli._input import Limited, play
+from jaxsal.engine.precision import PRECISIONS
 from jaxsal.errors import CLIError
 
 
@@ -155,7 +156,7 @@ def _explain_job(args, agent, specs, out: Path):
         f"{', '.join(s.alias for s in specs)} (agent {agent.name}, {jaxsal.__version__})", args.quiet)
     try:
         return run_job(agent.apply_fn, agent.params, source, out, specs, target=args.target, chunk=args.chunk,
-                       batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
+                       batch_size=args.batch_size, dtype=args.dtype, seed=args.seed, precision=args.precision,
                        agent={"name": agent.name, "card": agent.card}, input_id=input_id,
                        process_id=args.process_id or 0, num_processes=args.num_processes, quiet=args.quiet,
                        layout=agent.layout, extra_meta={"input_layout": source.describe().get("layout", agent.layout)},
@@ -284,6 +285,9 @@ def add_parser(sub):
     e.add_argument("--batch-size", type=int, default=256, help="model rows per device call (memory knob)")
     e.add_argument("--chunk", type=int, default=512, help="frames per output chunk / read from disk")
     e.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="stored map dtype")
+    e.add_argument("--precision", default="float32", choices=PRECISIONS,
+                   help="precision of the model's convolutions and matmuls, backward passes included (default "
+                        "float32); bfloat16: bfloat16 operands, float32 accumulation, float32 maps")
     e.add_argument("--seed", type=int, default=0, help="PRNG seed of stochastic methods and --play")
     e.add_argument("--limit", type=int, help="only the first N frames of the input")
     e.add_argument("--objects", nargs="?", const="auto", metavar="FILE",

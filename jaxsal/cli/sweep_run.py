@@ -98,7 +98,7 @@ def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:
         input_id = {k: inp[k] for k in ("play", "seed", "game") if k in inp} if "play" in inp else None
         spec = MethodSpec(cell.method, cell.method_name, cell.options)
         run_job(agent.apply_fn, agent.params, source, where / sw.JOB, [spec], target=sett["target"],
-                chunk=sett["chunk"], batch_size=sett["batch_size"], seed=sett["seed"],
+                chunk=sett["chunk"], batch_size=sett["batch_size"], seed=sett["seed"], precision=sett["precision"],
                 agent={"name": agent.name, "card": agent.card}, input_id=input_id, quiet=True, layout=agent.layout,
                 extra_meta={"sweep_cell": cell.path}, objects=objects)
         module = getattr(getattr(agent.apply_fn, "fn", None), "__self__", None)

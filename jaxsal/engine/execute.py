@@ -4,7 +4,8 @@ eagerly, under the caller's jit / vmap / scan and in the batch job, the same way
 Here and nowhere else: the call is checked once (jaxsal.checks.check_call), chunks are sized
 (model rows per state from every spec's `prepare`), the compile cache is keyed, and the greedy
 action is chosen (jaxsal.targets.greedy, per chunk, inside the chunk's traced function, on the clean
-frames, whose forward also gives the model outputs run(outputs=True) returns).
+frames, always in float32; that forward also gives the model outputs run(outputs=True) returns) and the
+precision is applied (jaxsal.engine.precision: the chunk's traced pieces, their backward passes included).
 Eagerly a Python loop over bucket-padded chunks calls the jitted chunk function (one per group
 of the inner loop, then one finalize; a single group is one program); traced, the chunks run
 in lax.map and the groups in lax.scan (jaxsal.batching.run).
@@ -20,11 +21,12 @@ import numpy as np
 
 from jaxsal import batching, registry
 from jaxsal.checks import as_float, check_call
+from jaxsal.engine.precision import check_precision, with_precision
 from jaxsal.engine.spec import Ctx, Prepared, Rows, Spec
 from jaxsal.errors import SaliencyInputError
 from jaxsal.targets import greedy
 
-CALL_ARGS = {"target": "q_chosen", "actions": None, "layout": None, "batch_size": None}
+CALL_ARGS = {"target": "q_chosen", "actions": None, "layout": None, "batch_size": None, "precision": "float32"}
 """The arguments of every call the engine itself takes (the rest are the specs' options)."""
 
 
@@ -39,14 +41,16 @@ def bind(spec: Spec, options: dict) -> dict:
 
 
 def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
-        batch_size=None, outputs: bool = False):
+        batch_size=None, precision="float32", outputs: bool = False):
     """The outputs of specs [(spec, options), ...] on one call, in order. Several specs run in
     one chunk function (they must agree on their groups); specs with a `shared` piece (all the
-    same one: see share_key) read one shared value per chunk. With outputs=True also what the
-    chunks' clean forward gave, as (maps list, {"actions": (N,) int32 explained, "output": the
-    model's output pytree}) (the batch job stores these: no forward of its own); with no specs,
-    only that forward runs."""
+    same one: see share_key) read one shared value per chunk. `precision` is a static argument
+    of the chunk functions (their compile-cache key). With outputs=True also what the chunks'
+    clean forward gave, as (maps list, {"actions": (N,) int32 explained, "output": the model's
+    output pytree}) (the batch job stores these: no forward of its own); with no specs, only
+    that forward runs."""
     bound = [(spec, bind(spec, opts)) for spec, opts in bound]
+    check_precision(precision)
     call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
     preps = [spec.prepare(call, apply_fn, params, **opts) for spec, opts in bound]
@@ -70,10 +74,10 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     arrays = [p.arrays for p in preps]
     traced = batching.is_traced(params, rows, arrays, groups)
     if len(groups) == 1:
-        program = batching.cached_jit(_build, pieces, ctx, statics, "whole", outputs)
+        program = batching.cached_jit(_build, pieces, ctx, statics, "whole", precision, outputs)
         per_chunk = lambda r: program(params, arrays, r, groups[0])  # noqa: E731
     else:  # the first group's step also gives the actions (and outputs); later groups reuse them
-        program, step, fin = (batching.cached_jit(_build, pieces, ctx, statics, w, o)
+        program, step, fin = (batching.cached_jit(_build, pieces, ctx, statics, w, precision, o)
                               for w, o in (("step", outputs), ("step", False), ("finalize", False)))
 
         def per_chunk(r):
@@ -100,27 +104,33 @@ class Pieces(NamedTuple):
     shared: Callable | None
 
 
-def _build(specs, ctx, statics, what, with_outputs=False):
+def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
     """The traced chunk function of specs (their statics fixed): "whole" (one group: rows ->
     (maps, actions, model output or None)), "step" (one group's parts, the actions, the output
-    or None) or "finalize" (summed parts -> maps). The clean forward is run once: it chooses the
-    greedy action and is the model output returned with_outputs."""
-    def parts(params, arrays, r, group):
+    or None) or "finalize" (summed parts -> maps). The clean forward is run once, in float32: it
+    chooses the greedy action and is the model output returned with_outputs; the specs' pieces
+    are computed at `precision`."""
+    def pieces(params, arrays, r, acts, group):
         x = as_float(r["x"])
-        acts = r.get("actions")
-        out = ctx.apply_fn(params, x) if acts is None or with_outputs else None
-        acts = greedy(ctx.target, out) if acts is None else jnp.asarray(acts, jnp.int32)
         preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
         rs = [Rows(x, acts, r.get("index"), e) for e in r["extra"]]
         value = specs[0].shared(ctx, params, preps, rs[0]) if specs and specs[0].shared is not None else None
-        return (tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts,
-                jax.lax.stop_gradient(out) if with_outputs else None)
+        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs))
 
-    def outputs(params, arrays, r, acts, acc):
+    def finalized(params, arrays, r, acts, acc):
         x = as_float(r["x"])
         preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
         return tuple(s.finalize(ctx, params, p, Rows(x, acts, r.get("index"), e), a)
                      for s, p, e, a in zip(specs, preps, r["extra"], acc))
+
+    pieces, outputs = with_precision(pieces, precision), with_precision(finalized, precision)
+
+    def parts(params, arrays, r, group):
+        acts = r.get("actions")
+        out = ctx.apply_fn(params, as_float(r["x"])) if acts is None or with_outputs else None
+        acts = greedy(ctx.target, out) if acts is None else jnp.asarray(acts, jnp.int32)
+        return (pieces(params, arrays, r, acts, group), acts,
+                jax.lax.stop_gradient(out) if with_outputs else None)
 
     if what == "whole":
         def whole(params, arrays, r, group):
@@ -134,7 +144,7 @@ def _build(specs, ctx, statics, what, with_outputs=False):
 
 def method_function(spec: Spec, module: str | None = None):
     """`fn(apply_fn, params, obs, *, target=..., actions=..., layout=..., batch_size=...,
-    **options)`: the spec as a function (what `jaxsal.explain(method=name)` calls)."""
+    precision=..., **options)`: the spec as a function (what `jaxsal.explain(method=name)` calls)."""
     def method(apply_fn, params, obs, **kwargs):
         call = {k: kwargs.pop(k, v) for k, v in CALL_ARGS.items()}
         return run([(spec, kwargs)], apply_fn, params, obs, **call)[0]
@@ -161,6 +171,8 @@ _ARG_DOCS = {
     "actions": "jax.Array | None: per-state actions (N,) int; None: the target's greedy choice.",
     "layout": 'str | None: "NHWC" or "NCHW"; None: the model\'s declared layout, else NHWC.',
     "batch_size": "int | None: states per chunk; None: sized to fit the device.",
+    "precision": 'str: "float32" or "bfloat16": the precision of the convolutions and matmuls, backward '
+                 "passes included (float32 accumulation; maps float32; the greedy action is chosen in float32).",
     "key": "jax.Array | None: the PRNG key (jax.random.key(0)) of a stochastic method or option.",
     "per_frame": "bool: keep the frame or channel axis last instead of summing it.",
     "fast_conv": "bool: run strided convolutions' input gradients as matmuls (same maps, faster).",

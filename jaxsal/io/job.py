@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxsal import checks
 from jaxsal.batching import batch_sharding, pad_rows
+from jaxsal.engine.precision import check_precision
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
 from jaxsal.io.readers import dtype_spans, row_ids, verify_input
@@ -125,7 +126,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             agent: dict | None = None, params_checksum: str | None = None,
             input_id: dict | None = None, process_id: int = 0, num_processes: int = 1,
             quiet: bool = False, extra_meta: dict | None = None, layout: str | None = None,
-            objects=None, store_maps: bool = True) -> dict:
+            objects=None, store_maps: bool = True, precision: str = "float32") -> dict:
     """Explain every frame of `source` with every method into `out`; resumes a stopped job.
 
     `source` is a reader from `jaxsal.io.open_source` (or anything with len/read/fingerprint/
@@ -141,9 +142,11 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     `actions` array).
     `objects` (a `jaxsal.io.objects.ObjectsInput` aligned with `source`) adds per-frame object
     shares per method (DIR/_objects, `jaxsal.load_object_shares`); `store_maps=False` then keeps
-    only those shares, not the maps. With `objects.effects` each chunk also gets the causal effects of
-    removing each object class (`jaxsal.metrics.object_effects` with this target and the actions the
-    maps explain; DIR/_objects/_effects, `jaxsal.load_object_effects`), once for all methods.
+    only those shares, not the maps. `precision` ("float32" or "bfloat16") is every method's
+    (jaxsal.explain's precision=; a method's own option wins). With `objects.effects` each chunk
+    also gets the causal effects of removing each object class (`jaxsal.metrics.object_effects`
+    with this target and the actions the maps explain; DIR/_objects/_effects,
+    `jaxsal.load_object_effects`), once for all methods.
     Methods computed together (summary "computed_together")
     are each credited the group's time in maps_per_s.
     Before anything is written the job runs jaxsal.checks once: the model on these frames, the
@@ -162,6 +165,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     bound_malloc()
     if dtype not in DTYPES:
         raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
+    check_precision(precision)
     for name, v in (("chunk", chunk), ("batch_size", 1 if batch_size is None else batch_size),
                     ("num_processes", num_processes)):
         checks.check_positive_int(name, v)
@@ -196,13 +200,15 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     }
     if layout not in (None, "NHWC"):
         config["layout"] = layout
+    if precision != "float32":  # only then: float32 jobs' configs stay as they were
+        config["precision"] = precision
     if objects is not None:  # only then: configs of jobs without objects stay as they were
         config["objects"] = objects.config()
         if not store_maps:
             config["store"] = "shares"
     meta = {"version": jaxsal.__version__, "created": store.stamp(), "input_source": source.describe(),
             "agent_card": (agent or {}).get("card"),
-            "resolved": resolved_options(apply_fn, params, source, specs, target, layout),
+            "resolved": resolved_options(apply_fn, params, source, specs, target, layout, precision),
             "outputs": f"{OUTPUTS}/chunk_XXXXXXX.npz: per frame the explained action (none when the target "
                        "explains no action, e.g. value) and the model's output",
             **({"objects_source": objects.describe()} if objects is not None else {}),
@@ -268,7 +274,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
 
     key = jax.random.PRNGKey(seed)
     use_actions = target == "q_action"
-    base = {s.alias: _explain_args(s, target, layout, key, batch_size) for s in specs}
+    base = {s.alias: _explain_args(s, target, layout, key, batch_size, precision) for s in specs}
 
     # every chunk is padded to the same rows (one compiled executable for all), a multiple of
     # the local devices, and lands on them already split along the batch axis
@@ -420,19 +426,20 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     return summary
 
 
-EXPLAIN_ARGS = ("target", "layer", "per_frame", "layout", "key", "batch_size", "actions")
+EXPLAIN_ARGS = ("target", "layer", "per_frame", "layout", "key", "batch_size", "actions", "precision")
 """The common arguments of jaxsal.explain; every other option is the method's own."""
 
 
-def _explain_args(spec: MethodSpec, target, layout, key, batch_size) -> tuple[str, dict, dict]:
+def _explain_args(spec: MethodSpec, target, layout, key, batch_size, precision) -> tuple[str, dict, dict]:
     """(method, common, options) of a spec as `jaxsal.explain(method=spec.method, ...)` gets
-    them in a job: the job's target, layout and batch size unless the spec sets its own, and
+    them in a job: the job's target, layout, batch size and precision unless the spec sets its own, and
     the job's key for methods that take one (the same key every chunk)."""
     common, own = spec.split()
     kw = dict(common, **own)
     kw.setdefault("target", target)
     kw.setdefault("layout", layout)
     kw.setdefault("batch_size", batch_size)
+    kw.setdefault("precision", precision)
     if "key" in accepted_options(get_method(spec.method)) or spec.method in STOCHASTIC:
         kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
     args = {k: kw.pop(k, False if k == "per_frame" else None) for k in EXPLAIN_ARGS}
@@ -489,8 +496,8 @@ def stored_outputs(engine_out: dict, target, given: bool, m: int) -> dict:
     return res
 
 
-def resolved_options(apply_fn, params, source, specs, target, layout) -> dict:
-    """Per method: every option with its default filled in, the target, the layout, and the layer
+def resolved_options(apply_fn, params, source, specs, target, layout, precision="float32") -> dict:
+    """Per method: every option with its default filled in, the target, the layout, the precision, and the layer
     a CAM method taps when none was given (resolved on the first frame)."""
     import inspect
 
@@ -508,6 +515,8 @@ def resolved_options(apply_fn, params, source, specs, target, layout) -> dict:
             opts["target"] = target if isinstance(target, str) else getattr(target, "__name__", "callable")
         if "layout" not in s.options:
             opts["layout"] = layout or "NHWC"
+        if "precision" in opts and "precision" not in s.options:
+            opts["precision"] = precision
         if "layer" in opts and opts["layer"] is None:
             try:
                 if first is None:

@@ -39,9 +39,11 @@ from jaxsal.errors import SaliencyInputError
 
 CONFIG_TOML, CONFIG_JSON, RESULTS, CELLS = "sweep.toml", "sweep.json", "results.csv", "cells"
 CELL_RECORD, JOB = "cell.json", "job"
-TOP_KEYS = ("agents", "inputs", "methods", "metrics", "target", "seed", "chunk", "batch_size", "sanity_frames")
+TOP_KEYS = ("agents", "inputs", "methods", "metrics", "target", "seed", "chunk", "batch_size", "sanity_frames",
+            "precision")
 METRICS = ("insertion", "deletion", "objects", "effects", "sanity")
-DEFAULTS = {"target": "q_chosen", "seed": 0, "chunk": 512, "batch_size": 256, "sanity_frames": 16}
+DEFAULTS = {"target": "q_chosen", "seed": 0, "chunk": 512, "batch_size": 256, "sanity_frames": 16,
+            "precision": "float32"}
 AGENT_KEYS, INPUT_KEYS = ("spec", "card", "checkpoints", "name"), ("path", "limit", "play", "seed", "game")
 BASE_COLUMNS = ("agent", "checkpoint", "input", "method", "method_name", "options", "agent_spec", "model",
                 "input_spec", "target", "seed", "frames", "seconds", "status", "error")
@@ -380,6 +382,11 @@ def settings(raw: dict) -> dict:
 
             if v not in TARGET_NAMES:
                 raise SweepConfigError(f"target: unknown target {v!r}; use one of {', '.join(TARGET_NAMES)}")
+        elif key == "precision":
+            from jaxsal.engine.precision import PRECISIONS
+
+            if v not in PRECISIONS:
+                raise SweepConfigError(f"precision: unknown precision {v!r}; use one of {', '.join(PRECISIONS)}")
         elif isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
             raise SweepConfigError(f"{key}: must be a {'non-negative' if key == 'seed' else 'positive'} integer, "
                                    f"got {v!r}")

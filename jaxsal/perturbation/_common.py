@@ -5,7 +5,8 @@ Inputs are checked by jaxsal.checks.check_call, the same step the gradient metho
 Every method describes one perturbation by an integer index (a grid position, a mask, a LIME
 sample) and a pure `perturb(consts, state, idx) -> x'`; the engine builds the perturbed inputs
 on device for a chunk of states x a chunk of indices, runs them through the model as one batch
-of at most `batch_size` rows and scores them. The Python loop runs over chunks only, never over
+of at most `batch_size` rows and scores them, at the call's precision (jaxsal.engine.precision;
+the explained action is always the float32 choice). The Python loop runs over chunks only, never over
 single masks or positions; each chunk shape compiles once (last chunks are padded). Traced
 (inside the caller's jit/vmap/scan) the chunks run in lax.map (jaxsal.batching.run).
 """
@@ -22,6 +23,7 @@ from jaxsal import targets as T
 from jaxsal.batching import (LRU, cached_jit, chunk_size, in_host_memory, is_traced, map_batched, pad_rows,
                              per_state, run, static_key)
 from jaxsal.checks import Call, as_float, check_call, check_positive_int, to_nhwc
+from jaxsal.engine.precision import check_precision, with_precision
 from jaxsal.errors import SaliencyInputError
 
 SCORES = ("one_minus", "drop", "output_l2", "chosen_action", "softmax_drop", "target")
@@ -29,12 +31,13 @@ SCORES = ("one_minus", "drop", "output_l2", "chosen_action", "softmax_drop", "ta
 
 class CleanPass(NamedTuple):
     """A checked call plus what perturbing needs: NHWC float32 `x`, the top of the value range,
-    the clean output and each state's fixed action."""
+    the clean output and each state's fixed action; the precision of every forward pass."""
     call: Call
     x: jax.Array
     obs_max: float
     out0: object
     actions: jax.Array
+    precision: str = "float32"
 
     @property
     def shape(self):
@@ -98,17 +101,18 @@ def _apply_layout(apply_fn, layout):
 
 
 def clean_pass(apply_fn, params, obs, *, layout=None, target="q_chosen", actions=None,
-               batch_size=None, obs_max=None) -> CleanPass:
+               batch_size=None, obs_max=None, precision="float32") -> CleanPass:
     """Check the call, run the clean forward and fix each state's action once."""
+    check_precision(precision)
     call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
     layout = call.layout  # resolved: the caller's, else the model's declared one
     x = _float_nhwc(call.x, layout)
     vmax = resolve_obs_max(obs, obs_max)
-    out0, chosen = map_batched(cached_jit(_clean_forward, apply_fn, layout, call.target), params, x,
+    out0, chosen = map_batched(cached_jit(_clean_forward, apply_fn, layout, call.target, precision), params, x,
                                batch_size=call.rows)
     actions = chosen if call.actions is None else jnp.asarray(call.actions, jnp.int32)
-    return CleanPass(call, x, vmax, out0, actions)
+    return CleanPass(call, x, vmax, out0, actions, precision)
 
 
 def _float_nhwc(x, layout):
@@ -120,13 +124,16 @@ def _float_nhwc(x, layout):
     return to_nhwc(as_float(x), layout)
 
 
-def _clean_forward(apply_fn, layout, target):
-    """The clean output and each state's explained action (the target's choice), per chunk."""
+def _clean_forward(apply_fn, layout, target, precision):
+    """The clean output (at `precision`) and each state's explained action (the target's choice,
+    in float32), per chunk."""
     fn = _apply_layout(apply_fn, layout)
+    low = with_precision(fn, precision)
 
     def f(params, x):
-        out = fn(params, x)
-        return out, jax.lax.stop_gradient(target.choose(out)).astype(jnp.int32)
+        out = low(params, x)
+        choice = out if low is fn else fn(params, x)
+        return out, jax.lax.stop_gradient(target.choose(choice)).astype(jnp.int32)
     return f
 
 
@@ -165,8 +172,9 @@ def check_score(name, allowed) -> str:
     return name
 
 
-def _build_runner(apply_fn, layout, perturb, score, box=None):
-    """Jitted (params, consts, states chunk (S,..), idx (K,)) -> scores (S, K).
+def _build_runner(apply_fn, layout, perturb, score, box=None, precision="float32"):
+    """Jitted (params, consts, states chunk (S,..), idx (K,)) -> scores (S, K), the model at
+    `precision`.
 
     With `box` = (bh, bw, corner(idx) -> (r0, c0)), the region each perturbation may change,
     the model runs incrementally (see _incremental): only the touched part of each conv."""
@@ -187,7 +195,7 @@ def _build_runner(apply_fn, layout, perturb, score, box=None):
                                          xp.shape[2:4])
         return _scores(model, score, params, st, xp, out1), leaked
 
-    return run
+    return with_precision(run, precision)
 
 
 def perturbation_scores(prep: CleanPass, apply_fn, params, *, perturb, score, n_pert: int,
@@ -205,14 +213,14 @@ def perturbation_scores(prep: CleanPass, apply_fn, params, *, perturb, score, n_
     layout = prep.layout
     traced = is_traced(params, prep.x, consts, states, prep.out0)
     if jax.default_backend() == "cpu":
-        fn = _split_runner(apply_fn, layout, perturb, score)
+        fn = _split_runner(apply_fn, layout, perturb, score, prep.precision)
     else:
-        fn = cached_jit(_build_runner, apply_fn, layout, perturb, score)
+        fn = cached_jit(_build_runner, apply_fn, layout, perturb, score, None, prep.precision)
     if box is not None:
         local_key = static_key((apply_fn, layout, perturb, score, box))
     if box is not None and (traced or local_key not in _NON_LOCAL):
         scores, leaked = _run_chunks(prep, params, n_pert, consts, states, cached_jit(
-            _build_incremental_runner, apply_fn, layout, perturb, score, box))
+            _build_incremental_runner, apply_fn, layout, perturb, score, box, prep.precision))
         if traced:  # no host round trip inside the caller's program: branch on device
             return jax.lax.cond(leaked, lambda: _run_chunks(prep, params, n_pert, consts, states,
                                                             fn)[0], lambda: scores)
@@ -222,25 +230,25 @@ def perturbation_scores(prep: CleanPass, apply_fn, params, *, perturb, score, n_
     return _run_chunks(prep, params, n_pert, consts, states, fn)[0]
 
 
-def _build_incremental_runner(apply_fn, layout, perturb, score, box):
-    return _build_runner(apply_fn, layout, perturb, score, box)
+def _build_incremental_runner(apply_fn, layout, perturb, score, box, precision):
+    return _build_runner(apply_fn, layout, perturb, score, box, precision)
 
 
 def _build_inputs(perturb):
     return lambda consts, st, idx: _perturbed(perturb, consts, st, idx)
 
 
-def _build_scores(apply_fn, layout, score):
+def _build_scores(apply_fn, layout, score, precision):
     model = _apply_layout(apply_fn, layout)
-    return lambda params, st, xp: _scores(model, score, params, st, xp)
+    return with_precision(lambda params, st, xp: _scores(model, score, params, st, xp), precision)
 
 
-def _split_runner(apply_fn, layout, perturb, score):
+def _split_runner(apply_fn, layout, perturb, score, precision):
     """The plain runner as two compiled calls, perturbed inputs then model + score. On XLA:CPU
     with YNNPACK kernels the perturbation fused into the model's graph slowed RISE's forward
     passes by ~20% (137 vs 111 us per row at 63 rows); apart they cost one more dispatch."""
     inputs = cached_jit(_build_inputs, perturb)
-    scores = cached_jit(_build_scores, apply_fn, layout, score)
+    scores = cached_jit(_build_scores, apply_fn, layout, score, precision)
     return lambda params, consts, st, idx: scores(params, st, inputs(consts, st, idx))
 
 

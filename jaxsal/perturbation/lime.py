@@ -158,7 +158,7 @@ def _paint():
 @register("lime", stochastic=True,
           example={"n_samples": 24, "segmentation_options": {"n_segments": 6}})
 def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
-         batch_size=None, segmentation: str = "slic", n_samples: int | None = None,
+         batch_size=None, precision="float32", segmentation: str = "slic", n_samples: int | None = None,
          kernel_width: float = 0.25, fill=0.0, ridge_alpha: float = 1.0, segments=None,
          segment_on: str = "stack", segmentation_options: dict | None = None, obs_max=None,
          return_coefficients: bool = False, max_segments: int | None = None):
@@ -184,6 +184,8 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
         key (jax.Array): PRNG key of the samples, shared by every state. Required.
         batch_size (int | None): model rows (states x samples) per forward pass; None: the
             backend's default.
+        precision (str): "float32" or "bfloat16", the precision of the model's convolutions and
+            matmuls (the explained action is the float32 choice).
         segmentation (str): Paper B's superpixels: "slic" (default; n_segments 200,
             compactness 10, sigma 0.25), "quickshift" (kernel 1, max_dist 2, ratio 0) or
             "felzenszwalb" (scale 21, sigma 0.5, min_size 4).
@@ -219,7 +221,7 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             as `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max)
+                        batch_size=batch_size, obs_max=obs_max, precision=precision)
     n, h, w, _ = prep.shape
     check_key(key, "lime")
     if segmentation not in SEGMENTATIONS and segments is None:

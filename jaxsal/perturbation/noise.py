@@ -64,8 +64,8 @@ def _blurred():
 
 @register("noise_sensitivity", example={"radius": 1.0, "stride": 4})
 def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
-                      batch_size=None, radius: float = 3.0, stride: int = 3, blur_sigma: float = 3.0,
-                      score: str = "chosen_action", perturbation: str = "blur", fill=0.0,
+                      batch_size=None, precision="float32", radius: float = 3.0, stride: int = 3,
+                      blur_sigma: float = 3.0, score: str = "chosen_action", perturbation: str = "blur", fill=0.0,
                       mask_shape: str = "gaussian", upsample: str = "bilinear", obs_max=None,
                       incremental: bool | None = None, return_grid: bool = False):
     """Noise-sensitivity maps (Greydanus et al. 2018): how the output changes when a soft local
@@ -88,6 +88,8 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         batch_size (int | None): model rows (states x mask positions) per forward pass; None:
             the backend's default.
+        precision (str): "float32" or "bfloat16", the precision of the model's convolutions and
+            matmuls (the explained action is the float32 choice).
         radius (float): the disk's radius in pixels (the Gaussian's sigma for
             `mask_shape="gaussian"`), at most half the image side.
         stride (int): pixels between mask centres.
@@ -125,7 +127,7 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
             `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max)
+                        batch_size=batch_size, obs_max=obs_max, precision=precision)
     score = C.check_score(score, NOISE_SCORES)
     grid = disk_grid_scores(prep, apply_fn, params, radius=radius,
                             stride=stride, perturbation=perturbation, blur_sigma=blur_sigma,

@@ -26,7 +26,7 @@ def _patch_mask(gy, gx, hw, patch, stride):
 
 @register("occlusion", example={"patch": 4, "stride": 4})
 def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
-              batch_size=None, patch: int = 2, stride: int = 2, fill=0.0, score: str = "one_minus",
+              batch_size=None, precision="float32", patch: int = 2, stride: int = 2, fill=0.0, score: str = "one_minus",
               upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
               return_grid: bool = False):
     """Occlusion maps (Zeiler & Fergus 2014): how the target changes when a square patch of every
@@ -47,6 +47,8 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         batch_size (int | None): model rows (states x patch positions) per forward pass; None:
             the backend's default.
+        precision (str): "float32" or "bfloat16", the precision of the model's convolutions and
+            matmuls (the explained action is the float32 choice).
         patch (int): the patch's side in pixels.
         stride (int): pixels between patch positions; a last position past H - patch gives a
             patch clipped by the border.
@@ -77,7 +79,7 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
             (obs, target, actions, layout, batch_size), as `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max)
+                        batch_size=batch_size, obs_max=obs_max, precision=precision)
     n, h, w, _ = prep.shape
     patch = C.check_fits("patch", patch, (h, w))
     stride = C.check_fits("stride", stride, (h, w))

@@ -110,7 +110,7 @@ def _mask_builder(g, cell, up, hw):
 
 @register("rise", stochastic=True, example={"n_masks": 16, "grid": 4})
 def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
-         batch_size=None, n_masks: int = 1000, grid=8, p_keep: float = 0.5, masks=None, fill=0.0,
+         batch_size=None, precision="float32", n_masks: int = 1000, grid=8, p_keep: float = 0.5, masks=None, fill=0.0,
          obs_max=None):
     """RISE maps (Petsiuk et al. 2018): the mean of random smooth masks weighted by the target's
     score on the input seen through each mask.
@@ -133,6 +133,8 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             unless `masks` is given.
         batch_size (int | None): model rows (states x masks) per forward pass; None: the
             backend's default.
+        precision (str): "float32" or "bfloat16", the precision of the model's convolutions and
+            matmuls (the explained action is the float32 choice).
         n_masks (int): how many masks.
         grid (int | tuple[int, int]): cells per axis of each mask's binary draw.
         p_keep (float): probability that a cell is kept, in (0, 1]; also the normalisation.
@@ -154,7 +156,7 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             (obs, target, actions, layout, batch_size), as `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max)
+                        batch_size=batch_size, obs_max=obs_max, precision=precision)
     n, h, w, _ = prep.shape
     p_keep = C.check_positive_float("p_keep", p_keep)
     if p_keep > 1:

@@ -31,7 +31,7 @@ def sarfa_score(q0, q1, a):
 
 @register("sarfa", example={"radius": 1.0, "stride": 4})
 def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
-          batch_size=None, radius: float = 2.0, stride: int = 2, perturbation: str = "black",
+          batch_size=None, precision="float32", radius: float = 2.0, stride: int = 2, perturbation: str = "black",
           blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "hard",
           upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
           return_grid: bool = False):
@@ -55,6 +55,8 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         batch_size (int | None): model rows (states x disk positions) per forward pass; None:
             the backend's default.
+        precision (str): "float32" or "bfloat16", the precision of the model's convolutions and
+            matmuls (the explained action is the float32 choice).
         radius (float): the disk's radius in pixels.
         stride (int): pixels between disk centres.
         perturbation (str): "black" (default) sets the disk to `fill`; "blur" blends in the
@@ -88,7 +90,7 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None
             `jaxsal.explain` reports it.
     """
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max)
+                        batch_size=batch_size, obs_max=obs_max, precision=precision)
     T.q_of(prep.out0)  # clear error now if the output has no Q-vector / logits
     score_fn = lambda o0, o1, a: sarfa_score(T.q_of(o0), T.q_of(o1), a)  # noqa: E731
     grid = disk_grid_scores(prep, apply_fn, params, radius=radius, stride=stride,

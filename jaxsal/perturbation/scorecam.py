@@ -80,7 +80,7 @@ def _build_activations(model, layer, activation):
 
 @register("scorecam", example={"layer": "conv2"})
 def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
-             batch_size=None, layer=None, per_frame=False, layer_activation=None):
+             batch_size=None, precision="float32", layer=None, per_frame=False, layer_activation=None):
     """Score-CAM maps (Wang et al. 2020) of a layer: a CAM whose channel weights are the softmax
     of the target on the input masked by each channel's normalised, upsampled activation map.
 
@@ -99,6 +99,8 @@ def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=N
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
         batch_size (int | None): model rows (states x channels) per forward pass; None: the
             backend's default.
+        precision (str): "float32" or "bfloat16", the precision of the model's convolutions and
+            matmuls (the explained action is the float32 choice).
         layer (str | None): the flax module whose output is A (N, h, w, K); None: the last
             conv-like layer. It must run once per state (not a trunk shared by the frames).
         per_frame (bool): not supported (every mask covers the whole stacked input); True is
@@ -122,7 +124,7 @@ def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=N
             "resolution methods, or for gradcam/xgradcam on a time-distributed layer (per-frame "
             "CAMs); drop per_frame for scorecam")
     prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size)
+                        batch_size=batch_size, precision=precision)
     model = C._apply_layout(apply_fn, prep.layout)   # the model on NHWC frames (prep.x)
     x1 = head(prep.x)
     if isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
