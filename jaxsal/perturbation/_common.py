@@ -115,8 +115,8 @@ class Static(NamedTuple):
     """A perturbation method's traced pieces and sizes (the compile-cache key; no arrays).
 
     perturb(consts, st, idx) -> x' (H, W, C) of one state st (its rows: x NHWC, a, out0 and
-    what `states` adds) under perturbation idx; score(out0, out1, a) -> (rows,); states(consts,
-    x, extra) -> per-state arrays of a chunk (fill, a blurred copy, Score-CAM's activations);
+    what `states` adds) under perturbation idx; score(out0, out1, a) -> (rows,); states(params,
+    consts, x, extra) -> per-state arrays of a chunk (fill, a blurred copy, Score-CAM's activations);
     finish(consts, x, extra, scores (S, n_pert)) -> maps; box: (bh, bw, corner(idx) -> (r0, c0))
     for the incremental forward pass, or None; k: indices per group."""
     perturb: Callable
@@ -128,7 +128,7 @@ class Static(NamedTuple):
     box: tuple | None = None
 
 
-def _no_states(consts, x, extra):
+def _no_states(params, consts, x, extra):
     return {}
 
 
@@ -155,7 +155,7 @@ def _chunk(ctx, params, prep, rows, offset, shared):
     st, consts = prep.static, prep.arrays
     x = to_nhwc(rows.x, ctx.layout)
     states = {"x": x, "a": rows.actions, "out0": ctx.apply_fn(params, rows.x),
-              **st.states(consts, x, rows.extra), **rows.extra}
+              **st.states(params, consts, x, rows.extra), **rows.extra}
     idx = jnp.minimum(offset + jnp.arange(st.k, dtype=jnp.int32), st.n_pert - 1)
     xp = jax.vmap(lambda s: jax.vmap(lambda i: st.perturb(consts, s, i))(idx))(states)  # (S, k, H, W, C)
     s_, k_ = xp.shape[:2]
@@ -185,7 +185,7 @@ def _n_groups(st):
 def _finalize(ctx, params, prep, rows, table):
     st, consts = prep.static, prep.arrays
     x = to_nhwc(rows.x, ctx.layout)
-    return st.finish(consts, x, {**st.states(consts, x, rows.extra), **rows.extra}, table[:, :st.n_pert])
+    return st.finish(consts, x, {**st.states(params, consts, x, rows.extra), **rows.extra}, table[:, :st.n_pert])
 
 
 def perturbation_spec(name: str, prepare: Callable, options: dict, *, stochastic: bool = False,

@@ -43,7 +43,7 @@ def disk_grid(call, *, radius, stride, perturbation, blur_sigma, fill, obs_max, 
     if mask_shape == "gaussian":
         consts.update(bh=D.blur_matrix(h, radius), bw=D.blur_matrix(w, radius))
 
-    def states(consts, x, extra):
+    def states(params, consts, x, extra):
         return {"alt": D.blur_frames(x, *consts["blur"]) if kind == "blur"
                 else jnp.broadcast_to(C.fill_of(kind, consts["fill"], x), (x.shape[0], 1, 1, x.shape[-1]))}
 
