@@ -192,7 +192,8 @@ def perturbation_spec(name: str, prepare: Callable, options: dict, *, stochastic
                       example: dict | None = None) -> Spec:
     """A perturbation method as an engine spec; `prepare(call, apply_fn, params, **options)`
     checks the options and returns `prepared(...)`."""
-    return Spec(name, prepare, _chunk, _finalize, options=options, example=example or {}, stochastic=stochastic)
+    return Spec(name, prepare, _chunk, _finalize, options=options, example=example or {}, stochastic=stochastic,
+                kind="perturbation")
 
 
 def register(spec: Spec, fn: Callable):

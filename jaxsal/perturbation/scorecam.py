@@ -34,7 +34,6 @@ from jaxsal.backprop import cam
 from jaxsal.backprop.cam_site import CAM_ACTIVATIONS, cam_site
 from jaxsal.backprop.layers import get_activation, resolve_tap, tap
 from jaxsal.perturbation import _common as C
-from jaxsal.backprop.single_backward import _structure_cached
 
 NORM_EPS = 1e-8
 """Added to (max - min) of each upsampled activation map, as pytorch-grad-cam's ScoreCAM does."""
@@ -115,9 +114,9 @@ def _prepare(call, apply_fn, params, *, layer, per_frame, layer_activation):
             "CAMs); drop per_frame for scorecam")
     x1 = as_float(head(call.x))
     if isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
-        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, x1, layer, layer_activation)
+        layer, layer_activation = cam_site(apply_fn, params, x1, layer, layer_activation)
     get_activation(layer_activation)
-    name, k = _structure_cached(resolve_tap, apply_fn, params, x1, layer, layer_activation)
+    name, k = resolve_tap(apply_fn, params, x1, layer, layer_activation)
     if k > 1:
         raise SaliencyInputError(
             f"layer {name!r} runs {k} times per state (a trunk shared by the frames): Score-CAM "
