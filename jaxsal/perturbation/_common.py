@@ -13,6 +13,7 @@ forward pass in a `lax.cond` when a model is not local.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable, NamedTuple
 
@@ -206,8 +207,6 @@ def register(spec: Spec, fn: Callable):
 
 def options_of(fn: Callable) -> dict:
     """A method signature's own options and their defaults (what its spec takes)."""
-    import inspect
-
     return {k: p.default for k, p in list(inspect.signature(fn).parameters.items())[3:] if k not in CALL}
 
 
