@@ -73,6 +73,10 @@ def test_non_local_model_falls_back_to_the_plain_path():
     plain = np.asarray(occlusion(model.apply, params, OBS, incremental=False, return_grid=True))
     fast = np.asarray(occlusion(model.apply, params, OBS, incremental=True, return_grid=True))
     np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-6)
+    # under the caller's jit too: each chunk checks its leak and reruns its plain pass on device
+    jitted = jax.jit(lambda p, o: occlusion(model.apply, p, o, incremental=True, return_grid=True,
+                                            batch_size=40))(params, OBS)
+    np.testing.assert_allclose(np.asarray(jitted), plain, rtol=1e-5, atol=1e-6)
 
 
 def test_plain_function_models_are_unaffected():
