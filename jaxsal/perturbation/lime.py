@@ -148,6 +148,7 @@ def _ridge(z, y, valid, kernel_width, alpha):
     return coef * valid
 
 
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, segmentation: str = "slic", n_samples: int | None = None,
          kernel_width: float = 0.25, fill=0.0, ridge_alpha: float = 1.0, segments=None,

@@ -65,6 +65,7 @@ def disk_grid(call, *, radius, stride, perturbation, blur_sigma, fill, obs_max, 
                       states=states, box=box)
 
 
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
                       batch_size=None, radius: float = 3.0, stride: int = 3, blur_sigma: float = 3.0,
                       score: str = "chosen_action", perturbation: str = "blur", fill=0.0,

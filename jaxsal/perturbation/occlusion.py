@@ -23,6 +23,7 @@ def _patch_mask(gy, gx, hw, patch, stride):
     return ((ii >= si) & (ii < si + patch) & (jj >= sj) & (jj < sj + patch)).astype(jnp.float32)
 
 
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
               batch_size=None, patch: int = 2, stride: int = 2, fill=0.0, score: str = "one_minus",
               upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,

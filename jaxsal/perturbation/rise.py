@@ -106,6 +106,7 @@ def _mask_builder(g, cell, up, hw):
     return build
 
 
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, n_masks: int = 1000, grid=8, p_keep: float = 0.5, masks=None, fill=0.0,
          obs_max=None):

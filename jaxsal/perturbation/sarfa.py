@@ -28,6 +28,7 @@ def sarfa_score(q0, q1, a):
     return jnp.where(pos, s, 0.0)
 
 
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
           batch_size=None, radius: float = 2.0, stride: int = 2, perturbation: str = "black",
           blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "hard",

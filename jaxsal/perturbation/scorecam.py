@@ -67,6 +67,7 @@ SCORECAM = cam.CamSpec(cam.scorecam_weights, rule="forward", uses_gradients=Fals
 """Score-CAM's row of the CAM math: weights softmax(s) of forward-pass scores."""
 
 
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
              batch_size=None, layer=None, per_frame=False, layer_activation=None):
     """Score-CAM maps (Wang et al. 2020) of a layer: a CAM whose channel weights are the softmax
