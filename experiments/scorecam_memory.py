@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -73,7 +74,7 @@ def main(argv=None):
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"runs": runs, "scorecam_extra_over_gradcam_mb": over,
               "growth_256_to_4096_mb": {m: round(by[m, 4096] - by[m, 256], 1) for m, _ in by if (m, 4096) in by},
-              "git_commit": commit, "machine": machine_info()}
+              "git_commit": commit, "host": socket.gethostname(), "machine": machine_info()}
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(over))
 
