@@ -34,17 +34,8 @@ MODEL = Tiny()
 PARAMS = jax.jit(MODEL.init)(jax.random.PRNGKey(0), jnp.zeros((1, H, W, C)))
 KEY = jax.random.PRNGKey(7)
 
-# method -> options of its conformance case (small sample counts; the method's own
-# definition and defaults are tested against references elsewhere). Methods the engine runs
-# bring their case (Spec.example); the perturbation methods' cases are listed here.
-HAND = {
-    "scorecam": {"layer": "conv2"},
-    "occlusion": {"patch": 4, "stride": 4},
-    "noise_sensitivity": {"radius": 1.0, "stride": 4},
-    "sarfa": {"radius": 1.0, "stride": 4},
-    "rise": {"n_masks": 16, "grid": 4, "key": KEY},
-    "lime": {"n_samples": 24, "segmentation_options": {"n_segments": 6}, "key": KEY},
-}
+# Every method the engine runs brings its conformance case (Spec.example: small sample counts;
+# the method's own definition and defaults are tested against references elsewhere).
 COMBINED = {"noise_tunnel_gradcam": jaxsal.noise_tunnel("gradcam"),
             "path_integral_guided_backprop": jaxsal.path_integral("guided_backprop")}
 """Methods made by the combinators, checked as every registered method is."""
@@ -61,7 +52,7 @@ def _jaxsal_defined(m):
     return METHODS[m].__module__.startswith("jaxsal.")
 
 
-CASES = {**_spec_cases(), **HAND}
+CASES = _spec_cases()
 STOCHASTIC = {"smoothgrad", "rise", "lime", "noise_tunnel_gradcam"}
 POSITION_KEYED = {"smoothgrad", "noise_tunnel_gradcam"}
 """Noise of state i comes from fold_in(key, i) (i = its row in the call): a one-state call
