@@ -114,8 +114,10 @@ def test_combined_methods_under_jit_and_vmap():
 def test_bad_combinations_are_clear_errors():
     with pytest.raises(SaliencyInputError, match="not the combined method"):
         jaxsal.noise_tunnel(jaxsal.noise_tunnel("gradcam"))
-    with pytest.raises(SaliencyInputError, match="not a method the engine runs"):
+    with pytest.raises(SaliencyInputError, match="not the perturbation method 'occlusion'"):
         jaxsal.path_integral("occlusion")
+    with pytest.raises(SaliencyInputError, match="not a method the engine runs"):
+        jaxsal.path_integral("no_such_method")
     with pytest.raises(SaliencyInputError, match="variant must be one of"):
         jaxsal.noise_tunnel("gradient", variant="median")
     with pytest.raises(SaliencyInputError, match="stochastic: pass key"):

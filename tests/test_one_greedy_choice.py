@@ -15,9 +15,6 @@ from jaxsal.metrics.fidelity import insertion
 ROOT = Path(jaxsal.__file__).parent
 ALLOWED = {
     "targets.py",  # the one place: jaxsal.targets.greedy and the targets' own argmax
-    # the perturbation methods choose their action in perturbation/_common.py until they run on the
-    # engine (another branch ports them); drop this entry then
-    "perturbation/",
 }
 ACTION_WORDS = {"q", "q_of", "logits", "logits_of", "out", "o", "outputs", "apply_fn", "policy", "pi"}
 

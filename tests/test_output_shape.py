@@ -19,7 +19,6 @@ ROOT = Path(jaxsal.__file__).parent
 ALLOWED = {
     "checks.py": "the one probe",
     "backprop/prefix.py": "traces the model with abstract params at batch 1 and 2 to split its affine prefix",
-    "perturbation/": "ported onto the engine on another branch; its probes go through checks then",
 }
 COPIED = copy.copy(jax.jit(MODEL.apply))  # as a loader that copies a jitted apply (SBX) hands it over
 

@@ -149,22 +149,3 @@ def test_sharded_equals_unsharded():
     o = occlusion(tiny_apply, P, obs, patch=3, stride=3)
     r = rise(tiny_apply, P, obs, key=jax.random.PRNGKey(7), n_masks=20, grid=4)
     np.testing.assert_allclose(got, np.concatenate([np.asarray(o), np.asarray(r)]), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("method", ["rise", "occlusion", "lime"])
-def test_split_cpu_runner_equals_the_fused_runner(method, monkeypatch):
-    """On CPU the plain path runs perturbation and model as two compiled calls; accelerators run
-    them fused in one. Both must give the same maps (the fused one is forced here)."""
-    from jaxsal.perturbation import _common as C
-
-    obs = tiny_obs(3)
-    kw = dict(CASES[method], **({"incremental": False} if method == "occlusion" else {}))
-    fn = jaxsal.registry.get_method(method)
-    jaxsal.batching.clear_caches()
-    split = np.asarray(fn(tiny_apply, P, obs, **kw))
-    monkeypatch.setattr(C.jax, "default_backend", lambda: "gpu")
-    fused = np.asarray(fn(tiny_apply, P, obs, **kw))
-    runners = set(jaxsal.batching.cache_names()) & {"_build_inputs", "_build_scores", "_build_runner"}
-    assert runners == {"_build_inputs", "_build_scores", "_build_runner"}  # both paths really ran
-    assert np.abs(split).max() > 0
-    np.testing.assert_allclose(fused, split, rtol=1e-5, atol=1e-6 * np.abs(split).max())

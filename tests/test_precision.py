@@ -157,16 +157,17 @@ def test_bfloat16_under_jit_and_vmap(cnn):
     assert err(np.asarray(one), np.asarray(batched)) < 0.01 and err(np.asarray(one), np.asarray(jax.jit(f)(x))) > 0.01
 
 
-@pytest.mark.parametrize("method,build", [("gradient", "_build"), ("occlusion", "_build_scores")])
-def test_the_compile_cache_keeps_precisions_apart(cnn, method, build):
-    count = lambda: batching.cache_names().count(build)  # noqa: E731
+@pytest.mark.parametrize("method", ["gradient", "occlusion"])
+def test_the_compile_cache_keeps_precisions_apart(cnn, method):
+    count = lambda: batching.cache_names().count("_build")  # noqa: E731  (the engine's chunk programs)
     batching.clear_caches()  # as in a fresh process: earlier tests compiled both precisions
     a = np.asarray(_maps(cnn, method))
     n = count()
     b = np.asarray(_maps(cnn, method, precision="bfloat16"))
-    assert count() == n + 1  # a program of its own
+    m = count()
+    assert m > n  # programs of its own (occlusion's steps and finalize: one each)
     c = np.asarray(_maps(cnn, method))
-    assert count() == n + 1
+    assert count() == m
     np.testing.assert_array_equal(a, c)  # float32 after bfloat16: the float32 program, bit for bit
     assert not np.array_equal(a, b)
 

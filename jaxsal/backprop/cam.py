@@ -38,11 +38,14 @@ from jaxsal import registry
 class CamSpec(NamedTuple):
     """One CAM variant: w = weights(A, g) (N,h,w,K),(N,h,w,K) -> (N,K), g = dY/dA through
     `rule` ReLUs ("plain" or "guided"); `normalise`: each map / its max (per state, over its
-    frames); `guided_input`: max(CAM, 0) * max(guided backprop, 0) at input resolution."""
+    frames); `guided_input`: max(CAM, 0) * max(guided backprop, 0) at input resolution;
+    `uses_gradients` False: g is not dY/dA but per-channel scores (N, K) of forward passes
+    (Score-CAM; pytorch-grad-cam's uses_gradients=False)."""
     weights: Callable
     rule: str = "plain"
     normalise: bool = False
     guided_input: bool = False
+    uses_gradients: bool = True
 
 
 CAMS: dict[str, CamSpec] = {}
@@ -67,6 +70,13 @@ def gradcam_pp_weights(A, g):
     safe = jnp.where(denom != 0, denom, 1.0)
     alpha = jnp.where((g != 0) & (denom != 0), g2 / safe, 0.0)
     return (alpha * jax.nn.relu(g)).sum(axis=(1, 2))
+
+
+def scorecam_weights(A, s):
+    """Score-CAM (Wang 2020): w = softmax_k(s_k), s (N, K) the target's scores of the input
+    masked by each channel's map (forward passes, no gradient)."""
+    del A
+    return jax.nn.softmax(s, axis=-1)
 
 
 def cam_map(A, w):
@@ -100,7 +110,8 @@ def cam_maps(spec: CamSpec, A, g, guided_x, hw, k: int, per_frame: bool):
     run on k frames per state): per-frame maps (N, H, W, k) with per_frame, else the frame sum.
     """
     chex.assert_rank(A, 4)  # trace-time: channels-last layer output (N*k, h, w, K)
-    chex.assert_equal_shape([A, g])
+    if spec.uses_gradients:
+        chex.assert_equal_shape([A, g])
     c = upsample(cam_map(A, spec.weights(A, g)), hw)
     if k > 1:
         c = to_frames(c, k)

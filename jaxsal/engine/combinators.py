@@ -48,8 +48,8 @@ def spec_of(method) -> Spec:
 
 def _inner(method, combinator) -> Spec:
     spec = spec_of(method)
-    if spec.kind == "combined":
-        raise SaliencyInputError(f"{combinator} takes a gradient or CAM method, not the combined method {spec.name!r}")
+    if spec.kind not in ("gradient", "input", "maps"):
+        raise SaliencyInputError(f"{combinator} takes a gradient or CAM method, not the {spec.kind} method {spec.name!r}")
     return spec
 
 

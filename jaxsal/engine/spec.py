@@ -65,7 +65,8 @@ class Spec(NamedTuple):
     options: the method's own options and their defaults; example: tiny options for its generated
     conformance case; stochastic: needs key=; kind: what `chunk` gives, "gradient" (an input
     gradient in the call's layout: path_integral multiplies by x - x0), "input" (another
-    input-shaped attribution) or "maps" (final maps); sums: optional fast weighted sums of the
+    input-shaped attribution), "maps" (final maps), "combined" (a combinator's) or
+    "perturbation" (a table of perturbation scores: no combinator takes it); sums: optional fast weighted sums of the
     part over many inputs per state (jaxsal.backprop.pathavg), used by the combinators; indexed:
     its pieces read Rows.index.
     """

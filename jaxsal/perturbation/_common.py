@@ -1,17 +1,19 @@
-"""Shared engine of the perturbation methods: clean forward, states x perturbations in chunks.
-
-Inputs are checked by jaxsal.checks.check_call, the same step the gradient methods run first.
+"""The perturbation methods on the one engine (jaxsal.engine): their shared spec pieces and
+scoring helpers.
 
 Every method describes one perturbation by an integer index (a grid position, a mask, a LIME
-sample) and a pure `perturb(consts, state, idx) -> x'`; the engine builds the perturbed inputs
-on device for a chunk of states x a chunk of indices, runs them through the model as one batch
-of at most `batch_size` rows and scores them, at the call's precision (jaxsal.engine.precision;
-the explained action is always the float32 choice). The Python loop runs over chunks only, never over
-single masks or positions; each chunk shape compiles once (last chunks are padded). Traced
-(inside the caller's jit/vmap/scan) the chunks run in lax.map (jaxsal.batching.run).
+sample, a Score-CAM channel) and a pure `perturb(consts, state, idx) -> x'` on one NHWC state;
+`perturbation_spec` makes it a `Spec`: per chunk of states the engine runs one group of
+indices at a time (the perturbed inputs built on device, at most `batch_size` model rows),
+each group's scores land in their columns of a (states, n_pert) table (the groups' parts sum
+to it exactly), and `finish` turns the table into maps. Chunking, the greedy action, the
+compile cache and the eager/traced loops are the engine's; incremental occlusion
+(jaxsal.perturbation._incremental) checks its leak per chunk and reruns that chunk's plain
+forward pass in a `lax.cond` when a model is not local.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable, NamedTuple
 
@@ -19,35 +21,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsal import engine
 from jaxsal import targets as T
-from jaxsal.batching import (LRU, cached_jit, chunk_size, in_host_memory, is_traced, map_batched, pad_rows,
-                             per_state, run, static_key)
-from jaxsal.checks import Call, as_float, check_call, check_positive_int, to_nhwc
-from jaxsal.engine.precision import check_precision, with_precision
+from jaxsal.batching import is_traced
+from jaxsal.checks import check_positive_int, to_nhwc
+from jaxsal.engine.spec import Prepared, Spec
 from jaxsal.errors import SaliencyInputError
 
 SCORES = ("one_minus", "drop", "output_l2", "chosen_action", "softmax_drop", "target")
-
-
-class CleanPass(NamedTuple):
-    """A checked call plus what perturbing needs: NHWC float32 `x`, the top of the value range,
-    the clean output and each state's fixed action; the precision of every forward pass."""
-    call: Call
-    x: jax.Array
-    obs_max: float
-    out0: object
-    actions: jax.Array
-    precision: str = "float32"
-
-    @property
-    def shape(self):
-        return self.x.shape
-
-    def __getattr__(self, name):
-        """target, target_key, layout, rows, ...: the checked call's."""
-        return getattr(self.call, name)
-
-
+CALL = ("target", "actions", "layout", "batch_size", "precision")
+"""The engine's own arguments of a method's signature (the rest are the spec's options)."""
 def resolve_obs_max(obs, obs_max=None) -> float:
     """Top of the observation's value range: 255 for uint8/integer obs; for float obs 1.0 if
     every value is <= 1 else 255; bool -> 1. `fill` fractions are taken of this value."""
@@ -94,49 +77,6 @@ def resolve_fill(fill, x, obs_max: float):
     return jnp.full((n, 1, 1, c), float(fill) * obs_max, jnp.float32)  # obs_max may be traced
 
 
-def _apply_layout(apply_fn, layout):
-    if layout == "NHWC":
-        return apply_fn
-    return lambda p, x: apply_fn(p, jnp.transpose(x, (0, 3, 1, 2)))
-
-
-def clean_pass(apply_fn, params, obs, *, layout=None, target="q_chosen", actions=None,
-               batch_size=None, obs_max=None, precision="float32") -> CleanPass:
-    """Check the call, run the clean forward and fix each state's action once."""
-    check_precision(precision)
-    call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
-                      batch_size=batch_size)
-    layout = call.layout  # resolved: the caller's, else the model's declared one
-    x = _float_nhwc(call.x, layout)
-    vmax = resolve_obs_max(obs, obs_max)
-    out0, chosen = map_batched(cached_jit(_clean_forward, apply_fn, layout, call.target, precision), params, x,
-                               batch_size=call.rows)
-    actions = chosen if call.actions is None else jnp.asarray(call.actions, jnp.int32)
-    return CleanPass(call, x, vmax, out0, actions, precision)
-
-
-def _float_nhwc(x, layout):
-    """float32 NHWC frames; on the host for host arrays (a device cast or transpose compiles
-    one program per new number of states)."""
-    if isinstance(x, np.ndarray) or (in_host_memory(x) and not is_traced(x)):
-        x = np.asarray(x, np.float32)
-        return jax.device_put(x if layout == "NHWC" else np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
-    return to_nhwc(as_float(x), layout)
-
-
-def _clean_forward(apply_fn, layout, target, precision):
-    """The clean output (at `precision`) and each state's explained action (the target's choice,
-    in float32), per chunk."""
-    fn = _apply_layout(apply_fn, layout)
-    low = with_precision(fn, precision)
-
-    def f(params, x):
-        out = low(params, x)
-        choice = out if low is fn else fn(params, x)
-        return out, jax.lax.stop_gradient(target.choose(choice)).astype(jnp.int32)
-    return f
-
-
 def _row_sq_norm(tree):
     leaves = jax.tree.leaves(tree)
     return sum(jnp.sum(jnp.reshape(v, (v.shape[0], -1)).astype(jnp.float32) ** 2, axis=1)
@@ -172,139 +112,115 @@ def check_score(name, allowed) -> str:
     return name
 
 
-def _build_runner(apply_fn, layout, perturb, score, box=None, precision="float32"):
-    """Jitted (params, consts, states chunk (S,..), idx (K,)) -> scores (S, K), the model at
-    `precision`.
+class Static(NamedTuple):
+    """A perturbation method's traced pieces and sizes (the compile-cache key; no arrays).
 
-    With `box` = (bh, bw, corner(idx) -> (r0, c0)), the region each perturbation may change,
-    the model runs incrementally (see _incremental): only the touched part of each conv."""
-    model = _apply_layout(apply_fn, layout)
-    to_layout = (lambda v: v) if layout == "NHWC" else (lambda v: jnp.transpose(v, (0, 3, 1, 2)))
+    perturb(consts, st, idx) -> x' (H, W, C) of one state st (its rows: x NHWC, a, out0 and
+    what `states` adds) under perturbation idx; score(out0, out1, a) -> (rows,); states(params,
+    consts, x, extra) -> per-state arrays of a chunk (fill, a blurred copy, Score-CAM's activations);
+    finish(consts, x, extra, scores (S, n_pert)) -> maps; box: (bh, bw, corner(idx) -> (r0, c0))
+    for the incremental forward pass, or None; k: indices per group."""
+    perturb: Callable
+    score: Callable
+    states: Callable
+    finish: Callable
+    n_pert: int
+    k: int
+    box: tuple | None = None
 
-    def run(params, consts, st, idx):
-        xp = _perturbed(perturb, consts, st, idx)
-        if box is None:
-            return _scores(model, score, params, st, xp)
+
+def _no_states(params, consts, x, extra):
+    return {}
+
+
+def prepared(call, *, perturb, score, finish, n_pert: int, consts=None, states=_no_states, box=None,
+             per_state=None) -> Prepared:
+    """The engine's `Prepared` of a perturbation method: n_pert indices in balanced groups of
+    k <= batch_size rows (chunks then hold batch_size // k states)."""
+    k = min(n_pert, call.rows)
+    k = int(math.ceil(n_pert / math.ceil(n_pert / k)))  # balance the index groups
+    groups = tuple(jnp.int32(j * k) for j in range(int(math.ceil(n_pert / k))))
+    return Prepared(Static(perturb, score, states, finish, n_pert, k, box), {} if consts is None else consts,
+                    per_state or {}, groups, k)
+
+
+def apply_nhwc(apply_fn, layout):
+    """The model on NHWC frames."""
+    if layout == "NHWC":
+        return apply_fn
+    return lambda p, x: apply_fn(p, jnp.transpose(x, (0, 3, 1, 2)))
+
+
+def _chunk(ctx, params, prep, rows, offset, shared):
+    """(S, k * groups) scores of one group of indices, zero outside its columns."""
+    st, consts = prep.static, prep.arrays
+    x = to_nhwc(rows.x, ctx.layout)
+    states = {"x": x, "a": rows.actions, "out0": ctx.apply_fn(params, rows.x),
+              **st.states(params, consts, x, rows.extra), **rows.extra}
+    idx = jnp.minimum(offset + jnp.arange(st.k, dtype=jnp.int32), st.n_pert - 1)
+    xp = jax.vmap(lambda s: jax.vmap(lambda i: st.perturb(consts, s, i))(idx))(states)  # (S, k, H, W, C)
+    s_, k_ = xp.shape[:2]
+    flat = xp.reshape((s_ * k_,) + xp.shape[2:])
+    model = apply_nhwc(ctx.apply_fn, ctx.layout)
+    if st.box is None:
+        out1 = model(params, flat)
+    else:
         from jaxsal.perturbation._incremental import incremental_apply
 
-        s_, k_ = xp.shape[:2]
-        flat = xp.reshape((s_ * k_,) + xp.shape[2:])
-        r0, c0 = jax.vmap(box[2])(idx)
-        out1, leaked = incremental_apply(apply_fn, params, to_layout(st["x"]), to_layout(flat),
-                                         jnp.tile(r0, s_), jnp.tile(c0, s_), box[:2],
-                                         xp.shape[2:4])
-        return _scores(model, score, params, st, xp, out1), leaked
-
-    return with_precision(run, precision)
-
-
-def perturbation_scores(prep: CleanPass, apply_fn, params, *, perturb, score, n_pert: int,
-                        consts=None, states=None, box=None):
-    """(N, n_pert) scores of every state under every perturbation index 0..n_pert-1.
-
-    perturb(consts, state, idx) -> x' (H, W, C) for ONE state (a dict of its rows: `x`, `a`,
-    `out0`, plus `states`) and one index. score(out0, out1, a) -> (rows,) on the repeated clean
-    output, the perturbed output and the actions. box=(bh, bw, corner(idx) -> (r0, c0)) bounds
-    where perturbation idx changes the input and turns on the incremental forward pass. Runs
-    chunks of S states x K indices with S*K <= batch_size rows (K <= n_pert); results stay on device.
-    Every compiled function is keyed on the perturb/score/box functions themselves (their code
-    and captured values: grid, patch, radius, ...; jaxsal.batching.cached_jit).
-    """
-    layout = prep.layout
-    traced = is_traced(params, prep.x, consts, states, prep.out0)
-    if jax.default_backend() == "cpu":
-        fn = _split_runner(apply_fn, layout, perturb, score, prep.precision)
-    else:
-        fn = cached_jit(_build_runner, apply_fn, layout, perturb, score, None, prep.precision)
-    if box is not None:
-        local_key = static_key((apply_fn, layout, perturb, score, box))
-    if box is not None and (traced or local_key not in _NON_LOCAL):
-        scores, leaked = _run_chunks(prep, params, n_pert, consts, states, cached_jit(
-            _build_incremental_runner, apply_fn, layout, perturb, score, box, prep.precision))
-        if traced:  # no host round trip inside the caller's program: branch on device
-            return jax.lax.cond(leaked, lambda: _run_chunks(prep, params, n_pert, consts, states,
-                                                            fn)[0], lambda: scores)
-        if not bool(leaked):
-            return scores
-        _NON_LOCAL[local_key] = apply_fn  # the model is not local: plain path from now on
-    return _run_chunks(prep, params, n_pert, consts, states, fn)[0]
+        to_layout = (lambda v: v) if ctx.layout == "NHWC" else (lambda v: jnp.transpose(v, (0, 3, 1, 2)))
+        r0, c0 = jax.vmap(st.box[2])(idx)
+        fast, leaked = incremental_apply(ctx.apply_fn, params, rows.x, to_layout(flat), jnp.tile(r0, s_),
+                                         jnp.tile(c0, s_), st.box[:2], xp.shape[2:4])
+        # a model that is not local (its convs' inputs changed outside the box): the plain pass
+        out1 = jax.lax.cond(leaked, lambda: model(params, flat), lambda: fast)
+    out0 = jax.tree.map(lambda o: jnp.repeat(o, k_, axis=0), states["out0"])
+    scores = st.score(out0, out1, jnp.repeat(rows.actions, k_, axis=0)).reshape(s_, k_)
+    table = jnp.zeros((s_, st.k * _n_groups(st)), scores.dtype)
+    return jax.lax.dynamic_update_slice(table, scores, (jnp.int32(0), offset))
 
 
-def _build_incremental_runner(apply_fn, layout, perturb, score, box, precision):
-    return _build_runner(apply_fn, layout, perturb, score, box, precision)
+def _n_groups(st):
+    return int(math.ceil(st.n_pert / st.k))
 
 
-def _build_inputs(perturb):
-    return lambda consts, st, idx: _perturbed(perturb, consts, st, idx)
+def _finalize(ctx, params, prep, rows, table):
+    st, consts = prep.static, prep.arrays
+    x = to_nhwc(rows.x, ctx.layout)
+    return st.finish(consts, x, {**st.states(params, consts, x, rows.extra), **rows.extra}, table[:, :st.n_pert])
 
 
-def _build_scores(apply_fn, layout, score, precision):
-    model = _apply_layout(apply_fn, layout)
-    return with_precision(lambda params, st, xp: _scores(model, score, params, st, xp), precision)
+def perturbation_spec(name: str, prepare: Callable, options: dict, *, stochastic: bool = False,
+                      example: dict | None = None) -> Spec:
+    """A perturbation method as an engine spec; `prepare(call, apply_fn, params, **options)`
+    checks the options and returns `prepared(...)`."""
+    return Spec(name, prepare, _chunk, _finalize, options=options, example=example or {}, stochastic=stochastic,
+                kind="perturbation")
 
 
-def _split_runner(apply_fn, layout, perturb, score, precision):
-    """The plain runner as two compiled calls, perturbed inputs then model + score. On XLA:CPU
-    with YNNPACK kernels the perturbation fused into the model's graph slowed RISE's forward
-    passes by ~20% (137 vs 111 us per row at 63 rows); apart they cost one more dispatch."""
-    inputs = cached_jit(_build_inputs, perturb)
-    scores = cached_jit(_build_scores, apply_fn, layout, score, precision)
-    return lambda params, consts, st, idx: scores(params, st, inputs(consts, st, idx))
+def register(spec: Spec, fn: Callable):
+    """Register `spec` for `jaxsal.explain(method=name)`; the method function gets `fn`'s
+    docstring (the method's own Args, Returns and Raises) and name."""
+    method = engine.register(spec, module=fn.__module__, identity=(fn.__module__, fn.__qualname__))
+    method.__doc__ = fn.__doc__
+    return method
 
 
-def _perturbed(perturb, consts, st, idx):
-    """(S, K, H, W, C): every state of the chunk under every perturbation index."""
-    return jax.vmap(lambda s: jax.vmap(lambda i: perturb(consts, s, i))(idx))(st)
+def options_of(fn: Callable) -> dict:
+    """A method signature's own options and their defaults (what its spec takes)."""
+    return {k: p.default for k, p in list(inspect.signature(fn).parameters.items())[3:] if k not in CALL}
 
 
-def _scores(model, score, params, st, xp, out1=None):
-    """(S, K) scores of the perturbed inputs xp (S, K, ...) (out1: their model outputs if known)."""
-    s_, k_ = xp.shape[:2]
-    if out1 is None:
-        out1 = model(params, xp.reshape((s_ * k_,) + xp.shape[2:]))
-    out0 = jax.tree.map(lambda o: jnp.repeat(o, k_, axis=0), st["out0"])
-    a = jnp.repeat(st["a"], k_, axis=0)
-    return score(out0, out1, a).reshape(s_, k_)
+def fill_value(fill, obs, obs_max=None):
+    """(kind, value) of a `fill` option: ("mean", None), each state's mean per stacked frame, or
+    ("const", the fill on the obs scale, a scalar: traced when obs_max is)."""
+    if isinstance(fill, str) and fill.lower() == "mean":
+        return "mean", None
+    return "const", resolve_fill(fill, np.zeros((1, 1, 1, 1), np.float32), resolve_obs_max(obs, obs_max))[0, 0, 0, 0]
 
 
-_NON_LOCAL = LRU("non-local models", 256)  # static_key of (apply_fn, layout, perturb, score, box) -> apply_fn
-
-
-def _run_chunks(prep, params, n_pert, consts, states, fn):
-    """(scores (N, n_pert), any leak) from fn over chunks of states x perturbation indices."""
-    n = prep.x.shape[0]
-    st = {"x": prep.x, "a": prep.actions, "out0": prep.out0, **(states or {})}
-    consts = {} if consts is None else consts
-    k = min(n_pert, prep.rows)
-    k = int(math.ceil(n_pert / math.ceil(n_pert / k)))  # balance the index chunks
-    n_k = int(math.ceil(n_pert / k))
-    s = chunk_size(n, prep.rows, rows_per_state=k)
-    idx = pad_rows(jnp.arange(n_pert, dtype=jnp.int32), n_k * k).reshape(n_k, k)
-    traced = is_traced(params, st, consts)
-
-    def chunk_fn(chunk):
-        """(S, n_pert) scores of a chunk of states and its (S,) leak flags."""
-        if traced and n_k > 1:
-            res = jax.lax.map(lambda i: fn(params, consts, chunk, i), idx)
-            sc, leak = res if isinstance(res, tuple) else (res, jnp.zeros(n_k, bool))
-            sc = jnp.moveaxis(sc, 0, 1).reshape(sc.shape[1], n_k * k)
-            leak = jnp.any(leak)
-        else:
-            cols, leaks = [], []
-            for j in range(n_k):
-                res = fn(params, consts, chunk, idx[j])
-                if isinstance(res, tuple):
-                    res, lk = res
-                    leaks.append(lk)
-                cols.append(res)
-            sc = cols[0] if n_k == 1 else jnp.concatenate(cols, axis=1)
-            leak = jnp.any(jnp.stack(leaks)) if leaks else jnp.bool_(False)
-        return sc[:, :n_pert], jnp.broadcast_to(leak, sc.shape[:1])
-
-    scores, leaks = run(chunk_fn, st, s, traced)
-    if not traced and in_host_memory(leaks):  # a device reduction would compile per new N
-        return scores, bool(np.asarray(leaks).any())
-    return scores, jnp.any(leaks)
+def fill_of(kind, value, x):
+    """The fill of NHWC states x (..., H, W, C): their means (..., 1, 1, C), or the constant."""
+    return jnp.mean(x, axis=(-3, -2), keepdims=True) if kind == "mean" else value
 
 
 def use_incremental(incremental, box_hw, image_hw) -> bool:
@@ -322,28 +238,24 @@ def use_incremental(incremental, box_hw, image_hw) -> bool:
 UPSAMPLE = {"bilinear": "linear", "nearest": "nearest"}
 
 
-def _grid_map(grid_hw, hw, method):
-    """(S, gy * gx) or (S, gy, gx) scores -> (S, gy, gx) grid, resized to (S, H, W) unless hw is None."""
-    def f(_, scores):
-        grid = scores.reshape((scores.shape[0],) + tuple(grid_hw))
-        if hw is None or tuple(grid_hw) == tuple(hw):
-            return grid
-        return jax.image.resize(grid, (scores.shape[0],) + tuple(hw), method)
-    return f
-
-
-def grid_map(scores, grid_hw, hw, method: str = "bilinear"):
-    """(N, gy * gx) or (N, gy, gx) patch scores -> (N, H, W) map (half-pixel-centred resize, as PIL/skimage
-    do), or the (N, gy, gx) grid itself with hw=None; in bucket-padded chunks (batching.per_state)."""
+def check_upsample(method: str) -> str:
     if method not in UPSAMPLE:
         raise SaliencyInputError(f"upsample must be one of {sorted(UPSAMPLE)}, got {method!r}")
-    return per_state(_grid_map, (tuple(grid_hw), None if hw is None else tuple(hw), UPSAMPLE[method]),
-                     None, scores)
+    return method
+
+
+def resize_grid(scores, grid_hw, hw, method: str = "bilinear"):
+    """(S, gy * gx) or (S, gy, gx) scores -> (S, gy, gx) grid, resized to (S, H, W) (half-pixel
+    centres, as PIL/skimage do) unless hw is None; traced."""
+    grid = scores.reshape((scores.shape[0],) + tuple(grid_hw))
+    if hw is None or tuple(grid_hw) == tuple(hw):
+        return grid
+    return jax.image.resize(grid, (scores.shape[0],) + tuple(hw), UPSAMPLE[check_upsample(method)])
 
 
 def upsample_grid(grid, hw, method: str = "bilinear"):
     """(N, gy, gx) score grid -> (N, H, W) map (half-pixel-centred resize, as PIL/skimage do)."""
-    return grid_map(grid, grid.shape[1:], hw, method)
+    return resize_grid(grid, grid.shape[1:], hw, method)
 
 
 def check_fits(name: str, value, hw, minimum: int = 1) -> int:

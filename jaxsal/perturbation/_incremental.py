@@ -6,8 +6,9 @@ outputs whose receptive field meets the box. So for every flax `nn.Conv` (VALID 
 dilation/groups) of a sequential trunk we take the clean output once per state and add the conv
 of the delta's window; the touched output window is the next conv's input box. Each call checks
 at run time that the delta really is zero outside its box and reports a leak otherwise (the
-caller then reruns the plain path), so results equal the plain path up to float rounding (RTOL)
-for any model; models without flax convs simply run the plain path.
+perturbation chunk then reruns its plain forward pass in a lax.cond), so results equal the plain
+path up to float rounding (RTOL) for any model; models without flax convs simply run the plain
+path.
 """
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def incremental_apply(model, params, x_clean, x_pert, box_r0, box_c0, box_hw, im
     differs from its clean state only inside [box_r0[r], +box_hw[0]) x [box_c0[r], +box_hw[1])
     of the (H, W) = image_hw image. Returns (output, leaked): leaked is True when some conv's
     input changed outside its box (a non-local model); the output is then wrong and the caller
-    must use the plain path (a lax.cond fallback here would cost ~2x on XLA:CPU)."""
+    must use the plain path (a lax.cond per conv here would cost ~2x on XLA:CPU; one per chunk
+    around the whole pass does not)."""
     s = x_clean.shape[0]
     rows = x_pert.shape[0]
     k = rows // s

@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.batching import per_state
+from jaxsal.batching import is_traced
+from jaxsal.checks import to_nhwc
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
-from jaxsal.registry import register
 from jaxsal.checks import check_key, check_positive_int
 
 # Paper B's parameters per segmentation (scikit-image argument names) and sample counts.
@@ -87,7 +87,7 @@ def _check_segments(segments, n, hw):
     return np.stack([np.unique(si, return_inverse=True)[1].reshape(hw) for si in s]).astype(np.int32)
 
 
-def _traced_segments(prep, segments, segmentation, segment_on, opts, max_segments, shape):
+def _traced_segments(x, obs_max, segments, segmentation, segment_on, opts, max_segments, shape):
     """(labels (N, H, W) int32 from a host callback, static d_max) for a traced call."""
     if max_segments is None:
         if segments is not None or segmentation != "slic":
@@ -109,8 +109,8 @@ def _traced_segments(prep, segments, segmentation, segment_on, opts, max_segment
         return segs.astype(np.int32)
 
     given = jnp.zeros((n, h, w), jnp.int32) if segments is None else jnp.asarray(segments)
-    out = jax.pure_callback(host, jax.ShapeDtypeStruct((n, h, w), jnp.int32), prep.x,
-                            jnp.asarray(prep.obs_max, jnp.float32), given,
+    out = jax.pure_callback(host, jax.ShapeDtypeStruct((n, h, w), jnp.int32), x,
+                            jnp.asarray(obs_max, jnp.float32), given,
                             vmap_method="sequential")
     return out, max_segments
 
@@ -148,15 +148,7 @@ def _ridge(z, y, valid, kernel_width, alpha):
     return coef * valid
 
 
-def _paint():
-    """Each pixel gets its segment's coefficient: (S, D) coef, (S, H, W) segments -> (S, H, W)."""
-    def f(_, coef, segs):
-        return jnp.take_along_axis(coef, segs.reshape(segs.shape[0], -1), axis=1).reshape(segs.shape)
-    return f
-
-
-@register("lime", stochastic=True,
-          example={"n_samples": 24, "segmentation_options": {"n_segments": 6}})
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, precision="float32", segmentation: str = "slic", n_samples: int | None = None,
          kernel_width: float = 0.25, fill=0.0, ridge_alpha: float = 1.0, segments=None,
@@ -220,9 +212,11 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             `obs_max` or `max_segments`; or a bad call (obs, target, actions, layout, batch_size),
             as `jaxsal.explain` reports it.
     """
-    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max, precision=precision)
-    n, h, w, _ = prep.shape
+
+
+def _prepare(call, apply_fn, params, *, key, segmentation, n_samples, kernel_width, fill, ridge_alpha, segments,
+             segment_on, segmentation_options, obs_max, return_coefficients, max_segments):
+    n, (h, w, _) = call.x.shape[0], call.hwc
     check_key(key, "lime")
     if segmentation not in SEGMENTATIONS and segments is None:
         raise SaliencyInputError(
@@ -234,37 +228,38 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
     kernel_width = C.check_positive_float("kernel_width", kernel_width)
     ridge_alpha = C.check_positive_float("ridge_alpha", ridge_alpha, allow_zero=True)
     opts = dict(segmentation_options or {})
-    if C.is_traced(prep.x, prep.obs_max, segments):
-        segs, d_max = _traced_segments(prep, segments, segmentation, segment_on, opts,
-                                       max_segments, (n, h, w))
+    top = C.resolve_obs_max(call.x, obs_max)
+    if is_traced(call.x, top, segments):
+        x = to_nhwc(jnp.asarray(call.x, jnp.float32), call.layout)
+        segs, d_max = _traced_segments(x, top, segments, segmentation, segment_on, opts, max_segments, (n, h, w))
+        valid = (jnp.arange(d_max)[None, :] <= segs.reshape(n, -1).max(-1)[:, None]).astype(jnp.float32)
     else:
         if segments is None:
-            segs = segment(np.asarray(prep.x), segmentation, segment_on, prep.obs_max, **opts)
+            x = np.asarray(call.x, np.float32)
+            segs = segment(x if call.layout == "NHWC" else x.transpose(0, 2, 3, 1), segmentation, segment_on,
+                           top, **opts)
         else:
             segs = _check_segments(segments, n, (h, w))
         d_max = int(segs.max()) + 1
-    if isinstance(segs, np.ndarray):  # on the host: device glue would compile per new N
         valid = (np.arange(d_max)[None, :] <= segs.reshape(n, -1).max(-1)[:, None]).astype(np.float32)
-        segs_j = segs
-    else:
-        valid = (jnp.arange(d_max)[None, :] <= jnp.asarray(segs).reshape(n, -1).max(-1)[:, None]
-                 ).astype(jnp.float32)
-        segs_j = jnp.asarray(segs)
-    z = lime_samples(key, n_samples, d_max)
-    fillv = C.resolve_fill(fill, prep.x, prep.obs_max)
+    kind, value = C.fill_value(fill, call.x, obs_max)
 
     def perturb(consts, st, idx):
         m = consts["z"][idx][st["seg"]][:, :, None]
-        return st["x"] * m + st["fill"] * (1.0 - m)
+        return st["x"] * m + C.fill_of(kind, consts["fill"], st["x"]) * (1.0 - m)
 
-    y = C.perturbation_scores(
-        prep, apply_fn, params, perturb=perturb,
-        score=C.make_score("target", prep.target), n_pert=n_samples, consts={"z": z},
-        states={"seg": segs_j, "fill": fillv})
-    per = max(1, (1 << 25) // (n_samples * d_max + d_max * d_max))
-    coef = C.map_batched(lambda zz, yy, vv: _ridge(zz, yy, vv, kernel_width, ridge_alpha),
-                         z, y, valid, batch_size=per)
-    maps = per_state(_paint, (), None, coef, segs_j)
-    if return_coefficients:
-        return maps, (coef, segs)
-    return maps
+    def finish(consts, x, extra, y):
+        """The ridge coefficients of each state, painted on its segments."""
+        coef = _ridge(consts["z"], y, extra["valid"], kernel_width, ridge_alpha)
+        segs = extra["seg"]
+        maps = jnp.take_along_axis(coef, segs.reshape(segs.shape[0], -1), axis=1).reshape(segs.shape)
+        return (maps, (coef, segs)) if return_coefficients else maps
+
+    return C.prepared(call, perturb=perturb, score=C.make_score("target", call.target), finish=finish,
+                      n_pert=n_samples, consts={"z": lime_samples(key, n_samples, d_max), "fill": value},
+                      per_state={"seg": segs, "valid": valid})
+
+
+SPEC = C.perturbation_spec("lime", _prepare, C.options_of(lime), stochastic=True,
+                           example={"n_samples": 24, "segmentation_options": {"n_segments": 6}})
+lime = C.register(SPEC, lime)

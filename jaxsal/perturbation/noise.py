@@ -1,11 +1,11 @@
 """Noise sensitivity (Greydanus et al. 2018): blur a soft local disk, measure the output change."""
 from __future__ import annotations
 
-from jaxsal.batching import per_state
+import jax.numpy as jnp
+
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
 from jaxsal.perturbation import _disk as D
-from jaxsal.registry import register
 
 NOISE_SCORES = ("chosen_action", "output_l2", "drop", "one_minus", "softmax_drop")
 PERTURBATIONS = ("blur", "black")
@@ -19,31 +19,41 @@ def check_radius(radius, hw) -> float:
     return radius
 
 
-def disk_grid_scores(prep, apply_fn, params, *, radius, stride, perturbation, blur_sigma,
-                     fill, mask_shape, score_fn, incremental=None):
-    """(N, gy, gx) scores with a disk mask M centred every `stride` px (Greydanus' grid):
-    x' = x (1 - M) + B M, B = the frame-wise blurred state (perturbation="blur") or `fill`."""
-    n, h, w, _ = prep.shape
+def disk_grid(call, *, radius, stride, perturbation, blur_sigma, fill, obs_max, mask_shape, score_fn,
+              upsample, return_grid, incremental=None):
+    """The engine's `Prepared` of scores with a disk mask M centred every `stride` px (Greydanus'
+    grid): x' = x (1 - M) + B M, B = the frame-wise blurred state (perturbation="blur") or
+    `fill`; maps are the (N, gy, gx) grid, resized to the input unless return_grid."""
+    h, w, _ = call.hwc
     stride = C.check_fits("stride", stride, (h, w))
     radius = check_radius(radius, (h, w))
     D.check_mask_shape(mask_shape)
+    C.check_upsample(upsample)
     if perturbation not in PERTURBATIONS:
         raise SaliencyInputError(f"perturbation must be one of {list(PERTURBATIONS)}, got {perturbation!r}")
     ys, xs = D.centres(h, stride), D.centres(w, stride)
     gy, gx = len(ys), len(xs)
+    consts = {}
     if perturbation == "blur":
         sig = C.check_positive_float("blur_sigma", blur_sigma, allow_zero=True)
-        alt = per_state(_blurred, (), (D.blur_matrix(h, sig), D.blur_matrix(w, sig)), prep.x)
+        consts.update(blur=(D.blur_matrix(h, sig), D.blur_matrix(w, sig)))
+        kind = "blur"
     else:
-        alt = C.resolve_fill(fill, prep.x, prep.obs_max)
-    consts = {}
+        kind, consts["fill"] = C.fill_value(fill, call.x, obs_max)
     if mask_shape == "gaussian":
-        consts = {"bh": D.blur_matrix(h, radius), "bw": D.blur_matrix(w, radius)}
+        consts.update(bh=D.blur_matrix(h, radius), bw=D.blur_matrix(w, radius))
+
+    def states(params, consts, x, extra):
+        return {"alt": D.blur_frames(x, *consts["blur"]) if kind == "blur"
+                else jnp.broadcast_to(C.fill_of(kind, consts["fill"], x), (x.shape[0], 1, 1, x.shape[-1]))}
 
     def perturb(consts, st, idx):
         m = D.disk_mask((idx // gx) * stride, (idx % gx) * stride, (h, w), radius=radius,
                         shape=mask_shape, bh=consts.get("bh"), bw=consts.get("bw"))[:, :, None]
         return st["x"] * (1.0 - m) + st["alt"] * m
+
+    def finish(consts, x, extra, scores):
+        return C.resize_grid(scores, (gy, gx), None if return_grid else (h, w), upsample)
 
     box = None
     # the mask is exactly 0 beyond scipy's truncation radius int(4 sigma + .5) + 1 (disk)
@@ -51,18 +61,11 @@ def disk_grid_scores(prep, apply_fn, params, *, radius, stride, perturbation, bl
     if C.use_incremental(incremental, (2 * half + 1,) * 2, (h, w)):
         box = (2 * half + 1, 2 * half + 1,
                lambda i: ((i // gx) * stride - half, (i % gx) * stride - half))
-    scores = C.perturbation_scores(
-        prep, apply_fn, params, perturb=perturb, score=score_fn, n_pert=gy * gx,
-        consts=consts, states={"alt": alt}, box=box)
-    return C.grid_map(scores, (gy, gx), None)
+    return C.prepared(call, perturb=perturb, score=score_fn, finish=finish, n_pert=gy * gx, consts=consts,
+                      states=states, box=box)
 
 
-def _blurred():
-    """Each frame blurred on its own: (bh, bw), (S, H, W, C) -> (S, H, W, C)."""
-    return lambda b, x: D.blur_frames(x, *b)
-
-
-@register("noise_sensitivity", example={"radius": 1.0, "stride": 4})
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
                       batch_size=None, precision="float32", radius: float = 3.0, stride: int = 3,
                       blur_sigma: float = 3.0, score: str = "chosen_action", perturbation: str = "blur", fill=0.0,
@@ -126,14 +129,13 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
             `obs_max` or `incremental`; or a bad call (obs, target, actions, layout, batch_size), as
             `jaxsal.explain` reports it.
     """
-    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max, precision=precision)
+
+
+def _prepare(call, apply_fn, params, *, score, **options):
     score = C.check_score(score, NOISE_SCORES)
-    grid = disk_grid_scores(prep, apply_fn, params, radius=radius,
-                            stride=stride, perturbation=perturbation, blur_sigma=blur_sigma,
-                            fill=fill, mask_shape=mask_shape,
-                            score_fn=C.make_score(score, prep.target),
-                            incremental=incremental)
-    if return_grid:
-        return grid
-    return C.upsample_grid(grid, prep.shape[1:3], upsample)
+    return disk_grid(call, score_fn=C.make_score(score, call.target), **options)
+
+
+SPEC = C.perturbation_spec("noise_sensitivity", _prepare, C.options_of(noise_sensitivity),
+                           example={"radius": 1.0, "stride": 4})
+noise_sensitivity = C.register(SPEC, noise_sensitivity)

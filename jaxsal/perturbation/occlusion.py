@@ -6,7 +6,6 @@ import math
 import jax.numpy as jnp
 
 from jaxsal.perturbation import _common as C
-from jaxsal.registry import register
 
 OCCLUSION_SCORES = ("one_minus", "drop", "softmax_drop", "chosen_action", "output_l2", "target")
 
@@ -24,7 +23,7 @@ def _patch_mask(gy, gx, hw, patch, stride):
     return ((ii >= si) & (ii < si + patch) & (jj >= sj) & (jj < sj + patch)).astype(jnp.float32)
 
 
-@register("occlusion", example={"patch": 4, "stride": 4})
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
               batch_size=None, precision="float32", patch: int = 2, stride: int = 2, fill=0.0, score: str = "one_minus",
               upsample: str = "bilinear", obs_max=None, incremental: bool | None = None,
@@ -78,22 +77,31 @@ def occlusion(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=
             unknown `score`, `fill` or `upsample`; a bad `obs_max` or `incremental`; or a bad call
             (obs, target, actions, layout, batch_size), as `jaxsal.explain` reports it.
     """
-    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max, precision=precision)
-    n, h, w, _ = prep.shape
+
+
+
+def _prepare(call, apply_fn, params, *, patch, stride, fill, score, upsample, obs_max, incremental, return_grid):
+    h, w, _ = call.hwc
     patch = C.check_fits("patch", patch, (h, w))
     stride = C.check_fits("stride", stride, (h, w))
     score = C.check_score(score, OCCLUSION_SCORES)
+    C.check_upsample(upsample)
     gy, gx = occlusion_grid_shape((h, w), patch, stride)
-    fillv = C.resolve_fill(fill, prep.x, prep.obs_max)
+    kind, value = C.fill_value(fill, call.x, obs_max)
 
     def perturb(consts, st, idx):
         m = _patch_mask(idx // gx, idx % gx, (h, w), patch, stride)[:, :, None]
-        return st["x"] * (1.0 - m) + st["fill"] * m
+        return st["x"] * (1.0 - m) + C.fill_of(kind, consts["fill"], st["x"]) * m
 
-    scores = C.perturbation_scores(
-        prep, apply_fn, params, perturb=perturb,
-        score=C.make_score(score, prep.target), n_pert=gy * gx, states={"fill": fillv},
-        box=(patch, patch, lambda i: ((i // gx) * stride, (i % gx) * stride))
-        if C.use_incremental(incremental, (patch, patch), (h, w)) else None)
-    return C.grid_map(scores, (gy, gx), None if return_grid else (h, w), upsample)
+    def finish(consts, x, extra, scores):
+        return C.resize_grid(scores, (gy, gx), None if return_grid else (h, w), upsample)
+
+    box = None
+    if C.use_incremental(incremental, (patch, patch), (h, w)):
+        box = (patch, patch, lambda i: ((i // gx) * stride, (i % gx) * stride))
+    return C.prepared(call, perturb=perturb, score=C.make_score(score, call.target), finish=finish,
+                      n_pert=gy * gx, consts={"fill": value}, box=box)
+
+
+SPEC = C.perturbation_spec("occlusion", _prepare, C.options_of(occlusion), example={"patch": 4, "stride": 4})
+occlusion = C.register(SPEC, occlusion)

@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.batching import memo, per_state
+from jaxsal.batching import is_traced, memo
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
-from jaxsal.registry import register
 from jaxsal.checks import check_key, check_positive_int
 
 
@@ -108,7 +107,7 @@ def _mask_builder(g, cell, up, hw):
     return build
 
 
-@register("rise", stochastic=True, example={"n_masks": 16, "grid": 4})
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None, key=None,
          batch_size=None, precision="float32", n_masks: int = 1000, grid=8, p_keep: float = 0.5, masks=None, fill=0.0,
          obs_max=None):
@@ -155,9 +154,10 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             `p_keep` outside (0, 1]; a bad `n_masks`, `grid`, `fill` or `obs_max`; or a bad call
             (obs, target, actions, layout, batch_size), as `jaxsal.explain` reports it.
     """
-    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max, precision=precision)
-    n, h, w, _ = prep.shape
+
+
+def _prepare(call, apply_fn, params, *, key, n_masks, grid, p_keep, masks, fill, obs_max):
+    h, w, _ = call.hwc
     p_keep = C.check_positive_float("p_keep", p_keep)
     if p_keep > 1:
         raise SaliencyInputError(f"p_keep must be in (0, 1], got {p_keep}")
@@ -169,26 +169,25 @@ def rise(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
         if len(mshape) != 3 or mshape[1:] != (h, w):
             raise SaliencyInputError(f"masks must have shape (n_masks, {h}, {w}), got {mshape}")
         masks = jnp.asarray(masks, jnp.float32)
-        if not C.is_traced(masks) and not bool(jnp.isfinite(masks).all()):
+        if not is_traced(masks) and not bool(jnp.isfinite(masks).all()):
             raise SaliencyInputError("masks contain NaN or inf values")
     m = masks.shape[0]
-    fillv = C.resolve_fill(fill, prep.x, prep.obs_max)
+    kind, value = C.fill_value(fill, call.x, obs_max)
+    norm = float(m * p_keep)
 
     def perturb(consts, st, idx):
         mk = consts["masks"][idx][:, :, None]
-        return st["x"] * mk + st["fill"] * (1.0 - mk)
+        return st["x"] * mk + C.fill_of(kind, consts["fill"], st["x"]) * (1.0 - mk)
 
-    scores = C.perturbation_scores(
-        prep, apply_fn, params, perturb=perturb,
-        score=C.make_score("target", prep.target), n_pert=m, consts={"masks": masks},
-        states={"fill": fillv})
-    return per_state(_saliency, (float(m * p_keep),), masks, scores)
-
-
-def _saliency(norm):
-    """(S, n_masks) scores, masks (n_masks, H, W) -> (S, H, W): sum_i score_i * mask_i / norm."""
-    def f(masks, scores):
-        m, h, w = masks.shape
-        sal = jnp.matmul(scores, masks.reshape(m, h * w), precision=jax.lax.Precision.HIGHEST) / norm
+    def finish(consts, x, extra, scores):
+        """sum_i score_i * mask_i / norm: (S, n_masks) -> (S, H, W)."""
+        sal = jnp.matmul(scores, consts["masks"].reshape(m, h * w), precision=jax.lax.Precision.HIGHEST) / norm
         return sal.reshape(scores.shape[0], h, w)
-    return f
+
+    return C.prepared(call, perturb=perturb, score=C.make_score("target", call.target), finish=finish,
+                      n_pert=m, consts={"masks": masks, "fill": value})
+
+
+SPEC = C.perturbation_spec("rise", _prepare, C.options_of(rise), stochastic=True,
+                           example={"n_masks": 16, "grid": 4})
+rise = C.register(SPEC, rise)

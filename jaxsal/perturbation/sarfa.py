@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxsal import targets as T
+from jaxsal.checks import output_shape
 from jaxsal.perturbation import _common as C
-from jaxsal.perturbation.noise import disk_grid_scores
-from jaxsal.registry import register
+from jaxsal.perturbation.noise import disk_grid
 
 
 def sarfa_score(q0, q1, a):
@@ -29,7 +29,7 @@ def sarfa_score(q0, q1, a):
     return jnp.where(pos, s, 0.0)
 
 
-@register("sarfa", example={"radius": 1.0, "stride": 4})
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
           batch_size=None, precision="float32", radius: float = 2.0, stride: int = 2, perturbation: str = "black",
           blur_sigma: float = 3.0, fill=0.0, mask_shape: str = "hard",
@@ -89,14 +89,16 @@ def sarfa(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None
             `incremental`; or a bad call (obs, target, actions, layout, batch_size), as
             `jaxsal.explain` reports it.
     """
-    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, obs_max=obs_max, precision=precision)
-    T.q_of(prep.out0)  # clear error now if the output has no Q-vector / logits
-    score_fn = lambda o0, o1, a: sarfa_score(T.q_of(o0), T.q_of(o1), a)  # noqa: E731
-    grid = disk_grid_scores(prep, apply_fn, params, radius=radius, stride=stride,
-                            perturbation=perturbation, blur_sigma=blur_sigma, fill=fill,
-                            mask_shape=mask_shape, score_fn=score_fn,
-                            incremental=incremental)
-    if return_grid:
-        return grid
-    return C.upsample_grid(grid, prep.shape[1:3], upsample)
+
+
+def _sarfa_scores(o0, o1, a):
+    return sarfa_score(T.q_of(o0), T.q_of(o1), a)
+
+
+def _prepare(call, apply_fn, params, **options):
+    T.q_of(output_shape(apply_fn, params, call.x.shape, layout=call.layout))  # an error now if no Q-vector / logits
+    return disk_grid(call, score_fn=_sarfa_scores, **options)
+
+
+SPEC = C.perturbation_spec("sarfa", _prepare, C.options_of(sarfa), example={"radius": 1.0, "stride": 4})
+sarfa = C.register(SPEC, sarfa)

@@ -14,12 +14,12 @@ scores the increase of confidence f(x_k) - f(x_b) over a baseline input x_b, wit
 class probability; a per-state baseline cancels in the softmax over channels, so only f differs:
 target="softmax_chosen" scores the action's probability.
 
-Why it lives on the perturbation engine (jaxsal.perturbation._common): it is N x K forward passes
-of perturbed inputs. Each masked input is built on device inside a chunk of states x channels of
-at most batch_size model rows, from that chunk's activations, so memory stays bounded for any N
-and K and there is no Python loop over states or channels; the engine also fixes the actions
-from the clean pass and runs the chunks in lax.map under the caller's jit / vmap. The layer is
-found and tapped by flax module name exactly as the CAM family does (jaxsal.backprop.layers).
+On the one engine it is a CAM whose weights come from forward passes (the table row SCORECAM,
+`uses_gradients=False`) run as a perturbation spec (jaxsal.perturbation._common): per chunk of
+states the activations are computed and each masked input is built on device, in groups of
+states x channels of at most batch_size model rows, so memory is bounded by batch_size for any N
+and K, with no Python loop over states or channels. The layer is found and tapped by flax
+module name exactly as the CAM family does (jaxsal.backprop.layers).
 """
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.batching import cached_jit, head, map_batched, memo, per_state
+from jaxsal.batching import head, memo
+from jaxsal.checks import as_float
 from jaxsal.errors import SaliencyInputError
 from jaxsal.backprop import cam
 from jaxsal.backprop.cam_site import CAM_ACTIVATIONS, cam_site
 from jaxsal.backprop.layers import get_activation, resolve_tap, tap
 from jaxsal.perturbation import _common as C
-from jaxsal.registry import register
 
 NORM_EPS = 1e-8
 """Added to (max - min) of each upsampled activation map, as pytorch-grad-cam's ScoreCAM does."""
@@ -63,22 +63,11 @@ def channel_masks(A, uy, ux):
     return (u - lo) / (top - lo + NORM_EPS)
 
 
-def _mask_input(consts, st, idx):
-    """One state's input x (H, W, C) times the normalised, upsampled map of channel idx."""
-    a = jnp.take(st["A"], idx[None], axis=-1)                       # (h, w, 1)
-    return st["x"] * channel_masks(a, consts["uy"], consts["ux"])  # (H, W, 1) over all C
+SCORECAM = cam.CamSpec(cam.scorecam_weights, rule="forward", uses_gradients=False)
+"""Score-CAM's row of the CAM math: weights softmax(s) of forward-pass scores."""
 
 
-def _combine(hw):
-    """ReLU(sum_k softmax_k(s)_k A^k), upsampled to hw as every jaxsal CAM: (N, H, W)."""
-    return lambda _, A, scores: cam.upsample(cam.cam_map(A, jax.nn.softmax(scores, axis=-1)), hw)
-
-
-def _build_activations(model, layer, activation):
-    return lambda p, x: tap(model, layer, activation)(p, x, 0.0)[1]
-
-
-@register("scorecam", example={"layer": "conv2"})
+# the method's signature and docstring; the function registered below runs SPEC on the engine
 def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
              batch_size=None, precision="float32", layer=None, per_frame=False, layer_activation=None):
     """Score-CAM maps (Wang et al. 2020) of a layer: a CAM whose channel weights are the softmax
@@ -118,32 +107,46 @@ def scorecam(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=N
             layer that runs more than once per state; or a bad call (obs, target, actions, layout,
             batch_size), as `jaxsal.explain` reports it.
     """
+
+
+def _prepare(call, apply_fn, params, *, layer, per_frame, layer_activation):
     if per_frame:
         raise SaliencyInputError(
             "scorecam gives one layer-resolution map per state: per_frame=True is for input-"
             "resolution methods, or for gradcam/xgradcam on a time-distributed layer (per-frame "
             "CAMs); drop per_frame for scorecam")
-    prep = C.clean_pass(apply_fn, params, obs, layout=layout, target=target, actions=actions,
-                        batch_size=batch_size, precision=precision)
-    model = C._apply_layout(apply_fn, prep.layout)   # the model on NHWC frames (prep.x)
-    x1 = head(prep.x)
+    x1 = as_float(head(call.x))
     if isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
-        layer, layer_activation = cam_site(model, params, x1, layer, layer_activation)
+        layer, layer_activation = cam_site(apply_fn, params, x1, layer, layer_activation)
     get_activation(layer_activation)
-    name, k = resolve_tap(model, params, x1, layer, layer_activation)
+    name, k = resolve_tap(apply_fn, params, x1, layer, layer_activation)
     if k > 1:
         raise SaliencyInputError(
             f"layer {name!r} runs {k} times per state (a trunk shared by the frames): Score-CAM "
             "masks the whole stacked input with one map per channel, so it needs a layer that runs "
             "once per state; tap one (layer=...), or use gradcam/xgradcam, which give per-frame CAMs "
             "there (per_frame=True)")
-    A = map_batched(cached_jit(_build_activations, model, name, layer_activation), params,
-                    prep.x, batch_size=prep.rows)
-    h, w, n_ch = A.shape[1:]
-    hw = tuple(prep.shape[1:3])
-    consts = {"uy": jnp.asarray(align_corners_matrix(h, hw[0])),
-              "ux": jnp.asarray(align_corners_matrix(w, hw[1]))}
-    scores = C.perturbation_scores(prep, apply_fn, params, perturb=_mask_input,
-                                   score=C.make_score("target", prep.target), n_pert=n_ch,
-                                   consts=consts, states={"A": A})
-    return per_state(_combine, (hw,), None, A, scores)
+    tapped = tap(apply_fn, name, layer_activation)
+    a_shape = jax.eval_shape(lambda p, xx: tapped(p, xx, 0.0)[1], params, x1).shape
+    (h, w, n_ch), hw = a_shape[1:], call.hwc[:2]
+    layout = call.layout
+
+    def states(params, consts, x, extra):
+        """The chunk's activations A (S, h, w, K) (x: NHWC; the model taps its own layout)."""
+        return {"A": tapped(params, x if layout == "NHWC" else jnp.transpose(x, (0, 3, 1, 2)), 0.0)[1]}
+
+    def perturb(consts, st, idx):
+        """One state's input x (H, W, C) times the normalised, upsampled map of channel idx."""
+        a = jnp.take(st["A"], idx[None], axis=-1)                       # (h, w, 1)
+        return st["x"] * channel_masks(a, consts["uy"], consts["ux"])  # (H, W, 1) over all C
+
+    def finish(consts, x, extra, scores):
+        return cam.cam_maps(SCORECAM, extra["A"], scores, None, hw, 1, False)
+
+    consts = {"uy": jnp.asarray(align_corners_matrix(h, hw[0])), "ux": jnp.asarray(align_corners_matrix(w, hw[1]))}
+    return C.prepared(call, perturb=perturb, score=C.make_score("target", call.target), finish=finish,
+                      n_pert=n_ch, consts=consts, states=states)
+
+
+SPEC = C.perturbation_spec("scorecam", _prepare, C.options_of(scorecam), example={"layer": "conv2"})
+scorecam = C.register(SPEC, scorecam)
