@@ -278,6 +278,17 @@ def check_args(game, episodes, states_per_episode, epsilon, max_steps) -> None:
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
 
 
+def record_provenance(folder: Path) -> None:
+    """Append this start's host, CPU, versions, load and git commit (experiments.machine) to
+    folder/provenance.json: one entry per start or resumption of the run."""
+    from experiments.machine import provenance
+
+    f = folder / "provenance.json"
+    entries = json.loads(f.read_text()) if f.exists() else []
+    folder.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(entries + [provenance()], indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.counterfactual.run", description=__doc__.split("\n")[0])
     p.add_argument("--game", required=True, help=f"one of {', '.join(P.GAMES)}")
@@ -296,6 +307,7 @@ def main(argv=None) -> int:
         import jax
 
         jax.config.update("jax_compilation_cache_dir", str(P.CACHE.expanduser() / "jax_compile"))
+        record_provenance(Path(a.progress) if a.progress else P.PROGRESS / a.game)
         try:
             run_game(a.game, progress=a.progress, max_new=a.max_new_episodes)
         except (ProgressMismatch, ReplayMismatch, ValueError) as e:
