@@ -253,7 +253,7 @@ def _code_files():
         cells = json.loads(p.read_text())["cells"]
         yield p, "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     for p in [ROOT / "README.md", ROOT / "Makefile", ROOT / ".ci" / "run", *sorted(ROOT.glob("agents/*.sh")),
-              *sorted(ROOT.glob("experiments/*.sh"))]:
+              *sorted(ROOT.glob("experiments/**/*.sh"))]:
         yield p, p.read_text()
 
 
