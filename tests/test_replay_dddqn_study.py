@@ -7,13 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from experiments.frame_stack_bug import run as frame_stack_bug
-
-from experiments.frame_stack_bug import plan
-
-from experiments.frame_stack_bug import study as fss
-from experiments.frame_stack_bug import report as frame_stack_report
-from experiments.frame_stack_bug import replay_dddqn_plan as rplan
+from experiments.frame_stack_bug import plan, replay_dddqn_plan as rplan, report as frame_stack_report
+from experiments.frame_stack_bug import run as frame_stack_bug, study as fss
 from experiments.frame_stack_bug.lead import lead_test
 from tests.test_frame_stack_study import fake_env
 
