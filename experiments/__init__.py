@@ -1,1 +1,1 @@
-"""Experiments and benchmarks of jaxsal (scripts: `python -m experiments.<name>`)."""
+"""Experiments and benchmarks of jaxsal, one package per study (`python -m experiments.<study>.<script>`)."""

@@ -106,7 +106,7 @@ def check_shapes_batching_chunking_layout(method, run_as=lambda f: f, eager=True
     rows = 1 if position_keyed(method) else N
     one = jnp.concatenate([run(PARAMS, obs[i:i + 1]) for i in range(rows)])
     _close(one, want[:rows], f"{method}: batched == per-example")
-    # the maps of a prefix of the states are the prefix of the maps (experiments.paper_b's sanity
+    # the maps of a prefix of the states are the prefix of the maps (experiments.paper_b.run's sanity
     # check reuses them as its original maps)
     _close(run(PARAMS, obs[:2]), want[:2], f"{method}: prefix of the batch == batch of the prefix")
     nchw = jaxsal.explain(lambda q, x: MODEL.apply(q, jnp.transpose(x, (0, 2, 3, 1))), PARAMS,

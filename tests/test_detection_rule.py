@@ -1,11 +1,11 @@
-"""experiments.detection_rule: the pre-registered rule on synthetic data with known answers."""
+"""experiments.frame_stack_bug.detection_rule: the pre-registered rule on synthetic data with known answers."""
 import math
 
 import numpy as np
 import pytest
 
-from experiments import detection_rule as dr
-from experiments import frame_stack_plan as plan
+from experiments.frame_stack_bug import detection_rule as dr
+from experiments.frame_stack_bug import plan
 
 
 def test_relabellings_enumerate_every_split_with_the_observed_one_first():

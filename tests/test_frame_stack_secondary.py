@@ -1,4 +1,4 @@
-"""experiments.frame_stack_secondary: the registered secondary analyses on synthetic runs with
+"""experiments.frame_stack_bug.secondary: the registered secondary analyses on synthetic runs with
 planted answers (a bug the maps see before the returns, a CAM shift on the bug's runs, a CAM rise
 before the return rises), and the refusal to compute anything while runs are missing."""
 import dataclasses
@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from experiments import frame_stack_plan as plan
-from experiments import frame_stack_secondary as sec
-from experiments import frame_stack_secondary_plan as sp
-from experiments import frame_stack_study as fss
+from experiments.frame_stack_bug import plan
+from experiments.frame_stack_bug import secondary as sec
+from experiments.frame_stack_bug import secondary_plan as sp
+from experiments.frame_stack_bug import study as fss
 
 STUDY = dataclasses.replace(plan.ATARI, seeds=tuple(range(100, 105)))
 CKPTS = STUDY.checkpoints

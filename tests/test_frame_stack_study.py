@@ -1,4 +1,4 @@
-"""experiments.frame_stack_study: the pre-registered runner end to end on tiny fake-env studies
+"""experiments.frame_stack_bug.study: the pre-registered runner end to end on tiny fake-env studies
 (outputs in tmp dirs), and its pieces."""
 import dataclasses
 import json
@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from jaxsal_agents.framestack import FrameStackEnv
-from experiments import frame_stack_bug, frame_stack_plan as plan, frame_stack_study as fss
+from experiments.frame_stack_bug import run as frame_stack_bug
+from experiments.frame_stack_bug import plan
+from experiments.frame_stack_bug import study as fss
 
 
 class GridEnv:
@@ -210,7 +212,7 @@ def test_export_keeps_the_statistics_inputs_and_only_the_first_seeds_maps(tmp_pa
 
 
 def test_summary_its_markdown_and_figure_report_a_planted_bug_and_a_miss(tmp_path):
-    from experiments import frame_stack_report
+    from experiments.frame_stack_bug import report as frame_stack_report
     study = dataclasses.replace(TINY_MINATAR, variants=("correct", "reuse"), seeds=tuple(range(100, 106)))
     rng = np.random.default_rng(0)
     loaded = {}
@@ -260,7 +262,7 @@ def test_incomplete_report_applies_the_rule_to_the_runs_that_exist_truncated_wit
     """The pre-registration's incomplete study (Atari's shape: all seed-104 runs missing, one run
     stopped short): the rule at the checkpoints every existing run reached, 4 vs 4 seeds, labelled
     truncated, the missing runs listed, and where the seeds cannot reach the per-bug level, said so."""
-    from experiments import frame_stack_report
+    from experiments.frame_stack_bug import report as frame_stack_report
     study = dataclasses.replace(FIVE, variants=("correct", "reuse", "reversed"))        # per-bug level 0.025
     drop = {(v, 104) for v in study.variants}
     s = fss.summarise(study, _planted(study, drop=drop, short={("reuse", 103): 70}), n_boot=20)

@@ -1,8 +1,8 @@
-"""experiments.frame_stack_bug: the statistics, separation analysis and summary on synthetic runs."""
+"""experiments.frame_stack_bug.run: the statistics, separation analysis and summary on synthetic runs."""
 import numpy as np
 import pytest
 
-from experiments import frame_stack_bug as fsb
+from experiments.frame_stack_bug import run as fsb
 
 
 def shares_for(newest, methods=2, probes=3):

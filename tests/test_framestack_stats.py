@@ -1,12 +1,12 @@
 """jaxsal.metrics.frames (per-frame attribution shares) and the frame-stack study's statistic
-(experiments.frame_stack_stats: AUC, separation steps) on synthetic maps."""
+(experiments.frame_stack_bug.stats: AUC, separation steps) on synthetic maps."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxsal
 from jaxsal.errors import SaliencyInputError
-from experiments.frame_stack_stats import auc, auc_curve, separation_step, stack_age_gain, trailing_mean
+from experiments.frame_stack_bug.stats import auc, auc_curve, separation_step, stack_age_gain, trailing_mean
 from jaxsal.metrics import age_centroid, frame_shares, newest_share
 
 

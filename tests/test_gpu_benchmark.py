@@ -9,19 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import buffer_end_to_end as E
+from experiments.benchmarks import buffer_end_to_end as E
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_scripts_install_nothing_from_the_network():
     """The lent GPU machine has no network: every pip install there is --no-index from .whl/."""
-    for script in ("experiments/gpu_benchmark.sh", "agents/train_gpu.sh"):
+    for script in ("experiments/benchmarks/gpu_benchmark.sh", "agents/train_gpu.sh"):
         text = (ROOT / script).read_text()
         code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
         for m in re.finditer(r"pip (install|download)[^\n]*", code):
             assert m.group(1) == "install" and "--no-index" in m.group(0), (script, m.group(0))
-    bench = (ROOT / "experiments/gpu_benchmark.sh").read_text()
+    bench = (ROOT / "experiments/benchmarks/gpu_benchmark.sh").read_text()
     assert "agents/checkout_env.sh" in bench          # the checkout is imported, not installed
     assert "pip install -e" not in bench
 
@@ -66,7 +66,7 @@ def test_buffer_end_to_end_explains_every_frame(tmp_path):
 
 
 def test_throughput_writes_maps_per_s_and_the_device_memory_column(tmp_path):
-    from experiments import throughput
+    from experiments.benchmarks import throughput
     res = throughput.main(["--batches", "2", "--methods", "gradient", "--budget", "1", "--repeats", "1",
                            "--out", str(tmp_path), "--tag", "t"])
     (row,) = res["cases"]["gradient"]

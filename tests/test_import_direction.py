@@ -197,6 +197,49 @@ def test_no_import_cycles_anywhere():
     assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
 
 
+def _study(mod: str) -> str | None:
+    """The study package of an experiments module (experiments.<study>.x -> <study>), else None."""
+    parts = mod.split(".")
+    return parts[1] if parts[0] == "experiments" and len(parts) > 1 else None
+
+
+def _cross_study(graph: dict) -> list[str]:
+    return [f"{m} imports {t}" for m, ts in graph.items() if _study(m) for t in sorted(ts)
+            if _study(t) and _study(t) not in (_study(m), "common")]
+
+
+def test_studies_import_only_themselves_and_the_shared_helpers():
+    """Each experiments/<study>/ imports its own modules and experiments.common, never another
+    study; experiments.common imports no study (lazy imports count)."""
+    modules = _all_modules()
+    graph = {m: _targets(m, p, modules) for m, p in modules.items() if _study(m)}
+    assert not _cross_study(graph), "\n".join(_cross_study(graph))
+
+
+def test_the_study_rule_finds_a_cross_study_import():
+    graph = {"experiments.a.x": {"experiments.b.y", "experiments.a.z", "experiments.common.m"},
+             "experiments.common.m": {"experiments.a.x"}, "experiments.a.z": {"jaxsal"}}
+    assert _cross_study(graph) == ["experiments.a.x imports experiments.b.y",
+                                   "experiments.common.m imports experiments.a.x"]
+
+
+def test_every_experiments_import_names_a_module_of_experiments():
+    """An import of a moved study module, from experiments/ or tests/, fails here rather than when
+    its function first runs."""
+    modules = _all_modules()
+    files = [(m, p, _package(m, p)) for m, p in modules.items() if m.startswith("experiments")]
+    files += [(None, p, "tests") for p in sorted((ROOT / "tests").rglob("*.py"))]
+    bad = []
+    for _, p, package in files:
+        for base, names, line, _ in _imports(p, package):
+            if base.split(".")[0] != "experiments":
+                continue
+            missing = [base] if base not in modules else [
+                f"{base}.{n}" for n in names or () if modules[base].name == "__init__.py" and f"{base}.{n}" not in modules]
+            bad += [f"{p.relative_to(ROOT)}:{line} imports {x}" for x in missing]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_cycle_finder_finds_a_function_local_cycle(tmp_path):
     a, b = tmp_path / "a.py", tmp_path / "b.py"
     a.write_text("import b\n")
@@ -253,7 +296,7 @@ def _code_files():
         cells = json.loads(p.read_text())["cells"]
         yield p, "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     for p in [ROOT / "README.md", ROOT / "Makefile", ROOT / ".ci" / "run", *sorted(ROOT.glob("agents/*.sh")),
-              *sorted(ROOT.glob("experiments/*.sh"))]:
+              *sorted(ROOT.glob("experiments/**/*.sh"))]:
         yield p, p.read_text()
 
 

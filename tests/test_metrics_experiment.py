@@ -1,4 +1,4 @@
-"""experiments.paper_b end to end on a tiny budget: every output file, sane contents."""
+"""experiments.paper_b.run end to end on a tiny budget: every output file, sane contents."""
 import csv
 import json
 
@@ -6,7 +6,7 @@ import pytest
 
 import jaxsal_agents
 
-from experiments import paper_b
+from experiments.paper_b import run as paper_b
 
 
 @pytest.mark.slow
@@ -32,7 +32,7 @@ def test_paper_b_tiny_run(tmp_path):
     assert meta["agent_return"] == card_return
     readme = (tmp_path / "README.md").read_text()
     assert f"| breakout | breakout | {card_return:.1f} | 6 | 4 | 2 | 2 |" in readme
-    assert "not run: `python -m experiments.paper_b --game mspacman`" in readme
+    assert "not run: `python -m experiments.paper_b.run --game mspacman`" in readme
     paper_b.main(["--game", "breakout", "--out", str(tmp_path), "--replot"])
 
 

@@ -1,11 +1,11 @@
-"""experiments.object_saliency helpers on known answers (the study itself runs minutes)."""
+"""experiments.objects.run helpers on known answers (the study itself runs minutes)."""
 import csv
 import gzip
 import json
 
 import numpy as np
 
-from experiments.object_saliency import (INTERVAL, bootstrap_ci, bootstrap_interval, top_class, write_per_state,
+from experiments.objects.run import (INTERVAL, bootstrap_ci, bootstrap_interval, top_class, write_per_state,
                                          write_readme)
 from jaxsal.metrics import object_attribution
 from jaxsal.objects import ObjectBoxes

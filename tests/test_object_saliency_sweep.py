@@ -1,15 +1,15 @@
-"""The object study (experiments/object_saliency.py) as sweep configs
-(experiments/object_saliency_sweep/GAME.toml): the study's methods, options and metric, and (slow) a
+"""The object study (experiments/objects/run.py) as sweep configs
+(experiments/objects/sweep/GAME.toml): the study's methods, options and metric, and (slow) a
 sweep over a slice of the study's states giving the study code's maps and object shares."""
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from experiments.object_saliency import METHODS
+from experiments.objects.run import METHODS
 from jaxsal.io import sweep as sw
 
-HERE = Path(__file__).resolve().parents[1] / "experiments" / "object_saliency_sweep"
+HERE = Path(__file__).resolve().parents[1] / "experiments" / "objects" / "sweep"
 GAMES = ("breakout", "pong", "spaceinvaders")
 
 
@@ -25,7 +25,7 @@ def test_each_config_is_the_study_for_its_game(game):
 
 @pytest.mark.slow
 def test_a_sweep_over_a_slice_gives_the_study_shares(tmp_path):
-    from experiments.object_saliency_sweep.check import compare
+    from experiments.objects.sweep.check import compare
 
     rows, ok = compare("breakout", first=2, work=tmp_path)
     assert len(rows) == len(METHODS) * 3 and {r["class"] for r in rows} == {"ball", "paddle", "bricks"}

@@ -1,8 +1,8 @@
-"""experiments.paper_a_claims: the measurements on known answers."""
+"""experiments.paper_a.claims: the measurements on known answers."""
 import numpy as np
 import pytest
 
-from experiments import paper_a_claims as pac
+from experiments.paper_a import claims as pac
 
 
 def frames(n=3, t=2, seed=0):
@@ -89,7 +89,7 @@ def test_report_tables_and_figure_from_claims(tmp_path):
     """The report turns a claims.json of main()'s structure into tables with every interval."""
     import json
 
-    from experiments.paper_a_claims_report import report
+    from experiments.paper_a.claims_report import report
 
     ci = lambda m: {"mean": m, "ci95": [m - 0.1, m + 0.1], "n": 8}
     res = {
@@ -131,7 +131,7 @@ def test_report_tables_and_figure_from_claims(tmp_path):
 
 
 def test_claim1_reanalysis_checks_the_committed_means_and_flags_changed_intervals():
-    from experiments import paper_a_claims_reanalysis as RA
+    from experiments.paper_a import claims_reanalysis as RA
 
     rng = np.random.default_rng(0)
     # runs of 8 nearly equal states: the i.i.d. interval excludes 0, the block one need not

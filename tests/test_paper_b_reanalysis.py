@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy.signal import lfilter
 
-from experiments import paper_b_reanalysis as RA
-from experiments import paper_b_report as R
-from experiments import paper_b_stats as S
+from experiments.paper_b import reanalysis as RA
+from experiments.paper_b import report as R
+from experiments.paper_b import stats as S
 
 
 def _ar1(n, phi, rng):
@@ -78,7 +78,7 @@ def test_winner_crossover_holds_its_level_when_only_scales_and_noise_differ():
 
 
 def _write_game(d, aucs, sanity):
-    """A game folder as experiments.paper_b writes it, from per-state data (committed statistics
+    """A game folder as experiments.paper_b.run writes it, from per-state data (committed statistics
     recomputed by paper_b_stats, as the real run did)."""
     d.mkdir(parents=True)
     (d / "meta.json").write_text(json.dumps({"agent": "x", "agent_return": 1.0, "layer_norm": True}))

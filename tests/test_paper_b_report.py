@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from experiments import paper_b_report as R
+from experiments.paper_b import report as R
 
 FIELDS = ["mode", "substrate", "score", "method", "mean", "low", "high", "diff_vs_random", "p", "p_holm",
           "significant"]

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy.signal import lfilter
 
-from experiments import paper_b as PB
-from experiments import paper_b_rerun as RR
-from experiments import paper_b_rerun_analysis as A
+from experiments.paper_b import run as PB
+from experiments.paper_b import rerun as RR
+from experiments.paper_b import rerun_analysis as A
 
 
 # ------------------------------------------------------------------ sampling

@@ -1,4 +1,4 @@
-"""The Paper B re-run's committed progress (experiments/paper_b_rerun_progress.py): results kept at
+"""The Paper B re-run's committed progress (experiments/paper_b/rerun_progress.py): results kept at
 the outputs' precision, keyed pieces, episodes as seeds and actions replayed exactly, and a run
 resumed on a fresh machine ending with the outputs of an uninterrupted one."""
 import gzip
@@ -9,9 +9,9 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from experiments import paper_b as PB
-from experiments import paper_b_rerun as RR
-from experiments import paper_b_rerun_progress as P
+from experiments.paper_b import run as PB
+from experiments.paper_b import rerun as RR
+from experiments.paper_b import rerun_progress as P
 
 RUN = {"game": "mspacman", "agent": "a", "agent_sha256": "0" * 64, "episodes": 20, "states": 1000,
        "sanity_states": 200, "epsilon": 0.01, "max_episode_steps": 27000, "seed": 0}

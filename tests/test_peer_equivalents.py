@@ -125,7 +125,7 @@ def _minmax(m):
 
 
 def _correlation(u, v) -> float:
-    from experiments.against_peers import correlation
+    from experiments.benchmarks.against_peers import correlation
     return correlation(u, v)
 
 
@@ -212,8 +212,8 @@ LIME = "Lime(model).attribute(x, target=a, feature_mask=segments)"
 def peers_setup():
     torch = pytest.importorskip("torch")
     pytest.importorskip("captum")
-    from experiments import against_peers as AP
-    from experiments.peers.torch_nature import to_nchw
+    from experiments.benchmarks import against_peers as AP
+    from experiments.benchmarks.peers.torch_nature import to_nchw
     torch.set_num_threads(2)
     apply_fn, params, model = AP.build(num_actions=5, seed=1)
     obs = frames(2, seed=3)

@@ -1,4 +1,4 @@
-"""The torch peers of experiments.against_peers: same weights -> same outputs, and each peer map
+"""The torch peers of experiments.benchmarks.against_peers: same weights -> same outputs, and each peer map
 agrees with jaxsal's where the methods are defined the same. Skips cleanly without torch."""
 import numpy as np
 import pytest
@@ -11,9 +11,9 @@ pytestmark = pytest.mark.slow  # a minute of torch and JAX; `make test-slow` ins
 import jax  # noqa: E402
 
 import jaxsal  # noqa: E402
-from experiments import against_peers as AP  # noqa: E402
-from experiments.peers import methods as P  # noqa: E402
-from experiments.peers.torch_nature import from_flax, to_nchw  # noqa: E402
+from experiments.benchmarks import against_peers as AP  # noqa: E402
+from experiments.benchmarks.peers import methods as P  # noqa: E402
+from experiments.benchmarks.peers.torch_nature import from_flax, to_nchw  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_benchmark_runs_end_to_end(tmp_path):
 
 
 def test_peak_memory_child_reports_its_own_peak():
-    from experiments.against_peers import run_child
+    from experiments.benchmarks.against_peers import run_child
     r = run_child(["--case", "gradient", "--side", "jaxsal", "--n", 2], timeout=120)
     assert "error" not in r, r
     assert r["n"] == 2 and r["peak_rss_mb"] >= r["base_rss_mb"] > 50 and r["extra_mb"] >= 0

@@ -1,5 +1,5 @@
-"""The replay-DDDQN frame-stack study (experiments.replay_dddqn_plan) through the shared runner
-(experiments.frame_stack_study): the registry leaves the frozen PQN plans alone, the plan's
+"""The replay-DDDQN frame-stack study (experiments.frame_stack_bug.replay_dddqn_plan) through the shared runner
+(experiments.frame_stack_bug.study): the registry leaves the frozen PQN plans alone, the plan's
 numbers, and the runner end to end on a tiny fake-env study (development seeds only)."""
 import dataclasses
 import json
@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from experiments import frame_stack_bug, frame_stack_plan as plan, frame_stack_study as fss
-from experiments import frame_stack_report, replay_dddqn_plan as rplan
-from experiments.frame_stack_lead import lead_test
+from experiments.frame_stack_bug import plan, replay_dddqn_plan as rplan, report as frame_stack_report
+from experiments.frame_stack_bug import run as frame_stack_bug, study as fss
+from experiments.frame_stack_bug.lead import lead_test
 from tests.test_frame_stack_study import fake_env
 
 
@@ -94,7 +94,7 @@ def test_replay_study_end_to_end_resumes_exports_and_writes_the_summary(tmp_path
     assert rec["done"] is False and rec["steps"] == 16
     s = fss.run_study(TINY, tmp_path / "out", tmp_path / "runs", make_env=make_env, n_boot=20,
                       export_to=tmp_path / "slim", log=lambda m: None)
-    assert s["study"] == "replay_dddqn" and s["preregistration"] == "experiments/replay_dddqn_preregistration.md"
+    assert s["study"] == "replay_dddqn" and s["preregistration"] == "experiments/frame_stack_bug/replay_dddqn_preregistration.md"
     assert s["seeds"] == [0, 1] and set(s["steps"].values()) == {96}
     assert s["complete"] and s["checkpoints"] == [32, 64, 96] and s["alpha_per_bug"] == pytest.approx(0.025)
     assert set(s["bugs"]) == {"reuse", "done_late_p0.3"}

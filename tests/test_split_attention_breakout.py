@@ -1,4 +1,4 @@
-"""experiments.split_attention_breakout end to end on real EnvPool Breakout, tiny config:
+"""experiments.paper_a.split_attention_breakout end to end on real EnvPool Breakout, tiny config:
 trains the split-attention agent under PQN, takes snapshots, draws the strips; on resume the
 probe set and earlier snapshot rows are kept."""
 import csv
@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("envpool")
 
 from jaxsal_agents.snapshots import METHODS, load_snapshots  # noqa: E402
-from experiments.split_attention_breakout import main, parse, snapshot_callback  # noqa: E402
+from experiments.paper_a.split_attention_breakout import main, parse, snapshot_callback  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains an agent
 

@@ -1,5 +1,5 @@
-"""experiments.train_speed's returns-per-CPU-hour table: which agents enter it and its arithmetic."""
-from experiments import train_speed
+"""experiments.benchmarks.train_speed's returns-per-CPU-hour table: which agents enter it and its arithmetic."""
+from experiments.benchmarks import train_speed
 
 
 def test_gain_per_cpu_hour_arithmetic():

@@ -285,8 +285,8 @@ def _pytorch_grad_cam():
 @pytest.fixture(scope="module")
 def nature():
     torch, pgc, target_cls = _pytorch_grad_cam()
-    from experiments import against_peers as AP
-    from experiments.peers.torch_nature import to_nchw
+    from experiments.benchmarks import against_peers as AP
+    from experiments.benchmarks.peers.torch_nature import to_nchw
     torch.set_num_threads(1)
     apply_fn, params, tm = AP.build(num_actions=5, seed=1)
     x = np.random.default_rng(0).integers(0, 256, (3, 84, 84, 4), dtype=np.uint8)

@@ -2,10 +2,10 @@
 
 - notebooks/*.ipynb become pages at notebooks/<name>/ (mkdocs-jupyter renders their
   committed outputs; nothing is executed);
-- the study reports (experiments/*.md, experiments/results/**/*.md) and their figures and the
-  small files they link to become pages and files under experiments/..., so the reproduction
-  pages link to the very files the studies write, and a figure shown in the docs is the
-  committed one.
+- the study reports (experiments/**/*.md: the index, each study's README and registrations, and
+  experiments/results/**/*.md) and their figures and the small files they link to become pages
+  and files under experiments/..., so the reproduction pages link to the very files the studies
+  write, and a figure shown in the docs is the committed one.
 
 Each file keeps its path in the repository. A page in docs/ links to such a file by its path relative
 to the page in the repository (`../experiments/results/...` from docs/agents.md), so that the link works
@@ -36,7 +36,9 @@ MAX_BYTES = 2_000_000
 
 def _repo_files():
     yield from ((p, p.relative_to(ROOT)) for p in sorted((ROOT / "notebooks").glob("*.ipynb")))
-    yield from ((p, p.relative_to(ROOT)) for p in sorted((ROOT / "experiments").glob("*.md")))
+    for p in sorted((ROOT / "experiments").rglob("*.md")):
+        if p.relative_to(ROOT).parts[1] != "results":   # experiments/results/: below, with its figures
+            yield p, p.relative_to(ROOT)
     for p in sorted((ROOT / "experiments" / "results").rglob("*")):
         rel = p.relative_to(ROOT)
         if (p.is_file() and p.suffix in RESULT_SUFFIXES and p.name not in SKIP_NAMES

@@ -171,7 +171,7 @@ def _load(path: Path) -> dict:
 def settings(game: str, agent, methods, episodes: int, states_per_episode: int, epsilon: float, max_steps: int,
              moves) -> dict:
     """What every record depends on; run.json holds it, and a run with other settings is refused."""
-    from experiments.paper_b_rerun_progress import sha256_tree
+    from experiments.common.hashing import sha256_tree
 
     return {"game": game, "agent": agent.name, "agent_sha256": sha256_tree(agent.params), "methods": list(methods),
             "episodes": int(episodes), "states_per_episode": int(states_per_episode), "epsilon": float(epsilon),
@@ -279,9 +279,9 @@ def check_args(game, episodes, states_per_episode, epsilon, max_steps) -> None:
 
 
 def record_provenance(folder: Path) -> None:
-    """Append this start's host, CPU, versions, load and git commit (experiments.machine) to
+    """Append this start's host, CPU, versions, load and git commit (experiments.common.machine) to
     folder/provenance.json: one entry per start or resumption of the run."""
-    from experiments.machine import provenance
+    from experiments.common.machine import provenance
 
     f = folder / "provenance.json"
     entries = json.loads(f.read_text()) if f.exists() else []

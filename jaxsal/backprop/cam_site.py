@@ -15,7 +15,7 @@ which changes the channel weights w_k (tests/test_cam_site.py checks against the
 
 Why the default stays "module": it needs no assumption about the network, matches the peers a
 user compares with (Captum, pytorch-grad-cam on a conv module), and keeps earlier results
-reproducible; Paper B reproductions report both (experiments/paper_b.py).
+reproducible; Paper B reproductions report both (experiments/paper_b/run.py).
 """
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Helpers every study and benchmark shares: the results folder, the machine record, hashes."""

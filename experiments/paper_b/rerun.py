@@ -1,0 +1,424 @@
+"""Paper B re-run on many episodes and randomisation draws (issue 42, item 2): the runner of
+experiments/paper_b/rerun_registration.md. One game per call, resumable, per-state results
+with episode ids; the registered analysis is experiments/paper_b/rerun_analysis.py.
+
+    python -m experiments.paper_b.rerun --game mspacman              # the registered size (hours)
+    python -m experiments.paper_b.rerun --game mspacman --analyse    # only re-run the analysis
+    python -m experiments.paper_b.rerun --estimate                   # hours per game from timing.csv
+
+States: EPISODES independent full games of the agent (episode e: env seed env_seed(seed, e),
+EnvPool's 0-29 no-op start drawn by that seed, epsilon-greedy actions with EPSILON from a
+generator seeded by the same number), STATES // EPISODES states per episode spread evenly
+over the whole game (`spread_steps`). The sanity check runs on SANITY_STATES // EPISODES of
+each episode's states (spread evenly over them) x DRAWS randomisation draws. Every piece of
+work (an episode, a method's maps, its fidelity, one sanity draw) is cached under --cache as
+its own .npz written atomically, so a run stopped anywhere resumes where it stopped. The cache
+is large (the frames and maps); what outlives the machine is the progress folder
+(--progress, by default --out/<game>/progress/, `paper_b_rerun_progress`): the episodes as
+seeds and actions, each method's finished results, written as they finish and restored at
+the start (episodes by an exact, hash-checked replay), so a session on a fresh machine only
+computes what no earlier session finished. Outputs go to --out/<game>/ once every piece is done.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.common.hashing import sha256_array, sha256_tree
+from experiments.common.machine import git_state, provenance
+from experiments.common.paths import RESULTS
+from experiments.paper_b import run as PB
+from experiments.paper_b import rerun_analysis as A
+from experiments.paper_b import rerun_progress as P
+from experiments.paper_b.rerun_progress import load_npz, save_npz
+from jaxsal.metrics import sanity_check
+from jaxsal.metrics.sanity import _layer_names, group_norms
+
+OUT = RESULTS / "paper_b_rerun"
+CACHE = Path("~/jaxsal-runs/paper_b_rerun")
+EPISODES, STATES, SANITY_STATES, DRAWS = 20, 1000, 200, 10
+EPSILON = 0.01                 # the shipped agents' final training epsilon
+MAX_EPISODE_STEPS = 27_000     # 108,000 frames, EnvPool's and the cards' evaluation cap
+SEED = 0
+DECIMALS = 5                   # the outputs' precision: the progress folder keeps the results at it
+SETTINGS = [(mode, sub, score) for mode in PB.MODES for sub, score in PB.SETTINGS]
+
+
+def env_seed(seed: int, episode: int) -> int:
+    """The env (and exploration) seed of episode `episode`: 1000 (seed + 1) + episode, away from
+    the committed study's seed 0."""
+    return 1000 * (seed + 1) + episode
+
+
+def spread(n: int, k: int) -> np.ndarray:
+    """k indices spread evenly over range(n) (round(linspace(0, n - 1, k))); all n when n <= k."""
+    if n <= k:
+        return np.arange(n)
+    return np.round(np.linspace(0, n - 1, k)).astype(int)
+
+
+def spread_steps(length: int, k: int) -> np.ndarray:
+    """The steps an episode of `length` steps contributes: s = the smallest power of two that
+    leaves at most 2k multiples of s in [0, length); of those multiples, the k at `spread`."""
+    if length <= k:
+        return np.arange(length)
+    s = 1
+    while (length - 1) // s + 1 > 2 * k:
+        s *= 2
+    kept = np.arange(0, length, s)
+    return kept[spread(len(kept), k)]
+
+
+class SpreadBuffer:
+    """Streams an episode and keeps at most 2k + 1 observations, ending with exactly the states at
+    `spread_steps(length, k)` (the episode's length is not known while it is played)."""
+
+    def __init__(self, k: int):
+        self.k, self.stride, self.steps, self.obs = k, 1, [], []
+
+    def add(self, t: int, obs) -> None:
+        if t % self.stride:
+            return
+        self.steps.append(t)
+        self.obs.append(np.asarray(obs))
+        if len(self.steps) > 2 * self.k:
+            self.stride *= 2
+            keep = [i for i, s in enumerate(self.steps) if s % self.stride == 0]
+            self.steps = [self.steps[i] for i in keep]
+            self.obs = [self.obs[i] for i in keep]
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        pick = spread(len(self.steps), self.k)
+        return np.asarray(self.steps)[pick], np.stack([self.obs[i] for i in pick])
+
+
+def play_episode(agent, game: str, seed: int, k: int, epsilon: float = EPSILON,
+                 max_steps: int = MAX_EPISODE_STEPS, make_env=None, actions=None) -> dict:
+    """One full game (or `max_steps` steps) with epsilon-greedy actions; k states spread over it.
+    actions: replay these recorded actions instead of asking the agent (the exploration draws are
+    still made, so a consistent record reproduces the same game, hashes included)."""
+    from jaxsal_agents.envs import make_env as _make
+    env = (make_env or _make)(game, 1, train=False, seed=seed)
+    rng = np.random.default_rng(seed)
+    policy = None if actions is not None else jax.jit(agent.apply_fn)
+    buf, traj, taken = SpreadBuffer(k), hashlib.sha256(), []
+    obs, ret, t, explored, done = env.reset(), 0.0, 0, 0, False
+    while not done and t < max_steps:
+        if actions is not None and t >= len(actions):
+            break                   # the record ends early: the length check refuses the replay
+        buf.add(t, obs[0])
+        if actions is None:
+            a = int(jnp.argmax(_q(policy(agent.params, jnp.asarray(obs)))[0]))
+        else:
+            a = int(actions[t])
+        if rng.random() < epsilon:
+            a, explored = int(rng.integers(env.num_actions)), explored + 1
+        traj.update(np.ascontiguousarray(obs).tobytes() + a.to_bytes(2, "little"))
+        taken.append(a)
+        obs, reward, d, _ = env.step(np.array([a]))
+        ret += float(reward[0])
+        done, t = bool(d[0]), t + 1
+    steps, states = buf.result()
+    return {"obs": states, "steps": steps, "length": t, "return": ret, "truncated": not done,
+            "random_actions": explored, "env_seed": seed, "trajectory_sha256": traj.hexdigest(),
+            "actions": np.asarray(taken, np.int32)}
+
+
+def _q(out):
+    return out["q"] if isinstance(out, dict) else out
+
+
+# ------------------------------------------------------------------ cache
+def collect_states(agent, game, args, cache: Path, log=print, progress: P.Progress | None = None) -> dict:
+    """Every registered episode, cached one file each (a recorded one replayed from `progress`,
+    a new one recorded there); the states in study order: each episode's sanity states first
+    (episode by episode), then the rest, so the sanity states are a prefix (maps of a prefix of
+    the states are the prefix of the maps)."""
+    k, k_s = args.states // args.episodes, args.sanity_states // args.episodes
+    progress = progress or P.Progress(None, {})
+    eps, e = [], 0
+    while e < args.episodes or sum(len(x["steps"]) for x in eps) < args.states:
+        f = cache / "episodes" / f"ep{e:03d}.npz"
+        if not f.exists():
+            if progress.has_episode(e):
+                log(f"[{game}] episode {e}: replaying its recorded actions")
+                r = progress.replay_episode(e, lambda seed, actions: play_episode(
+                    None, game, seed, k, args.epsilon, args.max_episode_steps, actions=actions))
+            else:
+                log(f"[{game}] episode {e} (seed {env_seed(args.seed, e)})")
+                r = play_episode(agent, game, env_seed(args.seed, e), k, args.epsilon, args.max_episode_steps)
+            save_npz(f, **{key: np.asarray(v) for key, v in r.items()})
+        eps.append(load_npz(f))
+        if "actions" not in eps[-1] and progress.root is not None:
+            raise P.ProgressMismatch(f"{f} was cached without its actions, so it cannot be recorded for another "
+                                     f"machine; start from an empty --cache (or pass --no-progress)")
+        if progress.has_episode(e):
+            progress.check_episode(e, eps[-1])      # a cache from another run is refused, not mixed
+        else:
+            progress.save_episode(e, eps[-1])
+        e += 1
+    hashes = [str(x["trajectory_sha256"]) for x in eps]
+    order_s, order_r = [], []
+    for i, x in enumerate(eps):
+        s_idx = set(spread(len(x["steps"]), k_s).tolist())
+        for j in range(len(x["steps"])):
+            (order_s if j in s_idx else order_r).append((i, j))
+    order = order_s + order_r
+    return {"obs": np.stack([eps[i]["obs"][j] for i, j in order]),
+            "episode": np.array([i for i, _ in order]), "step": np.array([int(eps[i]["steps"][j]) for i, j in order]),
+            "n_sanity": len(order_s), "episodes": eps, "distinct_episodes": len(set(hashes))}
+
+
+def method_dir(cache: Path, label: str, mkey: str) -> Path:
+    """The method's cache folder, named by its key: pieces made under other settings (batch size,
+    layers, options...) are never picked up, here or in the progress folder."""
+    return cache / "methods" / f"{label}_{mkey[:12]}"
+
+
+def method_maps(d: Path, label, agent, obs, method, opts, key, log=print):
+    """The method's maps of all states (cached), with their timing in timing.npz beside them."""
+    f = d / "maps.npz"
+    if f.exists():
+        return load_npz(f)["maps"]
+    log(f"[{label}] maps on {len(obs)} states")
+    load = os.getloadavg()[0]
+    maps, first, per_map = PB.time_maps(agent, obs, method, opts, key)
+    if not (d / "timing.npz").exists():     # the first computation's timing is the one reported
+        save_npz(d / "timing.npz", first_call_s=round(first, 3), ms_per_map=round(1000 * per_map, 3),
+                 load_avg_1min=round(load, 2))
+    save_npz(f, maps=np.asarray(maps, np.float32))
+    return np.asarray(maps, np.float32)
+
+
+def method_timing(d: Path) -> dict:
+    z = load_npz(d / "timing.npz")
+    return {k: float(z[k]) for k in ("first_call_s", "ms_per_map", "load_avg_1min")}
+
+
+def method_done(d: Path, draws) -> bool:
+    """Whether every result of the method (timing, fidelity, each sanity draw) is in the cache."""
+    return all((d / f"{n}.npz").exists() for n in ["timing", "fidelity"] + [f"sanity_d{i:02d}" for i in range(draws)])
+
+
+def method_fidelity(d: Path, label, agent, obs, maps, key, batch_size) -> dict:
+    """{(mode, substrate, score): (aucs (N,), mean curve)}; the random substrate is the same draw
+    for every method (PB.fidelity's key)."""
+    f = d / "fidelity.npz"
+    if not f.exists():
+        fid = PB.fidelity(agent, obs, {label: maps}, key, batch_size)
+        save_npz(f, **{f"auc/{'/'.join(s)}": v[label][0] for s, v in fid.items()},
+                 **{f"curve/{'/'.join(s)}": v[label][1] for s, v in fid.items()})
+    z = load_npz(f)
+    return {tuple(k.split("/")[1:]): (z[k], z["curve/" + k[4:]]) for k in z if k.startswith("auc/")}
+
+
+def method_sanity(d: Path, label, agent, obs, maps, method, opts, key, draw, layers, log=print) -> dict:
+    """{group: {metric: (n_sanity,)}} of one randomisation draw."""
+    f = d / f"sanity_d{draw:02d}.npz"
+    if not f.exists():
+        log(f"[{label}] sanity check on {len(obs)} states, draw {draw}")
+        r = sanity_check(agent.model, agent.params, obs, method=method, layers=layers, key=key, draw=draw,
+                            metrics=PB.METRICS, original=maps, **opts)
+        save_npz(f, **{f"{g}/{m}": np.asarray(v) for g, res in r.items() for m, v in res.items()})
+    z = load_npz(f)
+    out = {}
+    for k, v in z.items():
+        g, m = k.split("/")
+        out.setdefault(g, {})[m] = v
+    return out
+
+
+# ------------------------------------------------------------------ one game
+def run_game(game: str, args, log=print) -> Path:
+    agent, agent_name, card = PB.load_agent(game, args.agent_file)
+    cache = Path(args.cache).expanduser() / game / (
+        f"{agent.name}_e{args.episodes}_n{args.states}_k{args.sanity_states}_eps{args.epsilon}"
+        f"_max{args.max_episode_steps}_seed{args.seed}")
+    progress = open_progress(game, agent, args, log)
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "provenance.jsonl", "a") as f:     # one line per start or resume
+        f.write(json.dumps({**provenance(), "command": " ".join(sys.argv)}) + "\n")
+    key = jax.random.PRNGKey(args.seed)
+    st = collect_states(agent, game, args, cache, log, progress)
+    obs, n_s = st["obs"], st["n_sanity"]
+    known = _layer_names(agent.params)
+    layers = group_norms(agent.params, [l for l in PB.LAYERS if l in known])
+    chosen = [m for m in PB.METHODS if not args.methods or m[0] in args.methods]
+    base = {"run": progress.run_key, "decimals": DECIMALS, "states_sha256": sha256_array(obs), "n_sanity": int(n_s),
+            "batch_size": args.batch_size, "modes": PB.MODES, "settings": PB.SETTINGS,
+            "layers": [list(g) if isinstance(g, tuple) else g for g in layers], "metrics": PB.METRICS}
+    timing, failed, aucs, curves, sanity = [], {}, {}, {}, {}
+    for label, method, opts, _ in chosen:
+        fields = {**base, "label": label, "method": method, "options": opts}
+        mkey = P.key_of(fields)
+        mdir = method_dir(cache, label, mkey)
+        try:
+            if progress.restore_method(label, mkey, mdir):
+                log(f"[{label}] restored from the progress folder")
+            maps = None if method_done(mdir, args.draws) else method_maps(
+                mdir, label, agent, obs, method, opts, key, log)
+            for s, (a, c) in method_fidelity(mdir, label, agent, obs, maps, key, args.batch_size).items():
+                aucs.setdefault(s, {})[label], curves.setdefault(s, {})[label] = a, c
+            progress.save_method(label, mkey, fields, mdir)
+            sanity[label] = {}
+            for d in range(args.draws):
+                sanity[label][d] = method_sanity(mdir, label, agent, obs[:n_s], None if maps is None else maps[:n_s],
+                                                 method, opts, key, d, layers, log)
+                progress.save_method(label, mkey, fields, mdir)
+        except Exception as e:   # one broken method must not lose the others' results
+            failed[label] = f"{type(e).__name__}: {e}"
+            log(f"[{game}] {label} FAILED: {failed[label]}")
+            continue
+        timing.append({"method": label, "states_timed": min(4, len(obs)), **method_timing(mdir)})
+    fields = {**base, "label": "random", "method": "uniform", "options": {"key_fold": 7}}
+    mkey = P.key_of(fields)
+    mdir = method_dir(cache, "random", mkey)
+    progress.restore_method("random", mkey, mdir)
+    rnd = np.asarray(jax.random.uniform(jax.random.fold_in(key, 7), obs.shape[:3]))
+    for s, (a, c) in method_fidelity(mdir, "random", agent, obs, rnd, key, args.batch_size).items():
+        aucs.setdefault(s, {})["random"], curves.setdefault(s, {})["random"] = a, c
+    progress.save_method("random", mkey, fields, mdir)
+    out = Path(args.out) / game
+    out.mkdir(parents=True, exist_ok=True)
+    write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers,
+                  [m[0] for m in chosen], cache)
+    A.write_game(out)
+    A.write_readme(Path(args.out))
+    log(f"[{game}] wrote {out}")
+    return out
+
+
+def open_progress(game, agent, args, log=print) -> P.Progress:
+    """The game's progress folder (--progress, by default --out/<game>/progress; off with
+    --no-progress) for this run's settings; a folder recorded under other settings is refused."""
+    root = None if args.progress == "" else Path(args.progress or Path(args.out) / game / "progress")
+    run = {"game": game, "agent": agent.name, "agent_sha256": sha256_tree(agent.params),
+           "episodes": args.episodes, "states": args.states, "sanity_states": args.sanity_states,
+           "epsilon": args.epsilon, "max_episode_steps": args.max_episode_steps, "seed": args.seed}
+    made_by = {**git_state(), "jax": jax.__version__, "backend": jax.default_backend()}
+    return P.Progress(root, run, made_by, log, DECIMALS)
+
+
+def write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers, methods,
+                  cache):
+    ep, step, n_s = st["episode"], st["step"], st["n_sanity"]
+    PB.write_csv(out / "states.csv", [{"state": i, "episode": int(e), "step": int(s), "sanity": i < n_s}
+                                      for i, (e, s) in enumerate(zip(ep, step))])
+    eps = st["episodes"]
+    PB.write_csv(out / "episodes.csv", [
+        {"episode": i, "env_seed": int(x["env_seed"]), "length": int(x["length"]), "return": float(x["return"]),
+         "truncated": bool(x["truncated"]), "random_actions": int(x["random_actions"]),
+         "states": len(x["steps"]), "trajectory_sha256": str(x["trajectory_sha256"])} for i, x in enumerate(eps)])
+    PB.write_csv(out / "auc_per_state.csv.gz", [
+        {"mode": s[0], "substrate": s[1], "score": s[2], "method": m, "state": i, "episode": int(ep[i]),
+         "auc": round(float(v), DECIMALS)} for s, res in aucs.items() for m, a in res.items() for i, v in enumerate(a)])
+    PB.write_csv(out / "curves.csv", [
+        {"mode": s[0], "substrate": s[1], "score": s[2], "method": m, "step": t, "mean": round(float(v), DECIMALS)}
+        for s, res in curves.items() for m, c in res.items() for t, v in enumerate(c)])
+    rows = []
+    for m, by_draw in sanity.items():
+        for d, res in by_draw.items():
+            for g in res:
+                rows.extend({"method": m, "randomised": g, "draw": d, "state": i, "episode": int(ep[i]),
+                             **{k: round(float(res[g][k][i]), DECIMALS) for k in PB.METRICS}} for i in range(n_s))
+    if rows:
+        PB.write_csv(out / "sanity_per_state.csv.gz", rows)
+    if timing:
+        PB.write_csv(out / "timing.csv", timing)
+    sessions = [json.loads(line) for line in (cache / "provenance.jsonl").read_text().splitlines() if line]
+    meta = {"game": game, "agent": agent_name, "agent_return": card.get("eval", {}).get("mean_return"),
+            "agent_return_ci95": card.get("eval", {}).get("ci95"),
+            "agent_frames_trained": card.get("frames_trained"), "layer_norm": bool(card.get("layer_norm", False)),
+            "agents": 1, "states": int(len(ep)), "sanity_states": int(n_s), "sanity_draws": int(args.draws),
+            "episodes": len(eps), "resampling_unit": "episode", "sanity_resampling_unit": "draw x episode",
+            "states_per_episode": args.states // args.episodes,
+            "sanity_states_per_episode": args.sanity_states // args.episodes,
+            "episode_of_state": [int(e) for e in ep], "step_of_state": [int(s) for s in step],
+            "episode_returns": [float(x["return"]) for x in eps], "episode_lengths": [int(x["length"]) for x in eps],
+            "episode_env_seeds": [int(x["env_seed"]) for x in eps],
+            "episodes_truncated": int(sum(bool(x["truncated"]) for x in eps)),
+            "distinct_episodes": int(st["distinct_episodes"]), "epsilon": args.epsilon, "noop_max": 30,
+            "max_episode_steps": args.max_episode_steps, "seed": args.seed, "methods": methods,
+            "failed_methods": failed, "layers_randomised": [list(g) if isinstance(g, tuple) else g for g in layers],
+            "registration": "experiments/paper_b/rerun_registration.md", "provenance": sessions[-1],
+            "sessions": sessions, "command": " ".join(sys.argv)}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+# ------------------------------------------------------------------ cost
+def estimate(timing_csv: Path, states=STATES, sanity_states=SANITY_STATES, draws=DRAWS, layers=5,
+             old=(1000, 200, 3)) -> dict:
+    """Hours of map computation per game from a committed timing.csv (steady ms per map of each
+    method): (states + draws x layers x sanity_states) maps per method; `old` is the committed
+    study's (states, sanity states, draws), for comparison."""
+    rows = PB.read_csv(timing_csv)
+    ms = sum(float(r["ms_per_map"]) for r in rows)
+    maps = lambda n, k, d: n + d * layers * k
+    return {"ms_per_map_all_methods": ms, "hours_maps": maps(states, sanity_states, draws) * ms / 3.6e6,
+            "hours_sanity": draws * layers * sanity_states * ms / 3.6e6,
+            "hours_maps_old": maps(*old) * ms / 3.6e6, "hours_sanity_old": old[2] * layers * old[1] * ms / 3.6e6}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--game", choices=PB.GAMES + ("minatar-breakout",),
+                   help="one game per call (minatar-breakout: a seconds-long smoke run, not part of the study)")
+    p.add_argument("--episodes", type=int, default=EPISODES)
+    p.add_argument("--states", type=int, default=STATES)
+    p.add_argument("--sanity-states", type=int, default=SANITY_STATES)
+    p.add_argument("--draws", type=int, default=DRAWS)
+    p.add_argument("--epsilon", type=float, default=EPSILON)
+    p.add_argument("--max-episode-steps", type=int, default=MAX_EPISODE_STEPS)
+    p.add_argument("--methods", nargs="*", default=None, help=f"subset of {[m[0] for m in PB.METHODS]}")
+    p.add_argument("--agent-file", default=None)
+    p.add_argument("--batch-size", type=int, default=1020)
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--cache", default=str(CACHE), help="where the resumable pieces live (outside the repo)")
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--progress", default=None,
+                   help="the committed progress folder, restored at the start and written as pieces finish "
+                        "(default: --out/<game>/progress)")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const="",
+                   help="neither restore nor record progress (the cache alone)")
+    p.add_argument("--analyse", action="store_true", help="only re-run the registered analysis on --out/<game>")
+    p.add_argument("--estimate", action="store_true", help="print hours per game from the committed timing")
+    a = p.parse_args(argv)
+    if a.estimate:
+        for g in PB.GAMES:
+            e = estimate(PB.OUT / g / "timing.csv", a.states, a.sanity_states, a.draws)
+            print(f"{g}: maps {e['hours_maps']:.2f} h (sanity {e['hours_sanity']:.2f} h); committed study "
+                  f"{e['hours_maps_old']:.2f} h (sanity {e['hours_sanity_old']:.2f} h)")
+        return
+    if not a.game:
+        p.error("--game is required (one game per call)")
+    if min(a.episodes, a.states, a.sanity_states, a.draws, a.max_episode_steps) < 1:
+        p.error("--episodes, --states, --sanity-states, --draws and --max-episode-steps must be >= 1")
+    if a.states < a.episodes or a.sanity_states < a.episodes or a.sanity_states > a.states:
+        p.error("need --episodes <= --sanity-states <= --states (each episode gives states and sanity states)")
+    if not 0.0 <= a.epsilon <= 1.0:
+        p.error("--epsilon must be in [0, 1]")
+    if a.methods:
+        unknown = set(a.methods) - {m[0] for m in PB.METHODS}
+        if unknown:
+            p.error(f"unknown method labels {sorted(unknown)}; choose from {[m[0] for m in PB.METHODS]}")
+    if a.analyse:
+        A.write_game(Path(a.out) / a.game)
+        A.write_readme(Path(a.out))
+        return
+    try:
+        run_game(a.game, a, log=lambda s: print(s, flush=True))
+    except (P.ProgressMismatch, P.ReplayMismatch) as e:
+        sys.exit(f"paper_b_rerun: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""The registered analysis of the Paper B re-run (experiments/paper_b/rerun_registration.md):
+episodes, not states, are the replicates; for the sanity check, draws and episodes.
+
+    python -m experiments.paper_b.rerun_analysis --game mspacman   # <out>/<game>/summary.json + README.md
+
+Inputs per game (written by experiments/paper_b/rerun.py): meta.json, auc_per_state.csv.gz
+(every state with its episode id), sanity_per_state.csv.gz (every sanity state x draw with its
+episode id). Fixed here, before any of the re-run's data exist:
+- Estimate: the mean of the episode means (every episode weighs the same).
+- Intervals: percentile cluster bootstrap, whole episodes resampled with replacement,
+  N_RESAMPLES = 10,000, seed SEED = 0, level 95 %; for the sanity check, draws and episodes
+  resampled independently (two-way "pigeonhole" bootstrap of the draw x episode cell means).
+- Tests: against the random map and between methods, a two-sided paired t-test on the
+  episode means of the per-state differences (df = episodes - 1). Sanity check: a two-sided
+  t-test of the mean Spearman similarity against FAIL_SPEARMAN = 0.5 with the variance
+  var(draw means) / draws + var(episode means) / episodes (the two-way standard error,
+  conservative by one interaction term) and Welch-Satterthwaite degrees of freedom.
+- Multiplicity: Holm within a game over a family, then Bonferroni over the N_GAMES = 4 games:
+  p_adj = min(1, 4 x Holm p); significant at p_adj <= ALPHA = 0.05. Families per game: the
+  sanity check (every method x randomised layer); against the random map, one per setting
+  (mode x substrate x score) over the methods; between methods, one per setting over all pairs.
+  So the family-wise error over methods x games is <= ALPHA in every family, and each game's
+  verdicts are final when that game is done.
+- Verdicts: sanity "fails" = mean above 0.5 and significant, "passes" = below and significant,
+  else "inconclusive" (also when the design cannot estimate the variance: one draw or one
+  episode). Paper B's claims with the re-analysis' rules (experiments/paper_b/reanalysis.py:
+  best_verdict, winner_crossover, sign_verdict, verdicts) on these statistics.
+- A run below the registered size (states, episodes, sanity states, draws) is analysed the
+  same way and labelled exploratory (`design_met: false`).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from experiments.common.paths import RESULTS
+from experiments.paper_b import reanalysis as RA
+from experiments.paper_b import report as R
+from jaxsal.metrics.statistics import holm
+
+OUT = RESULTS / "paper_b_rerun"
+N_RESAMPLES, LEVEL, ALPHA, SEED, N_GAMES = 10_000, 0.95, 0.05, 0, 4
+FAIL_SPEARMAN = 0.5
+DESIGN = {"states": 1000, "episodes": 20, "sanity_states": 200, "sanity_draws": 10}
+BASELINES = ("random_uniform", "random_gaussian")
+RANDOM = "random"
+METRICS = ("spearman", "ssim_flat", "ssim", "hog")
+
+
+# ------------------------------------------------------------------ statistics
+def episode_means(x, episode) -> np.ndarray:
+    """Mean of x per episode, episodes in increasing id order."""
+    x, episode = np.asarray(x, np.float64), np.asarray(episode)
+    ids, inv = np.unique(episode, return_inverse=True)
+    return np.bincount(inv, x) / np.bincount(inv)
+
+
+def cluster_ci(x, episode, n_resamples=N_RESAMPLES, level=LEVEL, seed=SEED) -> dict:
+    """{mean, low, high, episodes}: the mean of the episode means and its percentile interval from
+    resampling whole episodes with replacement (no interval from fewer than 2 episodes)."""
+    m = episode_means(x, episode)
+    n = len(m)
+    out = {"mean": float(m.mean()), "low": float("nan"), "high": float("nan"), "episodes": n}
+    if n >= 2:
+        idx = np.random.default_rng(seed).integers(0, n, (n_resamples, n))
+        lo, hi = np.quantile(m[idx].mean(1), [(1 - level) / 2, (1 + level) / 2])
+        out.update(low=float(lo), high=float(hi))
+    return out
+
+
+def state_ci(x, n_resamples=N_RESAMPLES, level=LEVEL, seed=SEED) -> dict:
+    """The same interval with states as independent units (what this design rejects; tests show
+    why)."""
+    x = np.asarray(x, np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(x), (n_resamples, len(x)))
+    lo, hi = np.quantile(x[idx].mean(1), [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(x.mean()), "low": float(lo), "high": float(hi)}
+
+
+def episode_test(x, y, episode) -> dict:
+    """Two-sided paired t-test on the episode means of x - y: {diff, p, df, episodes}."""
+    d = episode_means(np.asarray(x, np.float64) - np.asarray(y, np.float64), episode)
+    n = len(d)
+    diff = float(d.mean())
+    if n < 2:
+        return {"diff": diff, "p": float("nan"), "df": 0, "episodes": n}
+    se = d.std(ddof=1) / np.sqrt(n)
+    if se == 0:
+        p = 1.0 if diff == 0 else 0.0
+    else:
+        p = float(2 * stats.t.sf(abs(diff / se), n - 1))
+    return {"diff": diff, "p": p, "df": n - 1, "episodes": n}
+
+
+def cells(values, episode) -> np.ndarray:
+    """(draws, episodes) cell means of per-draw, per-state values (draws, n_states)."""
+    return np.stack([episode_means(v, episode) for v in np.asarray(values, np.float64)])
+
+
+def twoway_ci(c, n_resamples=N_RESAMPLES, level=LEVEL, seed=SEED) -> dict:
+    """Mean of the (draws, episodes) cell means, percentile interval from resampling draws and
+    episodes independently with replacement (none with fewer than 2 of either)."""
+    c = np.asarray(c, np.float64)
+    D, E = c.shape
+    out = {"mean": float(c.mean()), "low": float("nan"), "high": float("nan"), "draws": D, "episodes": E}
+    if D >= 2 and E >= 2:
+        rng = np.random.default_rng(seed)
+        di, ei = rng.integers(0, D, (n_resamples, D)), rng.integers(0, E, (n_resamples, E))
+        boot = _grid_means(c, di, ei)
+        lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+        out.update(low=float(lo), high=float(hi))
+    return out
+
+
+def _counts(idx, n):
+    """(resamples, n) how often each unit is drawn in each resample."""
+    out = np.zeros((idx.shape[0], n))
+    np.add.at(out, (np.arange(idx.shape[0])[:, None], idx), 1.0)
+    return out
+
+
+def _grid_means(c, di, ei):
+    """Mean of c over the grid of resampled draws x resampled episodes, per resample:
+    sum_d sum_e w_d v_e c[d, e] / (D E) with w, v the draw and episode counts."""
+    w, v = _counts(di, c.shape[0]), _counts(ei, c.shape[1])
+    return np.einsum("bd,de,be->b", w, c, v) / (c.shape[0] * c.shape[1])
+
+
+def twoway_test(c, mu0=FAIL_SPEARMAN) -> dict:
+    """Two-sided t-test of mean(c) = mu0 for (draws, episodes) cell means, SE^2 = var(draw
+    means)/D + var(episode means)/E, Welch-Satterthwaite df: {mean, p, df, se}. p is NaN where
+    the design cannot estimate a term (one draw or one episode)."""
+    c = np.asarray(c, np.float64)
+    D, E = c.shape
+    mean = float(c.mean())
+    if D < 2 or E < 2:
+        return {"mean": mean, "p": float("nan"), "df": float("nan"), "se": float("nan")}
+    vd, ve = c.mean(1).var(ddof=1) / D, c.mean(0).var(ddof=1) / E
+    se2 = vd + ve
+    if se2 == 0:
+        return {"mean": mean, "p": 1.0 if mean == mu0 else 0.0, "df": float("inf"), "se": 0.0}
+    df = se2 ** 2 / (vd ** 2 / (D - 1) + ve ** 2 / (E - 1))
+    return {"mean": mean, "p": float(2 * stats.t.sf(abs(mean - mu0) / np.sqrt(se2), df)), "df": float(df),
+            "se": float(np.sqrt(se2))}
+
+
+def adjust(rows: list[dict], n_games: int = N_GAMES, alpha: float = ALPHA) -> list[dict]:
+    """p_adj = min(1, n_games x Holm p) over the family `rows` (NaN p stays NaN, never significant)."""
+    ps = [r["p"] for r in rows]
+    for r, p in zip(rows, holm(ps)):
+        p_adj = float(min(1.0, n_games * p)) if np.isfinite(p) else float("nan")
+        r["p_holm"] = p_adj
+        r["significant"] = bool(np.isfinite(p_adj) and p_adj <= alpha)
+    return rows
+
+
+def sanity_verdict(row: dict) -> str:
+    if not row["significant"]:
+        return "inconclusive"
+    return "fails" if row["mean"] > FAIL_SPEARMAN else "passes"
+
+
+# ------------------------------------------------------------------ one game
+def analyse(aucs: dict, sanity: dict, state_episode, sanity_episode, meta: dict,
+            n_resamples: int = N_RESAMPLES) -> dict:
+    """aucs: {(mode, substrate, score): {method: (N,) per state}} with the random map as "random";
+    sanity: {(method, randomised): {metric: (draws, n_sanity)}}; *_episode: the states' episode ids."""
+    game = meta["game"]
+    methods = [m for m in next(iter(aucs.values())) if m != RANDOM] if aucs else []
+    ar, pw = {}, {}
+    for s, res in aucs.items():
+        rows = {}
+        for m, x in res.items():
+            rows[m] = cluster_ci(x, state_episode, n_resamples)
+            if m != RANDOM:
+                t = episode_test(x, res[RANDOM], state_episode)
+                d = cluster_ci(np.asarray(x) - res[RANDOM], state_episode, n_resamples)
+                rows[m].update(diff=t["diff"], p=t["p"], df=t["df"], diff_low=d["low"], diff_high=d["high"])
+        adjust([r for m, r in rows.items() if m != RANDOM])
+        ar[s] = rows
+        names = list(res)
+        pairs = {(a, b): episode_test(res[a], res[b], state_episode) for i, a in enumerate(names) for b in names[i + 1:]}
+        adjust(list(pairs.values()))
+        pw[s] = pairs
+    san, tested = {}, []
+    for (m, g), by_metric in sanity.items():
+        c = cells(by_metric["spearman"], sanity_episode)
+        row = {**twoway_ci(c, n_resamples), "draw_means": [float(v) for v in c.mean(1)],
+               "other_metrics": {k: twoway_ci(cells(v, sanity_episode), n_resamples)["mean"]
+                                 for k, v in by_metric.items() if k != "spearman"}}
+        if g not in BASELINES:
+            t = twoway_test(c)
+            row.update(p=t["p"], df=t["df"], se=t["se"])
+            tested.append(row)
+        san[(m, g)] = row
+    adjust(tested)
+    for (m, g), row in san.items():
+        row["verdict"] = sanity_verdict(row) if g not in BASELINES else ""
+    out = {"against_random": ar, "pairwise": pw, "sanity": san}
+    paper_b = game in R.PAPER_B_AUC and set(RA.MAPPINGS["matched"].values()) | set(R.PAPER_B_SET) <= set(methods) \
+        and all(s in ar for s in RA.INSERTION)
+    out["verdicts"] = RA.verdicts(game, out, methods) if paper_b else [
+        {"id": f"sanity_q:{m}", "game": game, "finding": f"{m}: output-layer sanity check", "mapping": "",
+         "verdict": san[(m, "q")]["verdict"], "detail": ""} for m in methods if (m, "q") in san]
+    ret = meta.get("episode_returns") or []
+    design = {k: int(meta.get(k, 0)) >= v for k, v in DESIGN.items()}
+    design["resampling_unit"] = meta.get("resampling_unit") == "episode"
+    return {"game": game, "design": design, "design_met": all(design.values()), "meta": meta,
+            "returns": cluster_ci(ret, np.arange(len(ret)), n_resamples) if ret else None, **out}
+
+
+# ------------------------------------------------------------------ files
+def _read(path):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def load_game(d: Path):
+    """(aucs, sanity, state_episode, sanity_episode, meta) from a game's output folder."""
+    meta = json.loads((d / "meta.json").read_text())
+    ep = np.asarray(meta["episode_of_state"])
+    acc = {}
+    for r in _read(d / "auc_per_state.csv.gz"):
+        acc.setdefault((r["mode"], r["substrate"], r["score"]), {}).setdefault(r["method"], {})[int(r["state"])] = \
+            float(r["auc"])
+    aucs = {s: {m: np.array([v[i] for i in range(len(ep))]) for m, v in ms.items()} for s, ms in acc.items()}
+    san = {}
+    if (d / "sanity_per_state.csv.gz").exists():
+        for r in _read(d / "sanity_per_state.csv.gz"):
+            for k in METRICS:
+                san.setdefault((r["method"], r["randomised"]), {}).setdefault(k, {}).setdefault(
+                    int(r["draw"]), {})[int(r["state"])] = float(r[k])
+    n_s = int(meta["sanity_states"])
+    sanity = {key: {k: np.array([[v[d][i] for i in range(n_s)] for d in sorted(v)]) for k, v in by.items()}
+              for key, by in san.items()}
+    return aucs, sanity, ep, ep[:n_s], meta
+
+
+def _default(o):
+    if isinstance(o, (np.floating, np.integer, np.bool_)):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o))
+
+
+def to_json(res: dict) -> dict:
+    j = lambda k: "/".join(k)
+    meta = {k: v for k, v in res["meta"].items() if k not in ("episode_of_state", "step_of_state", "sessions")}
+    return {"game": res["game"], "design": res["design"], "design_met": res["design_met"], "meta": meta,
+            "analysis": {"n_resamples": N_RESAMPLES, "level": LEVEL, "alpha": ALPHA, "seed": SEED, "n_games": N_GAMES,
+                         "fail_spearman": FAIL_SPEARMAN, "code": "experiments/paper_b/rerun_analysis.py"},
+            "returns": res["returns"], "verdicts": res["verdicts"],
+            "sanity": {j(k): r for k, r in res["sanity"].items()},
+            "against_random": {j(s): rows for s, rows in res["against_random"].items()},
+            "pairwise": {j(s): {f"{a} - {b}": r for (a, b), r in prs.items()} for s, prs in res["pairwise"].items()}}
+
+
+def _ci(r, nd=2):
+    if not np.isfinite(r["low"]):
+        return f"{r['mean']:.{nd}f} [no interval]"
+    return f"{r['mean']:.{nd}f} [{r['low']:.{nd}f}, {r['high']:.{nd}f}]"
+
+
+def weaker(res: dict) -> bool:
+    """The episodes' return interval lies wholly below the card's 95 % interval (the registered note)."""
+    card, r = res["meta"].get("agent_return_ci95"), res["returns"]
+    return bool(card and r and np.isfinite(r["high"]) and r["high"] < card[0])
+
+
+def markdown(res: dict) -> str:
+    """The game's README section: N beside every interval, the design's status, every verdict."""
+    m, g = res["meta"], res["game"]
+    n = (f"1 agent, {m['episodes']} episodes, {m['states']} states; sanity check on {m['sanity_states']} "
+         f"states x {m['sanity_draws']} draws")
+    lines = [f"## {g}: the registered re-run", "",
+             f"N: {n}. Intervals: 95 % per comparison, cluster bootstrap over episodes ({N_RESAMPLES} resamples); "
+             "sanity over draws x episodes. Verdicts come from the adjusted tests, not the intervals. Tests: paired t-tests on episode means; sanity: two-way t-test against 0.5. "
+             f"Significant = p <= {ALPHA} after Holm within the game and x{N_GAMES} for the games. Analysis: "
+             "`experiments/paper_b/rerun_analysis.py`, registered in `experiments/paper_b/rerun_registration.md`.", ""]
+    if not res["design_met"]:
+        short = ", ".join(k for k, ok in res["design"].items() if not ok)
+        lines += [f"**Exploratory: below the registered design ({short}).** No verdict here is a registered result.", ""]
+    if res["returns"]:
+        r = res["returns"]
+        lines += [f"Agent {m['agent']}: mean return over the {r['episodes']} episodes {_ci(r, 1)} (epsilon "
+                  f"{m.get('epsilon')}); its card: {R.fmt_return(m.get('agent_return'))} (greedy). Distinct "
+                  f"episodes: {m.get('distinct_episodes')} of {m['episodes']}; truncated: {m.get('episodes_truncated')}."
+                  + (" The sampled play is weaker than the card's evaluation." if weaker(res) else ""), ""]
+    layers = list(dict.fromkeys(k[1] for k in res["sanity"] if k[1] not in BASELINES))
+    if layers:
+        lines += [f"### Sanity check: Spearman similarity to the original map ({n})", "",
+                  "| method | " + " | ".join(layers) + " |", "|---" * (len(layers) + 1) + "|"]
+        for meth in dict.fromkeys(k[0] for k in res["sanity"]):
+            cells_ = []
+            for layer in layers:
+                r = res["sanity"].get((meth, layer))
+                cells_.append("" if r is None else f"{_ci(r)} {r['verdict']}; draws {min(r['draw_means']):.2f}-"
+                              f"{max(r['draw_means']):.2f}")
+            lines.append(f"| {meth} | " + " | ".join(cells_) + " |")
+    for s, rows in res["against_random"].items():
+        if s[0] != "insertion":
+            continue
+        lines += ["", f"### Insertion AUC, {s[1]} substrate, {s[2]} ({m['episodes']} episodes, {m['states']} states)",
+                  "", "| method | mean [95 % CI] | minus random [95 % CI] | p adj | significant |", "|---|---|---|---|---|"]
+        for meth, r in rows.items():
+            if meth == RANDOM:
+                lines.append(f"| {meth} | {_ci(r)} | | | |")
+                continue
+            dci = {"mean": r["diff"], "low": r["diff_low"], "high": r["diff_high"]}
+            lines.append(f"| {meth} | {_ci(r)} | {_ci(dci)} | {r['p_holm']:.3g} | {'yes' if r['significant'] else 'no'} |")
+    lines += ["", "### Verdicts", "", "| finding | mapping | verdict | detail |", "|---|---|---|---|"]
+    lines += [f"| {v['finding']} | {v['mapping']} | {v['verdict']} | {v['detail']} |" for v in res["verdicts"]]
+    claims = [v["verdict"] for v in res["verdicts"] if v["verdict"] in ("agree", "disagree", "inconclusive")]
+    if claims:
+        lines += ["", "Paper B's claims: " + " / ".join(f"{k} {claims.count(k)}" for k in
+                                                      ("agree", "disagree", "inconclusive"))]
+    return "\n".join(lines) + "\n"
+
+
+def write_game(d: Path, n_resamples: int = N_RESAMPLES) -> dict:
+    """summary.json and README.md of the game in folder d."""
+    aucs, sanity, ep, ep_s, meta = load_game(Path(d))
+    res = analyse(aucs, sanity, ep, ep_s, meta, n_resamples)
+    (Path(d) / "summary.json").write_text(json.dumps(to_json(res), indent=1, default=_default))
+    (Path(d) / "README.md").write_text(markdown(res))
+    return res
+
+
+def write_readme(root: Path = OUT, games=R.GAMES) -> Path:
+    """root/README.md: the registration's pointer and each game's section (games not run yet listed)."""
+    root = Path(root)
+    lines = ["# Paper B re-run: episodes and randomisation draws as the replicates", "",
+             "Registered before any of its data in `experiments/paper_b/rerun_registration.md`; runner "
+             "`python -m experiments.paper_b.rerun --game GAME`, analysis `experiments/paper_b/rerun_analysis.py`. "
+             "One agent per game: no result here is about other agents.", ""]
+    missing = [g for g in games if not (root / g / "README.md").exists()]
+    if missing:
+        lines += ["Not run yet: " + ", ".join(missing), ""]
+    for g in games:
+        if g not in missing:
+            lines += [(root / g / "README.md").read_text(), ""]
+    (root / "README.md").write_text("\n".join(lines))
+    return root / "README.md"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--game", nargs="+", required=True)
+    p.add_argument("--out", default=str(OUT))
+    a = p.parse_args(argv)
+    for g in a.game:
+        write_game(Path(a.out) / g)
+    write_readme(Path(a.out))
+
+
+if __name__ == "__main__":
+    main()
