@@ -54,6 +54,13 @@ def test_a_missing_agent_is_one_error_naming_the_fetch_command(wheel_install, ca
     assert "not installed" in listed[SMALL] and "not installed" not in listed["breakout"]
 
 
+def test_a_sweep_of_a_missing_agent_is_refused_before_it_starts(wheel_install, tmp_path):
+    from jaxsal.io import sweep as sw
+
+    with pytest.raises(sw.SweepConfigError, match=f"agents\\[1\\]: .*jaxsal agents fetch {SMALL} --from"):
+        sw.plan_agents({"agents": ["breakout", SMALL]}, tmp_path)
+
+
 @pytest.mark.parametrize("url", [False, True], ids=["folder", "file-url"])
 def test_fetch_from_a_folder_or_a_file_url_then_the_agent_loads(wheel_install, capsys, url):
     source = SHIPPED.as_uri() if url else str(SHIPPED)

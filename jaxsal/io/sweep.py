@@ -177,6 +177,9 @@ def check_agent_spec(spec: str, model: str | None, where: str) -> str | None:
         raise SweepConfigError(f"{where}: unknown agent {spec!r}{_hint(spec, provider.available())}; give a "
                                f"shipped name ({', '.join(provider.available())}), a card .json, a checkpoint, "
                                "a glob of checkpoints or path/to/file.py:FUNCTION")
+    if not provider.installed(spec):
+        raise SweepConfigError(f"{where}: the weights of agent {spec!r} are not installed; fetch them: "
+                               f"jaxsal agents fetch {spec} --from DIR_OR_URL")
     return provider.card(spec).get("game")
 
 
