@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 
 from .export import plot_curve
+from .weights import refresh_manifest
 from .zoo import load
 
 
@@ -46,6 +47,7 @@ def adopt(path: Path, shipped, curves, force: bool = False) -> str:
     (Path(shipped) / f"{name}.msgpack").write_bytes(files[f"{name}.msgpack"])
     old_path.write_text(json.dumps(card, indent=1) + "\n")
     load(str(old_path))  # the adopted files load and match the card's architecture
+    refresh_manifest(shipped)
     if "returns.csv" in files:
         curve = Path(curves) / f"{name}.csv"
         rows = list(csv.reader(io.StringIO(files["returns.csv"].decode())))[1:]

@@ -21,6 +21,7 @@ from .checkpoint import export_params, restore_train_state
 from .envs import MINATAR_GAMES, make_env
 from .train import PQNConfig, initial_state, make_optimizer
 from .evaluate import evaluate_agent
+from .weights import refresh_manifest
 from .zoo import SHIPPED_DIR, build_model
 
 
@@ -107,6 +108,7 @@ def write_card(card: dict, out_dir, run_dir: Path, curve_title: str, curves_dir=
         (curves / f"{name}.csv").write_bytes((run_dir / "returns.csv").read_bytes())
         card["training_curve"] = f"{name}.png" if curves_dir is None else (curves / f"{name}.png").as_posix()
     (Path(out_dir) / f"{name}.json").write_text(json.dumps(card, indent=1))
+    refresh_manifest(out_dir)  # exported into agents/shipped: the manifest lists the new weights
     return card
 
 

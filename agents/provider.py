@@ -14,12 +14,14 @@ from . import envs
 from .collect import collect
 from .envs import check_game
 from .errors import AgentInputError, AgentLoadError
+from .weights import fetch as _fetch
+from .weights import find
 from .zoo import SHIPPED_DIR, available, load, random_agent
 
 ERRORS = (AgentLoadError, AgentInputError)
 
-__all__ = ["ERRORS", "available", "card", "check_game", "collect", "load", "make_env", "random_agent",
-           "record_objects"]
+__all__ = ["ERRORS", "available", "card", "check_game", "collect", "fetch", "load", "make_env", "random_agent",
+           "record_objects", "weights"]
 
 
 def card(name: str) -> dict:
@@ -27,6 +29,19 @@ def card(name: str) -> dict:
     if name not in available():
         raise AgentLoadError(f"unknown agent {name!r}; shipped agents: {', '.join(available()) or 'none'}")
     return json.loads((SHIPPED_DIR / f"{name}.json").read_text())
+
+
+def weights(name: str) -> str | None:
+    """Where this install has shipped agent `name`'s weights (None: `fetch` them first)."""
+    path = find(name)
+    return None if path is None else str(path)
+
+
+def fetch(name: str, source: str) -> tuple[str, bool]:
+    """Copy or download agent `name`'s weights from `source` (a folder or a URL of one), checked against
+    the manifest's sha256: (path, fetched), fetched False when this install already has them."""
+    path, fetched = _fetch(name, source)
+    return str(path), fetched
 
 
 def make_env(game: str, seed: int = 0):

@@ -17,8 +17,7 @@ from . import networks
 from .checkpoint import load_params
 from .envs import ATARI_GAMES, MINATAR_GAMES, check_game
 from .errors import AgentLoadError
-
-SHIPPED_DIR = Path(__file__).parent / "shipped"
+from .weights import SHIPPED_DIR, manifest, require
 MINATAR_SHAPES = {"minatar-breakout": (4, 3), "minatar-spaceinvaders": (6, 4),
                   "minatar-asterix": (4, 5), "minatar-freeway": (7, 3)}  # (channels, actions)
 
@@ -80,8 +79,8 @@ class Agent:
 
 
 def available() -> list[str]:
-    """Names of the shipped agents."""
-    return sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
+    """Names of the shipped agents (the manifest's: those whose weights this install lacks too)."""
+    return sorted(manifest())
 
 
 def model_from_card(card: dict):
@@ -91,11 +90,16 @@ def model_from_card(card: dict):
 def load(name: str, params_path: str | None = None) -> Agent:
     """Load a shipped agent by name ("breakout", "pong", "minatar-breakout", "breakout-dddqn").
 
-    `name` may also be a path to a `.json` card beside its `.msgpack` parameter file.
+    `name` may also be a path to a `.json` card beside its `.msgpack` parameter file. A shipped agent
+    whose weights this install lacks (the wheel carries only breakout's) is an AgentLoadError naming
+    `jaxsal agents fetch`.
     """
-    card_path = Path(name) if str(name).endswith(".json") else SHIPPED_DIR / f"{name}.json"
-    if not card_path.exists():
+    shipped = not str(name).endswith(".json")
+    card_path = SHIPPED_DIR / f"{name}.json" if shipped else Path(name)
+    if not card_path.exists() or (shipped and name not in available()):
         raise AgentLoadError(f"unknown agent {name!r}; shipped agents: {', '.join(available()) or 'none'}")
+    if params_path is None:  # before any work: a shipped agent's weights may still need fetching
+        params_path = require(name) if shipped else card_path.with_suffix(".msgpack")
     try:
         card = json.loads(card_path.read_text())
     except json.JSONDecodeError as e:
@@ -104,7 +108,7 @@ def load(name: str, params_path: str | None = None) -> Agent:
     obs_shape = tuple(card["obs_shape"])
     template = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
     template = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template)
-    params = load_params(params_path or card_path.with_suffix(".msgpack"), template)
+    params = load_params(params_path, template)
     return Agent(name=card_path.stem, model=model, params=params, card=card)
 
 

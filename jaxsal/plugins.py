@@ -32,6 +32,10 @@ A provider module has these names (see `AgentProvider` for what each returns):
     collect(agent, steps, env=, seed=, until_done=) -> batch with obs and episode_returns
     ERRORS                                        the provider's user-error classes
 
+and optionally `record_objects` (`--play --objects`), and `weights(name) -> path | None` with
+`fetch(name, source) -> (path, fetched)` for agents whose weight files an install may lack
+(`jaxsal agents fetch`).
+
 Set JAXSAL_AGENT_PROVIDER to an entry-point name or a module path to pick one when several are
 installed (or to use a provider that is importable but not installed).
 """
@@ -187,6 +191,19 @@ class AgentProvider:
                                      f"cannot be used with --objects; record frames and boxes yourself and give "
                                      f"--input FILE --objects BOXES")
         return self._call("record_objects", agent, steps, game, seed=seed, until_done=until_done)
+
+    def installed(self, name: str) -> bool:
+        """Whether this install has shipped agent `name`'s weights (False: `fetch` them first); a
+        provider without `weights` comes with all of them."""
+        return not callable(getattr(self.module, "weights", None)) or self._call("weights", name) is not None
+
+    def fetch(self, name: str, source: str) -> tuple[str, bool]:
+        """Shipped agent `name`'s weights from `source` (a folder or a URL of one) into this install,
+        checked: (path, fetched), fetched False when it had them already."""
+        if not callable(getattr(self.module, "fetch", None)):
+            raise AgentProviderError(f"the agents provider {self.name!r} has no weights to fetch; its agents come "
+                                     "with it")
+        return self._call("fetch", name, source)
 
 
 _NO_PROVIDER = ("no agents provider is installed (entry-point group 'jaxsal.agents'), so shipped agents, "

@@ -321,6 +321,9 @@ def test_pyproject_installs_agents_as_jaxsal_agents_with_its_data_and_entry_poin
     assert set(st["packages"]) == folders | {"jaxsal_agents", "jaxsal_agents.shipped"}, \
         "the explicit package list must match the folders"
     assert st["package-dir"] == {"jaxsal_agents": "agents"}
-    assert st["package-data"]["jaxsal_agents.shipped"] == ["*.msgpack", "*.json"]
+    # the cards, the weights' manifest and the demo agent's weights only (tests/test_agents_weights.py); no
+    # other file, whatever an old build's SOURCES.txt lists
+    assert st["package-data"]["jaxsal_agents.shipped"] == ["*.json", "breakout.msgpack"]
+    assert st["include-package-data"] is False
     assert "agents" not in st["packages"] and "agents" not in st["package-data"]
     assert cfg["project"]["entry-points"]["jaxsal.agents"] == {"shipped": "jaxsal_agents.provider"}

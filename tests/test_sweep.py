@@ -320,6 +320,27 @@ def test_plan_names_every_cell_readably(tmp_path):
     assert cells[4].input_spec == {"path": str(tmp_path / "buf.npy"), "limit": 2}
 
 
+def test_a_globs_checkpoints_come_in_natural_order(tmp_path):
+    """step_2 before step_10 (lexical order has step_10 first), for files and for folders; equal numbers
+    fall back to the text (ckpt_02 before ckpt_2), so the order never depends on the file system's."""
+    card = json.dumps({"game": "minatar-breakout"})
+    for n in ("10", "2", "1", "02", "100", "9"):
+        (tmp_path / "runs" / f"ckpt_{n}.json").parent.mkdir(exist_ok=True)
+        (tmp_path / "runs" / f"ckpt_{n}.json").write_text(card)
+        (tmp_path / "runs" / f"ckpt_{n}.msgpack").write_bytes(b"")
+        (tmp_path / "steps" / f"step_{n}").mkdir(parents=True)
+        (tmp_path / "steps" / f"step_{n}" / "model.msgpack").write_bytes(b"")
+    (tmp_path / "card.json").write_text(card)
+    raw = {"agents": ["runs/ckpt_*.msgpack", {"card": "card.json", "checkpoints": "steps/step_*/model.msgpack"},
+                      {"card": "card.json", "checkpoints": ["steps/step_9/model.msgpack", "steps/step_10/model.msgpack",
+                                                            "steps/step_2/model.msgpack"], "name": "listed"}]}
+    got = [(a, c) for a, c, *_ in sw.plan_agents(raw, tmp_path)]
+    order = ["1", "02", "2", "9", "10", "100"]
+    assert got == ([("runs", f"ckpt_{n}") for n in order] + [("card", f"step_{n}-model") for n in order]
+                   + [("listed", f"step_{n}-model") for n in ("9", "10", "2")])   # a list keeps its order
+    assert sorted(["b/x10", "a/x2", "b/x9", "a/x10"], key=sw.natural_key) == ["a/x2", "a/x10", "b/x9", "b/x10"]
+
+
 def test_bad_command_line_exit_2_nothing_written(swept, tmp_path, capsys):
     d, cfg, ref = swept
     capsys.readouterr()

@@ -69,6 +69,21 @@ def test_checkpoint_positions_numbers_or_order():
     assert pos == {"a1": 0.0, "b1": 1.0}
 
 
+def test_the_pictures_keep_the_tables_natural_checkpoint_order():
+    """Rows of grid.png and points of curves.png follow the checkpoints' natural order (step_2 before
+    step_10), as the table does, whether x is the number in the names or the order itself."""
+    for names, xs in ((["step_2", "step_10", "step_100"], [2.0, 10.0, 100.0]),
+                      (["v2-final", "v10-best", "v10-final"], [0.0, 1.0, 2.0])):   # 10 twice: the order
+        n = len(names)
+        t = {"agent": np.array(["a"] * n), "checkpoint": np.array(names), "input": np.array(["buf"] * n),
+             "method": np.array(["gradient"] * n), "status": np.array(["ok"] * n),
+             "insertion_auc": np.arange(n, dtype=float)}
+        assert [r[1] for r in rs.grid_layout(t).rows] == names
+        panels, pos, _ = rs.curve_panels(t)
+        (line,), = [p.lines for p in panels]
+        assert [pos[c] for c in names] == xs and line.x == xs and line.y == [0.0, 1.0, 2.0]
+
+
 def test_render_sweep_writes_both_pngs_with_the_layouts_drawn(swept, tmp_path):
     _, out = swept
     res = rs.render_sweep(out, gallery=tmp_path / "g")

@@ -5,6 +5,7 @@
     jaxsal sweep sweep.toml --out runs/sweep/
     jaxsal demo
     jaxsal agents
+    jaxsal agents fetch pong --from path/to/jaxsal/agents/shipped
 
 Every bad input ends in one line on stderr and a non-zero exit, never a traceback
 (set JAXSAL_DEBUG=1 to see one). Here: the parser, the exit codes and `main`; each command is a

@@ -1,4 +1,5 @@
-"""`jaxsal agents`: the shipped agents, or the layers of any agent (--layers SPEC)."""
+"""`jaxsal agents`: the shipped agents, or the layers of any agent (--layers SPEC); `jaxsal agents fetch`:
+the weights of shipped agents that this install lacks (the wheel carries only the demo agent's)."""
 from __future__ import annotations
 
 from jaxsal.cli._agent import check_agent, load_agent
@@ -55,8 +56,25 @@ def cmd_agents(args) -> int:
         ret = (f" return={ev['mean_return']:.1f}+-{ev.get('std_return', 0):.1f} over {ev.get('episodes')} games"
                if "mean_return" in ev else "")
         steps = _trained(card)
+        fetch = "" if provider.installed(name) else f"  [not installed: jaxsal agents fetch {name} --from ...]"
         print(f"{name:24s} game={card.get('game')} arch={card.get('arch')} actions={card.get('num_actions')}"
-              f"{steps}{ret}")
+              f"{steps}{ret}{fetch}")
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    """Fetch each named agent's weights (or every missing one with `all`), checked, then say where they are."""
+    from jaxsal.errors import CLIError
+    from jaxsal.plugins import agent_provider
+
+    provider = agent_provider()
+    names = [n for n in provider.available() if not provider.installed(n)] if args.names == ["all"] else args.names
+    unknown = [n for n in names if n not in provider.available()]
+    if unknown:
+        raise CLIError(f"unknown agent {unknown[0]!r}; shipped agents: {', '.join(provider.available())} (or all)")
+    for name in names:
+        path, fetched = provider.fetch(name, args.source)
+        print(f"{name}: {'fetched into' if fetched else 'already installed at'} {path}")
     return 0
 
 
@@ -67,3 +85,15 @@ def add_parser(sub):
                                                     "of any agent SPEC, and the CAM methods' default")
     a.add_argument("--layout", choices=["NHWC", "NCHW"], help="the model's input layout, overriding the agent's")
     a.set_defaults(fn=cmd_agents)
+    sub_a = a.add_subparsers(dest="agents_command", metavar="{fetch}")
+    f = sub_a.add_parser("fetch", help="copy or download shipped agents' weights that this install lacks",
+                         description="Copy or download the weights of shipped agents (the wheel carries only the "
+                                     "demo agent's, breakout) into the user's cache (JAXSAL_CACHE_DIR, else "
+                                     "~/.cache/jaxsal), kept only when size and sha256 equal the manifest's.")
+    f.add_argument("names", nargs="+", metavar="NAME", help="shipped agent names (`jaxsal agents` lists them), or all")
+    f.add_argument("--from", dest="source", required=True, metavar="DIR_OR_URL", help=FROM_HELP)
+    f.set_defaults(fn=cmd_fetch)
+
+
+FROM_HELP = ("a folder holding the weight files (a jaxsal checkout's agents/shipped) or its URL (file://, "
+             "https://); required: the project publishes no release address yet")

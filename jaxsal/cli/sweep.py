@@ -86,7 +86,7 @@ def cmd_sweep(args) -> int:
 
 
 SWEEP_EPILOG = """config (TOML; docs/guides/sweeps.md):
-  agents = ["breakout", "runs/pong/*.msgpack"]   # any --agent SPEC; a glob: its checkpoints, sorted
+  agents = ["breakout", "runs/pong/*.msgpack"]   # any --agent SPEC; a glob: its checkpoints, step_2 before step_10
   inputs = ["buffer.npy", { play = 500, seed = 1 }]
   metrics = ["insertion", "deletion"]            # also sanity; objects, effects: inputs with boxes
   [methods]

@@ -6,7 +6,7 @@ each, and one tidy table of their statistics and metrics.
 
 The config names the axes (paths are relative to the config file's folder):
 
-    agents = ["breakout", "runs/pong/*.msgpack"]    # any --agent SPEC; a glob: its checkpoints, sorted
+    agents = ["breakout", "runs/pong/*.msgpack"]    # any --agent SPEC; a glob: its checkpoints, step_2 before step_10
     inputs = ["buffer.npy", { play = 500, seed = 1 }]
     metrics = ["insertion", "deletion"]             # also "sanity"; "objects", "effects": inputs with boxes
     [methods]
@@ -177,6 +177,9 @@ def check_agent_spec(spec: str, model: str | None, where: str) -> str | None:
         raise SweepConfigError(f"{where}: unknown agent {spec!r}{_hint(spec, provider.available())}; give a "
                                f"shipped name ({', '.join(provider.available())}), a card .json, a checkpoint, "
                                "a glob of checkpoints or path/to/file.py:FUNCTION")
+    if not provider.installed(spec):
+        raise SweepConfigError(f"{where}: the weights of agent {spec!r} are not installed; fetch them: "
+                               f"jaxsal agents fetch {spec} --from DIR_OR_URL")
     return provider.card(spec).get("game")
 
 
@@ -193,8 +196,18 @@ def _resolve(text: str, base: Path) -> str:
     return text  # a shipped name
 
 
+def natural_key(path) -> tuple:
+    """Sort key of a path in natural order: each part's runs of digits compare as integers (step_2
+    before step_10, ckpt_9.msgpack before ckpt_10.msgpack), then the text itself (step_02 before step_2)."""
+    parts = Path(path).parts
+    return tuple(tuple(int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", p))) for p in parts), \
+        str(path)
+
+
 def _expand(pattern: str, base: Path, where: str) -> list[Path]:
-    matches = sorted(Path(m) for m in glob.glob(_resolve(pattern, base), recursive=True) if Path(m).is_file())
+    """The files a glob matches, in natural order (the checkpoints' order down the table)."""
+    matches = sorted((Path(m) for m in glob.glob(_resolve(pattern, base), recursive=True) if Path(m).is_file()),
+                     key=natural_key)
     if not matches:
         raise SweepConfigError(f"{where}: no file matches {pattern!r} (relative to {base}); check the pattern "
                                "or train the checkpoints first")
@@ -214,7 +227,8 @@ def _ckpt_label(match: Path, root: Path) -> str:
 
 
 def plan_agents(raw: dict, base: Path) -> list[tuple[str, str, str, str | None, str | None]]:
-    """[(agent, checkpoint, spec, model, game), ...] from `agents`, checkpoints of a glob sorted."""
+    """[(agent, checkpoint, spec, model, game), ...] from `agents`, the checkpoints of a glob in natural
+    order (`natural_key`), those of a list as listed."""
     out = []
     for k, entry in enumerate(_list(raw, "agents", "agents")):
         where = f"agents[{k}]"
@@ -396,7 +410,7 @@ def settings(raw: dict) -> dict:
 
 def plan(raw: dict, base) -> tuple[list[Cell], list[str], dict]:
     """(cells in table order, metrics, settings) of a parsed config, every part checked; rows
-    are agents (checkpoints sorted) x inputs x methods in the config's order."""
+    are agents (a glob's checkpoints in natural order) x inputs x methods in the config's order."""
     base = Path(base).absolute()
     for key in raw:
         if key not in TOP_KEYS:

@@ -49,7 +49,7 @@ def metric_columns(table: dict) -> list[str]:
 
 def checkpoint_positions(checkpoints) -> tuple[dict, str]:
     """({checkpoint: x}, axis label): the last integer of each name where all have one, else their order
-    of first appearance (the table's order: a glob's checkpoints sorted)."""
+    of first appearance (the table's order: a glob's checkpoints in natural order)."""
     names = list(dict.fromkeys(str(c) for c in checkpoints))
     nums = [re.findall(r"\d+", c) for c in names]
     if all(nums) and len({int(n[-1]) for n in nums}) == len(names):
