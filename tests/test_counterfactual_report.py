@@ -75,3 +75,14 @@ def test_the_figure_is_small(tmp_path, breakout):
     summary, n = breakout
     report.figure(summary, n, tmp_path / "f.png")
     assert 10_000 < (tmp_path / "f.png").stat().st_size < 200_000
+
+
+def test_the_posthoc_partial_correlation_removes_a_shared_cause():
+    from experiments.counterfactual.posthoc import _ranks_partial
+
+    rng = np.random.default_rng(0)
+    cause = rng.normal(size=400)
+    a, b = cause + 0.3 * rng.normal(size=400), cause + 0.3 * rng.normal(size=400)
+    assert _ranks_partial(a, b, []) > 0.8                 # both follow the cause
+    assert abs(_ranks_partial(a, b, [cause])) < 0.15      # nothing left once it is partialled out
+    assert _ranks_partial(a + b, b, [cause]) > 0.5        # a real link survives

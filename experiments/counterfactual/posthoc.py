@@ -28,6 +28,7 @@ MAP_METHODS = ("grad_x_input", "integrated_gradients", "occlusion", "noise_sensi
 
 
 def _moments(game: str, e: int):
+    """Episode e's registered states as Moments, replayed from its recorded actions (hash checked)."""
     rec = R._load(P.PROGRESS / game / "play" / f"ep{e:03d}.npz")
     ep = R.play_episode(game, int(rec["seed"]), P.EPSILON, P.MAX_EPISODE_STEPS, actions=rec["actions"],
                         keep=rec["steps"])
@@ -48,6 +49,7 @@ def _ranks_partial(a, b, covs):
 
 
 def _mean_se(v) -> dict:
+    """Mean and standard error of the finite per-episode values, and how many there were."""
     v = np.asarray([x for x in v if np.isfinite(x)])
     return {"mean": float(v.mean()), "se": float(v.std(ddof=1) / np.sqrt(v.size)), "episodes": int(v.size)}
 
@@ -137,14 +139,16 @@ def maps(game: str = "breakout", episode: int = 0, methods=MAP_METHODS) -> dict:
     zero = [bool((x0[i][new[i] & ~old[i]] == 0).all() and (x1[i][old[i] & ~new[i]] == 0).all())
             for i in range(len(idx))]
     out = {"episode": episode, "states": s, "kept_moves": int(len(idx)),
-           "q_chosen": {"min": float(q.max(1).min()), "median": float(np.median(q.max(1))), "max": float(q.max(1).max())},
+           "q_chosen": {"min": float(q.max(1).min()), "median": float(np.median(q.max(1))),
+                        "max": float(q.max(1).max())},
            "input_zero_on_both_places": int(sum(zero)), "methods": {}}
     names = [str(m) for m in recorded["methods"]]
     for name, v in got.items():
         v = np.asarray(v, np.float64)
         f = map_follows(v[idx], v[s:], boxes[idx], mboxes, obj, P.SHARE)
         row = {"follow_rate": float(f.follows[f.valid].mean()), "valid": int(f.valid.sum()),
-               "orig_on_new_zero": int((f.orig_on_new == 0).sum()), "moved_on_old_zero": int((f.moved_on_old == 0).sum()),
+               "orig_on_new_zero": int((f.orig_on_new == 0).sum()),
+               "moved_on_old_zero": int((f.moved_on_old == 0).sum()),
                "median_lost_terms_over_kept_terms": float(np.median((f.orig_on_new + f.moved_on_old)
                                                                     / (f.moved_on_new + f.orig_on_old))),
                "states_with_map_all_negative": int((v[:s].max((1, 2)) < 0).sum()),
@@ -152,7 +156,8 @@ def maps(game: str = "breakout", episode: int = 0, methods=MAP_METHODS) -> dict:
         if name in names:
             rec = recorded["shift"][names.index(name)][idx, jdx]
             ok = np.isfinite(rec)
-            row["max_abs_diff_to_recorded_shift"] = float(np.abs(np.where(f.valid, f.shift, np.nan)[ok] - rec[ok]).max())
+            diff = np.abs(np.where(f.valid, f.shift, np.nan)[ok] - rec[ok])
+            row["max_abs_diff_to_recorded_shift"] = float(diff.max())
         if name == "occlusion":
             row["median_per_state_of_map_median_minus_one_minus_q"] = float(np.median(
                 np.median(v[:s].reshape(s, -1), 1) - (1 - q.max(1))))

@@ -34,7 +34,8 @@ def counts(episodes: list[dict]) -> dict:
     has_move = np.isfinite(mag).any(2)
     disp_ok = d["present"][..., c_obj] & has_move                         # displacement_values' `ok`
     out = {"methods": {}, "kept_moves": int(kept.sum()), "states_with_kept_move": int(kept.any(-1).sum()),
-           "per_episode": {"kept_moves": kept.sum((1, 2)).tolist(), "states_with_kept_move": kept.any(-1).sum(1).tolist()},
+           "per_episode": {"kept_moves": kept.sum((1, 2)).tolist(),
+                           "states_with_kept_move": kept.any(-1).sum(1).tolist()},
            "status_by_move": {f"{dx:+d},{dy:+d}": {s: int((status[..., j] == s).sum()) for s in d["statuses"]}
                               for j, (dx, dy) in enumerate(d["moves"])}}
     rem_ok = d["removal_ok"] & d["present"]
