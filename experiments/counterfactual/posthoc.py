@@ -168,6 +168,31 @@ def maps(game: str = "breakout", episode: int = 0, methods=MAP_METHODS) -> dict:
     return out
 
 
+def zero_maps(game: str = "breakout") -> dict:
+    """Per method with states whose map has no mass: how many, and the removal and displacement estimates
+    as registered and with those states counted (module doc, 3)."""
+    d = A.stack(A.load_episodes(P.PROGRESS / game))
+    status = np.asarray(d["statuses"] + ["(no state)"])[d["status"]]
+    kept = np.isin(status, P.KEEP)
+    c = d["classes"].index(d["moved"])
+    ok = d["removal_ok"] & d["present"]
+    out = {}
+    for i, m in enumerate(d["methods"]):
+        share = d["share"][i]
+        empty = ~np.isfinite(share).any(-1) & d["real"]
+        if not empty.any():
+            continue
+        const = np.where(np.isnan(share), 1.0 / share.shape[-1], share)
+        row = {"states": int(empty.sum())}
+        for name, sh in (("registered", share), ("counted", const)):
+            row[f"removal_{name}"] = A.cluster_ci(A.removal_values(sh, d["chance"], d["removal"], ok)[0])["mean"]
+        for name, sh in (("registered", share[..., c]), ("counted", np.nan_to_num(share[..., c]))):
+            v = A.displacement_values(sh, d["chance"][..., c], d["disp"], kept, d["present"][..., c])[0]
+            row[f"displacement_{name}"] = A.cluster_ci(v)["mean"]
+        out[m] = row
+    return out
+
+
 def port(game: str = "breakout", episode: int = 0, methods=PORTED) -> dict:
     """Per ported method: the largest difference between the object shares the run recorded on one
     episode's states and those the current code gives (module doc, 3)."""
@@ -199,13 +224,19 @@ def main(argv=None) -> int:
     p.add_argument("--game", choices=("breakout",), default="breakout",
                    help="the ball's RAM bytes are Breakout's; other games need their own reading")
     p.add_argument("--episode", type=int, default=0, help="the episode whose maps are recomputed")
+    p.add_argument("--part", action="append", choices=("heights", "maps", "zero_maps", "port"),
+                   help="recompute only this part of posthoc.json (repeatable); default: all")
     a = p.parse_args(argv)
     import jaxsal
 
     jaxsal.cpu.use_fast_kernels()
-    res = {"note": "post hoc, not registered (experiments/counterfactual/posthoc.py)",
-           "heights": heights(a.game), "maps": maps(a.game, a.episode), "port": port(a.game, a.episode)}
+    parts = {"heights": lambda: heights(a.game), "maps": lambda: maps(a.game, a.episode),
+             "zero_maps": lambda: zero_maps(a.game), "port": lambda: port(a.game, a.episode)}
     f = P.RESULTS / a.game / "posthoc.json"
+    res = json.loads(f.read_text()) if a.part and f.exists() else {}
+    res["note"] = "post hoc, not registered (experiments/counterfactual/posthoc.py)"
+    for k in a.part or parts:
+        res[k] = parts[k]()
     f.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {f}")
     return 0
