@@ -22,7 +22,7 @@ import tempfile
 
 import pytest
 
-from tests import _docs_site
+from tests._support import docs_site as _docs_site
 
 
 def _session_compile_cache():
@@ -55,7 +55,7 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def docs_site(tmp_path_factory):
-    """The documentation site, built once per session (slow: tests/test_docs_build.py, test_docs_browser.py).
+    """The documentation site, built once per session (slow: tests/docs/test_build.py, test_docs_browser.py).
 
     Skipped where the docs extra is not installed."""
     for module in _docs_site.DOCS_MODULES:
