@@ -15,7 +15,7 @@ from absl.testing import parameterized
 
 import jaxsal
 from tests._support import conformance as K
-from tests._support.conformance import A, C, COMBINED, H, MODEL, N, PARAMS, W, Tiny, _obs  # noqa: F401  (for other tests)
+from tests._support.conformance import COMBINED
 
 CASES = K.cases(only_shipped=True)
 METHODS = [(m, m) for m in CASES]

@@ -13,7 +13,8 @@ import numpy as np
 
 import jaxsal
 from tests._support import DATA
-from tests.test_conformance import A, C, H, W, Tiny  # the conformance CNN
+from tests._support.reference import write_reference
+from tests._support.conformance import A, C, H, W, Tiny  # the conformance CNN
 
 PATH = DATA / "engine_reference.npz"
 N = 5
@@ -85,18 +86,5 @@ def cases():
     return c
 
 
-def flat(name, out) -> dict:
-    """A case's output as named arrays."""
-    if isinstance(out, dict):
-        return {f"{name}/{k}": np.asarray(v) for k, v in out.items()}
-    if isinstance(out, tuple):
-        return {f"{name}/{i}": np.asarray(v) for i, v in enumerate(out)}
-    return {name: np.asarray(out)}
-
-
 if __name__ == "__main__":
-    arrays = {}
-    for name, thunk in cases().items():
-        arrays.update(flat(name, thunk()))
-    np.savez_compressed(PATH, **arrays)
-    print(f"{len(arrays)} arrays -> {PATH}")
+    write_reference(PATH, cases())

@@ -12,7 +12,8 @@ import numpy as np
 
 import jaxsal
 from tests._support import DATA
-from tests.test_conformance import PARAMS, MODEL, H, W, C
+from tests._support.reference import write_reference
+from tests._support.conformance import PARAMS, MODEL, H, W, C
 
 PATH = DATA / "perturbation_reference.npz"
 N = 3
@@ -66,17 +67,5 @@ def cases():
     }
 
 
-def flat(name, out) -> dict:
-    """A case's output as named arrays (tuples flattened: lime's (maps, (coef, segments)))."""
-    leaves = jax.tree.leaves(out)
-    if len(leaves) == 1:
-        return {name: np.asarray(leaves[0])}
-    return {f"{name}/{i}": np.asarray(v) for i, v in enumerate(leaves)}
-
-
 if __name__ == "__main__":
-    arrays = {}
-    for name, thunk in cases().items():
-        arrays.update(flat(name, thunk()))
-    np.savez_compressed(PATH, **arrays)
-    print(f"{len(arrays)} arrays -> {PATH}")
+    write_reference(PATH, cases())

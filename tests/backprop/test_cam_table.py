@@ -10,7 +10,7 @@ from jaxsal.backprop import cam
 from jaxsal.backprop.layers import tap
 from jaxsal.errors import SaliencyInputError
 from jaxsal.registry import METHODS, SPECS, register
-from tests.test_conformance import MODEL, PARAMS, _obs
+from tests._support.conformance import MODEL, PARAMS, _obs
 
 
 def test_shipped_variants_are_table_rows():

@@ -12,21 +12,9 @@ import pytest
 
 import jaxsal
 from jaxsal.registry import SPECS
+from tests._support.conformance import A, C, H, MODEL, PARAMS, W  # the conformance CNN
 
-N, H, W, C, A = 2, 16, 16, 2, 3
-
-
-class Tiny(nn.Module):
-    @nn.compact
-    def __call__(self, obs):
-        x = jnp.asarray(obs, jnp.float32) / 255.0
-        x = nn.relu(nn.Conv(4, (4, 4), (2, 2), padding="VALID", name="conv1")(x))
-        x = nn.relu(nn.Conv(4, (2, 2), (1, 1), padding="VALID", name="conv2")(x))
-        return nn.Dense(A, name="q")(x.reshape(x.shape[0], -1))
-
-
-MODEL = Tiny()
-PARAMS = jax.jit(MODEL.init)(jax.random.PRNGKey(0), jnp.zeros((1, H, W, C)))
+N = 2
 OBS = jnp.asarray(np.random.default_rng(0).integers(0, 256, (N, H, W, C)), jnp.uint8)
 OPTIONS = {"smoothgrad": {"n_samples": 3, "key": jax.random.PRNGKey(1)},
            "integrated_gradients": {"steps": 3}}
@@ -81,7 +69,7 @@ def test_gradcam_param_gradient_equals_double_backprop_by_hand():
 
     def ref_maps(p):
         x = OBS.astype(jnp.float32) / 255.0
-        c1 = nn.relu(nn.Conv(4, (4, 4), (2, 2), padding="VALID").apply({"params": p["params"]["conv1"]}, x))
+        c1 = nn.relu(nn.Conv(4, (3, 3), (2, 2), padding="VALID").apply({"params": p["params"]["conv1"]}, x))
         conv2 = nn.Conv(4, (2, 2), (1, 1), padding="VALID")
         act = conv2.apply({"params": p["params"]["conv2"]}, c1)
 

@@ -3,7 +3,7 @@
 XGradCAM / ScoreCAM classes on a torch copy of the Nature CNN (slow; skipped where
 pytorch-grad-cam does not import), and in what every CAM shares: targets and fixed actions,
 chunking, layouts, per_frame, bad layers, method lists. jit, vmap, lax.scan, batched ==
-per-example, prefixes and NCHW == NHWC come from tests/test_conformance.py's table."""
+per-example, prefixes and NCHW == NHWC come from the conformance table (tests/test_conformance.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -8,7 +8,7 @@ import pytest
 
 import jaxsal
 from jaxsal import batching
-from tests.test_conformance import MODEL, PARAMS, H, W, C
+from tests._support.conformance import MODEL, PARAMS, H, W, C
 
 
 def _compiled() -> int:

@@ -8,7 +8,7 @@ import pytest
 
 import jaxsal
 from jaxsal.errors import SaliencyInputError
-from tests.test_conformance import MODEL, PARAMS, H, W, C, _obs
+from tests._support.conformance import MODEL, PARAMS, H, W, C, _obs
 
 KEY = jax.random.PRNGKey(5)
 F = MODEL.apply

@@ -9,7 +9,9 @@ import pytest
 from jax._src import monitoring
 
 import jaxsal
-from tests.test_conformance import CASES, COMBINED, MODEL, PARAMS, _obs
+from tests._support.conformance import COMBINED, MODEL, PARAMS, _obs, cases
+
+CASES = cases(only_shipped=True)
 
 _COMPILES = []
 monitoring.register_event_duration_secs_listener(

@@ -6,7 +6,7 @@ import pytest
 
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import MethodSpec, job, open_source, run_job
-from tests.test_conformance import MODEL, PARAMS, _obs
+from tests._support.conformance import MODEL, PARAMS, _obs
 
 
 def _nchw(p, x):  # a channel-first model

@@ -7,7 +7,7 @@ import pytest
 
 import jaxsal
 from jaxsal.io import MethodSpec, open_source, run_job
-from tests.test_conformance import MODEL, PARAMS, _obs
+from tests._support.conformance import MODEL, PARAMS, _obs
 
 N, CHUNK = 6, 2
 
