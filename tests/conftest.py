@@ -22,6 +22,7 @@ import tempfile
 
 import pytest
 
+from tests._support import bad_inputs as _bad_inputs
 from tests._support import docs_site as _docs_site
 
 
@@ -55,9 +56,16 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def docs_site(tmp_path_factory):
-    """The documentation site, built once per session (slow: tests/docs/test_build.py, test_docs_browser.py).
+    """The documentation site, built once per session (slow: tests/docs/test_build.py, test_browser.py).
 
     Skipped where the docs extra is not installed."""
     for module in _docs_site.DOCS_MODULES:
         pytest.importorskip(module)
     return _docs_site.build_site(tmp_path_factory.mktemp("docs") / "site")
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    """(folder, agent card, Atari agent card): the bad inputs `jaxsal explain` must refuse, written once
+    per module (tests/_support/bad_inputs.py has them and the cases that run them)."""
+    return _bad_inputs.write(tmp_path_factory.mktemp("bad"))

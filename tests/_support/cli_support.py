@@ -159,19 +159,33 @@ def cli_env(**extra) -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAXSAL_FAST_CPU="0", **extra)
 
 
-def sigkill_after_chunks(args, out, n: int, timeout: float = 240.0) -> list[str]:
-    """Run `jaxsal *args --out out` in a subprocess with slow writes, SIGKILL it once n chunk files
-    exist, and return the chunk files it left (relative to out), for the kill-and-resume tests."""
-    import signal
+def start_job(args, out, ready, slow_write: float = 0.3, timeout: float = 240.0) -> subprocess.Popen:
+    """Start `jaxsal *args --out out` (stand-ins registered) in a subprocess whose chunk writes each
+    take slow_write seconds, and return it, still running, once ready(out) holds (or after timeout s):
+    the kill-and-resume tests then signal it mid-job."""
     import time
 
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_support" / "cli_support.py"), *args, "--out", str(out)],
-                            env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.3"), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, __file__, *map(str, args), "--out", str(out)],
+                            env=cli_env(JAXSAL_TEST_SLOW_WRITE=str(slow_write)), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     deadline = time.time() + timeout
-    while time.time() < deadline and len(list(Path(out).rglob("chunk_*"))) < n:
+    while time.time() < deadline and not ready(Path(out)):
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         time.sleep(0.05)
+    return proc
+
+
+def files_at_least(n: int, pattern: str = "chunk_*"):
+    """start_job's `ready`: n files matching pattern anywhere under out."""
+    return lambda out: len(list(out.rglob(pattern))) >= n
+
+
+def sigkill_after_chunks(args, out, n: int, timeout: float = 240.0) -> list[str]:
+    """Run `jaxsal *args --out out` with slow writes, SIGKILL it once n chunk files exist, and return
+    the chunk files it left (relative to out), for the kill-and-resume tests."""
+    import signal
+
+    proc = start_job(args, out, files_at_least(n), timeout=timeout)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     return sorted(str(q.relative_to(out)) for q in Path(out).rglob("chunk_*"))

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.agents.test_snapshots import _cfg, env_fn, setup  # noqa: F401  (setup is a fixture)
 from jaxsal_agents.snapshots import SaliencySnapshots, load_snapshots
+from tests._support.snapshot_training import env_fn, pqn_config
 
 pytest.importorskip("tensorboardX")
 
@@ -63,8 +63,8 @@ def read_events(log_dir):
     return scalars, images
 
 
-def test_snapshots_go_to_tensorboard_with_their_steps(setup, tmp_path):
-    env, probe, model, params = setup        # 6 probes of 10x10x12 (a 4-frame stack of 3 channels)
+def test_snapshots_go_to_tensorboard_with_their_steps(probe_setup, tmp_path):
+    env, probe, model, params = probe_setup        # 6 probes of 10x10x12 (a 4-frame stack of 3 channels)
     snaps = SaliencySnapshots(probe, tmp_path / "snaps", every=2, num_frames=4, tensorboard=True)
     for upd in range(1, 6):
         snaps(step=upd * 100, update=upd, params=params, apply_fn=model.apply, returns=[1.0, float(upd)])
@@ -93,12 +93,12 @@ def test_snapshots_go_to_tensorboard_with_their_steps(setup, tmp_path):
     np.testing.assert_allclose((tile - 0.35 * frame) / 0.65, heat, atol=0.01)
 
 
-def test_tensorboard_in_pqn_training_at_the_snapshot_steps(setup, tmp_path):
+def test_tensorboard_in_pqn_training_at_the_snapshot_steps(probe_setup, tmp_path):
     from jaxsal_agents.train import train
-    env, probe, model, _ = setup
+    env, probe, model, _ = probe_setup
     log_dir = tmp_path / "tb"                                  # a log directory of one's own
     snaps = SaliencySnapshots(probe, tmp_path / "with" / "snapshots", every=2, num_frames=4, tensorboard=log_dir)
-    train(_cfg(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
+    train(pqn_config(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
     snaps.close()
     scalars, images = read_events(log_dir)
     assert [s for s, _ in images["maps/gradcam"]] == [16, 32, 64, 96]
@@ -106,11 +106,11 @@ def test_tensorboard_in_pqn_training_at_the_snapshot_steps(setup, tmp_path):
     assert not (tmp_path / "with" / "snapshots" / "tensorboard").exists()
 
 
-def test_missing_tensorboardx_names_the_extra(setup, tmp_path, monkeypatch):
+def test_missing_tensorboardx_names_the_extra(probe_setup, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboardX", None)     # import tensorboardX raises ImportError
     with pytest.raises(ImportError, match=r"jaxsal\[tensorboard\]"):
-        SaliencySnapshots(setup[1], tmp_path / "s", every=1, tensorboard=True)
-    snaps = SaliencySnapshots(setup[1], tmp_path / "s", every=1)   # off by default: no tensorboardX needed
+        SaliencySnapshots(probe_setup[1], tmp_path / "s", every=1, tensorboard=True)
+    snaps = SaliencySnapshots(probe_setup[1], tmp_path / "s", every=1)   # off by default: no tensorboardX needed
     assert snaps.board is None
 
 

@@ -2,63 +2,27 @@
 import csv
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxsal
 from jaxsal_agents.framestack import FrameStackEnv
-from jaxsal_agents.networks import MinAtarDQN
 from jaxsal.metrics import frame_shares
 from jaxsal_agents.snapshots import (METHODS, SaliencySnapshots, load_snapshots, probe_states, read_returns,
                               render_strips)
+from tests._support.snapshot_training import RandomGridEnv, env_fn, pqn_config
 
 
-class RandomGridEnv:
-    """Fake MinAtar-like single-frame env (no gymnax compile): seeded random binary 10x10x3
-    frames, reward 1 when the action matches a hidden bit, episodes of 7 steps."""
-    num_actions, obs_shape = 3, (10, 10, 3)
-
-    def __init__(self, num_envs, seed=0):
-        self.n, self.rng, self.t = num_envs, np.random.default_rng(seed), 0
-
-    def _obs(self):
-        return (self.rng.random((self.n,) + self.obs_shape) < 0.2).astype(np.float32)
-
-    def reset(self):
-        self.t = 0
-        return self._obs()
-
-    def step(self, actions):
-        self.t += 1
-        reward = (np.asarray(actions) == self.rng.integers(0, 3, self.n)).astype(np.float32)
-        done = np.full(self.n, self.t % 7 == 0, np.float32)
-        return self._obs(), reward, done, [float(self.t)] * int(done.sum())
-
-
-def env_fn(game="fake", num_envs=4, train=True, seed=0):
-    return FrameStackEnv(RandomGridEnv(num_envs, seed), num_frames=4)
-
-
-@pytest.fixture(scope="module")
-def setup():
-    env = env_fn(seed=1)
-    probe = probe_states(env, 6, steps=10)
-    model = MinAtarDQN(env.num_actions, env.obs_shape[-1])
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + env.obs_shape))
-    return env, probe, model, params
-
-
-def test_probe_states_fixed_and_spread(setup):
-    env, probe, *_ = setup
+def test_probe_states_fixed_and_spread(probe_setup):
+    env, probe, *_ = probe_setup
     again = probe_states(env_fn(seed=1), 6, steps=10)
     np.testing.assert_array_equal(probe, again)
     assert probe.shape == (6, 10, 10, 12)
     assert len({p.tobytes() for p in probe}) > 1
 
 
-def test_snapshots_every_k_updates_with_maps_and_frame_shares(setup, tmp_path):
-    env, probe, model, params = setup
+def test_snapshots_every_k_updates_with_maps_and_frame_shares(probe_setup, tmp_path):
+    env, probe, model, params = probe_setup
     snaps = SaliencySnapshots(probe, tmp_path / "snaps", every=4, num_frames=4)
     for upd in range(1, 10):
         snaps(step=upd * 100, update=upd, params=params, apply_fn=model.apply, returns=[1.0, 3.0])
@@ -86,23 +50,17 @@ def test_snapshots_every_k_updates_with_maps_and_frame_shares(setup, tmp_path):
     assert (tmp_path / "strip.png").stat().st_size > 1000 and png == tmp_path / "strip.png"
 
 
-def test_bad_every_is_clear(setup, tmp_path):
+def test_bad_every_is_clear(probe_setup, tmp_path):
     with pytest.raises(ValueError, match="every must be a positive int"):
-        SaliencySnapshots(setup[1], tmp_path, every=0)
-
-
-def _cfg(tmp_path, d):
-    from jaxsal_agents.train import PQNConfig
-    return PQNConfig(game="minatar-breakout", steps=4 * 4 * 6, num_envs=4, rollout=4, minibatches=2,
-                     epochs=1, run_dir=str(tmp_path / d), ckpt_every=1000)
+        SaliencySnapshots(probe_setup[1], tmp_path, every=0)
 
 
 @pytest.mark.slow  # trains PQN; the snapshot hook itself is checked without training above
-def test_callback_in_pqn_training_records_at_the_right_updates(setup, tmp_path):
+def test_callback_in_pqn_training_records_at_the_right_updates(probe_setup, tmp_path):
     from jaxsal_agents.train import train
-    env, probe, model, _ = setup
+    env, probe, model, _ = probe_setup
     snaps = SaliencySnapshots(probe, tmp_path / "with" / "snapshots", every=2, num_frames=4)
-    out = train(_cfg(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
+    out = train(pqn_config(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
     assert [r["update"] for r in snaps.rows] == [1, 2, 4, 6]
     assert [r["step"] for r in snaps.rows] == [16, 32, 64, 96]
     last = load_snapshots(tmp_path / "with" / "snapshots")[-1][1]
@@ -113,13 +71,13 @@ def test_callback_in_pqn_training_records_at_the_right_updates(setup, tmp_path):
 
 
 @pytest.mark.slow
-def test_callback_changes_nothing_in_training(setup, tmp_path):
+def test_callback_changes_nothing_in_training(probe_setup, tmp_path):
     """jaxsal_agents.train.train with the snapshot callback gives bit-identical params to no callback."""
     from jaxsal_agents.train import train
-    env, probe, model, _ = setup
+    env, probe, model, _ = probe_setup
     snaps = SaliencySnapshots(probe, tmp_path / "with" / "snapshots", every=2, num_frames=4)
-    a = train(_cfg(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
-    b = train(_cfg(tmp_path, "without"), log=lambda m: None, env_fn=env_fn, model=model)
+    a = train(pqn_config(tmp_path, "with"), log=lambda m: None, callback=snaps, env_fn=env_fn, model=model)
+    b = train(pqn_config(tmp_path, "without"), log=lambda m: None, env_fn=env_fn, model=model)
     for x, y in zip(jax.tree.leaves(a["params"]), jax.tree.leaves(b["params"])):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -164,10 +122,10 @@ def test_snapshots_on_the_split_attention_agent_in_pqn_training(tmp_path):
     assert np.all(last["frame_shares"] > 0)
 
 
-def test_resumed_run_keeps_earlier_rows_and_replaces_redone_steps(setup, tmp_path):
+def test_resumed_run_keeps_earlier_rows_and_replaces_redone_steps(probe_setup, tmp_path):
     """Killed after step 300 but resumed from the checkpoint at step 200: stats.csv keeps
     100 and 200, and the redone step 300 replaces its old row instead of duplicating it."""
-    env, probe, model, params = setup
+    env, probe, model, params = probe_setup
     first = SaliencySnapshots(probe, tmp_path / "s", every=1, num_frames=4)
     for upd in (1, 2, 3):
         first(step=upd * 100, update=upd, params=params, apply_fn=model.apply, returns=[float(upd)])

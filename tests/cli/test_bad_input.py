@@ -4,109 +4,12 @@ did not exist, untouched when it did, earlier results never deleted)."""
 import json
 import shutil
 
-import numpy as np
 import pytest
 
 import jaxsal
 from jaxsal.cli import main
 from jaxsal.io import job, store
-from tests._support import crafted_files as crafted
-from tests._support import foreign_agents as F
-from tests._support.cli_support import corrupt_member, frames, make_agent_files
-
-NCHW_AGENT = '''
-import jax
-from tests._support import crafted_files as crafted
-from tests._support import foreign_agents as F
-
-
-def load():   # CleanRL's QNetwork: channel-first input, layout not declared
-    q = F.QNetwork(action_dim=4)
-    return q.apply, q.init(jax.random.PRNGKey(0), F.atari_nchw(1))
-'''
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("bad")
-    card = make_agent_files(d / "agent")
-    atari = make_agent_files(d / "atari", num_actions=4, game="breakout")
-    (d / "nchw_agent.py").write_text(NCHW_AGENT)
-    np.save(d / "ok.npy", frames(6))
-    nan = frames(6).astype(np.float32)
-    nan[3, 0, 0, 0] = np.nan                  # second chunk of 2: the first is fine
-    np.save(d / "nan.npy", nan)
-    inf = frames(6).astype(np.float32)
-    inf[0, 1, 1, 1] = np.inf
-    np.save(d / "inf.npy", inf)
-    np.save(d / "unit.npy", frames(3, size=84).astype(np.float32) / 255.0)
-    np.save(d / "complex.npy", frames(3).astype(np.complex64))
-    np.save(d / "empty.npy", np.zeros((0, 10, 10, 4), np.uint8))
-    np.save(d / "nchw.npy", F.atari_nchw(3))
-    np.save(d / "nhwc84.npy", F.atari_nchw(3).transpose(0, 2, 3, 1))
-    np.savez_compressed(d / "deflated.npz", obs=frames(48))   # 64 corrupt bytes a third into the member
-    corrupt_member(d / "deflated.npz", nbytes=64, at=0.3)
-    np.savez(d / "stored.npz", obs=frames(48))                # 200 flipped bytes in frame 4
-    corrupt_member(d / "stored.npz", nbytes=200, at=0.1)
-    (d / "shards").mkdir()
-    for k in range(3):
-        np.savez(d / "shards" / f"part{k}.npz", obs=frames(4, seed=k))
-    corrupt_member(d / "shards" / "part2.npz", nbytes=50, at=0.5)
-    (d / "unit_shard").mkdir()
-    np.save(d / "unit_shard" / "a.npy", frames(4, size=84))
-    np.save(d / "unit_shard" / "b.npy", frames(4, seed=1, size=84).astype(np.float32) / 255.0)
-    (d / "zip_bomb.zip").write_bytes(crafted.zip_bytes({"data": crafted.deflate_zeros(1 << 30) + (1 << 30,)}))
-    (d / "deep.zip").write_bytes(crafted.sbx_zip(crafted.as_dict_key(crafted.deep_tuple(10 ** 6))))
-    crafted._dopamine(d, "gzip_bomb", "episode_end_indices_ckpt.7.gz", crafted.gzip_bomb(1 << 30))
-    return d, card, atari
-
-
-def _cases(d, card, atari):
-    """name -> (argv without --out, what the error names, the fix it names)."""
-    base = ["explain", "--agent", str(card), "--methods", "standin_grad", "--quiet"]
-    ok = ["--input", str(d / "ok.npy")]
-    nchw = ["explain", "--agent", f"{d / 'nchw_agent.py'}:load", "--methods", "gradient", "--quiet"]
-    return {
-        "batch size 0": (base + ok + ["--batch-size", "0"], "--batch-size", "positive"),
-        "chunk 0": (base + ok + ["--chunk", "0"], "--chunk", "positive"),
-        "limit 0": (base + ok + ["--limit", "0"], "--limit", "positive"),
-        "NaN frames": (base + ["--input", str(d / "nan.npy"), "--chunk", "2"], "frame 3", "nan_to_num"),
-        "inf frames": (base + ["--input", str(d / "inf.npy")], "NaN or inf", "nan_to_num"),
-        "frames in [0, 1]": (["explain", "--agent", str(atari), "--methods", "gradient", "--quiet",
-                              "--input", str(d / "unit.npy")], "[0, 1]", "* 255"),
-        "complex frames": (base + ["--input", str(d / "complex.npy")], "dtype complex64", "uint8"),
-        "no states": (base + ["--input", str(d / "empty.npy")], "holds no states", "at least one frame stack"),
-        "unknown layer": (base[:4] + ["gradcam", "--quiet", "--option", "gradcam.layer=nosuch"] + ok,
-                          "unknown layer 'nosuch'", "available layers: ['conv1'"),
-        "layer of another method's name": (base[:4] + ["gradcam", "--quiet", "--option", "gradcam.layer=q"] + ok,
-                                           "layer 'q'", "Spatial layers"),
-        "value target on a Q-network": (base + ok + ["--target", "value"], "target='value'", "another --target"),
-        "bad option value (in the method)": (base[:4] + ["standin_noise", "--quiet", "--option",
-                                                         "standin_noise.n_masks=0"] + ok, "n_masks", ">= 1"),
-        "channel-first model, NCHW buffer": (nchw + ["--input", str(d / "nchw.npy")], "channel-first",
-                                             "--layout NCHW"),
-        "channel-first model, NHWC buffer": (nchw + ["--input", str(d / "nhwc84.npy")], "channel-first",
-                                             "--layout NCHW"),
-        "channel-last model, --layout NCHW": (base + ok + ["--layout", "NCHW"], "channel-last", "--layout NHWC"),
-        "corrupt deflated member": (base + ["--input", str(d / "deflated.npz")], "'obs.npy' is corrupt",
-                                    "download the file again"),
-        "corrupt deflated member, --limit": (base + ["--input", str(d / "deflated.npz"), "--limit", "8"],
-                                             "'obs.npy' is corrupt", "download the file again"),
-        "corrupt stored member": (base + ["--input", str(d / "stored.npz")], "Bad CRC-32", "download the file again"),
-        "corrupt stored member, --limit": (base + ["--input", str(d / "stored.npz"), "--limit", "8"], "Bad CRC-32",
-                                           "download the file again"),
-        "corrupt shard among good ones": (base + ["--input", str(d / "shards"), "--chunk", "4"], "part2.npz",
-                                          "download the file again"),
-        "a float [0, 1] shard after a uint8 one": (["explain", "--agent", str(atari), "--methods", "gradient",
-                                                    "--quiet", "--input", str(d / "unit_shard"), "--chunk", "4"],
-                                                   "frames 4:8", "* 255"),
-        "zip bomb as the agent": (["explain", "--agent", str(d / "zip_bomb.zip")] + base[3:] + ok,
-                                  "declares 1073741824 bytes", "corrupt or crafted"),
-        "pickle nested 10^6 deep in an SBX zip": (["explain", "--agent", str(d / "deep.zip")] + base[3:] + ok,
-                                                  "nested deeper than 1000", "do not unpickle it"),
-        "gzip bomb in a Dopamine folder": (base + ["--input", str(d / "gzip_bomb")], "bytes uncompressed",
-                                           "corrupt or crafted"),
-    }
+from tests._support.bad_inputs import cases
 
 
 def _tree(d):
@@ -120,19 +23,19 @@ def _finished_job(d, card, out):
 
 
 @pytest.fixture(scope="module")
-def finished(inputs, tmp_path_factory):
+def finished(bad_inputs, tmp_path_factory):
     """One finished job, copied for each case (15 runs of the same job would cost ~10 CPU s)."""
-    d, card, _ = inputs
+    d, card, _ = bad_inputs
     out = tmp_path_factory.mktemp("finished") / "job"
     _finished_job(d, card, out)
     return out
 
 
 @pytest.mark.parametrize("where", ["new", "empty", "finished job"])
-def test_bad_input_is_one_line_exit_2_nothing_written(inputs, tmp_path, capsys, where, request):
-    d, card, atari = inputs
+def test_bad_input_is_one_line_exit_2_nothing_written(bad_inputs, tmp_path, capsys, where, request):
+    d, card, atari = bad_inputs
     failed = []
-    for i, (name, (argv, what, fix)) in enumerate(_cases(d, card, atari).items()):
+    for i, (name, (argv, what, fix)) in enumerate(cases(d, card, atari).items()):
         out = tmp_path / f"out{i}"
         if where == "empty":
             out.mkdir()
@@ -151,10 +54,10 @@ def test_bad_input_is_one_line_exit_2_nothing_written(inputs, tmp_path, capsys, 
     assert not failed, "\n".join(map(str, failed))
 
 
-def test_a_big_float_input_is_checked_chunk_by_chunk(inputs, tmp_path, monkeypatch, capsys):
+def test_a_big_float_input_is_checked_chunk_by_chunk(bad_inputs, tmp_path, monkeypatch, capsys):
     """Above job.SCAN_BYTES the input is not read twice: the first chunk is checked before anything is
     written, every later chunk before its own outputs are written (the finished chunks stay, resumable)."""
-    d, card, _ = inputs
+    d, card, _ = bad_inputs
     monkeypatch.setattr(job, "SCAN_BYTES", 1)
     argv = ["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(d / "nan.npy"),
             "--quiet", "--chunk", "2"]
@@ -168,9 +71,9 @@ def test_a_big_float_input_is_checked_chunk_by_chunk(inputs, tmp_path, monkeypat
     assert "NaN or inf" in err and not (tmp_path / "first").exists()
 
 
-def test_a_failed_rerun_never_deletes_earlier_results(inputs, tmp_path, monkeypatch, capsys):
+def test_a_failed_rerun_never_deletes_earlier_results(bad_inputs, tmp_path, monkeypatch, capsys):
     """A rerun that fails inside a method (after the manifest exists) removes only what it created."""
-    d, card, _ = inputs
+    d, card, _ = bad_inputs
     out = tmp_path / "o"
     _finished_job(d, card, out)
     (out / "standin_grad" / "chunk_0000001.npy").unlink()   # a stopped job: one chunk to do
@@ -188,9 +91,9 @@ def test_a_failed_rerun_never_deletes_earlier_results(inputs, tmp_path, monkeypa
     assert _tree(out) == before
 
 
-def test_a_refusal_after_the_manifest_leaves_nothing(inputs, tmp_path, monkeypatch):
+def test_a_refusal_after_the_manifest_leaves_nothing(bad_inputs, tmp_path, monkeypatch):
     """What the up-front checks cannot see (here a method refusing its input) still leaves no files."""
-    d, card, _ = inputs
+    d, card, _ = bad_inputs
     from jaxsal.errors import SaliencyInputError
     from jaxsal.registry import METHODS
 
@@ -205,8 +108,8 @@ def test_a_refusal_after_the_manifest_leaves_nothing(inputs, tmp_path, monkeypat
         assert (not out.exists()) if out.name == "new" else not any(out.iterdir())
 
 
-def test_a_channel_first_model_with_layout_runs(inputs, tmp_path):
-    d, _, _ = inputs
+def test_a_channel_first_model_with_layout_runs(bad_inputs, tmp_path):
+    d, _, _ = bad_inputs
     out = tmp_path / "o"
     assert main(["explain", "--agent", f"{d / 'nchw_agent.py'}:load", "--methods", "gradient", "--layout", "NCHW",
                  "--input", str(d / "nchw.npy"), "--out", str(out), "--quiet"]) == 0

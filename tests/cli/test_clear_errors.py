@@ -6,7 +6,6 @@ import pytest
 import jaxsal
 from jaxsal.cli import main
 from jaxsal.io import store
-from tests.cli.test_job_fixes import read_only  # noqa: F401  (the fixture)
 from tests._support.cli_support import frames, make_agent_files
 
 AGENTS = '''
@@ -137,7 +136,7 @@ def test_a_full_disk_names_the_disk_and_the_fix(tmp_path, capsys, monkeypatch):
     assert not list(out.rglob(".*.tmp"))
 
 
-def test_render_on_a_read_only_folder_does_not_advise_resuming(tmp_path, capsys, read_only):  # noqa: F811
+def test_render_on_a_read_only_folder_does_not_advise_resuming(tmp_path, capsys, read_only):
     card = make_agent_files(tmp_path / "agent")
     np.save(tmp_path / "x.npy", frames(4))
     out = tmp_path / "o"

@@ -14,7 +14,7 @@ from jaxsal.io import objects as objs
 from jaxsal.metrics import object_effects
 from jaxsal.objects.draw import PALETTE
 from jaxsal.cli.render.pictures import FLAG_COLOUR, effect_bars
-from tests._support import object_agent as _object_agent
+from tests._support import object_agent
 from tests.cli.test_objects import AGENT, N, _same, _small_job, _state
 from tests._support.cli_support import sigkill_after_chunks
 
@@ -23,7 +23,7 @@ from tests._support.cli_support import sigkill_after_chunks
 def job(tmp_path_factory):
     """The synthetic one-object agent (it reads only "target") with --objects --effects, chunks of 4."""
     d = tmp_path_factory.mktemp("effects")
-    obs, ob = _object_agent.buffer(N)
+    obs, ob = object_agent.buffer(N)
     np.save(d / "buf.npy", obs)
     ob.save(d / "buf.objects.npz")
     argv = ["explain", "--agent", AGENT, "--methods", "gradient", "--input", str(d / "buf.npy"), "--objects",
@@ -38,7 +38,7 @@ def test_stored_effects_are_object_effects_of_the_frames(job):
     assert sorted(p.name for p in (out / "_objects" / "_effects").iterdir()) == ["chunk_0000000.npz",
                                                                                 "chunk_0000001.npz"]
     e = jaxsal.load_object_effects(out)
-    apply_fn, params = _object_agent.load()
+    apply_fn, params = object_agent.load()
     ref = object_effects(apply_fn, params, obs, ob)
     assert e["classes"] == ref.classes == ("target", "other")
     np.testing.assert_array_equal(e["frame"], np.arange(N))
@@ -88,7 +88,7 @@ def test_q_action_effects_use_the_buffers_actions(job, tmp_path):
                  "--objects", "--effects", "--target", "q_action", "--chunk", "4", "--out", str(tmp_path / "o"),
                  "--quiet"]) == 0
     e = jaxsal.load_object_effects(tmp_path / "o")
-    apply_fn, params = _object_agent.load()
+    apply_fn, params = object_agent.load()
     ref = object_effects(apply_fn, params, obs, ob, target="q_action", actions=acts)
     np.testing.assert_array_equal(e["action"], acts)
     np.testing.assert_allclose(e["effect"], np.asarray(ref.effect), rtol=1e-5, atol=1e-6)
@@ -195,7 +195,7 @@ def test_render_draws_the_effects(job, tmp_path):
     tiles = 2 * 84 * 3                                  # frame | gradient overlay, then the bars
     assert img.shape[1] == tiles + 240
     top = 14 + 14
-    y0, x0, y1, x1 = _object_agent.BOX
+    y0, x0, y1, x1 = object_agent.BOX
     assert (img[top + 3 * y0, 3 * x0:3 * x1] == PALETTE[0]).all()          # the boxes on the frame
     bars = img[top - 14:, tiles:]
     e = jaxsal.load_object_effects(d / "o")

@@ -1,15 +1,9 @@
 """Jobs that must end well: a target without an action stores none, a finished job reruns on a
 read-only disk, SIGTERM stops like Ctrl-C (resumable, nothing partial counted), `jaxsal render` finds
 the input from any directory (old manifests too), `jaxsal agents` counts frames as the cards do."""
-import builtins
-import errno
-import io
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +12,7 @@ import pytest
 import jaxsal
 from jaxsal.cli import main
 from jaxsal.io import store
-from tests._support.cli_support import ROOT, cli_env, frames, make_agent_files
+from tests._support.cli_support import ROOT, files_at_least, frames, make_agent_files, start_job
 
 AC_AGENT = '''
 import flax.linen as nn
@@ -80,48 +74,7 @@ def test_value_target_stores_no_action(tmp_path):
     np.testing.assert_array_equal(o["action"], o["logits"].argmax(-1))
 
 
-# --------------------------------------------------------------------------- 7c: read-only rerun
-@pytest.fixture
-def read_only(monkeypatch):
-    """read_only(DIR): every write, create, rename or delete under DIR fails with EROFS, as on a
-    read-only mount (the tests run as root, so chmod would not stop anything)."""
-    roots = []
-
-    def under(p):
-        if not isinstance(p, (str, bytes, os.PathLike)):
-            return False
-        q = os.path.abspath(os.fsdecode(p))
-        return any(q == r or q.startswith(r + os.sep) for r in roots)
-
-    def deny(p):
-        raise OSError(errno.EROFS, "Read-only file system", os.fsdecode(p))
-
-    real_open = builtins.open
-
-    def guarded_open(file, mode="r", *a, **k):
-        if any(c in mode for c in "wax+") and under(file):
-            deny(file)
-        return real_open(file, mode, *a, **k)
-    monkeypatch.setattr(builtins, "open", guarded_open)
-    monkeypatch.setattr(io, "open", guarded_open)
-    real_os_open = os.open
-
-    def guarded_os_open(path, flags, *a, **k):
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC) and under(path):
-            deny(path)
-        return real_os_open(path, flags, *a, **k)
-    monkeypatch.setattr(os, "open", guarded_os_open)
-    for name in ("mkdir", "replace", "rename", "link", "unlink", "remove", "rmdir", "symlink"):
-        real = getattr(os, name)
-
-        def guarded(*a, _real=real, **k):
-            if any(under(x) for x in a[:2]):
-                deny(a[0])
-            return _real(*a, **k)
-        monkeypatch.setattr(os, name, guarded)
-    return lambda d: roots.append(os.path.abspath(d))
-
-
+# --------------------------------------------------------------------------- 7c: read-only rerun (read_only: conftest.py)
 def test_finished_job_reruns_read_only(tmp_path, card, read_only, capsys):
     np.save(tmp_path / "x.npy", frames(6))
     out = tmp_path / "o"
@@ -149,13 +102,7 @@ def test_sigterm_stops_like_ctrl_c_and_resumes(tmp_path):
     assert main(args + ["--out", str(tmp_path / "ref")]) == 0
     ref = {k: v for k, v in _files(tmp_path / "ref").items() if "chunk_" in k}
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_support" / "cli_support.py"), *args, "--out", str(out)],
-                            env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.4"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while time.time() < deadline and len(list(out.rglob("standin_grad/chunk_*.npy"))) < 2:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
+    proc = start_job(args, out, files_at_least(2, "standin_grad/chunk_*.npy"), slow_write=0.4)
     os.kill(proc.pid, signal.SIGTERM)
     proc.wait(timeout=120)
     err = proc.stderr.read().decode()

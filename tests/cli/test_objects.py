@@ -12,7 +12,7 @@ from jaxsal.io import objects as objs
 from jaxsal.metrics import object_attribution, object_pointing
 from jaxsal.objects import ObjectBoxes
 from jaxsal.objects.draw import PALETTE
-from tests._support import object_agent as _object_agent
+from tests._support import object_agent
 from tests._support.cli_support import ROOT, frames, make_agent_files, sigkill_after_chunks
 
 AGENT = f"{ROOT / 'tests' / '_support' / 'object_agent.py'}:load"
@@ -24,7 +24,7 @@ def job(tmp_path_factory):
     """The synthetic one-object agent explained with and without per-frame maps, with --objects
     (occlusion recovers the object too: tests/metrics/test_objects.py; here CPU time is short)."""
     d = tmp_path_factory.mktemp("objects")
-    obs, ob = _object_agent.buffer(N)
+    obs, ob = object_agent.buffer(N)
     np.save(d / "buf.npy", obs)
     ob.save(d / "buf.objects.npz")               # found beside the input by --objects without FILE
     argv = ["explain", "--agent", AGENT, "--methods", "gradient,pf=gradient", "--option",
@@ -156,7 +156,7 @@ def test_render_draws_boxes(job, tmp_path):
                  "--scale", "3", "--out", str(gal), "--quiet"]) == 0
     img = np.asarray(Image.open(gal / "grid.png").convert("RGB"))
     top = 14 + 14                                 # row caption strip, then the tile's name strip
-    for k, (y0, x0, y1, x1) in enumerate((_object_agent.BOX, _object_agent.OTHER)):
+    for k, (y0, x0, y1, x1) in enumerate((object_agent.BOX, object_agent.OTHER)):
         for tile in (0, 1):                        # the frame and the gradient overlay
             xo = tile * 84 * 3
             assert (img[top + 3 * y0, xo + 3 * x0:xo + 3 * x1] == PALETTE[k]).all()          # top edge

@@ -3,9 +3,6 @@ nothing written), q_action uses a Dopamine buffer's actions, SIGINT exits 130 an
 finished chunks of an incomplete job load and render."""
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
@@ -14,7 +11,7 @@ import pytest
 import jaxsal
 from jaxsal.cli import main
 from tests._support import foreign_agents as F
-from tests._support.cli_support import ROOT, cli_env, frames, make_agent_files
+from tests._support.cli_support import files_at_least, frames, make_agent_files, start_job
 from tests.io.test_readers import write_dopamine
 
 LAYOUT_METHODS = ["gradient", "guided_backprop", "gradcam", "g2gradcam", "integrated_gradients"]
@@ -107,13 +104,7 @@ def test_sigint_exits_130_resumes_and_partial_renders(tmp_path):
     args = ["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(tmp_path / "buf.npy"),
             "--chunk", "3", "--quiet"]
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_support" / "cli_support.py"), *args, "--out", str(out)],
-                            env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.4"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while time.time() < deadline and len(list(out.rglob("standin_grad/chunk_*.npy"))) < 2:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
+    proc = start_job(args, out, files_at_least(2, "standin_grad/chunk_*.npy"), slow_write=0.4)
     os.kill(proc.pid, signal.SIGINT)
     proc.wait(timeout=120)
     err = proc.stderr.read().decode()

@@ -2,16 +2,13 @@
 (maps and the per-frame outputs, byte for byte)."""
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 import jaxsal
 from jaxsal.cli import main
-from tests._support.cli_support import ROOT, cli_env, frames, make_agent_files
+from tests._support.cli_support import files_at_least, frames, make_agent_files, start_job
 
 
 def _files(d):
@@ -32,13 +29,8 @@ def test_sigkill_then_resume_gives_identical_output(tmp_path):
     assert sum(k.startswith("_outputs/") for k in ref) == 8
 
     out = tmp_path / "killed"
-    env = cli_env(JAXSAL_TEST_SLOW_WRITE="0.4")  # same XLA kernels as the reference: bytes compared
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_support" / "cli_support.py"), *args, "--out", str(out)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while time.time() < deadline and len(list(out.rglob("chunk_*.npy"))) < 3:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
+    # cli_env: the same XLA kernels as the reference, so bytes are compared
+    proc = start_job(args, out, files_at_least(3, "chunk_*.npy"), slow_write=0.4)
     os.kill(proc.pid, signal.SIGKILL)  # a real, unannounced kill in the middle of the job
     proc.wait()
     assert proc.returncode == -signal.SIGKILL

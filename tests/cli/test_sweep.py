@@ -5,9 +5,7 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ import pytest
 import jaxsal
 from jaxsal.cli import main
 from jaxsal.io import sweep as sw
-from tests._support.cli_support import ROOT, cli_env, frames, make_agent_files
+from tests._support.cli_support import ROOT, files_at_least, frames, make_agent_files, start_job
 
 N = 4
 CONFIG = """
@@ -226,13 +224,8 @@ def _mid_job(out):
 def test_sigkill_mid_sweep_then_rerun(swept, tmp_path):
     d, cfg, ref = swept
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_support" / "cli_support.py"), "sweep", str(cfg),
-                             "--out", str(out), "--quiet"], env=cli_env(JAXSAL_TEST_SLOW_WRITE="0.5"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while time.time() < deadline and not (len(list(out.rglob("cell.json"))) >= 2 and _mid_job(out)):
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.02)
+    proc = start_job(["sweep", cfg, "--quiet"], out, lambda o: files_at_least(2, "cell.json")(o) and _mid_job(o),
+                     slow_write=0.5)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     half = _mid_job(out)
@@ -271,9 +264,9 @@ gradient = { per_frame = true }
 
 
 def test_objects_metric_shares_per_class(tmp_path, capsys):
-    from tests._support import object_agent as _object_agent
+    from tests._support import object_agent
 
-    obs, ob = _object_agent.buffer(3)
+    obs, ob = object_agent.buffer(3)
     np.save(tmp_path / "buf.npy", obs)
     text = f"""
 agents = ["{ROOT / 'tests' / '_support' / 'object_agent.py'}:load"]
@@ -356,9 +349,9 @@ def test_a_worker_that_dies_is_recorded(swept, tmp_path, monkeypatch, capsys):
 def test_effects_metric_removes_each_class_and_scores_agreement(tmp_path):
     """The effects metric on an agent that reads one object only: removing it changes Q, removing the other
     object changes nothing, and per class and method the table says so (issue 47 item 3)."""
-    from tests._support import object_agent as _object_agent
+    from tests._support import object_agent
 
-    obs, ob = _object_agent.buffer(4)
+    obs, ob = object_agent.buffer(4)
     np.save(tmp_path / "buf.npy", obs)
     ob.save(tmp_path / "buf.objects.npz")
     (tmp_path / "sweep.toml").write_text(f"""
@@ -377,7 +370,7 @@ gradient = {{}}
 
     job = next((tmp_path / "out").rglob("job"))
     e = load_object_effects(job)
-    apply_fn, params = _object_agent.load()
+    apply_fn, params = object_agent.load()
     ref = object_effects(apply_fn, params, obs, ob)
     np.testing.assert_allclose(t["effects_target_effect"][0], np.asarray(ref.effect)[:, 0].mean(), rtol=1e-5)
     assert abs(t["effects_target_effect"][0]) > 1e-3 and t["effects_other_effect"][0] == 0.0

@@ -2,23 +2,23 @@
 tests/cli/test_bad_input.py prints a message the page explains (a heading is part of it), and the
 page explains no message the CLI no longer prints."""
 import re
-from pathlib import Path
 
 from jaxsal.cli import main
-from tests.cli.test_bad_input import _cases, inputs  # noqa: F401  (the module fixture)
+from tests._support.bad_inputs import cases
+from tests._support import ROOT
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
+PAGE = ROOT / "docs" / "troubleshooting.md"
 
 
-def test_every_cli_error_is_on_the_page_and_the_page_only_has_real_ones(inputs, tmp_path, capsys):  # noqa: F811
+def test_every_cli_error_is_on_the_page_and_the_page_only_has_real_ones(bad_inputs, tmp_path, capsys):
     text = PAGE.read_text()
     headings = re.findall(r"^### `(.+)`$", text, re.M)
     assert len(headings) >= 10
     examples = re.findall(r"^```text\n(.+?)\n```$", text, re.M | re.S)
     assert examples and all(e.startswith("jaxsal: error: ") and "\n" not in e for e in examples)
-    d, card, atari = inputs
+    d, card, atari = bad_inputs
     printed = {}
-    for i, (name, (argv, _, _)) in enumerate(_cases(d, card, atari).items()):
+    for i, (name, (argv, _, _)) in enumerate(cases(d, card, atari).items()):
         capsys.readouterr()
         assert main(argv + ["--out", str(tmp_path / f"o{i}")]) == 2, name
         printed[name] = capsys.readouterr().err.strip()

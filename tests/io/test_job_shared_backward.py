@@ -5,9 +5,6 @@ their own computation; a killed job with a method list resumes to identical file
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -16,7 +13,7 @@ import jaxsal
 from jaxsal.cli import main
 from jaxsal.front import share_groups
 from jaxsal.engine import execute
-from tests._support.cli_support import ROOT, cli_env, frames, make_agent_files
+from tests._support.cli_support import files_at_least, frames, make_agent_files, start_job
 
 LIST = ["gradcam", "g1gradcam", "guided_backprop", "gradient"]
 METHODS = ",".join(LIST) + ",g=gradcam"  # g: Grad-CAM of conv2, next to the default layer (conv3)
@@ -170,13 +167,8 @@ def test_sigkill_then_resume_with_a_method_list(tmp_path):
         ["gradcam", "g1gradcam", "guided_backprop"]]
 
     out = tmp_path / "killed"
-    env = cli_env(JAXSAL_TEST_SLOW_WRITE="0.3")  # same XLA kernels as the reference: bytes compared
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_support" / "cli_support.py"), *args, "--out", str(out)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 300
-    while time.time() < deadline and len(list(out.rglob("chunk_*.npy"))) < 7:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
+    # cli_env: the same XLA kernels as the reference, so bytes are compared
+    proc = start_job(args, out, files_at_least(7, "chunk_*.npy"), timeout=300)
     os.kill(proc.pid, signal.SIGKILL)  # a real, unannounced kill in the middle of the job
     proc.wait()
     assert proc.returncode == -signal.SIGKILL

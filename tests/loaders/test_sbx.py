@@ -108,6 +108,19 @@ def test_the_file_is_never_unpickled(models, monkeypatch):
     sbx_model(models["dqn", "cnn"][0])
 
 
+def _with_pickled_policy(src, bad, policy):
+    """A copy of the SBX zip src at bad whose serialized policy is pickle.dumps(policy)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for item in zin.namelist():
+            data = zin.read(item)
+            if item == "data":
+                meta = json.loads(data)
+                meta["policy"][":serialized:"] = base64.b64encode(pickle.dumps(policy)).decode()
+                data = json.dumps(meta).encode()
+            zout.writestr(item, data)
+    return bad
+
+
 def test_a_payload_that_would_run_code_is_refused_and_not_run(models, tmp_path):
     """A policy pickle that calls os.system when unpickled: the loader names the route."""
     class Evil:
@@ -115,16 +128,7 @@ def test_a_payload_that_would_run_code_is_refused_and_not_run(models, tmp_path):
             import os
             return os.system, ("touch " + str(tmp_path / "pwned"),)
 
-    src = models["dqn", "mlp"][0]
-    bad = tmp_path / "evil.zip"
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
-        for item in zin.namelist():
-            data = zin.read(item)
-            if item == "data":
-                meta = json.loads(data)
-                meta["policy"][":serialized:"] = base64.b64encode(pickle.dumps(Evil())).decode()
-                data = json.dumps(meta).encode()
-            zout.writestr(item, data)
+    bad = _with_pickled_policy(models["dqn", "mlp"][0], tmp_path / "evil.zip", Evil())
     with pytest.raises(LoaderError, match=r"--agent file\.py:load"):
         load_file(bad)
     assert not (tmp_path / "pwned").exists()
@@ -180,16 +184,7 @@ def test_cli_lists_layers_and_explains_an_sbx_zip(models, tmp_path, capsys):
 def test_cli_refuses_an_unsafe_sbx_zip_in_one_line(models, tmp_path, capsys):
     from jaxsal.cli import main
 
-    src = models["ppo", "mlp"][0]
-    bad = tmp_path / "custom.zip"
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
-        for item in zin.namelist():
-            data = zin.read(item)
-            if item == "data":
-                meta = json.loads(data)
-                meta["policy"][":serialized:"] = base64.b64encode(pickle.dumps({"not": "a policy"})).decode()
-                data = json.dumps(meta).encode()
-            zout.writestr(item, data)
+    bad = _with_pickled_policy(models["ppo", "mlp"][0], tmp_path / "custom.zip", {"not": "a policy"})
     assert main(["agents", "--layers", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("jaxsal: error:") and "--agent file.py:load" in err
