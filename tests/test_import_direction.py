@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._support import ROOT
+
 AGENT_NAMES = ("agents", "jaxsal_agents")
 
 

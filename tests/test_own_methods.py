@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from importlib.metadata import EntryPoint
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +22,8 @@ from jaxsal.backprop.layers import tap
 from jaxsal.cli import main
 from jaxsal.errors import SaliencyInputError
 from tests._support import conformance as K
+from tests._support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 MODULE = "tests._support.own_methods"
 
 

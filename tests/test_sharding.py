@@ -4,11 +4,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._support import ROOT
+
 
 SCRIPT = textwrap.dedent("""
     import sys

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests._support import ROOT
+
 # the docs extra's modules (`pip install -e '.[docs]'`; `make test-slow` installs it)
 DOCS_MODULES = ("mkdocs", "material", "mkdocstrings_handlers.python", "mkdocs_jupyter")
 

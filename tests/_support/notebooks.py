@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests._support import ROOT
 
 
 def run_notebook(name: str, cwd: Path | None = None, timeout: int = 240):

@@ -4,6 +4,7 @@ import pytest
 
 from jaxsal_agents.train import PQNConfig, q_lambda_targets, train
 from jaxsal_agents.train_ppo import PPOConfig, train as train_ppo
+from tests._support import ROOT
 
 pytestmark = pytest.mark.slow  # training runs and resumes: learning checks
 
@@ -133,7 +134,7 @@ def test_sigterm_stops_after_the_update_with_a_checkpoint(tmp_path):
               callback=lambda update, **kw: print(f"update {{update}}", flush=True))
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+                            text=True, cwd=str(ROOT))
     lines = []
     for line in proc.stdout:
         lines.append(line)

@@ -8,7 +8,6 @@ import re
 import shlex
 import shutil
 import tomllib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +20,9 @@ from jaxsal.errors import CLIError
 from jaxsal.io import sweep as sw
 from jaxsal.io.job import MethodSpec, check_specs
 from jaxsal.targets import TARGET_NAMES, get_target
+from tests._support import ROOT
 
-SHIPPED = Path(__file__).resolve().parents[2] / "agents" / "shipped"
+SHIPPED = ROOT / "agents" / "shipped"
 COMMANDS = ("explain", "sweep", "render", "agents", "demo")
 COMMAND = re.compile(r"^(?:\w+: )?((?:jaxsal|python -m jaxsal_agents\.\w+) .*?)(?:\s{2,}.*| \(.*)?$")
 INLINE = re.compile(r"\(e\.g\. (jaxsal [^)]+)\)")

@@ -10,9 +10,10 @@ import importlib.util
 import inspect
 import logging
 import re
-from pathlib import Path
 
 import pytest
+
+from tests._support import ROOT
 
 griffe = pytest.importorskip("griffe")
 yaml = pytest.importorskip("yaml")
@@ -52,8 +53,6 @@ MODULES = (
     "jaxsal.guided_gradcam",
     "jaxsal.xgradcam",
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _site_options() -> dict:

@@ -20,12 +20,12 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests._support import ROOT
+
 ARTIFACTS = ROOT / "tests" / "artifacts" / "browser"
 # Chromium without the services it calls home to: the network is closed on CI's machines
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from tests._support.docs_blocks import blocks, runs, declared_files, unmarked
+from tests._support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SHIPPED = ROOT / "agents" / "shipped"
 

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 import jaxsal
+from tests._support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
 MAX_BYTES = 150_000

@@ -3,13 +3,12 @@ options with their defaults, the README's method table links every page, the REA
 set-up commands, and its links and pictures stay inside the repository and exist. Fast: no build
 (tests/docs/test_build.py builds the site, slow)."""
 import re
-from pathlib import Path
 
 import pytest
 
 import jaxsal
+from tests._support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 

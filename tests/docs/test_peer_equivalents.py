@@ -5,7 +5,6 @@ import importlib.util
 import re
 import sys
 import types
-from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -14,8 +13,8 @@ import numpy as np
 import pytest
 
 import jaxsal
+from tests._support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "guides" / "from-captum.md"
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -21,8 +20,8 @@ import pytest
 
 import jaxsal
 from jaxsal import batching
+from tests._support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 # first call, then a new channel count, then a new frame size with the same params
 SHAPES = [(2, 84, 84, 1), (2, 84, 84, 4), (2, 64, 64, 4)]

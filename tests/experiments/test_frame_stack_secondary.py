@@ -11,6 +11,7 @@ from experiments import frame_stack_plan as plan
 from experiments import frame_stack_secondary as sec
 from experiments import frame_stack_secondary_plan as sp
 from experiments import frame_stack_study as fss
+from tests._support import ROOT
 
 STUDY = dataclasses.replace(plan.ATARI, seeds=tuple(range(100, 105)))
 CKPTS = STUDY.checkpoints
@@ -249,9 +250,8 @@ def test_the_reproduction_check_accepts_a_copy_and_rejects_a_share_off_by_more_t
     """The registered acceptance of a re-trained run: frame shares within 1e-5 at every snapshot and the
     same return statistic at every checkpoint (here on a committed run and copies of it)."""
     import shutil
-    from pathlib import Path
 
-    runs = Path(__file__).resolve().parents[2] / "experiments/results/frame_stack_bug/runs_atari"
+    runs = ROOT / "experiments/results/frame_stack_bug/runs_atari"
     name = "correct_s101"
     reruns = tmp_path / "reruns"
     shutil.copytree(runs / name, reruns / name)
@@ -269,9 +269,8 @@ def test_the_reproduction_check_accepts_a_copy_and_rejects_a_share_off_by_more_t
 
 def test_the_committed_secondary_results_are_what_the_code_computes_from_the_committed_runs():
     """atari_secondary.json is the analysis of the 15 committed runs and the 4 committed re-runs, as committed."""
-    from pathlib import Path
 
-    res_dir = Path(__file__).resolve().parents[2] / "experiments/results/frame_stack_bug"
+    res_dir = ROOT / "experiments/results/frame_stack_bug"
     res = sec.analyse(plan.ATARI, res_dir / "runs_atari", res_dir / "reruns_atari", res_dir / "runs_minatar")
     assert {"s1", "s2", "s3"} <= set(res) and not res["missing_cam_rows"]
     assert json.loads(json.dumps(res)) == json.loads((res_dir / "atari_secondary.json").read_text())

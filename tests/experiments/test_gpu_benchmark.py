@@ -4,14 +4,12 @@ import json
 import re
 import shutil
 from collections import namedtuple
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from experiments import buffer_end_to_end as E
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests._support import ROOT
 
 
 def test_gpu_scripts_install_nothing_from_the_network():

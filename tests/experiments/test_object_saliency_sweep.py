@@ -2,14 +2,14 @@
 (experiments/object_saliency_sweep/GAME.toml): the study's methods, options and metric, and (slow) a
 sweep over a slice of the study's states giving the study code's maps and object shares."""
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from experiments.object_saliency import METHODS
 from jaxsal.io import sweep as sw
+from tests._support import ROOT
 
-HERE = Path(__file__).resolve().parents[2] / "experiments" / "object_saliency_sweep"
+HERE = ROOT / "experiments" / "object_saliency_sweep"
 GAMES = ("breakout", "pong", "spaceinvaders")
 
 

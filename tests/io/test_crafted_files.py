@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +21,8 @@ from jaxsal.io import pickled
 from jaxsal.io.pickled import Global, Limits, Opaque, PickleFormatError, PickleLimitError, describe, parse
 from jaxsal.loaders import LoaderError, load_file
 from tests._support import crafted_files as C
+from tests._support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 ADDRESS_SPACE = 4 << 30  # a normal `jaxsal explain` of a small buffer needs 1.5-2 GiB of address space (JAX)
 MAX_RSS_MIB = 1536       # every crafted file together, JAX and torch (when installed) included: ~600 MiB
 SECONDS = 20

@@ -4,7 +4,6 @@ it flips the greedy action where the object carries the Q-value; a map on that o
 within states. Tiny 16x16 frames, 4 stacked frames, 5 states: each test takes seconds."""
 import dataclasses
 import re
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +13,7 @@ import pytest
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics import ObjectEffects, effect_agreement, object_attribution, object_effects
 from jaxsal.objects import ObjectBoxes
+from tests._support import ROOT
 
 N, H, W, F = 5, 16, 16, 4
 READ = (2, 3, 6, 11)          # (y0, x0, y1, x1): the region the agent reads
@@ -235,7 +235,7 @@ def test_agreement_across_states_and_intervals_over_the_callers_units():
 
 
 def test_the_guides_example_runs_and_prints_what_it_says(capsys):
-    page = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "objects.md").read_text()
+    page = (ROOT / "docs" / "guides" / "objects.md").read_text()
     section = page.split("## Causal effects", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(code, "docs/guides/objects.md", "exec"), {})

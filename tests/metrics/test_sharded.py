@@ -3,12 +3,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests._support import ROOT
+
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -57,7 +57,7 @@ def _run_here(tmp_path):
     return dict(np.load(out))
 
 
-@pytest.mark.slow  # a 4-device subprocess; tests/test_sharding.py and test_cli_scale.py keep one each fast
+@pytest.mark.slow  # a 4-device subprocess; tests/test_sharding.py and tests/cli/test_scale.py keep one each fast
 def test_sharded_metrics_equal_unsharded(tmp_path):
     one, four = _run_here(tmp_path), _run(tmp_path, 4)
     assert int(one.pop("ndev")) == 1 and int(four.pop("ndev")) == 4

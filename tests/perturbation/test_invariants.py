@@ -13,6 +13,7 @@ import jaxsal
 from jaxsal import SaliencyInputError
 from jaxsal.perturbation import lime, noise_sensitivity, occlusion, rise, sarfa
 from tests._support.perturbation_models import H, W, TinyFlax, tiny_apply, tiny_obs, tiny_params
+from tests._support import ROOT
 
 P = tiny_params()
 KEY = jax.random.PRNGKey(7)
@@ -126,7 +127,7 @@ def test_bad_input_is_one_clear_error(call, match):
         call(tiny_obs(2))
 
 
-@pytest.mark.slow  # a 4-device subprocess; tests/test_sharding.py and test_cli_scale.py keep one each fast
+@pytest.mark.slow  # a 4-device subprocess; tests/test_sharding.py and tests/cli/test_scale.py keep one each fast
 def test_sharded_equals_unsharded():
     script = textwrap.dedent("""
         import jax, numpy as np
@@ -139,7 +140,7 @@ def test_sharded_equals_unsharded():
         import sys; np.save(sys.stdout.buffer, np.concatenate([np.asarray(o), np.asarray(r)]), allow_pickle=False)
     """)
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(ROOT)
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
