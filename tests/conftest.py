@@ -22,7 +22,6 @@ import tempfile
 
 import pytest
 
-from tests._support import bad_inputs as _bad_inputs
 from tests._support import docs_site as _docs_site
 
 
@@ -68,4 +67,6 @@ def docs_site(tmp_path_factory):
 def bad_inputs(tmp_path_factory):
     """(folder, agent card, Atari agent card): the bad inputs `jaxsal explain` must refuse, written once
     per module (tests/_support/bad_inputs.py has them and the cases that run them)."""
-    return _bad_inputs.write(tmp_path_factory.mktemp("bad"))
+    from tests._support import bad_inputs  # imported here: it registers the CLI tests' stand-in methods
+
+    return bad_inputs.write(tmp_path_factory.mktemp("bad"))

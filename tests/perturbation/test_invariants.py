@@ -140,8 +140,7 @@ def test_sharded_equals_unsharded():
         import sys; np.save(sys.stdout.buffer, np.concatenate([np.asarray(o), np.asarray(r)]), allow_pickle=False)
     """)
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    root = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     import io
