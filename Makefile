@@ -48,7 +48,7 @@ $(VENV)/.ray-extra: $(BIN)/jaxsal
 	$(BIN)/pip install --quiet -e ".[test,ray]" $(EDITABLE)
 	touch $@
 
-# tests/test_docs_browser.py opens the built site in the system's Chromium: installed here with apt where it
+# tests/docs/test_browser.py opens the built site in the system's Chromium: installed here with apt where it
 # is missing and this is root (CI's fresh machines); elsewhere the line says how, and the test skips
 # outside CI. playwright (the browser extra) drives it and never downloads a browser of its own.
 $(VENV)/.browser-extra: $(BIN)/jaxsal
@@ -58,7 +58,7 @@ $(VENV)/.browser-extra: $(BIN)/jaxsal
 chromium:
 	@command -v chromium >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  else echo "Chromium is missing (tests/test_docs_browser.py): sudo apt-get install chromium"; fi; }
+	  else echo "Chromium is missing (tests/docs/test_browser.py): sudo apt-get install chromium"; fi; }
 
 test-slow: venv $(VENV)/.clients-extra $(VENV)/.docs-extra $(VENV)/.ray-extra $(VENV)/.browser-extra chromium
 	$(BIN)/python -m pytest -q -m slow

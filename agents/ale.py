@@ -5,7 +5,7 @@ our own player. `AleAtariEnv` repeats EnvPool's Atari logic step for step (frame
 last two raw frames max-pooled, ALE's grey palette, INTER_AREA resize to 84x84, 4-frame stack,
 0..noop_max-1 no-ops then FIRE on reset, episodic-life resets, auto-reset on the step after
 `done`), so for the same actions and no-op counts its observations equal EnvPool's bit for bit
-(tests/test_ale_player.py). It has `jaxsal_agents.envs.AtariEnv`'s API, and `rams()` gives, for the
+(tests/objects/test_tables.py). It has `jaxsal_agents.envs.AtariEnv`'s API, and `rams()` gives, for the
 current observations, the RAM of the raw frames pooled into each stacked frame: (E, F, 2, 128).
 
     env = AleAtariEnv("pong", num_envs=2)

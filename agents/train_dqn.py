@@ -20,7 +20,7 @@ MinAtar Breakout, `drop_trail`: the setting of the pre-registered MinAtar frame-
 Resumable: an orbax checkpoint (params, target, optimiser state, RNG key, counters, the whole
 replay buffer, and the envs' own state where they expose one: gymnax MinAtar, also stacked) every
 `ckpt_every` updates; returns.csv is cut back to the checkpoint on resume. With a gymnax env a
-resumed run continues exactly as the uninterrupted one would have (tests/test_agents_train_dqn.py);
+resumed run continues exactly as the uninterrupted one would have (tests/agents/test_train_dqn.py);
 envs without get_state (EnvPool) restart with fresh seeds, as agents.train does. CPU note as in
 agents.train: the gradient steps are unrolled inside one jit (conv gradients inside lax.scan are
 slow on XLA:CPU, jax-ml/jax#12868); the replay buffer lives in JAX arrays and is updated in place

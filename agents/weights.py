@@ -139,7 +139,7 @@ def fetch(name: str, source: str) -> tuple[Path, bool]:
 
 def write_manifest(folder: Path | None = None) -> Path:
     """Rewrite `folder`/manifest.json (default: the shipped agents') from its cards and weight files: a
-    maintainer's step after exporting or adopting an agent (tests/test_agents_weights.py checks it is current)."""
+    maintainer's step after exporting or adopting an agent (tests/agents/test_weights.py checks it is current)."""
     folder = Path(SHIPPED_DIR if folder is None else folder)
     weights = [card.with_suffix(".msgpack") for card in sorted(folder.glob("*.json")) if card.name != MANIFEST]
     entries = [{"name": w.stem, "file": w.name, "bytes": w.stat().st_size, "sha256": sha256_file(w)} for w in weights]

@@ -22,7 +22,7 @@ import tempfile
 
 import pytest
 
-from tests import _docs_site
+from tests._support import docs_site as _docs_site
 
 
 def _session_compile_cache():
@@ -55,9 +55,18 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def docs_site(tmp_path_factory):
-    """The documentation site, built once per session (slow: tests/test_docs_build.py, test_docs_browser.py).
+    """The documentation site, built once per session (slow: tests/docs/test_build.py, test_browser.py).
 
     Skipped where the docs extra is not installed."""
     for module in _docs_site.DOCS_MODULES:
         pytest.importorskip(module)
     return _docs_site.build_site(tmp_path_factory.mktemp("docs") / "site")
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    """(folder, agent card, Atari agent card): the bad inputs `jaxsal explain` must refuse, written once
+    per module (tests/_support/bad_inputs.py has them and the cases that run them)."""
+    from tests._support import bad_inputs  # imported here: it registers the CLI tests' stand-in methods
+
+    return bad_inputs.write(tmp_path_factory.mktemp("bad"))

@@ -13,7 +13,7 @@ import jaxsal.cli.sweep_run  # noqa: F401  (its caches register on import)
 import jaxsal.plugins  # noqa: F401
 from jaxsal import batching
 from jaxsal.perturbation import _disk
-from tests.test_conformance import MODEL, PARAMS, _obs
+from tests._support.conformance import MODEL, PARAMS, _obs
 
 ROOT = Path(jaxsal.__file__).parent
 REGISTRIES = {"METHODS", "STOCHASTIC", "SPECS", "EXAMPLES", "TABLES", "REPLACED", "SHIPPED", "CAMS", "_CACHES"}  # what is registered, not cached

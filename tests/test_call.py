@@ -7,7 +7,9 @@ import pytest
 
 import jaxsal
 from jaxsal.errors import SaliencyInputError
-from tests.test_conformance import CASES, COMBINED, MODEL, PARAMS, _obs
+from tests._support.conformance import COMBINED, MODEL, PARAMS, _obs, cases
+
+CASES = cases(only_shipped=True)
 
 BAD = {
     "not callable": (lambda m: dict(apply_fn=None), "apply_fn must be callable"),

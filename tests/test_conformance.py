@@ -1,5 +1,5 @@
 """Conformance of every shipped method and the combinators, generated from the registry
-(tests/_conformance.py): a method brings its case with it (`Spec.example`, or
+(tests/_support/conformance.py): a method brings its case with it (`Spec.example`, or
 `jaxsal.register(..., example=...)`), so a new method needs no edit here. Methods registered at
 run time get the same checks (tests/test_own_methods.py).
 
@@ -14,8 +14,8 @@ import pytest
 from absl.testing import parameterized
 
 import jaxsal
-from tests import _conformance as K
-from tests._conformance import A, C, COMBINED, H, MODEL, N, PARAMS, W, Tiny, _obs  # noqa: F401  (for other tests)
+from tests._support import conformance as K
+from tests._support.conformance import COMBINED
 
 CASES = K.cases(only_shipped=True)
 METHODS = [(m, m) for m in CASES]

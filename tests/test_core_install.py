@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._support import ROOT
+
 LEFT_OUT = ("envpool", "gymnax", "ale_py", "torch")   # (optax and orbax come with flax)
 
 AGENT = textwrap.dedent('''

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxsal import cpu
+from tests._support import ROOT
 
 _MAPS = textwrap.dedent("""
     import sys
@@ -32,8 +33,7 @@ def _maps(tmp_path, name, fast: str):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAXSAL_FAST_CPU=fast, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(tmp_path / "cache"))
     out = tmp_path / f"{name}.npz"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    subprocess.run([sys.executable, "-c", _MAPS, str(out)], env=env, cwd=root, check=True, timeout=600)
+    subprocess.run([sys.executable, "-c", _MAPS, str(out)], env=env, cwd=ROOT, check=True, timeout=600)
     return np.load(out)
 
 
@@ -73,8 +73,7 @@ def test_import_starts_no_process_and_writes_no_file(tmp_path):
         d.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSAL_FAST_CPU")}
     env.update(HOME=str(home), XDG_CACHE_HOME=str(cache), TMPDIR=str(tmp), JAX_PLATFORMS="cpu")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", _QUIET_IMPORT], env=env, cwd=root, capture_output=True,
+    r = subprocess.run([sys.executable, "-c", _QUIET_IMPORT], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert ("ynn_fusion_type" in r.stdout) == cpu.flag_supported()   # the fast kernels stay the default

@@ -13,7 +13,7 @@ import jaxsal
 from jaxsal.agent_spec import DeclaredFn
 from jaxsal.errors import SaliencyInputError
 from jaxsal.registry import FRONT_DEFAULTS, METHODS, STOCHASTIC
-from tests._conformance import example
+from tests._support.conformance import example
 
 
 class ChannelFirst(nn.Module):

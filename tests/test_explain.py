@@ -8,7 +8,7 @@ import jaxsal
 from jaxsal.backprop.single_backward import backward
 from jaxsal.errors import SaliencyInputError
 from jaxsal.registry import METHODS, SPECS
-from _gradient_models import ConvHead, cleanrl_agent, init, obs
+from tests._support.gradient_models import ConvHead, cleanrl_agent, init, obs
 
 ALL = sorted(m for m, s in SPECS.items() if s.shared is backward and METHODS[m].__module__.startswith("jaxsal."))
 """The shipped single-backward methods (a new CAM variant joins by registering)."""

@@ -13,8 +13,7 @@ from jax import lax
 
 import jaxsal
 from jaxsal.backprop.rules import count_convs, rewrite
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests._support import ROOT
 
 
 def _nature():
@@ -48,7 +47,7 @@ def _compiled_convs(f, *args):
 
 
 def test_rule_equals_plain_gradient_for_flax_and_functional_nchw_models():
-    from tests.test_conformance import MODEL, PARAMS, _obs
+    from tests._support.conformance import MODEL, PARAMS, _obs
     small = np.random.default_rng(3).integers(0, 256, (2, 4, 36, 36)).astype(np.float32)
     cases = [(MODEL.apply, PARAMS, jnp.asarray(_obs(), jnp.float32), 1, False),
              (_torch_style, _torch_params(), jnp.asarray(small), 2, True)]
@@ -101,7 +100,7 @@ def test_rule_leaves_alone_what_it_cannot_do_exactly():
     pytest.param("integrated_gradients", {"steps": 3, "rule": "guided"}, marks=pytest.mark.slow),
 ])
 def test_default_maps_equal_the_plain_path(method, kw):
-    from tests.test_conformance import MODEL, PARAMS, _obs
+    from tests._support.conformance import MODEL, PARAMS, _obs
     obs = _obs()
     plain = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, obs, method=method, fast_conv=False,
                                       **kw))
@@ -137,7 +136,7 @@ def test_default_maps_equal_the_plain_path_for_a_functional_nchw_model():
 
 def test_guided_smoothgrad_and_ig_differ_from_plain_and_match_guided_backprop():
     """rule="guided" is really guided: with sigma 0 SmoothGrad is guided backprop itself."""
-    from tests.test_conformance import MODEL, PARAMS, _obs
+    from tests._support.conformance import MODEL, PARAMS, _obs
     x = _obs()
     gb = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, x, method="guided_backprop"))
     sg = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, x, method="smoothgrad", n_samples=2,

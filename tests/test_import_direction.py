@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._support import ROOT
+
 AGENT_NAMES = ("agents", "jaxsal_agents")
 
 
@@ -321,7 +322,7 @@ def test_pyproject_installs_agents_as_jaxsal_agents_with_its_data_and_entry_poin
     assert set(st["packages"]) == folders | {"jaxsal_agents", "jaxsal_agents.shipped"}, \
         "the explicit package list must match the folders"
     assert st["package-dir"] == {"jaxsal_agents": "agents"}
-    # the cards, the weights' manifest and the demo agent's weights only (tests/test_agents_weights.py); no
+    # the cards, the weights' manifest and the demo agent's weights only (tests/agents/test_weights.py); no
     # other file, whatever an old build's SOURCES.txt lists
     assert st["package-data"]["jaxsal_agents.shipped"] == ["*.json", "breakout.msgpack"]
     assert st["include-package-data"] is False

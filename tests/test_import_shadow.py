@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._support import ROOT
+
 
 CHECK = ("import jaxsal, jaxsal_agents, importlib.metadata as md; "
          "assert callable(jaxsal.explain) and callable(jaxsal.methods), jaxsal; "

@@ -13,7 +13,7 @@ import jaxsal
 from jaxsal import checks
 from jaxsal.metrics.displacement import displacement_effects
 from jaxsal.metrics.fidelity import insertion
-from tests.test_conformance import MODEL, PARAMS, _obs
+from tests._support.conformance import MODEL, PARAMS, _obs
 
 ROOT = Path(jaxsal.__file__).parent
 ALLOWED = {

@@ -1,6 +1,6 @@
-"""A new method is one file plus one registration: tests/_own_methods.py adds a gradient method, a
+"""A new method is one file plus one registration: tests/_support/own_methods.py adds a gradient method, a
 perturbation method (both `jaxsal.engine.Spec`s), SmoothGrad of the first and a CAM variant with
-`jaxsal.register`, with no edit to any jaxsal file. Each gets the generated conformance checks (tests/_conformance.py), runs
+`jaxsal.register`, with no edit to any jaxsal file. Each gets the generated conformance checks (tests/_support/conformance.py), runs
 through `jaxsal.explain` (alone and in a method list), is listed with its options, reaches the CLI
 through JAXSAL_METHODS, and `jaxsal.unregister` takes it out again with its compiled programs."""
 import importlib
@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from importlib.metadata import EntryPoint
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +21,10 @@ from jaxsal.backprop.cam import CamSpec
 from jaxsal.backprop.layers import tap
 from jaxsal.cli import main
 from jaxsal.errors import SaliencyInputError
-from tests import _conformance as K
+from tests._support import conformance as K
+from tests._support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-MODULE = "tests._own_methods"
+MODULE = "tests._support.own_methods"
 
 
 @pytest.fixture(scope="module")
@@ -147,9 +146,9 @@ def test_a_taken_name_needs_replace_and_unregister_brings_the_shipped_one_back(o
 
 def test_the_cli_reaches_them_through_jaxsal_methods(tmp_path):
     np.save(tmp_path / "x.npy", np.asarray(K._obs(4)))
-    env = {**os.environ, "JAXSAL_METHODS": str(ROOT / "tests" / "_own_methods.py"),
+    env = {**os.environ, "JAXSAL_METHODS": str(ROOT / "tests" / "_support" / "own_methods.py"),
            "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "jaxsal.cli", "explain", "--agent", str(ROOT / "tests" / "_conformance.py") + ":agent",
+    cmd = [sys.executable, "-m", "jaxsal.cli", "explain", "--agent", str(ROOT / "tests" / "_support" / "conformance.py") + ":agent",
            "--methods", "abs_gradient,patch_drop,max_gradcam", "--option", "max_gradcam.layer=conv2",
            "--option", "patch_drop.patch=8", "--input", str(tmp_path / "x.npy"), "--out", str(tmp_path / "out"),
            "--quiet"]

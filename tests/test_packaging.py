@@ -4,11 +4,9 @@ import re
 import subprocess
 import sys
 from importlib.metadata import metadata, version
-from pathlib import Path
 
 import jaxsal
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests._support import ROOT
 
 
 def test_one_version_everywhere():

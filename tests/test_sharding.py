@@ -4,18 +4,18 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._support import ROOT
+
 
 SCRIPT = textwrap.dedent("""
     import sys
-    sys.path[:0] = [{root!r}, {tests!r}]
+    sys.path.insert(0, {root!r})
     import jax, numpy as np
     import jaxsal
-    from _gradient_models import ConvHead, init, obs
+    from tests._support.gradient_models import ConvHead, init, obs
     m = ConvHead(kernel=2, stride=2)
     x = obs((6, 8, 8, 2), seed=3, lo=0, hi=255)
     p = init(m, x.shape, seed=1)
@@ -32,7 +32,7 @@ def _run(tmp_path, ndev):
     out = tmp_path / f"maps_{ndev}.npz"
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={ndev}",
                JAX_PLATFORMS="cpu")
-    code = SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), out_path=str(out))
+    code = SCRIPT.format(root=str(ROOT), out_path=str(out))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -42,7 +42,7 @@ def _run(tmp_path, ndev):
 def _run_here(tmp_path):
     """The same script in this process, on its one device (a subprocess start saved)."""
     out = tmp_path / "maps_here.npz"
-    exec(SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), out_path=str(out)), {})
+    exec(SCRIPT.format(root=str(ROOT), out_path=str(out)), {})
     return dict(np.load(out))
 
 

@@ -11,7 +11,7 @@ after the ReLU). It assumes the network applies a ReLU right there, as the Natur
 flax ReLUs are functions, not modules, so this cannot be checked from the module calls.
 As with any `layer_activation`, dY/dA is read through the network's own ReLU, so it is 0 where
 A = 0; a hook on a separate ReLU module (pytorch-grad-cam) keeps the next layer's gradient there,
-which changes the channel weights w_k (tests/test_cam_site.py checks against the masked form).
+which changes the channel weights w_k (tests/backprop/test_cam_site.py checks against the masked form).
 
 Why the default stays "module": it needs no assumption about the network, matches the peers a
 user compares with (Captum, pytorch-grad-cam on a conv module), and keeps earlier results

@@ -1,0 +1,156 @@
+"""Input-gradient methods vs definitions: gradient, grad x input, SmoothGrad, IG, guided, deconvnet."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsal
+from jaxsal.errors import SaliencyInputError
+from jaxsal.engine.combinators import quadrature as ig_alphas
+from tests._support.gradient_models import ConvHead, init, obs
+
+H, W_, C, A = 5, 6, 2, 3
+WL = np.asarray(jax.random.normal(jax.random.PRNGKey(7), (H, W_, C, A)))
+
+
+def linear(p, x):
+    return jnp.einsum("nhwc,hwca->na", x, p)
+
+
+def cubic(p, x):
+    """Q_a = sum p[..., a] * x^3: IG with a black baseline is p[..., a] x^3 exactly."""
+    return jnp.einsum("nhwc,hwca->na", x ** 3, p)
+
+
+X = obs((4, H, W_, C), seed=5)
+
+
+def test_gradient_and_grad_x_input_linear():
+    q = np.asarray(linear(WL, X))
+    a = q.argmax(-1)
+    g = np.asarray(jaxsal.gradient(linear, WL, X, per_frame=True))
+    gx = np.asarray(jaxsal.grad_x_input(linear, WL, X, per_frame=True))
+    for n in range(len(X)):
+        np.testing.assert_allclose(g[n], WL[..., a[n]], rtol=1e-6)
+        np.testing.assert_allclose(gx[n], X[n] * WL[..., a[n]], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(jaxsal.gradient(linear, WL, X), g.sum(-1), rtol=1e-6)
+
+
+def test_per_sample_actions_batched_equals_per_example():
+    acts = np.array([2, 0, 1, 2])
+    for method in ("gradient", "guided_backprop", "gradcam", "integrated_gradients"):
+        m = ConvHead(kernel=2, stride=2)
+        x = obs((4, 8, 8, 2), seed=9)
+        p = init(m, x.shape, seed=4)
+        kw = {"layer": "conv"} if method == "gradcam" else {}
+        batched = jaxsal.explain(m.apply, p, x, method=method, target="q_action", actions=acts, **kw)
+        for n in range(4):
+            one = jaxsal.explain(m.apply, p, x[n:n + 1], method=method, target="q_action",
+                                 actions=acts[n:n + 1], **kw)
+            np.testing.assert_allclose(batched[n], one[0], rtol=1e-5, atol=1e-8)
+
+
+def test_smoothgrad_linear_is_exact():
+    key = jax.random.PRNGKey(0)
+    a = np.asarray(linear(WL, X)).argmax(-1)
+    want = np.stack([WL[..., k] for k in a])
+    mean = jaxsal.smoothgrad(linear, WL, X, key=key, n_samples=5, per_frame=True)
+    np.testing.assert_allclose(mean, want, rtol=1e-5)
+    sg2 = jaxsal.smoothgrad(linear, WL, X, key=key, n_samples=5, per_frame=True, variant="sg2")
+    np.testing.assert_allclose(sg2, want ** 2, rtol=1e-5)
+    var = jaxsal.smoothgrad(linear, WL, X, key=key, n_samples=5, per_frame=True, variant="vargrad")
+    np.testing.assert_allclose(var, 0, atol=1e-5)
+
+
+def test_smoothgrad_noise_scale_and_determinism():
+    """f = 1/2 sum x^2: gradient x + eps, so VarGrad ~ s^2 with s = sigma * range(x)."""
+    def quad(p, x):
+        return 0.5 * (x ** 2).sum((1, 2, 3))[:, None]
+    key = jax.random.PRNGKey(3)
+    x = X[:2]
+    kw = dict(target=lambda o: o[:, 0], key=key, n_samples=300, per_frame=True, sigma=0.2)
+    var = np.asarray(jaxsal.smoothgrad(quad, None, x, variant="vargrad", **kw))
+    s = 0.2 * (x.reshape(2, -1).max(1) - x.reshape(2, -1).min(1))
+    np.testing.assert_allclose(var.reshape(2, -1).mean(1), s ** 2, rtol=0.05)
+    mean = np.asarray(jaxsal.smoothgrad(quad, None, x, **kw))
+    assert np.abs(mean - x).mean() < 0.1 * s.mean()
+    # same key -> same maps, independent of the chunking; another key -> different maps
+    again = jaxsal.smoothgrad(quad, None, x, batch_size=7, **kw)
+    np.testing.assert_allclose(again, mean, rtol=1e-5, atol=1e-6)
+    other = jaxsal.smoothgrad(quad, None, x, **{**kw, "key": jax.random.PRNGKey(4)})
+    assert not np.allclose(other, mean)
+
+
+@pytest.mark.parametrize("rule", ["riemann_right", "riemann_middle", "gausslegendre"])
+def test_integrated_gradients_cubic_reference(rule):
+    a = np.asarray(cubic(WL, X)).argmax(-1)
+    alphas, weights = ig_alphas(16, rule)
+    got = np.asarray(jaxsal.integrated_gradients(cubic, WL, X, steps=16, method=rule,
+                                                 per_frame=True))
+    for n in range(len(X)):
+        # (x - 0) * sum_k w_k 3 p (a_k x)^2
+        want = X[n] * (weights * 3 * alphas ** 2).sum() * WL[..., a[n]] * X[n] ** 2
+        np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-6)
+    if rule == "gausslegendre":  # exact for a cubic: p x^3
+        want = np.stack([WL[..., a[n]] * X[n] ** 3 for n in range(len(X))])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_integrated_gradients_completeness_and_baselines():
+    m = ConvHead(kernel=2, stride=2)
+    x = obs((3, 8, 8, 2), seed=11, lo=0, hi=1)
+    p = init(m, x.shape, seed=5)
+    maps, err = jaxsal.integrated_gradients(m.apply, p, x, steps=200, return_error=True)
+    q = np.asarray(m.apply(p, x)).max(-1)
+    assert maps.shape == (3, 8, 8)
+    assert np.abs(np.asarray(err)).max() < 0.02 * np.abs(q).max() + 1e-4
+    base = np.full((8, 8, 2), 0.5, np.float32)
+    m2, err2 = jaxsal.integrated_gradients(m.apply, p, x, steps=200, baseline=base,
+                                           return_error=True, method="gausslegendre")
+    assert np.abs(np.asarray(err2)).max() < 0.02 * np.abs(q).max() + 1e-4
+    blur = jaxsal.integrated_gradients(m.apply, p, x, steps=8, baseline="blur", blur_sigma=1.0)
+    assert blur.shape == (3, 8, 8) and bool(jnp.isfinite(blur).all())
+    u1 = jaxsal.integrated_gradients(m.apply, p, x, steps=8, baseline="uniform",
+                                     key=jax.random.PRNGKey(1))
+    u2 = jaxsal.integrated_gradients(m.apply, p, x, steps=8, baseline="uniform",
+                                     key=jax.random.PRNGKey(1), batch_size=5)
+    np.testing.assert_allclose(u1, u2, rtol=1e-5, atol=1e-7)
+    with pytest.raises(SaliencyInputError, match="key"):
+        jaxsal.integrated_gradients(m.apply, p, x, baseline="uniform")
+    with pytest.raises(SaliencyInputError, match="broadcast"):
+        jaxsal.integrated_gradients(m.apply, p, x, baseline=np.zeros((3, 3)))
+
+
+def test_ig_step_chunking_matches_unchunked():
+    a = jaxsal.integrated_gradients(cubic, WL, X, steps=20)
+    b = jaxsal.integrated_gradients(cubic, WL, X, steps=20, batch_size=7)   # 7-step groups
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_guided_and_deconvnet_on_conv_relu_net():
+    """Guided backprop differs from the plain gradient; all are finite and signed."""
+    m = ConvHead(kernel=2, stride=2, hidden=8)
+    x = obs((3, 8, 8, 2), seed=2)
+    p = init(m, x.shape, seed=8)
+    r = jaxsal.explain(m.apply, p, x, method=["gradient", "guided_backprop", "deconvnet"],
+                       per_frame=True)
+    assert not np.allclose(r["gradient"], r["guided_backprop"])
+    assert not np.allclose(r["deconvnet"], r["guided_backprop"])
+    for v in r.values():
+        assert v.shape == (3, 8, 8, 2)
+    assert (np.asarray(r["guided_backprop"]) < 0).any()  # signed: the first conv has signs
+
+
+def test_uint8_obs_and_per_state_baseline():
+    m = ConvHead(kernel=2, stride=2)
+    x8 = np.random.default_rng(0).integers(0, 256, (3, 8, 8, 2), dtype=np.uint8)
+    p = init(m, x8.shape, seed=5, scale=0.05)
+    for method in ("gradient", "gradcam"):
+        np.testing.assert_allclose(jaxsal.explain(m.apply, p, x8, method=method),
+                                   jaxsal.explain(m.apply, p, x8.astype(np.float32),
+                                                  method=method), rtol=1e-6)
+    const = np.full((8, 8, 2), 20.0, np.float32)
+    a = jaxsal.integrated_gradients(m.apply, p, x8, steps=4, baseline=const)
+    b = jaxsal.integrated_gradients(m.apply, p, x8, steps=4,
+                                    baseline=np.broadcast_to(const, x8.shape))
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -1,0 +1,434 @@
+"""`jaxsal sweep CONFIG.toml --out DIR`: one resumable explain job per agent x checkpoint x input x
+method, one tidy table (jaxsal.load_sweep) that a rerun after a kill reproduces, every bad config
+refused in one line before anything is written, a failing cell recorded without stopping the others."""
+import json
+import os
+import shutil
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+import jaxsal
+from jaxsal.cli import main
+from jaxsal.io import sweep as sw
+from tests._support.cli_support import ROOT, files_at_least, frames, make_agent_files, start_job
+
+N = 4
+CONFIG = """
+agents = ["runs/*.msgpack"]
+inputs = ["buf.npy"]
+metrics = ["insertion"]
+chunk = 2
+[methods]
+gradient = {}
+gradcam = { layer = "conv1" }
+occlusion = { patch = 2, stride = 5 }
+"""
+
+
+def _setup(d, config=CONFIG):
+    """Two random-init checkpoints of one tiny MinAtar agent, a buffer of N frames, the config."""
+    make_agent_files(d / "runs", seed=0)
+    make_agent_files(d / "runs", seed=1)
+    np.save(d / "buf.npy", frames(N, seed=1))
+    (d / "sweep.toml").write_text(config)
+    return d / "sweep.toml"
+
+
+def _sweep(cfg, out, *extra):
+    return main(["sweep", str(cfg), "--out", str(out), "--quiet", *map(str, extra)])
+
+
+def _without_seconds(out):
+    t = jaxsal.load_sweep(out)
+    return {k: v for k, v in t.items() if k != "seconds"}
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep")
+    cfg = _setup(d)
+    assert _sweep(cfg, d / "out") == 0
+    return d, cfg, d / "out"
+
+
+def test_one_row_per_cell_with_its_metrics(swept):
+    d, cfg, out = swept
+    t = jaxsal.load_sweep(out)
+    assert list(t["checkpoint"]) == ["tiny0"] * 3 + ["tiny1"] * 3       # glob matches, sorted
+    assert list(t["method"]) == ["gradient", "gradcam", "occlusion"] * 2  # the config's order
+    assert set(t["agent"]) == {"runs"} and set(t["input"]) == {"buf"} and set(t["status"]) == {"ok"}
+    assert list(t["options"][:3]) == ["{}", '{"layer":"conv1"}', '{"patch":2,"stride":5}']
+    assert (t["frames"] == N).all() and t["frames"].dtype == np.int64
+    for col in ("seconds", "insertion_auc", "map_mass", "map_positive_share", "map_entropy"):
+        assert np.isfinite(t[col]).all(), col
+    assert np.isnan(t["newest_share"]).all()                             # summed maps: no per-frame shares
+    assert "deletion_auc" not in t and (t["map_entropy"] <= 1).all()
+    # each cell is an ordinary explain job; its insertion AUC is jaxsal.metrics.insertion of its maps
+    import jaxsal_agents
+
+    agent = jaxsal_agents.load(str(d / "runs" / "tiny1.json"))
+    job = out / "cells" / "runs" / "tiny1" / "buf" / "occlusion" / "job"
+    maps = np.asarray(jaxsal.load_maps(job, "occlusion"))
+    assert maps.shape == (N, 10, 10)
+    x = np.load(d / "buf.npy")
+    want = np.asarray(jaxsal.metrics.insertion(agent.apply_fn, agent.params, x, maps)["auc"]).mean()
+    np.testing.assert_allclose(t["insertion_auc"][5], want, rtol=1e-5)
+    stats = sw.map_statistics(maps)
+    np.testing.assert_allclose(t["map_mass"][5], stats["map_mass"].mean(), rtol=1e-6)
+    assert (out / "sweep.toml").read_text() == cfg.read_text()
+
+
+def test_rerun_after_lost_cells_gives_the_same_table(swept, tmp_path):
+    d, cfg, ref = swept
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    cells = out / "cells" / "runs"
+    shutil.rmtree(cells / "tiny0" / "buf" / "gradcam")                 # a cell never run
+    (cells / "tiny1" / "buf" / "gradient" / "cell.json").unlink()       # killed mid-job: one chunk lost
+    (cells / "tiny1" / "buf" / "gradient" / "job" / "gradient" / "chunk_0000001.npy").unlink()
+    kept = {p: p.stat().st_mtime_ns for p in cells.rglob("cell.json")}
+    assert _sweep(cfg, out) == 0
+    _same(_without_seconds(out), _without_seconds(ref))
+    assert all(p.stat().st_mtime_ns == t for p, t in kept.items())     # finished cells are not rerun
+    assert (cells / "tiny1" / "buf" / "gradient" / "job" / "gradient" / "chunk_0000001.npy").exists()
+    before = (out / "results.csv").read_bytes()
+    assert _sweep(cfg, out) == 0                                        # nothing missing: the same bytes
+    assert (out / "results.csv").read_bytes() == before
+
+
+def test_another_config_into_the_same_dir_is_refused(swept, tmp_path, capsys):
+    d, cfg, ref = swept
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    before = sorted(str(p) for p in out.rglob("*"))
+    other = d / "other.toml"
+    other.write_text(CONFIG.replace("chunk = 2", "chunk = 3"))
+    capsys.readouterr()
+    assert _sweep(other, out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another config" in err[0] and "chunk differs" in err[0] and "--out" in err[0]
+    assert sorted(str(p) for p in out.rglob("*")) == before
+
+
+def _bad_cases():
+    """(name, config text, words the one-line error must contain)."""
+    base = dict(agents='["runs/*.msgpack"]', inputs='["buf.npy"]', metrics='["insertion"]',
+                methods='gradient = {}')
+
+    def cfg(**kw):
+        c = dict(base, **kw)
+        extra = c.pop("extra", "")
+        return (f"agents = {c['agents']}\ninputs = {c['inputs']}\nmetrics = {c['metrics']}\n{extra}\n"
+                f"[methods]\n{c['methods']}\n")
+    return [
+        ("top-level key", cfg(extra="metric = 1"), ["'metric'", "did you mean 'metrics'", "agents, inputs"]),
+        ("unknown agent", cfg(agents='["nosuchagent"]'), ["agents[0]", "'nosuchagent'", "shipped name"]),
+        ("empty glob", cfg(agents='["runs/*.cleanrl_model"]'), ["agents[0]", "no file matches", "pattern"]),
+        ("no card", cfg(agents='["lone/*.msgpack"]'), ["agents[0]", "x.json", "card ="]),
+        ("unknown method", cfg(methods='gradcamm = {}'), ["[methods] gradcamm", "'gradcamm'",
+                                                          "did you mean 'gradcam'"]),
+        ("bad option", cfg(methods='occlusion = { patchh = 6 }'), ["[methods] occlusion", "'patchh'",
+                                                                   "did you mean 'patch'", "stride"]),
+        ("unknown metric", cfg(metrics='["insertion", "fidelity"]'), ["metrics", "'fidelity'", "deletion"]),
+        ("objects, no table", cfg(metrics='["objects"]'), ["'objects'", "object table", "minatar-breakout",
+                                                           "drop 'objects'"]),
+        ("missing input", cfg(inputs='["nobuf.npy"]'), ["inputs[0]", "nobuf.npy", "check the path"]),
+        ("input key", cfg(inputs='[{ play = 5, sed = 1 }]'), ["inputs[0]", "'sed'", "did you mean 'seed'"]),
+        ("not toml", "agents = [", ["sweep.toml", "not valid TOML"]),
+    ]
+
+
+@pytest.mark.parametrize("name,text,words", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_bad_config_one_line_exit_2_nothing_written(tmp_path, capsys, name, text, words):
+    cfg = _setup(tmp_path, text)
+    (tmp_path / "lone").mkdir()
+    (tmp_path / "lone" / "x.msgpack").write_bytes(b"")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    assert _sweep(cfg, tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for w in words:
+        assert w in err[0], (w, err[0])
+    assert "Traceback" not in err[0]
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_failing_cell_is_recorded_and_the_others_complete(tmp_path, capsys):
+    cfg = _setup(tmp_path, CONFIG.replace('agents = ["runs/*.msgpack"]', 'agents = ["runs/tiny0.msgpack"]')
+                 .replace('gradcam = { layer = "conv1" }', 'broken = { method = "gradcam", layer = "nosuch" }'))
+    capsys.readouterr()
+    assert _sweep(cfg, tmp_path / "out") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cells/tiny0/default/buf/broken" in err[0] and "nosuch" in err[0]
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["method"]) == ["gradient", "broken", "occlusion"]
+    assert list(t["status"]) == ["ok", "error", "ok"]
+    assert "nosuch" in t["error"][1] and t["error"][0] == "" and t["error"][2] == ""
+    assert np.isfinite(t["insertion_auc"][[0, 2]]).all() and np.isnan(t["insertion_auc"][1])
+    assert t["frames"][0] == N and t["frames"][2] == N
+
+
+def test_load_sweep_as_a_dataframe(swept):
+    pd = pytest.importorskip("pandas")
+    df = jaxsal.load_sweep(swept[2], as_frame=True)
+    assert isinstance(df, pd.DataFrame) and len(df) == 6
+    assert list(df.columns[:4]) == ["agent", "checkpoint", "input", "method"]
+
+
+def test_map_statistics_of_known_maps():
+    m = np.zeros((3, 4, 4, 2), np.float32)
+    m[0, 0, 0, 1] = 2.0                      # one pixel, newest frame: entropy 0, newest share 1
+    m[1] = 1.0                               # uniform over pixels and frames: entropy 1, share 1/2
+    m[2, :, :, 0] = -1.0                     # all negative, oldest frame
+    s = sw.map_statistics(m)
+    np.testing.assert_allclose(s["map_mass"], [2, 32, 16])
+    np.testing.assert_allclose(s["map_positive_share"], [1, 1, 0])
+    np.testing.assert_allclose(s["map_entropy"], [0, 1, 1], atol=1e-12)
+    np.testing.assert_allclose(s["newest_share"], [1, 0.5, 0])
+    np.testing.assert_allclose(s["age_centroid"], [0, 0.5, 1])
+    z = sw.map_statistics(np.zeros((1, 4, 4), np.float32))
+    assert np.isnan(z["map_entropy"]).all() and np.isnan(z["newest_share"]).all()
+
+
+@pytest.mark.slow
+def test_workers_run_cells_in_processes(swept, tmp_path):
+    d, cfg, ref = swept
+    assert _sweep(cfg, tmp_path / "out", "--workers", 2) == 0
+    a, b = _without_seconds(tmp_path / "out"), _without_seconds(ref)
+    assert a.keys() == b.keys()
+    for k in a:
+        if a[k].dtype.kind == "f":
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-5, err_msg=k)
+        else:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _mid_job(out):
+    """A cell whose job has written a chunk but which has no record yet (killed there, it is half done)."""
+    return [p.parent.parent.parent for p in out.glob("cells/*/*/*/*/job/*/chunk_*.npy")
+            if not (p.parent.parent.parent / "cell.json").exists()]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_sweep_then_rerun(swept, tmp_path):
+    d, cfg, ref = swept
+    out = tmp_path / "out"
+    proc = start_job(["sweep", cfg, "--quiet"], out, lambda o: files_at_least(2, "cell.json")(o) and _mid_job(o),
+                     slow_write=0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    half = _mid_job(out)
+    assert half and 2 <= len(list(out.rglob("cell.json"))) < 6
+    t = jaxsal.load_sweep(out)                    # the table so far: finished rows, the rest pending
+    assert list(t["status"]).count("ok") >= 2 and "pending" in set(t["status"])
+    kept = {p: p.stat().st_mtime_ns for p in half[0].glob("job/*/chunk_*.npy")}
+    assert _sweep(cfg, out) == 0
+    assert all(p.stat().st_mtime_ns == ns for p, ns in kept.items())   # the half-done job resumed
+    a, b = _without_seconds(out), _without_seconds(ref)
+    for k in a:
+        if a[k].dtype.kind == "f":
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-5, err_msg=k)
+        else:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.mark.slow
+def test_played_inputs_and_sanity(tmp_path):
+    cfg = _setup(tmp_path, """
+agents = [{ card = "runs/tiny0.json", checkpoints = ["runs/tiny0.msgpack", "runs/tiny1.msgpack"], name = "tiny" }]
+inputs = [{ play = 3, seed = 2 }]
+metrics = ["sanity", "deletion"]
+[methods]
+gradient = { per_frame = true }
+""")
+    assert _sweep(cfg, tmp_path / "out") == 0
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["agent"]) == ["tiny", "tiny"] and list(t["checkpoint"]) == ["tiny0", "tiny1"]
+    assert list(t["input"]) == ["play3-seed2"] * 2 and (t["frames"] == 3).all()
+    assert np.isfinite(t["sanity_conv1_spearman"]).all() and np.isfinite(t["deletion_auc"]).all()
+    np.testing.assert_allclose(t["newest_share"] + 0, t["newest_share"])
+    assert np.isfinite(t["newest_share"]).all()             # per-frame maps: frame shares
+    assert json.loads(t["input_spec"][0]) == {"play": 3, "seed": 2}
+    assert (tmp_path / "out" / "cells" / "tiny" / "tiny1" / "play3-seed2" / "_rollout" / "input" / "obs.npy").exists()
+
+
+def test_objects_metric_shares_per_class(tmp_path, capsys):
+    from tests._support import object_agent
+
+    obs, ob = object_agent.buffer(3)
+    np.save(tmp_path / "buf.npy", obs)
+    text = f"""
+agents = ["{ROOT / 'tests' / '_support' / 'object_agent.py'}:load"]
+inputs = ["buf.npy"]
+metrics = ["objects"]
+[methods]
+gradient = {{}}
+"""
+    (tmp_path / "sweep.toml").write_text(text)
+    capsys.readouterr()
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 2            # no boxes beside the buffer yet
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'objects'" in err[0] and "buf" in err[0] and not (tmp_path / "out").exists()
+    ob.save(tmp_path / "buf.objects.npz")
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 0
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["agent"]) == ["load"] and list(t["status"]) == ["ok"]
+    assert t["objects_target_absolute"][0] > 0.99 and t["objects_other_absolute"][0] < 1e-3  # it reads BOX only
+    np.testing.assert_allclose(t["objects_target_chance"], 144 / 84 ** 2, rtol=1e-5)
+    assert t["objects_target_pointing"][0] == 1
+
+
+def test_plan_names_every_cell_readably(tmp_path):
+    make_agent_files(tmp_path / "runs" / "pong", seed=0)
+    make_agent_files(tmp_path / "runs" / "pong", seed=1)
+    np.save(tmp_path / "buf.npy", frames(2))
+    (tmp_path / "minatar-breakout").mkdir()       # a folder named like a shipped agent: the name still wins
+    raw = {"agents": ["minatar-breakout", "runs/pong/*.msgpack",
+                      {"card": "runs/pong/tiny0.json", "checkpoints": ["runs/pong/tiny1.msgpack"], "name": "own"}],
+           "inputs": ["buf.npy", {"play": 500, "seed": 1}, {"path": "buf.npy", "limit": 2}],
+           "methods": {"gradcam": {"layer": "conv3"}, "coarse": {"method": "occlusion", "patch": 6}}}
+    cells, metrics, sett = sw.plan(raw, tmp_path)
+    assert metrics == [] and sett == sw.DEFAULTS
+    assert len(cells) == 4 * 3 * 2
+    assert [c.path for c in cells[:6]] == [f"cells/minatar-breakout/default/{i}/{m}"
+                                           for i in ("buf", "play500-seed1", "buf-first2")
+                                           for m in ("gradcam", "coarse")]
+    assert cells[0].spec == "minatar-breakout" and cells[0].game == "minatar-breakout"
+    assert [c.path for c in cells[6:24:6]] == ["cells/pong/tiny0/buf/gradcam", "cells/pong/tiny1/buf/gradcam",
+                                               "cells/own/tiny1/buf/gradcam"]
+    assert cells[18].spec == str(tmp_path / "runs/pong/tiny0.json") and cells[18].model.endswith("tiny1.msgpack")
+    assert cells[1].method_name == "occlusion" and cells[1].options == {"patch": 6}
+    assert cells[2].input_spec == {"play": 500, "seed": 1}
+    assert cells[4].input_spec == {"path": str(tmp_path / "buf.npy"), "limit": 2}
+
+
+def test_a_globs_checkpoints_come_in_natural_order(tmp_path):
+    """step_2 before step_10 (lexical order has step_10 first), for files and for folders; equal numbers
+    fall back to the text (ckpt_02 before ckpt_2), so the order never depends on the file system's."""
+    card = json.dumps({"game": "minatar-breakout"})
+    for n in ("10", "2", "1", "02", "100", "9"):
+        (tmp_path / "runs" / f"ckpt_{n}.json").parent.mkdir(exist_ok=True)
+        (tmp_path / "runs" / f"ckpt_{n}.json").write_text(card)
+        (tmp_path / "runs" / f"ckpt_{n}.msgpack").write_bytes(b"")
+        (tmp_path / "steps" / f"step_{n}").mkdir(parents=True)
+        (tmp_path / "steps" / f"step_{n}" / "model.msgpack").write_bytes(b"")
+    (tmp_path / "card.json").write_text(card)
+    raw = {"agents": ["runs/ckpt_*.msgpack", {"card": "card.json", "checkpoints": "steps/step_*/model.msgpack"},
+                      {"card": "card.json", "checkpoints": ["steps/step_9/model.msgpack", "steps/step_10/model.msgpack",
+                                                            "steps/step_2/model.msgpack"], "name": "listed"}]}
+    got = [(a, c) for a, c, *_ in sw.plan_agents(raw, tmp_path)]
+    order = ["1", "02", "2", "9", "10", "100"]
+    assert got == ([("runs", f"ckpt_{n}") for n in order] + [("card", f"step_{n}-model") for n in order]
+                   + [("listed", f"step_{n}-model") for n in ("9", "10", "2")])   # a list keeps its order
+    assert sorted(["b/x10", "a/x2", "b/x9", "a/x10"], key=sw.natural_key) == ["a/x2", "a/x10", "b/x9", "b/x10"]
+
+
+def test_bad_command_line_exit_2_nothing_written(swept, tmp_path, capsys):
+    d, cfg, ref = swept
+    capsys.readouterr()
+    assert _sweep(cfg, tmp_path / "out", "--workers", 0) == 2
+    assert _sweep(tmp_path / "missing.toml", tmp_path / "out") == 2
+    assert _sweep(tmp_path, tmp_path / "out") == 2                        # a folder, not a file
+    moved = tmp_path / "moved"                                             # the same text, another folder
+    shutil.copytree(d / "runs", moved / "runs")
+    shutil.copy(d / "buf.npy", moved / "buf.npy")
+    (moved / "sweep.toml").write_text(cfg.read_text())
+    assert _sweep(moved / "sweep.toml", ref) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and "--workers" in err[0] and "does not exist" in err[1] and "cannot read" in err[2]
+    assert "run that file" in err[3] and str(d) in err[3]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_worker_that_dies_is_recorded(swept, tmp_path, monkeypatch, capsys):
+    d, cfg, ref = swept
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    for m in ("gradient", "gradcam"):
+        (out / "cells" / "runs" / "tiny1" / "buf" / m / "cell.json").unlink()
+    monkeypatch.setattr(sys, "executable", "/bin/sh")     # every worker fails to start: sh -c 'from jaxsal...'
+    capsys.readouterr()
+    assert _sweep(cfg, out, "--workers", 2) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("worker exited with code" in e for e in err)
+    t = jaxsal.load_sweep(out)
+    assert list(t["status"]) == ["ok"] * 3 + ["error", "error", "ok"]
+    assert t["error"][3].startswith("worker exited with code ") and "sh:" in t["error"][3]  # its last stderr line
+
+
+def test_effects_metric_removes_each_class_and_scores_agreement(tmp_path):
+    """The effects metric on an agent that reads one object only: removing it changes Q, removing the other
+    object changes nothing, and per class and method the table says so (issue 47 item 3)."""
+    from tests._support import object_agent
+
+    obs, ob = object_agent.buffer(4)
+    np.save(tmp_path / "buf.npy", obs)
+    ob.save(tmp_path / "buf.objects.npz")
+    (tmp_path / "sweep.toml").write_text(f"""
+agents = ["{ROOT / 'tests' / '_support' / 'object_agent.py'}:load"]
+inputs = ["buf.npy"]
+metrics = ["effects"]
+[methods]
+gradient = {{}}
+""")
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 0
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["status"]) == ["ok"]
+    # by hand: Q_0 of each state minus Q_0 with the target's pixels filled, over the 4 states
+    from jaxsal.io.objects import load_object_effects
+    from jaxsal.metrics import object_effects
+
+    job = next((tmp_path / "out").rglob("job"))
+    e = load_object_effects(job)
+    apply_fn, params = object_agent.load()
+    ref = object_effects(apply_fn, params, obs, ob)
+    np.testing.assert_allclose(t["effects_target_effect"][0], np.asarray(ref.effect)[:, 0].mean(), rtol=1e-5)
+    assert abs(t["effects_target_effect"][0]) > 1e-3 and t["effects_other_effect"][0] == 0.0
+    np.testing.assert_allclose(e["effect"], np.asarray(ref.effect), rtol=1e-5)
+    assert t["effects_other_flips"][0] == 0.0
+    # within-state agreement by hand: with two classes each state's Spearman rho is the sign of
+    # (share difference) x (effect difference); the gradient's share is all on the target
+    from jaxsal.io.objects import load_object_shares
+
+    sh = load_object_shares(job, "gradient")["positive"]
+    rho = np.sign(sh[:, 0] - sh[:, 1]) * np.sign(e["effect"][:, 0] - e["effect"][:, 1])
+    assert t["effects_agreement_within_state"][0] == pytest.approx(rho.mean()) and t["effects_agreement_states"][0] == 4
+
+
+def test_effects_metric_needs_boxes_and_names_itself(tmp_path):
+    raw = {"agents": [f"{ROOT / 'tests' / '_support' / 'object_agent.py'}:load"], "inputs": [{"play": 5, "seed": 0}],
+           "metrics": ["effects"], "methods": {"gradient": {}}}
+    with pytest.raises(sw.SweepConfigError, match="'effects' needs boxes"):
+        sw.plan(raw, tmp_path)
+
+
+def test_objects_metric_on_a_played_input_records_its_boxes(tmp_path):
+    """A played input with the objects metric is played on the env that reads each state's boxes from
+    the RAM (as `jaxsal explain --play N --objects`), so the cell's shares have their boxes."""
+    pytest.importorskip("ale_py")
+    (tmp_path / "sweep.toml").write_text("""
+agents = ["pong"]
+inputs = [{ play = 3, seed = 0 }]
+metrics = ["objects"]
+[methods]
+gradient = {}
+""")
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 0
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["status"]) == ["ok"], t["error"]
+    saved = next((tmp_path / "out").rglob("_rollout"))
+    assert (saved / "input" / "obs.objects.npz").exists()
+    shares = jaxsal.load_object_shares(next((tmp_path / "out").rglob("job")), "gradient")
+    assert shares["positive"].shape[0] == 3 and "ball" in shares["classes"]
+    assert 0 < t["objects_player_chance"][0] < 0.05 and t["objects_player_absolute"][0] > 0   # our paddle, from the RAM

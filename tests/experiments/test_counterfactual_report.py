@@ -1,0 +1,88 @@
+"""The counterfactual study's write-up (experiments/counterfactual/report.py): the N it reports behind
+each registered statistic, the results README's tables (which must be summary.json's numbers as they
+are) and its figure."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from experiments.counterfactual import analysis as A
+from experiments.counterfactual import plan as P
+from experiments.counterfactual import report
+from tests.experiments.test_counterfactual import planted
+
+README = P.RESULTS / "README.md"
+
+
+def test_counts_are_what_each_statistic_used():
+    eps = planted(n_ep=4, s=6)
+    eps[1]["share"][0, :2] = np.nan                    # method "story": two states whose map has no mass
+    n = report.counts(eps)
+    status = np.stack([e["status"] for e in eps])
+    kept = int((status == 0).sum())
+    assert n["kept_moves"] == kept and n["states_with_kept_move"] == int((status == 0).any(-1).sum())
+    assert n["methods"]["story"]["removal"] == {"episodes": 4, "states": 4 * 6 - 2}
+    assert n["methods"]["blind"]["removal"] == {"episodes": 4, "states": 4 * 6}
+    assert n["methods"]["blind"]["follow"] == {"episodes": 4, "pairs": kept}
+    lost = int((status[1, :2] == 0).any(-1).sum())     # those states drop out of the method's displacement rho
+    assert n["methods"]["story"]["displacement"]["states"] == n["methods"]["blind"]["displacement"]["states"] - lost
+    by_move = n["status_by_move"]
+    assert [by_move[k]["ok"] for k in ("+8,+0", "-8,+0")] == [int((status[..., j] == 0).sum()) for j in range(2)]
+    # the registered analysis gives each test the same episodes
+    res = A.analyse(eps, "breakout", n_resamples=200)
+    for m in ("story", "blind"):
+        for s in P.STATS:
+            assert n["methods"][m][s]["episodes"] == res["methods"][m]["tests"][s]["episodes"]
+
+
+@pytest.fixture(scope="module")
+def breakout():
+    f = P.RESULTS / "breakout" / "summary.json"
+    if not f.exists():
+        pytest.skip("no Breakout summary")
+    return json.loads(f.read_text()), report.counts(A.load_episodes(P.PROGRESS / "breakout"))
+
+
+def test_the_breakout_counts_match_its_summary(breakout):
+    summary, n = breakout
+    assert n["states_with_kept_move"] == summary["states_with_kept_move"]
+    assert n["kept_moves"] == summary["intervention_status"]["ok"]
+    for s, c in summary["intervention_status"].items():
+        assert sum(m[s] for m in n["status_by_move"].values()) == c
+    assert json.loads((P.RESULTS / "breakout" / "counts.json").read_text()) == json.loads(json.dumps(n))
+
+
+def test_the_results_readme_holds_breakout_s_registered_numbers(breakout):
+    summary, n = breakout
+    text = README.read_text()
+    for name, table in report.tables(summary, n).items():
+        assert table in text, f"results/README.md lacks the current {name} table: rerun report.py and paste it"
+    section = text.split("## Breakout", 1)[1].split("\n## ", 1)[0]
+    rule = section.split("### What the rule concludes", 1)[1].split("\n### ", 1)[0]
+    bullets = re.split(r"\n(?=- )", rule.strip().split("\n\n")[0])   # the list's top-level bullets
+    for story in ("holds", "partly holds", "contradicted", "not shown", "not estimable"):
+        want = sorted(m for m, r in summary["methods"].items() if r["story"] == story)
+        bullet = [b for b in bullets if b.startswith(f"- **{story.capitalize()}")]
+        assert len(bullet) == 1, f"results/README.md: no single '- **{story.capitalize()}' bullet under the rule"
+        named = sorted(m for m in summary["methods"] if re.search(rf"\b{m}\b", bullet[0]))
+        assert named == want, (story, named, want)
+
+
+def test_the_figure_is_small(tmp_path, breakout):
+    summary, n = breakout
+    report.figure(summary, n, tmp_path / "f.png")
+    assert 10_000 < (tmp_path / "f.png").stat().st_size < 200_000
+
+
+def test_the_posthoc_partial_correlation_removes_a_shared_cause():
+    from experiments.counterfactual.posthoc import _ranks_partial
+
+    rng = np.random.default_rng(0)
+    cause = rng.normal(size=400)
+    a, b = cause + 0.3 * rng.normal(size=400), cause + 0.3 * rng.normal(size=400)
+    assert _ranks_partial(a, b, []) > 0.8                 # both follow the cause
+    assert abs(_ranks_partial(a, b, [cause])) < 0.15      # nothing left once it is partialled out
+    assert _ranks_partial(a + b, b, [cause]) > 0.5        # a real link survives

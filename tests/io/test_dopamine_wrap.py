@@ -1,0 +1,66 @@
+"""Dopamine circular buffers (hand-made imitations; tests/io/test_dopamine_real.py reads buffers
+Dopamine wrote): add_count and invalid_range give Dopamine's valid states oldest first, none
+across the write cursor or an episode end, each with its buffer index and action."""
+import numpy as np
+import pytest
+
+from jaxsal.errors import SaliencyInputError
+from jaxsal.io import open_source
+from tests.io.test_readers import dopamine_reference, write_dopamine
+
+CAP, ADDS = 20, 47
+TERMINAL_STEPS = {33, 40}
+
+
+def _wrapped_buffer(d, adds=ADDS, horizon=1):
+    """Step s (s < adds) lives at physical index s % CAP, frame filled with s + 1, action s % 4."""
+    last = {s % CAP: s for s in range(adds)}  # the step that wrote each slot last
+    phys_step = np.array([last.get(i, -1) for i in range(CAP)])
+    frames = np.zeros((CAP, 84, 84), np.uint8)
+    term = np.zeros(CAP, bool)
+    actions = np.zeros(CAP, np.int32)
+    for i, s in enumerate(phys_step):
+        if s >= 0:
+            frames[i] = s + 1
+            term[i] = s in TERMINAL_STEPS
+            actions[i] = s % 4
+    write_dopamine(d, 3, frames, term, actions, add_count=adds, horizon=horizon)
+    return frames, term, phys_step
+
+
+@pytest.mark.parametrize("sizes", [[9], [4, 4, 1], [1] * 9])
+def test_wrapped_buffer_is_chronological_and_never_crosses_the_cursor(tmp_path, sizes):
+    frames, term, phys_step = _wrapped_buffer(tmp_path)
+    src = open_source(tmp_path)
+    idx, want = dopamine_reference(frames, term, ADDS)
+    # oldest kept step 27 = cursor 7; invalid physical 6..10 = steps 46 (newest) and 27..30; the
+    # terminals at 33 and 40 end the stacks of 34..36 and 41..43
+    steps = phys_step[idx]
+    assert list(steps) == [31, 32, 33, 37, 38, 39, 40, 44, 45]
+    assert src.shape == (9, 84, 84, 4)
+    got, at = [], 0
+    for n in sizes:
+        got.append(src.read(at, at + n))
+        at += n
+    got = np.concatenate(got)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[..., 3][:, 0, 0].astype(int) - 1, steps)  # newest frame of each stack
+    np.testing.assert_array_equal(got[..., 0][:, 0, 0].astype(int) - 1, steps - 3)  # no newest/oldest mix
+    np.testing.assert_array_equal(src.row_ids(0, 9)["index"], idx)
+    np.testing.assert_array_equal(src.actions(0, 9), steps % 4)
+
+
+def test_unwritten_slots_and_the_update_horizon_are_skipped(tmp_path):
+    frames, term, phys_step = _wrapped_buffer(tmp_path, adds=12, horizon=3)  # slots 12..19 never written
+    src = open_source(tmp_path)
+    idx, want = dopamine_reference(frames, term, 12, horizon=3)
+    assert list(idx) == [3, 4, 5, 6, 7, 8]  # 0..2: before the first full stack; 9..11: n-step target unwritten
+    np.testing.assert_array_equal(src.read(0, len(src)), want)
+    np.testing.assert_array_equal(src.actions(0, len(src)), phys_step[idx] % 4)
+
+
+def test_missing_actions_for_q_action_is_one_clear_error(tmp_path):
+    _wrapped_buffer(tmp_path)
+    (tmp_path / "$store$_action_ckpt.3.gz").unlink()
+    with pytest.raises(SaliencyInputError, match="q_action"):
+        open_source(tmp_path).actions(0, 2)

@@ -1,0 +1,244 @@
+"""Loaders for agents trained elsewhere: the same outputs as the original networks on the same
+frames (to 1e-5), and the same maps through the CLI as through jaxsal.explain."""
+import io
+import re
+import sys
+import zipfile
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsal
+from jaxsal.cli import main
+from jaxsal.backprop.layers import layer_calls
+from jaxsal.loaders import LoaderError, cleanrl_dqn, cleanrl_ppo, flax_msgpack, load_file
+from tests._support import foreign_agents as F
+
+A = 4
+
+
+def _close(a, b, tol=1e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=tol * max(1.0, float(np.abs(b).max())))
+
+
+@pytest.fixture(scope="module")
+def frames():
+    return F.atari_nchw(6, seed=3)
+
+
+@pytest.fixture(scope="module")
+def dqn_file(tmp_path_factory, frames):
+    q = F.QNetwork(action_dim=A)
+    params = q.init(jax.random.PRNGKey(1), frames)
+    path = tmp_path_factory.mktemp("cleanrl") / "dqn_atari_jax.cleanrl_model"
+    path.write_bytes(flax.serialization.to_bytes(params))  # as dqn_atari_jax.py saves q_state.params
+    return path, q, params
+
+
+def test_cleanrl_dqn_same_q_values(dqn_file, frames):
+    path, q, params = dqn_file
+    agent = cleanrl_dqn(path)
+    assert agent.layout == "NCHW" and agent.num_actions == A and agent.pixels == "uint8"
+    _close(agent.apply_fn(agent.params, frames), q.apply(params, frames))
+    # the layer names are CleanRL's own
+    names = [c.name for c in layer_calls(agent.apply_fn, agent.params, frames[:1])]
+    assert "Conv_2" in names
+
+
+def test_cleanrl_ppo_same_logits_and_value(tmp_path, frames):
+    net, actor, critic = F.Network(), F.Actor(action_dim=A), F.Critic()
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(2), 3)
+    np_ = net.init(k1, frames)
+    h = net.apply(np_, frames)
+    ap, cp = actor.init(k2, h), critic.init(k3, h)
+    path = tmp_path / "ppo_atari_envpool_xla_jax.cleanrl_model"
+    args = {"env_id": "Breakout-v5", "seed": 1, "learning_rate": 2.5e-4, "target_kl": None}
+    path.write_bytes(flax.serialization.to_bytes([args, [np_, ap, cp]]))  # as the PPO script saves
+    agent = load_file(path)
+    out = agent.apply_fn(agent.params, frames)
+    _close(out["logits"], actor.apply(ap, h))
+    _close(out["value"], critic.apply(cp, h)[:, 0])
+    assert agent.card["env_id"] == "Breakout-v5"
+    maps = jaxsal.explain(agent.apply_fn, agent.params, frames, method="gradcam", target="policy_logit")
+    assert maps.shape == (6, 84, 84) and np.isfinite(np.asarray(maps)).all()
+
+
+def test_flax_msgpack_purejaxrl_style(tmp_path):
+    module = F.PureJaxRLActorCritic(action_dim=3)
+    x = (np.random.default_rng(0).random((5, 10, 10, 4)) < 0.3).astype(np.float32)
+    params = module.init(jax.random.PRNGKey(4), x)
+    (tmp_path / "p.msgpack").write_bytes(flax.serialization.to_bytes(params))
+    (tmp_path / "inner.msgpack").write_bytes(flax.serialization.to_bytes(params["params"]))
+    pi, v = module.apply(params, x)
+    for name in ("p.msgpack", "inner.msgpack"):
+        agent = flax_msgpack(tmp_path / name, module, (10, 10, 4))
+        out = agent.apply_fn(agent.params, x)
+        _close(out["logits"], pi.logits)
+        _close(out["value"], v)
+        assert agent.num_actions == 3
+    other = F.PureJaxRLActorCritic(action_dim=5)
+    with pytest.raises(LoaderError, match="shape"):
+        flax_msgpack(tmp_path / "p.msgpack", other, (10, 10, 4))
+
+
+def test_bad_files_are_one_clear_error(tmp_path):
+    (tmp_path / "junk.cleanrl_model").write_bytes(b"\x00not msgpack at all")
+    with pytest.raises(LoaderError, match="msgpack"):
+        load_file(tmp_path / "junk.cleanrl_model")
+    with pytest.raises(LoaderError, match="does not exist"):
+        load_file(tmp_path / "missing.cleanrl_model")
+    with pytest.raises(LoaderError, match="unknown agent file type"):
+        load_file(tmp_path / "x.h5")
+
+
+AGENT_PY = '''
+import jaxsal.loaders
+
+def load():
+    return jaxsal.loaders.cleanrl_dqn({path!r})
+
+def pair():
+    a = jaxsal.loaders.cleanrl_dqn({path!r})
+    return a.apply_fn.fn, a.params
+'''
+
+
+def test_cli_own_agent_same_maps_as_explain(tmp_path, dqn_file, frames):
+    """--agent FILE.cleanrl_model, --agent file.py:FUNCTION and a tuple-returning FUNCTION with
+    --layout all give jaxsal.explain's maps; the buffer may be in either layout."""
+    path, q, params = dqn_file
+    agent = cleanrl_dqn(path)
+    want = {m: np.asarray(jaxsal.explain(agent.apply_fn, agent.params, frames, method=m))
+            for m in ("gradcam", "gradient")}
+    np.save(tmp_path / "nchw.npy", frames)
+    np.save(tmp_path / "nhwc.npy", frames.transpose(0, 2, 3, 1))
+    (tmp_path / "my_agent.py").write_text(AGENT_PY.format(path=str(path)))
+    runs = {"file": (str(path), "nchw.npy", []), "func": (f"{tmp_path}/my_agent.py:load", "nhwc.npy", []),
+            "tuple": (f"{tmp_path}/my_agent.py:pair", "nchw.npy", ["--layout", "NCHW"])}
+    for name, (spec, inp, extra) in runs.items():
+        out = tmp_path / f"out_{name}"
+        code = main(["explain", "--agent", spec, "--methods", "gradcam,gradient", "--input", str(tmp_path / inp),
+                     "--out", str(out), "--quiet", "--chunk", "4", *extra])
+        assert code == 0, name
+        for m, w in want.items():
+            _close(np.asarray(jaxsal.load_maps(out, m)), w, 1e-4)
+        o = jaxsal.load_outputs(out)
+        qv = np.asarray(q.apply(params, frames))
+        _close(o["q"], qv)
+        np.testing.assert_array_equal(o["action"], qv.argmax(-1))
+    man = jaxsal.io.read_manifest(tmp_path / "out_file")
+    assert man["resolved"]["gradcam"]["options"]["layer"] == "Conv_2"
+    assert man["config"]["layout"] == "NCHW"
+
+
+# --------------------------------------------------------------------------- torch (optional)
+def _torch_save(sd, path, zipped=False):
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    if zipped:  # a Stable-Baselines3 model archive
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("data", "{}")
+            z.writestr("policy.pth", buf.getvalue())
+    else:
+        path.write_bytes(buf.getvalue())
+
+
+@pytest.mark.parametrize("kind,suffix", [("cleanrl_dqn", ".pth"), ("cleanrl_ppo", ".pth"),
+                                         ("sb3_dqn", ".zip"), ("sb3_ppo", ".zip")])
+def test_torch_state_dicts_same_outputs(tmp_path, frames, kind, suffix):
+    torch = pytest.importorskip("torch")
+    module = F.torch_modules(A)[kind]
+    path = tmp_path / f"{kind}{suffix}"
+    _torch_save(module.state_dict(), path, zipped=suffix == ".zip")
+    agent = load_file(path)
+    assert agent.layout == "NCHW"
+    with torch.no_grad():
+        ref = module(torch.as_tensor(frames).float())
+    out = agent.apply_fn(agent.params, frames)
+    if isinstance(ref, tuple):
+        _close(out["logits"], ref[0].numpy())
+        _close(out["value"], ref[1].numpy())
+    else:
+        _close(out, ref.numpy())
+    # same maps through the CLI as through jaxsal.explain
+    np.save(tmp_path / "buf.npy", frames)
+    assert main(["explain", "--agent", str(path), "--methods", "gradient", "--input", str(tmp_path / "buf.npy"),
+                 "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    _close(np.asarray(jaxsal.load_maps(tmp_path / "out", "gradient")),
+           np.asarray(jaxsal.explain(agent.apply_fn, agent.params, frames, method="gradient")), 1e-4)
+
+
+class _NotATensor:
+    pass
+
+
+def test_torch_files_are_never_unpickled(tmp_path):
+    torch = pytest.importorskip("torch")
+    buf = io.BytesIO()
+    torch.save({"network.0.weight": _NotATensor()}, buf)
+    (tmp_path / "evil.pth").write_bytes(buf.getvalue())
+    with pytest.raises(LoaderError, match="weights_only") as e:
+        load_file(tmp_path / "evil.pth")
+    assert "weights_only=False" not in str(e.value) and "\n" not in str(e.value)
+
+
+TORCH_REFUSAL = (  # what torch 2.6+ raises for a checkpoint holding a class (its advice must never reach users)
+    "Weights only load failed. This file can still be loaded, to do so you have two options, do those steps only "
+    "if you trust the source of the checkpoint. \n\t(1) In PyTorch 2.6, we changed the default value of the "
+    "`weights_only` argument in `torch.load` from `False` to `True`. Re-running `torch.load` with `weights_only` "
+    "set to `False` will likely succeed, but it can result in arbitrary code execution. Do it only if you got the "
+    "file from a trusted source.\n\t(2) Alternatively, to load with `weights_only=True` please check the "
+    "recommended steps in the following error message.\n\tWeightsUnpickler error: Unsupported global: GLOBAL "
+    "__main__._NotATensor was not an allowed global by default. Please use `torch.serialization.add_safe_globals("
+    "[__main__._NotATensor])` or the `torch.serialization.safe_globals([__main__._NotATensor])` context manager to "
+    "allowlist this global if you trust this class/function.")
+
+
+@pytest.mark.parametrize("version,ok", [("2.1.0", False), ("2.5.1", False), ("2.9.1+cpu", False),
+                                        ("2.10.0a0+git1234", False), ("2.10.0.dev20251201", False), ("1.13.1", False),
+                                        ("2.10.0", True), ("2.10.1+cu128", True), ("2.13.0", True), ("3.0.0", True)])
+def test_torch_before_2_10_is_refused_with_the_fix(version, ok):
+    from jaxsal.loaders.torch_nature import check_torch_version
+
+    if ok:
+        check_torch_version(version)
+    else:
+        with pytest.raises(LoaderError, match=rf"torch {re.escape(version)} is installed.*pip install 'torch>=2.10'"):
+            check_torch_version(version)
+
+
+def _fake_torch(monkeypatch, version, load):
+    import types
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(__version__=version, load=load))
+
+
+def test_an_old_torch_never_reads_the_file(tmp_path, monkeypatch):
+    """The version is checked at load time, before torch.load sees the checkpoint."""
+    calls = []
+    _fake_torch(monkeypatch, "2.5.1", lambda *a, **k: calls.append(a))
+    (tmp_path / "m.pth").write_bytes(b"PK")
+    with pytest.raises(LoaderError, match=r"torch 2\.5\.1 is installed.*CVE-2025-32434.*pip install 'torch>=2\.10'"):
+        load_file(tmp_path / "m.pth")
+    assert calls == []
+
+
+def test_torch_refusals_never_advise_weights_only_false(tmp_path, monkeypatch):
+    import pickle
+
+    def load(*a, **k):
+        assert k.get("weights_only") is True
+        raise pickle.UnpicklingError(TORCH_REFUSAL)
+    _fake_torch(monkeypatch, "2.13.0", load)
+    (tmp_path / "evil.pth").write_bytes(b"not a zip")
+    with pytest.raises(LoaderError) as e:
+        load_file(tmp_path / "evil.pth")
+    msg = str(e.value)
+    assert "\n" not in msg and "Unsupported global: GLOBAL __main__._NotATensor" in msg
+    assert "False" not in msg and "safe_globals" not in msg and "trust" not in msg
+    assert "state_dict" in msg and "weights_only=True" in msg
