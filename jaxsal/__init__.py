@@ -19,7 +19,7 @@ from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbatio
 from jaxsal.registry import METHODS, unregister  # noqa: E402
 from jaxsal.provenance import params_checksum  # noqa: E402  (stable sha256 of params)
 from jaxsal.io.store import load_maps, load_outputs  # chunked maps and outputs written by `jaxsal explain`
-from jaxsal.io.objects import load_object_effects, load_object_shares  # noqa: E402  per-frame object shares of `explain --objects`
+from jaxsal.io.object_files import load_object_effects, load_object_shares  # noqa: E402  per-frame object shares of `explain --objects`
 from jaxsal.io.sweep import load_sweep  # noqa: E402  the table of `jaxsal sweep` (one row per cell)
 from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
 

@@ -13,7 +13,7 @@ import pytest
 
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics import ObjectEffects, effect_agreement, object_attribution, object_effects
-from jaxsal.objects import ObjectBoxes
+from jaxsal.game_objects import ObjectBoxes
 
 N, H, W, F = 5, 16, 16, 4
 READ = (2, 3, 6, 11)          # (y0, x0, y1, x1): the region the agent reads

@@ -40,3 +40,17 @@ def test_the_checker_sees_a_clash(monkeypatch):
         assert "jaxsal.cpu is function" in str(e)
     else:
         raise AssertionError("a function named like a submodule went unnoticed")
+
+
+def test_the_old_name_of_game_objects_warns_and_gives_the_same_names(monkeypatch):
+    import sys
+
+    import pytest
+
+    import jaxsal.game_objects as game_objects
+    monkeypatch.delitem(sys.modules, "jaxsal.objects", raising=False)
+    with pytest.warns(DeprecationWarning, match="jaxsal.objects is now jaxsal.game_objects"):
+        old = importlib.import_module("jaxsal.objects")
+    monkeypatch.delitem(sys.modules, "jaxsal.objects")
+    assert set(old.__all__) == set(game_objects.__all__)
+    assert all(getattr(old, n) is getattr(game_objects, n) for n in game_objects.__all__)
