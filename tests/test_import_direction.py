@@ -206,7 +206,7 @@ def test_nothing_imports_the_old_objects_names():
     """Every import of the library, the agents, the experiments and the tests uses the new names
     (only the alias's own test imports `jaxsal.objects`)."""
     files = list(_all_modules().values()) + sorted((ROOT / "tests").rglob("*.py"))
-    bad = [f"{p.relative_to(ROOT)}:{line} imports {base}, now {OLD_NAMES[t]}"
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {t}, now {OLD_NAMES[t]}"
            for p in files if p.name != "test_public_names.py" and p != ROOT / "jaxsal" / "objects.py"
            for base, names, line, _ in _imports(p, _module_name(p).rpartition(".")[0])
            for t in [base] + [f"{base}.{n}" for n in names or ()] if t in OLD_NAMES]
