@@ -1,15 +1,15 @@
 """Atari through ale-py with EnvPool's preprocessing, plus the RAM behind every stacked frame.
 
-EnvPool does not expose the emulator's RAM, so ground-truth objects (jaxsal.objects) need
+EnvPool does not expose the emulator's RAM, so ground-truth objects (jaxsal.game_objects) need
 our own player. `AleAtariEnv` repeats EnvPool's Atari logic step for step (frame skip 4, the
 last two raw frames max-pooled, ALE's grey palette, INTER_AREA resize to 84x84, 4-frame stack,
 0..noop_max-1 no-ops then FIRE on reset, episodic-life resets, auto-reset on the step after
 `done`), so for the same actions and no-op counts its observations equal EnvPool's bit for bit
-(tests/objects/test_tables.py). It has `jaxsal_agents.envs.AtariEnv`'s API, and `rams()` gives, for the
+(tests/game_objects/test_tables.py). It has `jaxsal_agents.envs.AtariEnv`'s API, and `rams()` gives, for the
 current observations, the RAM of the raw frames pooled into each stacked frame: (E, F, 2, 128).
 
     env = AleAtariEnv("pong", num_envs=2)
-    batch, boxes = collect_objects(agent, 500, env=env)    # Batch + jaxsal.objects.ObjectBoxes
+    batch, boxes = collect_objects(agent, 500, env=env)    # Batch + jaxsal.game_objects.ObjectBoxes
 """
 from __future__ import annotations
 
@@ -175,8 +175,8 @@ class AleAtariEnv:
         return np.array([e.done for e in self._envs])
 
     def objects(self):
-        """jaxsal.objects.ObjectBoxes of the current observations (E states)."""
-        from jaxsal.objects import boxes_from_ram
+        """jaxsal.game_objects.ObjectBoxes of the current observations (E states)."""
+        from jaxsal.game_objects import boxes_from_ram
         return boxes_from_ram(self.game, self.rams())
 
 
@@ -203,7 +203,7 @@ def collect_objects(agent, steps: int, game: str | None = None, epsilon: float =
     """`jaxsal_agents.collect` on ale-py: (Batch, ObjectBoxes) with one row of boxes per state, in the
     Batch's env-major order."""
     from .collect import collect
-    from jaxsal.objects import boxes_from_ram
+    from jaxsal.game_objects import boxes_from_ram
 
     env = env or AleAtariEnv(game or agent.game, num_envs, train=False, seed=seed)
     rec = Recording(env)

@@ -3,7 +3,7 @@
 OpenCV's area resize for a non-integer scale weights each source pixel by its overlap with
 the output pixel's window and accumulates in float32 (horizontal pass, then vertical pass,
 in source order), then rounds half to even. We repeat the same weights and float32 order,
-so frames agree with EnvPool's bit for bit (tests/objects/test_tables.py).
+so frames agree with EnvPool's bit for bit (tests/game_objects/test_tables.py).
 """
 from __future__ import annotations
 

@@ -189,7 +189,7 @@ def _check_object(game: str, obj: str, dx: int, dy: int) -> dict:
 def intervene(ale, moment: Moment, obj: str, dx: int = 0, dy: int = 0, actions=None) -> Intervention:
     """Move `obj` by (dx, dy) raw-screen pixels at the moment's first step and re-simulate its stack
     (module doc); `ale`: an emulator of the moment's game (make_ale), `actions`: its minimal action set."""
-    from jaxsal.objects import table
+    from jaxsal.game_objects import table
 
     t0 = time.perf_counter()
     game = moment.game
@@ -265,7 +265,7 @@ def intervene(ale, moment: Moment, obj: str, dx: int = 0, dy: int = 0, actions=N
 @dataclasses.dataclass
 class Interventions:
     """Displacements of one object in N moments: `base_obs` / `obs` (N, 84, 84, F) uint8 (obs is the
-    recorded stack where nothing was simulated), `base_boxes` / `boxes` (jaxsal.objects.ObjectBoxes of
+    recorded stack where nothing was simulated), `base_boxes` / `boxes` (jaxsal.game_objects.ObjectBoxes of
     N states), `status` (N,) str, `items` (the Intervention of each) and `kept` (N,) bool: the status
     is in `keep`."""
     game: str
@@ -287,7 +287,7 @@ class Interventions:
 def displace(moments, obj: str, dx: int = 0, dy: int = 0, keep=("ok",)) -> Interventions:
     """`intervene` on each moment (one game) with the same (dx, dy) (or per-moment arrays (N,)), one
     emulator for all; `keep`: the statuses counted as usable (`kept`)."""
-    from jaxsal.objects import boxes_from_ram
+    from jaxsal.game_objects import boxes_from_ram
 
     moments = list(moments)
     if not moments:

@@ -51,8 +51,8 @@ def make_env(game: str, seed: int = 0):
 
 def record_objects(agent, steps: int, game: str, seed: int = 0, until_done: bool = False):
     """Greedy play of `agent` on ale-py with EnvPool's preprocessing (the same frames), reading every
-    stacked frame's object boxes from the emulator's RAM: (Batch, jaxsal.objects ObjectBoxes)."""
-    from jaxsal.objects import games
+    stacked frame's object boxes from the emulator's RAM: (Batch, jaxsal.game_objects ObjectBoxes)."""
+    from jaxsal.game_objects import games
 
     from .ale import collect_objects
 

@@ -5,9 +5,9 @@
 
 A replay buffer of preprocessed frames has no RAM, so its objects are unknown. This plays the
 agent on ale-py with EnvPool's preprocessing (agents.ale: frames equal EnvPool's bit for bit)
-and reads every stacked frame's objects from the emulator's RAM (jaxsal.objects tables). It
+and reads every stacked frame's objects from the emulator's RAM (jaxsal.game_objects tables). It
 writes DIR/obs.npy (N, 84, 84, 4) uint8, DIR/obs.objects.npz (the objects file of
-`jaxsal.io.objects`: boxes, labels, classes, size, game) and DIR/actions.npy. Games without a
+`jaxsal.io.object_files`: boxes, labels, classes, size, game) and DIR/actions.npy. Games without a
 shipped agent (mspacman, frostbite) play with `--random-init` (an untrained network).
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
     """The command's flags (`python -m jaxsal_agents.record_objects --help`)."""
     p = argparse.ArgumentParser(prog="python -m jaxsal_agents.record_objects", description=__doc__.split("\n")[0])
     p.add_argument("--agent", help="shipped agent name or card .json (default: the shipped agent of --game)")
-    p.add_argument("--game", help="game (default: the agent's); needs an object table (jaxsal.objects.games())")
+    p.add_argument("--game", help="game (default: the agent's); needs an object table (jaxsal.game_objects.games())")
     p.add_argument("--random-init", action="store_true", help="an untrained network (games without an agent)")
     p.add_argument("--steps", type=int, default=500, help="steps per env")
     p.add_argument("--num-envs", type=int, default=1)
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
     from .errors import AgentLoadError
-    from jaxsal.objects import games
+    from jaxsal.game_objects import games
 
     if not (args.agent or args.game):
         p.error("give --agent NAME or --game GAME")

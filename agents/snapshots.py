@@ -11,7 +11,7 @@ shares (jaxsal.metrics.frames); `newest_share`/`age_centroid` come from the firs
 Gradient x input counts attribution where each frame has content; plain gradients also
 spread mass over empty pixels, where the random initial filters dominate for a long time. Each snapshot is saved as `step_XXXXXXXXX.npz` (arrays only), and one
 row per snapshot goes to `stats.csv`.
-With ground-truth objects (`probe_objects`, a jaxsal.objects.ObjectBoxes of the probe set;
+With ground-truth objects (`probe_objects`, a jaxsal.game_objects.ObjectBoxes of the probe set;
 `for_run` records them for games with a RAM table: Pong, Breakout, Ms. Pac-Man, Space
 Invaders, Frostbite) every snapshot also stores each method's object shares
 (jaxsal.metrics.object_attribution) and the row gets `object_share_<class>` (absolute share
@@ -58,9 +58,9 @@ def _probe_index(total: int, n: int) -> np.ndarray:
 
 def probe_states_with_objects(game: str, n: int = 16, steps: int = 64, seed: int = 0, num_envs: int = 8):
     """`probe_states` played on ale-py (EnvPool's preprocessing, jaxsal_agents.ale) so that the RAM is
-    known: (probe (n, 84, 84, 4) uint8, jaxsal.objects.ObjectBoxes of the probes)."""
+    known: (probe (n, 84, 84, 4) uint8, jaxsal.game_objects.ObjectBoxes of the probes)."""
     from .ale import AleAtariEnv, Recording
-    from jaxsal.objects import boxes_from_ram
+    from jaxsal.game_objects import boxes_from_ram
 
     rec = Recording(AleAtariEnv(game, num_envs, train=False, seed=seed))
     probe = probe_states(rec, n, steps, seed)
@@ -257,11 +257,11 @@ def for_run(game: str, run_dir, every: int, seed: int = 0, n_probes: int = 16,
     """The callback behind the trainers' `--snapshot-every K` flag: probes from a separate
     evaluation env of `game`, snapshots in RUN_DIR/snapshots (per-frame shares for Atari's
     4-frame grey stacks; MinAtar frames are not stacked).
-    Games with an object table (jaxsal.objects) take their probes from ale-py with the same
+    Games with an object table (jaxsal.game_objects) take their probes from ale-py with the same
     preprocessing, so the snapshots also record object shares. `tensorboard` as in
     SaliencySnapshots (the trainers' `--tensorboard`: RUN_DIR/snapshots/tensorboard)."""
     from .envs import check_game, is_minatar, make_env
-    from jaxsal.objects import TABLES
+    from jaxsal.game_objects import TABLES
 
     if check_game(game) in TABLES:
         probe, boxes = probe_states_with_objects(check_game(game), n_probes, seed=seed + 10_000)

@@ -14,21 +14,19 @@ from jaxsal import targets  # noqa: E402
 from jaxsal.errors import SaliencyInputError  # noqa: E402
 from jaxsal.front import explain, register  # noqa: E402  (register: add a method)
 from jaxsal.engine import noise_tunnel, path_integral  # noqa: E402  (SmoothGrad / IG of any gradient or CAM method)
-from jaxsal.backprop import *  # noqa: F401,F403  (registers the gradient/CAM methods; layer_calls)
-from jaxsal.perturbation import *  # noqa: F401,F403  (registers the perturbation methods)
+from jaxsal.backprop import *  # noqa: F401,F403  (the gradient/CAM methods' functions; layer_calls)
+from jaxsal.perturbation import *  # noqa: F401,F403  (the perturbation methods' functions)
+from jaxsal import registry  # noqa: E402
 from jaxsal.registry import METHODS, unregister  # noqa: E402
 from jaxsal.provenance import params_checksum  # noqa: E402  (stable sha256 of params)
 from jaxsal.io.store import load_maps, load_outputs  # chunked maps and outputs written by `jaxsal explain`
-from jaxsal.io.objects import load_object_effects, load_object_shares  # noqa: E402  per-frame object shares of `explain --objects`
+from jaxsal.io.object_files import load_object_effects, load_object_shares  # noqa: E402  (of `explain --objects`)
 from jaxsal.io.sweep import load_sweep  # noqa: E402  the table of `jaxsal sweep` (one row per cell)
 from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
 
 from jaxsal.registry import method_options, options_table  # noqa: E402
 from jaxsal.batching import clear_caches  # noqa: E402  (empty every bounded jaxsal cache)
 from jaxsal import loaders  # noqa: E402,F401  (agents trained elsewhere: CleanRL, SB3, flax msgpack)
-
-from jaxsal import registry  # noqa: E402
-registry.SHIPPED.update(registry.METHODS)  # what jaxsal.unregister refuses to remove
 
 __version__ = "0.2.0.dev0"
 
@@ -50,3 +48,6 @@ def cam_methods() -> list[str]:
     """
     from jaxsal.backprop.cam import CAMS
     return sorted(CAMS)
+
+
+registry.discover()  # last: every module of backprop/ and perturbation/ registers its methods (shipped)

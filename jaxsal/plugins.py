@@ -184,7 +184,7 @@ class AgentProvider:
 
     def record_objects(self, agent, steps: int, game: str, seed: int = 0, until_done: bool = False):
         """Greedy play as `collect`, on an env that also reads each state's object boxes: (batch,
-        boxes), boxes a `jaxsal.objects` ObjectBoxes with one row per state. Optional: a provider
+        boxes), boxes a `jaxsal.game_objects` ObjectBoxes with one row per state. Optional: a provider
         without it cannot serve `--play --objects`."""
         if not callable(getattr(self.module, "record_objects", None)):
             raise AgentProviderError(f"the agents provider {self.name!r} cannot record object boxes, so --play "

@@ -1,7 +1,9 @@
 """Method registry: every saliency method registers under its name for `jaxsal.explain`."""
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from typing import Callable
 
 import numpy as np
@@ -21,7 +23,40 @@ TABLES: list[dict] = []
 REPLACED: dict[str, list] = {}
 """name -> the entries that `replace=True` registrations shadowed, newest last (`unregister` restores)."""
 SHIPPED: dict[str, Callable] = {}
-"""name -> method function of the methods jaxsal itself registers (filled when `jaxsal` is imported)."""
+"""name -> method function of the methods jaxsal itself registers (`discover`, at `import jaxsal`)."""
+METHOD_PACKAGES = ("jaxsal.backprop", "jaxsal.perturbation")
+"""The packages whose modules hold jaxsal's own methods (`discover` imports each of them)."""
+_discovered = False
+"""Whether `discover` ran (its first call, from `import jaxsal`, counts earlier registrations too)."""
+
+
+def discover(packages: tuple = METHOD_PACKAGES) -> list[str]:
+    """Import every public module of the method packages, so that a method's file registers it
+    with no import line in a package `__init__`; the methods registered meanwhile are shipped.
+
+    Packages in the given order, modules by name; a module whose name starts with "_" is a helper,
+    imported by the modules that use it. A module already imported is not run again, so a later
+    call imports only files added since. `import jaxsal` calls it last (a method file can use all
+    of `jaxsal`, `jaxsal.register` included); that first call also counts as shipped the methods
+    that jaxsal's own imports registered before it.
+
+    Args:
+        packages (tuple[str, ...]): the packages to search.
+
+    Returns:
+        list[str]: the names of the methods registered (or re-registered) meanwhile, sorted.
+    """
+    global _discovered
+    before = dict(METHODS) if _discovered else {}
+    for package in packages:
+        path = importlib.import_module(package).__path__
+        for name in sorted(m.name for m in pkgutil.iter_modules(path)):
+            if not name.startswith("_"):
+                importlib.import_module(f"{package}.{name}")
+    _discovered = True
+    found = {name: fn for name, fn in METHODS.items() if before.get(name) is not fn}
+    SHIPPED.update(found)
+    return sorted(found)
 
 
 def identity(fn) -> tuple:

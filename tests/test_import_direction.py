@@ -241,6 +241,22 @@ def test_every_experiments_import_names_a_module_of_experiments():
     assert not bad, "\n".join(bad)
 
 
+OLD_NAMES = {"jaxsal.objects": "jaxsal.game_objects", "jaxsal.io.objects": "jaxsal.io.object_files",
+             "jaxsal.metrics.objects": "jaxsal.metrics.object_shares"}
+"""Modules renamed by what they hold; `jaxsal.objects` is left only as a deprecated alias."""
+
+
+def test_nothing_imports_the_old_objects_names():
+    """Every import of the library, the agents, the experiments and the tests uses the new names
+    (only the alias's own test imports `jaxsal.objects`)."""
+    files = list(_all_modules().values()) + sorted((ROOT / "tests").rglob("*.py"))
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {t}, now {OLD_NAMES[t]}"
+           for p in files if p.name != "test_public_names.py" and p != ROOT / "jaxsal" / "objects.py"
+           for base, names, line, _ in _imports(p, _module_name(p).rpartition(".")[0])
+           for t in [base] + [f"{base}.{n}" for n in names or ()] if t in OLD_NAMES]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_cycle_finder_finds_a_function_local_cycle(tmp_path):
     a, b = tmp_path / "a.py", tmp_path / "b.py"
     a.write_text("import b\n")

@@ -40,3 +40,20 @@ def test_the_checker_sees_a_clash(monkeypatch):
         assert "jaxsal.cpu is function" in str(e)
     else:
         raise AssertionError("a function named like a submodule went unnoticed")
+
+
+def test_the_old_name_of_game_objects_warns_and_gives_the_same_names():
+    import sys
+
+    import pytest
+
+    import jaxsal.game_objects as game_objects
+    assert "jaxsal.objects" not in sys.modules  # nothing of jaxsal imports the old name
+    try:
+        with pytest.warns(DeprecationWarning, match="jaxsal.objects is now jaxsal.game_objects"):
+            old = importlib.import_module("jaxsal.objects")
+        assert set(old.__all__) == set(game_objects.__all__)
+        assert all(getattr(old, n) is getattr(game_objects, n) for n in game_objects.__all__)
+    finally:
+        sys.modules.pop("jaxsal.objects", None)
+        vars(jaxsal).pop("objects", None)

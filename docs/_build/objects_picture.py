@@ -40,7 +40,7 @@ def capture(path: Path = DATA) -> None:
 
 def load(path: Path = DATA):
     """(obs (1, 84, 84, 4) uint8, ObjectBoxes of that state) from the committed file."""
-    from jaxsal.objects.boxes import ObjectBoxes
+    from jaxsal.game_objects.boxes import ObjectBoxes
 
     with np.load(path, allow_pickle=False) as z:
         h, w = (int(v) for v in z["size"])

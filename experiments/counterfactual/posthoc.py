@@ -103,7 +103,7 @@ def maps(game: str = "breakout", episode: int = 0, methods=MAP_METHODS) -> dict:
     import jaxsal_agents
     from jaxsal.metrics import map_follows
     from jaxsal.metrics.displacement import _class_masks
-    from jaxsal.objects import boxes_from_ram
+    from jaxsal.game_objects import boxes_from_ram
     from jaxsal_agents.interventions import displace
 
     agent = jaxsal_agents.load(P.AGENTS[game])
@@ -201,7 +201,7 @@ def port(game: str = "breakout", episode: int = 0, methods=PORTED) -> dict:
     import jaxsal
     import jaxsal_agents
     from jaxsal.metrics import object_attribution
-    from jaxsal.objects import boxes_from_ram
+    from jaxsal.game_objects import boxes_from_ram
 
     agent = jaxsal_agents.load(P.AGENTS[game])
     moments = _moments(game, episode)

@@ -99,7 +99,7 @@ def measure_episode(agent, game: str, moments, methods, moves, batch_size: int |
     import jax
     import jaxsal
     from jaxsal.metrics import displacement_effects, map_follows, object_attribution, object_effects
-    from jaxsal.objects import boxes_from_ram
+    from jaxsal.game_objects import boxes_from_ram
     from jaxsal_agents.interventions import STATUSES, displace
 
     obj = P.MOVED[game]

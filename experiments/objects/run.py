@@ -3,7 +3,7 @@
     python -m experiments.objects.run --states 500            # every game with a shipped agent and a table
     python -m experiments.objects.run --game pong --states 64 --early-params runs/pong/early.msgpack
 
-For each game with an object table (jaxsal.objects) and a shipped agent: play the agent on
+For each game with an object table (jaxsal.game_objects) and a shipped agent: play the agent on
 ale-py with EnvPool's preprocessing (jaxsal_agents.ale.collect_objects, epsilon 0.05 so that play
 does not loop), explain every state with each method and measure
   - each method's mean share of positive attribution per object class (over the states that
@@ -193,7 +193,7 @@ def figure(summary, obs, maps, boxes, out_png):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxsal.objects.draw import draw_boxes
+    from jaxsal.game_objects.draw import draw_boxes
 
     classes, methods = summary["classes"], list(summary["methods"])
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
@@ -268,7 +268,7 @@ def write_readme(out_dir):
 def main(argv=None):
     import jaxsal_agents
     import jaxsal
-    from jaxsal.objects import TABLES
+    from jaxsal.game_objects import TABLES
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--game", action="append", help="game(s) (default: every game with a table and a shipped agent)")

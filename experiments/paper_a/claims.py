@@ -199,7 +199,7 @@ def snapshot_look(run_dir) -> dict:
     """Claim 3 over a training run's snapshots: per snapshot, CAM shares on the ball/paddle rows
     and, when the probes have RAM boxes (snapshots/probe_objects.npz), on each object, each
     marked before/after the return rises."""
-    from jaxsal.objects import ObjectBoxes
+    from jaxsal.game_objects import ObjectBoxes
     from jaxsal_agents.snapshots import load_snapshots, read_returns
 
     run_dir = Path(run_dir)

@@ -50,7 +50,7 @@ def play(agent, steps: int, out: Path, game: str | None = None, seed: int = 0, u
     provider = agent_provider()
     game = provider.check_game(game or agent.card.get("game") or "breakout")
     if objects:
-        from jaxsal.objects import games
+        from jaxsal.game_objects import games
         if game not in games():
             raise CLIError(f"--objects: {game} has no object table, so its boxes are unknown; games with one: "
                            f"{', '.join(games())}")

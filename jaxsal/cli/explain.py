@@ -93,7 +93,7 @@ def cmd_explain(args) -> int:
     if args.store == "shares" and args.objects is None:
         raise CLIError("--store shares keeps only the object shares: add --objects [FILE]")
     if args.effects and args.objects is None:
-        from jaxsal.io.objects import EFFECTS_NEED_OBJECTS
+        from jaxsal.io.object_files import EFFECTS_NEED_OBJECTS
         raise CLIError(EFFECTS_NEED_OBJECTS)
     if args.play is not None and args.num_processes > 1:
         raise CLIError("--play records one rollout: run it with one process, then explain its "
@@ -121,7 +121,7 @@ def cmd_explain(args) -> int:
     for line in summary_lines(summary):
         say(line, args.quiet)
     if args.objects is not None and summary["complete"]:
-        from jaxsal.io.objects import summary_lines as object_lines
+        from jaxsal.io.object_files import summary_lines as object_lines
 
         for line in object_lines(out, [a for a, _ in pairs], effects=args.effects):
             say(line, args.quiet)
@@ -199,7 +199,7 @@ def _saved(out: Path, specs) -> str:
         cfg = store.read_manifest(out)["config"]
         n_chunks = -(-int(cfg["n"]) // int(cfg["chunk"]))
         maps = cfg.get("store") != "shares"
-        from jaxsal.io.objects import effects_path
+        from jaxsal.io.object_files import effects_path
 
         effects = "effects" in cfg.get("objects", {})
         done = sum(store.outputs_path(out, i).exists()
@@ -212,10 +212,10 @@ def _saved(out: Path, specs) -> str:
 
 
 def _objects_for(args, agent, source):
-    """--objects [FILE] / --store: the boxes of the input's frames (jaxsal.io.objects) and whether
+    """--objects [FILE] / --store: the boxes of the input's frames (jaxsal.io.object_files) and whether
     the maps are stored too."""
     from jaxsal.io.layout import to_nhwc_shape
-    from jaxsal.io.objects import for_job
+    from jaxsal.io.object_files import for_job
 
     objects = args.objects if args.objects in (None, "auto") else str(Path(args.objects).absolute())
     # a --play rollout lies in OUT/input/obs.npy, its boxes (with --objects) beside it
@@ -293,7 +293,7 @@ def add_parser(sub):
     e.add_argument("--objects", nargs="?", const="auto", metavar="FILE",
                    help="also store per-frame object shares (per class: positive and absolute mass, chance, "
                         "per stacked frame; jaxsal.load_object_shares) from the boxes in FILE (.npz: boxes, "
-                        "labels, classes; see jaxsal.io.objects), or without FILE from INPUT.objects.npz beside "
+                        "labels, classes; see jaxsal.io.object_files), or without FILE from INPUT.objects.npz beside "
                         "the input (python -m jaxsal_agents.record_objects writes both); with --play, the boxes "
                         "of the rollout")
     e.add_argument("--effects", action="store_true",

@@ -89,7 +89,7 @@ def run_sweep_cell(cell, out: Path, metrics, sett: dict) -> dict:
         objects = None
         if boxes:
             from jaxsal.io.layout import to_nhwc_shape
-            from jaxsal.io.objects import for_job
+            from jaxsal.io.object_files import for_job
 
             objects, _ = for_job("auto", "maps", input_path, agent.card.get("game"), n_input,
                                  to_nhwc_shape(source.shape, agent.layout), cell.input_spec.get("limit"),

@@ -6,7 +6,7 @@
 """
 from jaxsal.io.job import MethodSpec, run_job
 from jaxsal.io.readers import open_source
-from jaxsal.io.objects import load_object_effects, load_object_shares, read_objects
+from jaxsal.io.object_files import load_object_effects, load_object_shares, read_objects
 from jaxsal.io.store import MapArray, load_maps, read_manifest
 
 __all__ = ["MethodSpec", "run_job", "open_source", "MapArray", "load_maps", "read_manifest", "load_object_shares", "load_object_effects",

@@ -140,7 +140,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     index and checkpoint); with target="q_action" the
     actions come from `source.actions(start, stop)` (a Dopamine buffer's action file, an .npz's
     `actions` array).
-    `objects` (a `jaxsal.io.objects.ObjectsInput` aligned with `source`) adds per-frame object
+    `objects` (a `jaxsal.io.object_files.ObjectsInput` aligned with `source`) adds per-frame object
     shares per method (DIR/_objects, `jaxsal.load_object_shares`); `store_maps=False` then keeps
     only those shares, not the maps. `precision` ("float32" or "bfloat16") is every method's
     (jaxsal.explain's precision=; a method's own option wins). With `objects.effects` each chunk
@@ -187,7 +187,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         raise SaliencyInputError("storing no maps leaves nothing to store: --store shares needs --objects")
     if objects is not None:
         from jaxsal.io.layout import to_nhwc_shape
-        from jaxsal.io.objects import check_aligned
+        from jaxsal.io.object_files import check_aligned
 
         check_aligned(objects, n, to_nhwc_shape(source.shape, layout or "NHWC"))
     config = {
@@ -244,7 +244,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     for s in specs:  # each method's directory describes itself too
         store.write_method_meta(out, s.alias, manifest)
     if objects is not None:
-        from jaxsal.io import objects as objs
+        from jaxsal.io import object_files as objs
 
         objs.write_meta(out, objects, store_maps)
 

@@ -432,8 +432,8 @@ def plan(raw: dict, base) -> tuple[list[Cell], list[str], dict]:
 
 def check_objects(agents, inputs, metric: str = "objects"):
     """The objects and effects metrics need a game with an object table and boxes for every input."""
-    from jaxsal.io.objects import RECORD_HINT, find_objects
-    from jaxsal.objects import games
+    from jaxsal.io.object_files import RECORD_HINT, find_objects
+    from jaxsal.game_objects import games
 
     for a, c, spec, _, game in agents:
         if game is not None and game.lower().replace("_", "").replace("-", "") not in games():
@@ -561,7 +561,7 @@ def cell_metrics(apply_fn, params, source, job_dir, cell: Cell, metrics, sett: d
                     per.setdefault(f"{name}_defined", []).append(np.isfinite(auc).astype(np.float64))
     out = {k: _mean(np.concatenate(v)) for k, v in per.items()}
     if "objects" in metrics:
-        from jaxsal.io.objects import load_object_shares, mean_shares
+        from jaxsal.io.object_files import load_object_shares, mean_shares
 
         for cls, row in sorted(mean_shares(load_object_shares(job_dir, cell.method)).items()):
             for k in ("positive", "absolute", "chance", "pointing"):
@@ -594,7 +594,7 @@ def effect_columns(job_dir, method: str) -> dict:
     states). Point estimates only: a sweep input has no episode ids to resample."""
     import warnings
 
-    from jaxsal.io.objects import load_object_effects, load_object_shares
+    from jaxsal.io.object_files import load_object_effects, load_object_shares
     from jaxsal.metrics import effect_agreement
 
     e = load_object_effects(job_dir)

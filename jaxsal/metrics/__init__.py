@@ -11,7 +11,7 @@ from jaxsal.metrics.displacement import DisplacementEffects, MapFollows, displac
 from jaxsal.metrics.effects import ObjectEffects, effect_agreement, object_effects
 from jaxsal.metrics.fidelity import deletion, gaussian_blur, insertion
 from jaxsal.metrics.frames import age_centroid, frame_shares, newest_share
-from jaxsal.metrics.objects import ObjectShares, object_attribution, object_pointing
+from jaxsal.metrics.object_shares import ObjectShares, object_attribution, object_pointing
 from jaxsal.metrics.sanity import cascade, group_norms, randomize_layers, sanity_check
 from jaxsal.metrics.similarity import (hog_features, hog_pearson, similarity, spearman, ssim,
                                        ssim_flat)

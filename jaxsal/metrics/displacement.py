@@ -144,10 +144,10 @@ class MapFollows:
 
 def _class_masks(boxes, cls: str, n: int, h: int, w: int):
     """ObjectBoxes -> (N, F, H, W) bool masks of class `cls`."""
-    from jaxsal.objects.boxes import ObjectBoxes
+    from jaxsal.game_objects.boxes import ObjectBoxes
 
     if not isinstance(boxes, ObjectBoxes):
-        raise SaliencyInputError(f"boxes must be jaxsal.objects.ObjectBoxes, got {type(boxes).__name__}")
+        raise SaliencyInputError(f"boxes must be jaxsal.game_objects.ObjectBoxes, got {type(boxes).__name__}")
     if cls not in boxes.classes:
         raise SaliencyInputError(f"no class {cls!r} in the boxes; classes: {list(boxes.classes)}")
     if len(boxes) != n or (boxes.height, boxes.width) != (h, w):
@@ -167,8 +167,8 @@ def map_follows(maps, moved_maps, boxes, moved_boxes, cls: str, share: str = "ab
             stack (scored on the union of the stacked frames' boxes) or (N, H, W, F) per frame
             (each frame on its own boxes).
         moved_maps (jax.Array | numpy.ndarray): the displaced stacks' maps, the same shape.
-        boxes (jaxsal.objects.ObjectBoxes): the original stacks' boxes.
-        moved_boxes (jaxsal.objects.ObjectBoxes): the displaced stacks' boxes.
+        boxes (jaxsal.game_objects.ObjectBoxes): the original stacks' boxes.
+        moved_boxes (jaxsal.game_objects.ObjectBoxes): the displaced stacks' boxes.
         cls (str): the class that was moved, e.g. "ball".
         share (str): "absolute" (default: |map|, defined for signed maps such as the plain
             gradient) or "positive" (the map's positive part, as `object_attribution`'s).

@@ -297,7 +297,7 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
         params (PyTree): the model's parameters.
         obs (jax.Array | numpy.ndarray): frame stacks (N, H, W, F), the channels being the
             stacked frames; (N, F, H, W) with `layout="NCHW"`.
-        boxes_or_masks (jaxsal.objects.ObjectBoxes | jax.Array | numpy.ndarray): the objects:
+        boxes_or_masks (jaxsal.game_objects.ObjectBoxes | jax.Array | numpy.ndarray): the objects:
             ObjectBoxes, bool masks (N, F, C, H, W) per stacked frame (boxes, or pixel-level
             object masks where those are known: then only object pixels are filled), or
             (N, C, H, W) used for every frame.
@@ -341,7 +341,7 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
             not fit `obs` (frame size, states, stacked frames); class names that do not match;
             no classes; a fill array of another shape; bad `actions` or `obs`.
     """
-    from jaxsal.objects.boxes import ObjectBoxes
+    from jaxsal.game_objects.boxes import ObjectBoxes
 
     if layout not in LAYOUTS:
         raise SaliencyInputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -482,7 +482,7 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
             (not both (N, C)); `groups` not of shape (N,); `n_resamples` not a positive integer;
             `level` outside (0, 1).
     """
-    from jaxsal.metrics.objects import ObjectShares
+    from jaxsal.metrics.object_shares import ObjectShares
 
     present = None
     names = None

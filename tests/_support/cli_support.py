@@ -213,7 +213,7 @@ if __name__ == "__main__":
             time.sleep(float(os.environ["JAXSAL_TEST_SLOW_WRITE"]))
             _write(*a, **k)
         store.write_chunk = slow_write
-        from jaxsal.io import objects as _objects
+        from jaxsal.io import object_files as _objects
 
         _write_shares = _objects.write_shares
 

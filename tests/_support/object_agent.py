@@ -29,7 +29,7 @@ def one_object_agent(box):
 
 def buffer(n: int = 6, seed: int = 0):
     """(frames (n, 84, 84, 4) uint8, ObjectBoxes with classes ("target", "other") in every stacked frame)."""
-    from jaxsal.objects import ObjectBoxes
+    from jaxsal.game_objects import ObjectBoxes
 
     obs = np.random.default_rng(seed).integers(0, 256, (n, 84, 84, 4)).astype(np.uint8)
     b = np.zeros((n, 4, 3, 4), np.int16)

@@ -10,9 +10,9 @@ from PIL import Image
 
 import jaxsal
 from jaxsal.cli import main
-from jaxsal.io import objects as objs
+from jaxsal.io import object_files as objs
 from jaxsal.metrics import object_effects
-from jaxsal.objects.draw import PALETTE
+from jaxsal.game_objects.draw import PALETTE
 from jaxsal.cli.render.pictures import FLAG_COLOUR, effect_bars
 from tests._support import object_agent
 from tests.cli.test_objects import AGENT, N, _same, _small_job, _state

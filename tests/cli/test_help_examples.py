@@ -97,7 +97,7 @@ def test_every_example_parses_and_names_what_exists(helps, command, capsys):
             _check_jaxsal(words[1:], capsys)
         else:
             from jaxsal_agents.record_objects import parser
-            from jaxsal.objects import games
+            from jaxsal.game_objects import games
             args = parser().parse_args(words[3:])
             if args.agent:
                 assert args.agent in jaxsal.plugins.agent_provider().available(), line

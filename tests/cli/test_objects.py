@@ -8,10 +8,10 @@ from PIL import Image
 
 import jaxsal
 from jaxsal.cli import main
-from jaxsal.io import objects as objs
+from jaxsal.io import object_files as objs
 from jaxsal.metrics import object_attribution, object_pointing
-from jaxsal.objects import ObjectBoxes
-from jaxsal.objects.draw import PALETTE
+from jaxsal.game_objects import ObjectBoxes
+from jaxsal.game_objects.draw import PALETTE
 from tests._support import object_agent
 from tests._support.cli_support import ROOT, frames, make_agent_files, sigkill_after_chunks
 
@@ -22,7 +22,7 @@ N = 6
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """The synthetic one-object agent explained with and without per-frame maps, with --objects
-    (occlusion recovers the object too: tests/metrics/test_objects.py; here CPU time is short)."""
+    (occlusion recovers the object too: tests/metrics/test_object_shares.py; here CPU time is short)."""
     d = tmp_path_factory.mktemp("objects")
     obs, ob = object_agent.buffer(N)
     np.save(d / "buf.npy", obs)
@@ -251,7 +251,7 @@ def test_game_mismatch_and_the_recorded_buffer(tmp_path, capsys):
     pong = jaxsal_agents.load("pong")
     paths = record(pong, 4, tmp_path / "buf", epsilon=0.0)
     got = objs.read_objects(paths["objects"], "pong")
-    assert got.game == "pong" and got.classes == jaxsal.objects.table("pong").classes
+    assert got.game == "pong" and got.classes == jaxsal.game_objects.table("pong").classes
     assert len(got.boxes) == len(np.load(paths["obs"])) == 4
     assert main(["explain", "--agent", "pong", "--methods", "standin_pool", "--input", str(paths["obs"]),
                  "--objects", "--store", "shares", "--out", str(tmp_path / "o"), "--quiet"]) == 0

@@ -386,7 +386,7 @@ gradient = {{}}
     t = jaxsal.load_sweep(tmp_path / "out")
     assert list(t["status"]) == ["ok"]
     # by hand: Q_0 of each state minus Q_0 with the target's pixels filled, over the 4 states
-    from jaxsal.io.objects import load_object_effects
+    from jaxsal.io.object_files import load_object_effects
     from jaxsal.metrics import object_effects
 
     job = next((tmp_path / "out").rglob("job"))
@@ -399,7 +399,7 @@ gradient = {{}}
     assert t["effects_other_flips"][0] == 0.0
     # within-state agreement by hand: with two classes each state's Spearman rho is the sign of
     # (share difference) x (effect difference); the gradient's share is all on the target
-    from jaxsal.io.objects import load_object_shares
+    from jaxsal.io.object_files import load_object_shares
 
     sh = load_object_shares(job, "gradient")["positive"]
     rho = np.sign(sh[:, 0] - sh[:, 1]) * np.sign(e["effect"][:, 0] - e["effect"][:, 1])

@@ -8,7 +8,7 @@ import numpy as np
 from experiments.objects.run import (INTERVAL, bootstrap_ci, bootstrap_interval, top_class, write_per_state,
                                          write_readme)
 from jaxsal.metrics import object_attribution
-from jaxsal.objects import ObjectBoxes
+from jaxsal.game_objects import ObjectBoxes
 
 
 def test_bootstrap_ci_brackets_the_mean_and_drops_nan():

@@ -8,7 +8,7 @@ import pytest
 
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics import displacement_effects, map_follows
-from jaxsal.objects import ObjectBoxes
+from jaxsal.game_objects import ObjectBoxes
 
 N, H, W, F = 6, 24, 24, 4
 READ = (2, 2, 10, 12)          # (y0, x0, y1, x1): the only pixels Q_0 reads

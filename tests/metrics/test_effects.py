@@ -12,7 +12,7 @@ import pytest
 
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics import ObjectEffects, effect_agreement, object_attribution, object_effects
-from jaxsal.objects import ObjectBoxes
+from jaxsal.game_objects import ObjectBoxes
 from tests._support import ROOT
 
 N, H, W, F = 5, 16, 16, 4

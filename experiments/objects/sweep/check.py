@@ -40,7 +40,7 @@ def compare(game: str, first: int = 4, work=None, seed: int = 0) -> tuple[list[d
     from experiments.objects.run import class_table, explain_all
     from experiments.objects.sweep.record import record
     from jaxsal.cli import main as cli
-    from jaxsal.io.objects import read_objects
+    from jaxsal.io.object_files import read_objects
     from jaxsal.io.sweep import _slug
     from jaxsal.metrics import object_attribution
 

@@ -47,7 +47,7 @@ def job_input(out, manifest):
 def job_boxes(out, manifest, path=None):
     """The ObjectBoxes of a job's frames (all N), or None for a job without --objects and no `path`.
     The job's own objects file, or `path`, which must be the file the job used (same checksum)."""
-    from jaxsal.io.objects import check_aligned, read_objects
+    from jaxsal.io.object_files import check_aligned, read_objects
 
     cfg = manifest["config"]
     if "objects" not in cfg and path is None:

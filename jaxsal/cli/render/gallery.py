@@ -84,7 +84,7 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
         pngs.append(stack_png(gallery / f"stack_{start + i:06d}.png", frames, maps, i, scale=scale,
                               scales=stack_scales, boxes=ob))
     if "effects" in cfg.get("objects", {}):  # --effects: one figure per shown state, its effects beside its maps
-        from jaxsal.io.objects import load_object_effects
+        from jaxsal.io.object_files import load_object_effects
 
         eff = load_object_effects(out, allow_incomplete=True)
         where = {int(f): r for r, f in enumerate(eff["frame"])}

@@ -33,7 +33,7 @@ def _outlined(tile: np.ndarray, scale: int, boxes, i: int, frame: int = -1) -> n
     """An upscaled tile with stacked frame `frame`'s object boxes of state i (ObjectBoxes) outlined."""
     if boxes is None:
         return tile
-    from jaxsal.objects.draw import outline
+    from jaxsal.game_objects.draw import outline
 
     return outline(tile, boxes.boxes[i, frame], boxes.labels[i, frame], scale)
 
@@ -41,7 +41,7 @@ def _outlined(tile: np.ndarray, scale: int, boxes, i: int, frame: int = -1) -> n
 def composite(frames, maps: dict, scales: dict, i: int, scale: int = 3, labels: bool = True,
               greydanus: tuple | None = None, boxes=None) -> np.ndarray:
     """One row: frame | overlay per method (| Greydanus actor/critic view), RGB uint8; with
-    `boxes` (jaxsal.objects.ObjectBoxes aligned with `frames`) the newest frame's objects outlined."""
+    `boxes` (jaxsal.game_objects.ObjectBoxes aligned with `frames`) the newest frame's objects outlined."""
     f = last_frame(frames[i])
     tiles = [("frame", grey_rgb(f))]
     for k, m in maps.items():
@@ -60,7 +60,7 @@ def composite(frames, maps: dict, scales: dict, i: int, scale: int = 3, labels: 
 def _box_legend(boxes, width: int) -> np.ndarray:
     if boxes is None:
         return np.zeros((0, width, 3), np.uint8)
-    from jaxsal.objects.draw import class_legend
+    from jaxsal.game_objects.draw import class_legend
 
     return class_legend(boxes.classes, width)
 
@@ -137,7 +137,7 @@ def effect_bars(effect, flips, present, classes, height: int, width: int = 240, 
     flips the greedy action is outlined thick and marked "flips", an absent class says so. Given the
     removal's overlap (C,) and residue (C,): "kept N%" where at least 5% of the class's box pixels lay in
     other boxes (kept, not removed), "residue" where pixels were left around its boxes (in amber)."""
-    from jaxsal.objects.draw import colour
+    from jaxsal.game_objects.draw import colour
 
     sym = TARGET_SYMBOL.get(str(target), str(target))
     title = f"{sym} drop when removed" + (f" (action {action})" if action is not None and sym in ("Q", "logit") else "")

@@ -10,7 +10,7 @@ shown while 20 < y < 195. Shields: three 8-px-wide bunkers at x = 42 + 32 s from
 trimmed to their non-empty RAM rows (ram[43 + 9 s .. 51 + 9 s], 2 px each). Mothership: 7x8 at
 (ram[30] - 1, 12) while 0 < ram[30] != 180.
 """
-from jaxsal.objects.table import RamTable
+from jaxsal.game_objects.table import RamTable
 
 
 def _shot(x, y):

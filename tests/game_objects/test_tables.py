@@ -6,7 +6,7 @@ pytest.importorskip("ale_py")
 
 from jaxsal_agents.ale import AleAtariEnv, ROM_NAMES   # noqa: E402
 from jaxsal_agents.area_resize import resize_area      # noqa: E402
-from jaxsal import objects                       # noqa: E402
+from jaxsal import game_objects                  # noqa: E402
 
 GAMES = ["pong", "breakout", "mspacman", "spaceinvaders", "frostbite"]
 ENVPOOL = {"pong": "Pong-v5", "breakout": "Breakout-v5", "mspacman": "MsPacman-v5",
@@ -52,7 +52,7 @@ def _shows_object(img, x, y, w, h):
 
 @pytest.mark.parametrize("game", GAMES)
 def test_boxes_hold_the_rendered_objects(game):
-    table = objects.table(game)
+    table = game_objects.table(game)
     rams, screens = _raw_play(game)
     seen = {c: [] for c in table.classes}
     for t in range(8, len(rams) - 1, 2):       # boxes of a raw-frame pair vs its max-pooled screen
@@ -69,7 +69,7 @@ def test_boxes_hold_the_rendered_objects(game):
 
 def test_breakout_bricks_match_the_screen_bit_by_bit():
     import ale_py
-    from jaxsal.objects.breakout import bricks
+    from jaxsal.game_objects.breakout import bricks
     ale = ale_py.ALEInterface()
     ale.setLoggerMode(ale_py.LoggerMode.Error)
     ale.loadROM(ale_py.roms.get_rom_path("breakout"))
@@ -105,7 +105,7 @@ def test_player_frames_equal_envpool(game):
     rams = env.rams()
     assert rams.shape == (1, 4, 2, 128)
     ob = env.objects()
-    assert ob.classes == objects.table(game).classes and ob.boxes.shape[:2] == (1, 4)
+    assert ob.classes == game_objects.table(game).classes and ob.boxes.shape[:2] == (1, 4)
 
 
 def test_resize_area_is_an_area_average():
@@ -119,4 +119,4 @@ def test_resize_area_is_an_area_average():
 
 def test_unknown_game_lists_the_tables():
     with pytest.raises(KeyError, match="pong"):
-        objects.table("tetris")
+        game_objects.table("tetris")

@@ -4,7 +4,7 @@ RAM (OCAtari `ocatari/ram/pong.py`): ball x = ram[49] - 49, y = ram[54] - 14 (no
 ram[54] == 0 or ram[49] <= 49); enemy paddle top = ram[50] - 15 at x 16; player paddle top =
 ram[51] - 13 at x 140. Paddles are 4x15 and are cut at the playfield's walls (rows 34..193).
 """
-from jaxsal.objects.table import RamTable
+from jaxsal.game_objects.table import RamTable
 
 FIELD_TOP, FIELD_BOTTOM = 34, 194
 

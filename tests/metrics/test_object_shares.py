@@ -8,7 +8,7 @@ import pytest
 import jaxsal
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics import object_attribution, object_pointing
-from jaxsal.objects import ObjectBoxes, boxes_to_masks, screen_to_obs
+from jaxsal.game_objects import ObjectBoxes, boxes_to_masks, screen_to_obs
 from tests._support.object_agent import one_object_agent
 
 H = W = 84

@@ -5,7 +5,7 @@ with (xa, ya) = (10, 16) for the player, (6 + i, 12 + i) for ghost i (ghosts are
 when ram[47] > 0; ghost i > 0 only when ram[19] >= i), (11, 17) for the fruit (when both are
 non-zero). Power pills: bits 2..5 of ram[117], fixed 4x7 boxes in the maze's corners.
 """
-from jaxsal.objects.table import RamTable
+from jaxsal.game_objects.table import RamTable
 
 _PILLS = ((4, 148, 146), (8, 148, 14), (16, 8, 147), (32, 8, 15))   # (bit, x, y)
 

@@ -1,8 +1,9 @@
-"""Object shares in batch jobs: `jaxsal explain --objects` stores, per frame, how much of each map
-falls on each game object class, next to (or instead of) the maps.
+"""The object files of a batch job: the boxes file `jaxsal explain --objects` reads, and the per-frame
+object shares (how much of each map falls on each game object class, next to or instead of the maps)
+and object effects it writes and `jaxsal.load_object_shares` / `load_object_effects` read back.
 
 Boxes come from an objects file aligned with the input buffer (frame i of the buffer <-> state i
-of the file), the `.npz` that `jaxsal.objects.ObjectBoxes.save` writes (no pickle):
+of the file), the `.npz` that `jaxsal.game_objects.ObjectBoxes.save` writes (no pickle):
 
     boxes    (N, F, K, 4) int16   per state, per stacked frame (oldest first, as the frame stack's
                                   channels), up to K boxes as half-open (y0, x0, y1, x1) pixel rows
@@ -50,11 +51,11 @@ import numpy as np
 from jaxsal.errors import SaliencyInputError
 
 if TYPE_CHECKING:
-    from jaxsal.objects import ObjectBoxes
+    from jaxsal.game_objects import ObjectBoxes
 
 OBJECTS = "_objects"
 FORMAT_HELP = ("an .npz with boxes (N, F, K, 4) int16 (y0, x0, y1, x1), labels (N, F, K) int8 (-1 = none) and "
-               "classes (C,) str; see `jaxsal.io.objects` or docs/guides/objects.md")
+               "classes (C,) str; see `jaxsal.io.object_files` or docs/guides/objects.md")
 RECORD_HINT = "python -m jaxsal_agents.record_objects --agent NAME --steps N --out DIR (writes DIR/obs.npy and its boxes)"
 EFFECTS = "_effects"       # DIR/_objects/_effects: method aliases may not start with "_"
 EFFECT_KEYS = ("effect", "flips", "present", "score", "action", "overlap", "residue", "residue_share")
@@ -122,7 +123,7 @@ class ObjectsInput:
 
 def read_objects(path, game: str | None = None) -> ObjectsInput:
     """Read and check an objects file (format in the module doc); errors name the fix."""
-    from jaxsal.objects import ObjectBoxes
+    from jaxsal.game_objects import ObjectBoxes
 
     p = Path(path)
     if not p.exists():
@@ -185,7 +186,7 @@ def find_objects(objects_arg: str, input_path, game: str | None) -> ObjectsInput
     path = beside(input_path)
     if path.exists():
         return read_objects(path, game)
-    from jaxsal.objects import games
+    from jaxsal.game_objects import games
 
     if game and _norm(game) not in games():
         raise SaliencyInputError(
@@ -220,7 +221,7 @@ def chunk_shares(maps, boxes, rows: int | None = None) -> dict:
     those rows, as numpy. The boxes are padded to the maps' rows (a job pads every chunk to the
     same size), so the last, shorter chunk reuses the compiled programs."""
     from jaxsal.metrics import object_attribution, object_pointing
-    from jaxsal.objects import ObjectBoxes
+    from jaxsal.game_objects import ObjectBoxes
 
     rows = len(boxes) if rows is None else rows
     pad = maps.shape[0] - len(boxes)
@@ -259,7 +260,7 @@ def chunk_effects(apply_fn, params, x, boxes, rows: int, target: str, actions=No
     `actions`: the chunk's (padded) actions for target q_action, else None (the target's own choice,
     as the maps explain). The boxes are padded like `chunk_shares`'s."""
     from jaxsal.metrics.effects import object_effects
-    from jaxsal.objects import ObjectBoxes
+    from jaxsal.game_objects import ObjectBoxes
 
     pad = x.shape[0] - len(boxes)
     if pad > 0:
@@ -469,7 +470,7 @@ def write_meta(out, objects: ObjectsInput, store_maps: bool):
     d.mkdir(parents=True, exist_ok=True)
     meta = {**objects.describe(), "maps_stored": store_maps, "keys": list(SHARE_KEYS),
             **({"effect_keys": list(EFFECT_KEYS)} if objects.effects else {}),
-            "doc": "see the docstring of jaxsal.io.objects; load with jaxsal.load_object_shares(DIR, METHOD)"}
+            "doc": "see the docstring of jaxsal.io.object_files; load with jaxsal.load_object_shares(DIR, METHOD)"}
     data = json.dumps(meta, indent=2, sort_keys=True).encode()
     if not ((d / "meta.json").exists() and (d / "meta.json").read_bytes() == data):  # a rerun: read-only ok
         atomic_write(d / "meta.json", data)

@@ -1,8 +1,8 @@
 """Ground-truth game objects for Atari, from the emulator's RAM, aligned with the agent's frames.
 
-    table = jaxsal.objects.table("pong")              # classes ("ball", "player", "enemy")
+    table = jaxsal.game_objects.table("pong")              # classes ("ball", "player", "enemy")
     table.boxes(ale.getRAM())                         # {class: [(x, y, w, h)]} on the raw screen
-    ob = jaxsal.objects.boxes_from_ram("pong", rams)  # rams (N, F, R, 128) -> ObjectBoxes at 84x84
+    ob = jaxsal.game_objects.boxes_from_ram("pong", rams)  # rams (N, F, R, 128) -> ObjectBoxes at 84x84
     masks = ob.masks()                                # (N, F, C, 84, 84) bool, on device
 
 `agents.ale.AleAtariEnv` plays a game with EnvPool's preprocessing and records these boxes for
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxsal.objects import breakout, frostbite, mspacman, pong, spaceinvaders
-from jaxsal.objects.boxes import ObjectBoxes, boxes_to_masks, screen_to_obs
-from jaxsal.objects.table import RamTable
+from jaxsal.game_objects import breakout, frostbite, mspacman, pong, spaceinvaders
+from jaxsal.game_objects.boxes import ObjectBoxes, boxes_to_masks, screen_to_obs
+from jaxsal.game_objects.table import RamTable
 
 TABLES = {t.game: t for t in (pong.TABLE, breakout.TABLE, mspacman.TABLE, spaceinvaders.TABLE, frostbite.TABLE)}
 

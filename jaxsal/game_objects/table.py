@@ -4,7 +4,7 @@ A table turns one 128-byte Atari RAM snapshot into boxes `(x, y, w, h)` on the r
 screen, grouped by class. Tables are small and written from the published RAM addresses of
 the Object-Centric Atari work (OCAtari, Delfosse et al. 2023, github.com/k4ntz/OC_Atari,
 `ocatari/ram/<game>.py`), re-expressed here and checked against the rendered frames
-(tests/objects/test_tables.py).
+(tests/game_objects/test_tables.py).
 """
 from __future__ import annotations
 

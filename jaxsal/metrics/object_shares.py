@@ -1,6 +1,6 @@
 """Object-level attribution: how much of a saliency map falls on each game object class.
 
-    ob = ...                                            # jaxsal.objects.ObjectBoxes (per state, per stacked frame)
+    ob = ...                                            # jaxsal.game_objects.ObjectBoxes (per state, per stacked frame)
     res = jaxsal.metrics.object_attribution(maps, ob)   # maps (N, 84, 84) or per-frame (N, 84, 84, 4)
     res.positive[:, res.classes.index("ball")]          # share of positive mass on the ball, per state
     res.chance                                          # the ball's area share: what a map blind to objects gets
@@ -98,7 +98,7 @@ def _check_maps_masks(maps, masks, frame):
     """Maps of 3 or 4 dimensions, masks (or boxes) of the maps' pixel size, `frame` "union" or an
     index, and "union" for per-frame maps (scored against each frame's own masks, so an index
     would be ignored)."""
-    from jaxsal.objects.boxes import ObjectBoxes
+    from jaxsal.game_objects.boxes import ObjectBoxes
 
     if maps.ndim not in (3, 4):
         raise SaliencyInputError(f"maps must be (N, H, W) or per-frame (N, H, W, F), got shape {maps.shape}")
@@ -123,7 +123,7 @@ def _check_frames(m, mk):
 
 def _as_masks(masks, classes, per_frame: bool, frame, n):
     """Masks (N, F, C, H, W) or (N, C, H, W) or ObjectBoxes -> (bool masks with a frame axis, classes)."""
-    from jaxsal.objects.boxes import ObjectBoxes   # objects does not import metrics: no cycle
+    from jaxsal.game_objects.boxes import ObjectBoxes   # game_objects does not import metrics: no cycle
 
     if isinstance(masks, ObjectBoxes):
         classes = classes or masks.classes
@@ -156,7 +156,7 @@ def object_attribution(maps, masks, classes=None, frame="union", batch_size: int
     Args:
         maps (jax.Array | numpy.ndarray): maps (N, H, W), or per-frame maps (N, H, W, F) scored
             against each stacked frame's own masks.
-        masks (jaxsal.objects.ObjectBoxes | jax.Array | numpy.ndarray): the objects: boxes, bool
+        masks (jaxsal.game_objects.ObjectBoxes | jax.Array | numpy.ndarray): the objects: boxes, bool
             masks (N, F, C, H, W) per stacked frame, or (N, C, H, W) for maps (N, H, W).
         classes (Sequence[str] | None): the C class names; None takes them from ObjectBoxes (or
             names them "class_0", ...).
@@ -211,7 +211,7 @@ def object_pointing(maps, masks, classes=None, frame="union", batch_size: int = 
     Args:
         maps (jax.Array | numpy.ndarray): maps (N, H, W), or per-frame maps (N, H, W, F) (the
             maximum is then taken over frames too).
-        masks (jaxsal.objects.ObjectBoxes | jax.Array | numpy.ndarray): the objects, as
+        masks (jaxsal.game_objects.ObjectBoxes | jax.Array | numpy.ndarray): the objects, as
             `object_attribution` takes them.
         classes (Sequence[str] | None): the C class names; None takes them from ObjectBoxes.
         frame (str | int): "union" (default) or a stacked-frame index, as in
@@ -227,7 +227,7 @@ def object_pointing(maps, masks, classes=None, frame="union", batch_size: int = 
         jaxsal.SaliencyInputError: `maps` not 3-D or 4-D; a bad `frame`; boxes or masks of
             another frame size, state count or frame count than the maps.
     """
-    from jaxsal.objects.boxes import ObjectBoxes
+    from jaxsal.game_objects.boxes import ObjectBoxes
 
     maps = np.asarray(maps) if not isinstance(maps, jax.Array) else maps
     _check_maps_masks(maps, masks, frame)

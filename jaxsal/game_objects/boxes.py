@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.objects.table import SCREEN_H, SCREEN_W
+from jaxsal.game_objects.table import SCREEN_H, SCREEN_W
 
 
 def screen_to_obs(box, obs_h: int = 84, obs_w: int = 84, screen_h: int = SCREEN_H, screen_w: int = SCREEN_W):
@@ -69,7 +69,7 @@ class ObjectBoxes:
 
     def save(self, path, game: str | None = None):
         """One .npz (boxes, labels, class names, frame size, optionally the game; no pickle): the
-        objects file `jaxsal explain --objects FILE` reads (format: `jaxsal.io.objects`)."""
+        objects file `jaxsal explain --objects FILE` reads (format: `jaxsal.io.object_files`)."""
         extra = {"game": np.asarray(game)} if game else {}
         np.savez_compressed(path, boxes=self.boxes, labels=self.labels, classes=np.asarray(self.classes),
                             size=np.asarray([self.height, self.width]), **extra)

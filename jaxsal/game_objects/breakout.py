@@ -10,7 +10,7 @@ the left half; a brick is two 4-px playfield bits. We decode them with the TIA's
 slicing; tests check every brick against the rendered screen after random RAM writes.
 Adjacent bricks of a row are merged into one box (at most 9 runs per row).
 """
-from jaxsal.objects.table import RamTable
+from jaxsal.game_objects.table import RamTable
 
 _BYTE_OF = {(0, "PF0"): 5, (0, "PF1"): 4, (0, "PF2"): 3, (1, "PF0"): 2, (1, "PF1"): 1, (1, "PF2"): 0}
 

@@ -10,7 +10,7 @@ while 0 < ram[84 + i] < 160 or ram[88 + i] != 0 (a second one 32 px to the right
 ram[88 + i] != 0), 8x7. Igloo: built to stage ram[77] (255 = none) at x 112. Bear at
 (ram[104] + 3, 58), 14x16, unless ram[104] == 140. Floes and creatures wrap around the screen.
 """
-from jaxsal.objects.table import RamTable, wrap_x
+from jaxsal.game_objects.table import RamTable, wrap_x
 
 _IGLOO_Y = (51, 51, 51, 51, 47, 47, 47, 47, 42, 42, 42, 42, 39, 39, 35, 35)
 _IGLOO_WH = ((8, 4), (16, 4), (24, 4), (32, 4)) + ((32, 8),) * 4 + ((32, 13),) * 4 + ((32, 16),) * 2 + ((32, 20),) * 2
