@@ -27,6 +27,7 @@ from jaxsal.backprop.pathavg import interpolated_gradient, sample_gradient_sums
 from jaxsal.backprop.rules import RULES, rewrite
 from jaxsal.engine.spec import Prepared, Spec, Sums, objective
 from jaxsal.registry import check_free
+from jaxsal.targets import greedy
 
 INPUT_RULES = {"gradient": "plain", "grad_x_input": "plain", "guided_backprop": "guided",
                "deconvnet": "deconvnet"}
@@ -54,7 +55,9 @@ def _needs(st: Static) -> set:
 
 def backward(ctx, params, preps, rows):
     """The shared piece: one backward per ReLU rule the members need, with the input and/or
-    the layer gradient each needs; {(rule, where): gradient, "A": tapped activations}."""
+    the layer gradient each needs; {(rule, where): gradient, "A": tapped activations, "actions"}.
+    Given rows.actions None, the first backward's forward (the clean one: the rules change only
+    the backward pass) chooses them (Spec.chooses)."""
     sts = [p.static for p in preps]
     needs = set().union(*map(_needs, sts))
     site = next((st for st in sts if st.cam is not None), None)
@@ -64,21 +67,28 @@ def backward(ctx, params, preps, rows):
     if tapped is not None:
         a_shape = jax.eval_shape(lambda p, xx: tapped(p, xx, 0.0)[1], params, x)
         eps0 = jnp.zeros(a_shape.shape, a_shape.dtype)
+
+    def score(y, acts):
+        acts = greedy(ctx.target, y) if acts is None else acts
+        return objective(ctx.target, y, acts).sum(), acts
+
     for rule in sorted({r for r, _ in needs}):
         want_x = (rule, "x") in needs
         if (rule, "layer") in needs:
-            def f(eps, xx, p):
+            def f(eps, xx, p, acts):
                 y, A = tapped(p, xx, eps)
-                return objective(ctx.target, y, actions).sum(), A
-            grads, A = jax.grad(rewrite(f, rule, fast_conv), (0, 1) if want_x else (0,), has_aux=True)(
-                eps0, x, params)
+                value, acts = score(y, acts)
+                return value, (A, acts)
+            grads, (A, actions) = jax.grad(rewrite(f, rule, fast_conv), (0, 1) if want_x else (0,), has_aux=True)(
+                eps0, x, params, actions)
             res["A"], res[(rule, "layer")] = A, grads[0]
             if want_x:
                 res[(rule, "x")] = grads[1]
         else:
-            def f(xx, p):
-                return objective(ctx.target, ctx.apply_fn(p, xx), actions).sum()
-            res[(rule, "x")] = jax.grad(rewrite(f, rule, fast_conv))(x, params)
+            def f(xx, p, acts):
+                return score(ctx.apply_fn(p, xx), acts)
+            res[(rule, "x")], actions = jax.grad(rewrite(f, rule, fast_conv), has_aux=True)(x, params, actions)
+    res["actions"] = actions
     return res
 
 
@@ -131,7 +141,7 @@ def input_spec(name: str, doc: str) -> Spec:
     times_input = name == "grad_x_input"
     return Spec(name, functools.partial(_prepare_input, INPUT_RULES[name], times_input), _input_chunk,
                 _input_finalize, options=dict(INPUT_OPTIONS), kind="input" if times_input else "gradient",
-                shared=backward, share_key=_share_key, sums=None if times_input else GRADIENT_SUMS, doc=doc)
+                shared=backward, share_key=_share_key, chooses=True, sums=None if times_input else GRADIENT_SUMS, doc=doc)
 
 
 # ------------------------------------------------------------------ CAM variants
@@ -189,7 +199,7 @@ def cam_spec(name: str, row: cam.CamSpec, doc: str, example: dict | None = None)
     conformance model's layer "conv2")."""
     return Spec(name, functools.partial(_prepare_cam, name, row), _cam_chunk, options=dict(CAM_OPTIONS),
                 example={"layer": "conv2"} if example is None else dict(example), shared=backward,
-                share_key=_share_key, doc=doc)
+                share_key=_share_key, chooses=True, doc=doc)
 
 
 def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: bool = False,
@@ -241,7 +251,7 @@ def _prepare_ruled(call, apply_fn, params, *, rule="plain", key=None, per_frame=
 
 RULED_GRADIENT = Spec("gradient", _prepare_ruled, _input_chunk, _input_finalize,
                       options={"rule": "plain", **INPUT_OPTIONS}, kind="gradient", shared=backward,
-                      share_key=_share_key, sums=GRADIENT_SUMS,
+                      share_key=_share_key, sums=GRADIENT_SUMS, chooses=True,
                       doc="The input gradient through `rule` ReLUs (plain, guided, deconvnet): SmoothGrad's and "
                           "IG's inner method.")
 

@@ -4,7 +4,8 @@ eagerly, under the caller's jit / vmap / scan and in the batch job, the same way
 Here and nowhere else: the call is checked once (jaxsal.checks.check_call), chunks are sized
 (model rows per state from every spec's `prepare`), the compile cache is keyed, and the greedy
 action is chosen (jaxsal.targets.greedy, per chunk, inside the chunk's traced function, on the clean
-frames, always in float32; that forward also gives the model outputs run(outputs=True) returns) and the
+frames, always in float32; that forward also gives the model outputs run(outputs=True) returns; a spec
+that `chooses` makes the choice on its own clean forward, so no second forward runs) and the
 precision is applied (jaxsal.engine.precision: the chunk's traced pieces, their backward passes included).
 Eagerly a Python loop over bucket-padded chunks calls the jitted chunk function (a single group
 is one program; an inner loop is the clean forward, then one step program for every group and
@@ -71,7 +72,7 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     per_state = max([p.rows_per_state for p in preps], default=1)
     size = batching.chunk_size(call.x.shape[0], max(1, call.rows // max(1, per_state)), 1)
     statics = tuple(p.static for p in preps)
-    pieces = tuple(Pieces(s.chunk, s.finalize, s.shared) for s in specs)  # the traced ones: the cache key
+    pieces = tuple(Pieces(s.chunk, s.finalize, s.shared, s.chooses) for s in specs)  # the traced ones: the cache key
     arrays = [p.arrays for p in preps]
     traced = batching.is_traced(params, rows, arrays, groups)
     if len(groups) == 1:
@@ -103,6 +104,7 @@ class Pieces(NamedTuple):
     chunk: Callable
     finalize: Callable
     shared: Callable | None
+    chooses: bool = False
 
 
 def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
@@ -116,7 +118,10 @@ def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
         preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
         rs = [Rows(x, acts, r.get("index"), e) for e in r["extra"]]
         value = specs[0].shared(ctx, params, preps, rs[0]) if specs and specs[0].shared is not None else None
-        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs))
+        if acts is None:  # the shared piece's forward chose them (Spec.chooses)
+            acts = value["actions"]
+            rs = [rr._replace(actions=acts) for rr in rs]
+        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts
 
     def finalized(params, arrays, r, acts, acc):
         x = as_float(r["x"])
@@ -128,14 +133,18 @@ def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
 
     if what == "whole":
         clean = _clean(ctx, with_outputs)
+        # the shared forward is the clean one in float32: the action is chosen there, not in a second forward
+        own = (not with_outputs and precision == "float32" and bool(specs) and specs[0].shared is not None
+               and all(s.chooses for s in specs))
 
         def whole(params, arrays, r, group):
-            acts, out = clean(params, r)
-            return outputs(params, arrays, r, acts, pieces(params, arrays, r, acts, group)), acts, out
+            acts, out = (None, None) if own and r.get("actions") is None else clean(params, r)
+            acc, acts = pieces(params, arrays, r, acts, group)
+            return outputs(params, arrays, r, acts, acc), acts, out
         return whole
     if what == "step":
         def step(params, arrays, r, group):
-            return pieces(params, arrays, r, r["actions"], group)
+            return pieces(params, arrays, r, r["actions"], group)[0]
         return step
 
     def finalize(params, arrays, r, acc):
