@@ -151,11 +151,10 @@ CAM_OPTIONS = {"key": None, "layer": None, "per_frame": False, "layer_activation
 def _prepare_cam(name, row, call, apply_fn, params, *, key=None, layer=None, per_frame=False,
                  layer_activation=None, fast_conv=True):
     del key
-    x1 = as_float(batching.head(call.x))
     if isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
-        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, x1, layer, layer_activation)
+        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, call.x, layer, layer_activation)
     get_activation(layer_activation)
-    lname, k = _structure_cached(resolve_tap, apply_fn, params, x1, layer, layer_activation)
+    lname, k = _structure_cached(resolve_tap, apply_fn, params, call.x, layer, layer_activation)
     if per_frame and k == 1 and not row.guided_input:
         raise SaliencyInputError(
             f"{name!r} gives layer-resolution maps only; per_frame=True is for input-resolution methods "
@@ -181,17 +180,19 @@ def _cam_chunk(ctx, params, prep, rows, group, shared):
 _LAYER_CACHE = batching.LRU("layer sites", 256)
 
 
-def _structure_cached(fn, apply_fn, params, x1, layer, activation=None):
-    """fn(apply_fn, params, x1, layer, activation) (resolve_tap, cam_site: each traces the model),
-    cached per model structure and input shape and dtype, so repeated calls skip the tracing."""
+def _structure_cached(fn, apply_fn, params, x, layer, activation=None):
+    """fn(apply_fn, params, x1, layer, activation) on x's first state x1 as float32 (resolve_tap,
+    cam_site: each traces the model), cached per model structure and state shape, so repeated
+    calls skip the tracing (and the device copy of x1)."""
+    run = lambda: fn(apply_fn, params, as_float(batching.head(x)), layer, activation)  # noqa: E731
     try:
         k = batching.static_key((fn, apply_fn, layer, activation)) + (
-            tuple(x1.shape), str(x1.dtype), params_signature(params),
-            batching.is_traced(params, x1))  # eager calls also check values (resolve_tap)
+            tuple(x.shape[1:]), params_signature(params),
+            batching.is_traced(params, x))  # eager calls also check values (resolve_tap)
         hash(k)
     except TypeError:
-        return fn(apply_fn, params, x1, layer, activation)
-    return _LAYER_CACHE.get_or_build(k, lambda: fn(apply_fn, params, x1, layer, activation))
+        return run()
+    return _LAYER_CACHE.get_or_build(k, run)
 
 
 def cam_spec(name: str, row: cam.CamSpec, doc: str, example: dict | None = None) -> Spec:
