@@ -29,6 +29,16 @@ def check_obs(obs, layout: str = "NHWC"):
 
     Gradients are taken with respect to this float value of the observation as given.
     """
+    dtype = _check_obs_form(obs, layout)
+    x = jnp.asarray(obs, jnp.float32)
+    traced = isinstance(x, jax.core.Tracer)  # under jit/vmap: no values to check (see README)
+    if np.issubdtype(dtype, np.floating) and not traced and not _VALUES_CHECKED.get():
+        check_finite(x)
+    return x
+
+
+def _check_obs_form(obs, layout):
+    """check_obs's checks of the layout, shape and dtype (no values read); returns the dtype."""
     if layout not in LAYOUTS:
         raise SaliencyInputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     shape = tuple(np.shape(obs))
@@ -42,11 +52,7 @@ def check_obs(obs, layout: str = "NHWC"):
     dtype = np.dtype(obs.dtype if hasattr(obs, "dtype") else np.asarray(obs).dtype)
     if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer) or dtype == np.bool_):
         raise SaliencyInputError(f"obs must be uint8, integer, bool or float, got dtype {dtype}")
-    x = jnp.asarray(obs, jnp.float32)
-    traced = isinstance(x, jax.core.Tracer)  # under jit/vmap: no values to check (see README)
-    if np.issubdtype(dtype, np.floating) and not traced and not _VALUES_CHECKED.get():
-        check_finite(x)
-    return x
+    return dtype
 
 
 class NonFinite(SaliencyInputError):
@@ -256,7 +262,7 @@ def _check_obs_lazy(obs, layout):
         return check_obs(obs, layout)
     dtype = np.dtype(obs.dtype)
     if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
-        check_obs(batching.head(obs), layout)
+        _check_obs_form(obs, layout)  # no values to check: no float copy, no device program per call
         return obs
     return check_obs(obs, layout)
 

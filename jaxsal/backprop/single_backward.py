@@ -27,6 +27,7 @@ from jaxsal.backprop.pathavg import interpolated_gradient, sample_gradient_sums
 from jaxsal.backprop.rules import RULES, rewrite
 from jaxsal.engine.spec import Prepared, Spec, Sums, objective
 from jaxsal.registry import check_free
+from jaxsal.targets import greedy
 
 INPUT_RULES = {"gradient": "plain", "grad_x_input": "plain", "guided_backprop": "guided",
                "deconvnet": "deconvnet"}
@@ -54,7 +55,9 @@ def _needs(st: Static) -> set:
 
 def backward(ctx, params, preps, rows):
     """The shared piece: one backward per ReLU rule the members need, with the input and/or
-    the layer gradient each needs; {(rule, where): gradient, "A": tapped activations}."""
+    the layer gradient each needs; {(rule, where): gradient, "A": tapped activations, "actions"}.
+    Given rows.actions None, the first backward's forward (the clean one: the rules change only
+    the backward pass) chooses them (Spec.chooses)."""
     sts = [p.static for p in preps]
     needs = set().union(*map(_needs, sts))
     site = next((st for st in sts if st.cam is not None), None)
@@ -64,21 +67,28 @@ def backward(ctx, params, preps, rows):
     if tapped is not None:
         a_shape = jax.eval_shape(lambda p, xx: tapped(p, xx, 0.0)[1], params, x)
         eps0 = jnp.zeros(a_shape.shape, a_shape.dtype)
+
+    def score(y, acts):
+        acts = greedy(ctx.target, y) if acts is None else acts
+        return objective(ctx.target, y, acts).sum(), acts
+
     for rule in sorted({r for r, _ in needs}):
         want_x = (rule, "x") in needs
         if (rule, "layer") in needs:
-            def f(eps, xx, p):
+            def f(eps, xx, p, acts):
                 y, A = tapped(p, xx, eps)
-                return objective(ctx.target, y, actions).sum(), A
-            grads, A = jax.grad(rewrite(f, rule, fast_conv), (0, 1) if want_x else (0,), has_aux=True)(
-                eps0, x, params)
+                value, acts = score(y, acts)
+                return value, (A, acts)
+            grads, (A, actions) = jax.grad(rewrite(f, rule, fast_conv), (0, 1) if want_x else (0,), has_aux=True)(
+                eps0, x, params, actions)
             res["A"], res[(rule, "layer")] = A, grads[0]
             if want_x:
                 res[(rule, "x")] = grads[1]
         else:
-            def f(xx, p):
-                return objective(ctx.target, ctx.apply_fn(p, xx), actions).sum()
-            res[(rule, "x")] = jax.grad(rewrite(f, rule, fast_conv))(x, params)
+            def f(xx, p, acts):
+                return score(ctx.apply_fn(p, xx), acts)
+            res[(rule, "x")], actions = jax.grad(rewrite(f, rule, fast_conv), has_aux=True)(x, params, actions)
+    res["actions"] = actions
     return res
 
 
@@ -131,7 +141,7 @@ def input_spec(name: str, doc: str) -> Spec:
     times_input = name == "grad_x_input"
     return Spec(name, functools.partial(_prepare_input, INPUT_RULES[name], times_input), _input_chunk,
                 _input_finalize, options=dict(INPUT_OPTIONS), kind="input" if times_input else "gradient",
-                shared=backward, share_key=_share_key, sums=None if times_input else GRADIENT_SUMS, doc=doc)
+                shared=backward, share_key=_share_key, chooses=True, sums=None if times_input else GRADIENT_SUMS, doc=doc)
 
 
 # ------------------------------------------------------------------ CAM variants
@@ -141,11 +151,10 @@ CAM_OPTIONS = {"key": None, "layer": None, "per_frame": False, "layer_activation
 def _prepare_cam(name, row, call, apply_fn, params, *, key=None, layer=None, per_frame=False,
                  layer_activation=None, fast_conv=True):
     del key
-    x1 = as_float(batching.head(call.x))
     if isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
-        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, x1, layer, layer_activation)
+        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, call.x, layer, layer_activation)
     get_activation(layer_activation)
-    lname, k = _structure_cached(resolve_tap, apply_fn, params, x1, layer, layer_activation)
+    lname, k = _structure_cached(resolve_tap, apply_fn, params, call.x, layer, layer_activation)
     if per_frame and k == 1 and not row.guided_input:
         raise SaliencyInputError(
             f"{name!r} gives layer-resolution maps only; per_frame=True is for input-resolution methods "
@@ -171,17 +180,19 @@ def _cam_chunk(ctx, params, prep, rows, group, shared):
 _LAYER_CACHE = batching.LRU("layer sites", 256)
 
 
-def _structure_cached(fn, apply_fn, params, x1, layer, activation=None):
-    """fn(apply_fn, params, x1, layer, activation) (resolve_tap, cam_site: each traces the model),
-    cached per model structure and input shape and dtype, so repeated calls skip the tracing."""
+def _structure_cached(fn, apply_fn, params, x, layer, activation=None):
+    """fn(apply_fn, params, x1, layer, activation) on x's first state x1 as float32 (resolve_tap,
+    cam_site: each traces the model), cached per model structure and state shape, so repeated
+    calls skip the tracing (and the device copy of x1)."""
+    run = lambda: fn(apply_fn, params, as_float(batching.head(x)), layer, activation)  # noqa: E731
     try:
         k = batching.static_key((fn, apply_fn, layer, activation)) + (
-            tuple(x1.shape), str(x1.dtype), params_signature(params),
-            batching.is_traced(params, x1))  # eager calls also check values (resolve_tap)
+            tuple(x.shape[1:]), params_signature(params),
+            batching.is_traced(params, x))  # eager calls also check values (resolve_tap)
         hash(k)
     except TypeError:
-        return fn(apply_fn, params, x1, layer, activation)
-    return _LAYER_CACHE.get_or_build(k, lambda: fn(apply_fn, params, x1, layer, activation))
+        return run()
+    return _LAYER_CACHE.get_or_build(k, run)
 
 
 def cam_spec(name: str, row: cam.CamSpec, doc: str, example: dict | None = None) -> Spec:
@@ -189,7 +200,7 @@ def cam_spec(name: str, row: cam.CamSpec, doc: str, example: dict | None = None)
     conformance model's layer "conv2")."""
     return Spec(name, functools.partial(_prepare_cam, name, row), _cam_chunk, options=dict(CAM_OPTIONS),
                 example={"layer": "conv2"} if example is None else dict(example), shared=backward,
-                share_key=_share_key, doc=doc)
+                share_key=_share_key, chooses=True, doc=doc)
 
 
 def register_cam(name: str, weights=None, *, rule: str = "plain", normalise: bool = False,
@@ -241,7 +252,7 @@ def _prepare_ruled(call, apply_fn, params, *, rule="plain", key=None, per_frame=
 
 RULED_GRADIENT = Spec("gradient", _prepare_ruled, _input_chunk, _input_finalize,
                       options={"rule": "plain", **INPUT_OPTIONS}, kind="gradient", shared=backward,
-                      share_key=_share_key, sums=GRADIENT_SUMS,
+                      share_key=_share_key, sums=GRADIENT_SUMS, chooses=True,
                       doc="The input gradient through `rule` ReLUs (plain, guided, deconvnet): SmoothGrad's and "
                           "IG's inner method.")
 

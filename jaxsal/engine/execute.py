@@ -4,10 +4,12 @@ eagerly, under the caller's jit / vmap / scan and in the batch job, the same way
 Here and nowhere else: the call is checked once (jaxsal.checks.check_call), chunks are sized
 (model rows per state from every spec's `prepare`), the compile cache is keyed, and the greedy
 action is chosen (jaxsal.targets.greedy, per chunk, inside the chunk's traced function, on the clean
-frames, always in float32; that forward also gives the model outputs run(outputs=True) returns) and the
+frames, always in float32; that forward also gives the model outputs run(outputs=True) returns; a spec
+that `chooses` makes the choice on its own clean forward, so no second forward runs) and the
 precision is applied (jaxsal.engine.precision: the chunk's traced pieces, their backward passes included).
-Eagerly a Python loop over bucket-padded chunks calls the jitted chunk function (one per group
-of the inner loop, then one finalize; a single group is one program); traced, the chunks run
+Eagerly a Python loop over bucket-padded chunks calls the jitted chunk function (a single group
+is one program; an inner loop is the clean forward, then one step program for every group and
+one finalize, each compiled once); traced, the chunks run
 in lax.map and the groups in lax.scan (jaxsal.batching.run).
 """
 from __future__ import annotations
@@ -70,21 +72,21 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     per_state = max([p.rows_per_state for p in preps], default=1)
     size = batching.chunk_size(call.x.shape[0], max(1, call.rows // max(1, per_state)), 1)
     statics = tuple(p.static for p in preps)
-    pieces = tuple(Pieces(s.chunk, s.finalize, s.shared) for s in specs)  # the traced ones: the cache key
+    pieces = tuple(Pieces(s.chunk, s.finalize, s.shared, s.chooses) for s in specs)  # the traced ones: the cache key
     arrays = [p.arrays for p in preps]
     traced = batching.is_traced(params, rows, arrays, groups)
     if len(groups) == 1:
         program = batching.cached_jit(_build, pieces, ctx, statics, "whole", precision, outputs)
         per_chunk = lambda r: program(params, arrays, r, groups[0])  # noqa: E731
-    else:  # the first group's step also gives the actions (and outputs); later groups reuse them
-        program, step, fin = (batching.cached_jit(_build, pieces, ctx, statics, w, precision, o)
-                              for w, o in (("step", outputs), ("step", False), ("finalize", False)))
+    else:  # one program per role, each compiled once (the step's inputs keep one structure): the
+        # clean forward (the actions, the output), a step per group, the finalize
+        start = batching.cached_jit(_clean, ctx, outputs)
+        program, fin = (batching.cached_jit(_build, pieces, ctx, statics, w, precision) for w in ("step", "finalize"))
 
         def per_chunk(r):
-            parts, acts, out = program(params, arrays, r, groups[0])
-            r = dict(r, actions=acts)  # later groups and finalize explain the same actions
-            parts = batching.accumulate(lambda g: step(params, arrays, r, g)[0], list(groups[1:]), traced,
-                                        first=parts)
+            acts, out = start(params, {k: r[k] for k in ("x", "actions") if k in r})
+            r = dict(r, actions=acts)  # every group and finalize explain the same actions
+            parts = batching.accumulate(lambda g: program(params, arrays, r, g), list(groups), traced)
             return fin(params, arrays, r, parts), acts, out
 
     maps, acts, out = _chunks(program, per_chunk, rows, size, traced)
@@ -102,20 +104,24 @@ class Pieces(NamedTuple):
     chunk: Callable
     finalize: Callable
     shared: Callable | None
+    chooses: bool = False
 
 
 def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
     """The traced chunk function of specs (their statics fixed): "whole" (one group: rows ->
-    (maps, actions, model output or None)), "step" (one group's parts, the actions, the output
-    or None) or "finalize" (summed parts -> maps). The clean forward is run once, in float32: it
-    chooses the greedy action and is the model output returned with_outputs; the specs' pieces
-    are computed at `precision`."""
+    (maps, actions, model output or None)); or the inner loop's "step" (rows with actions, a
+    group -> that group's parts) and "finalize" (rows with actions, summed parts -> maps), after
+    `_clean` chose the actions. The clean forward runs in float32 (the greedy choice, the model
+    output returned with_outputs); the specs' pieces are computed at `precision`."""
     def pieces(params, arrays, r, acts, group):
         x = as_float(r["x"])
         preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
         rs = [Rows(x, acts, r.get("index"), e) for e in r["extra"]]
         value = specs[0].shared(ctx, params, preps, rs[0]) if specs and specs[0].shared is not None else None
-        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs))
+        if acts is None:  # the shared piece's forward chose them (Spec.chooses)
+            acts = value["actions"]
+            rs = [rr._replace(actions=acts) for rr in rs]
+        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts
 
     def finalized(params, arrays, r, acts, acc):
         x = as_float(r["x"])
@@ -125,21 +131,36 @@ def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
 
     pieces, outputs = with_precision(pieces, precision), with_precision(finalized, precision)
 
-    def parts(params, arrays, r, group):
-        acts = r.get("actions")
-        out = ctx.apply_fn(params, as_float(r["x"])) if acts is None or with_outputs else None
-        acts = greedy(ctx.target, out) if acts is None else jnp.asarray(acts, jnp.int32)
-        return (pieces(params, arrays, r, acts, group), acts,
-                jax.lax.stop_gradient(out) if with_outputs else None)
-
     if what == "whole":
+        clean = _clean(ctx, with_outputs)
+        # the shared forward is the clean one in float32: the action is chosen there, not in a second forward
+        own = (not with_outputs and precision == "float32" and bool(specs) and specs[0].shared is not None
+               and all(s.chooses for s in specs))
+
         def whole(params, arrays, r, group):
-            acc, acts, out = parts(params, arrays, r, group)
+            acts, out = (None, None) if own and r.get("actions") is None else clean(params, r)
+            acc, acts = pieces(params, arrays, r, acts, group)
             return outputs(params, arrays, r, acts, acc), acts, out
         return whole
     if what == "step":
-        return parts
-    return lambda params, arrays, r, acc: outputs(params, arrays, r, r["actions"], acc)
+        def step(params, arrays, r, group):
+            return pieces(params, arrays, r, r["actions"], group)[0]
+        return step
+
+    def finalize(params, arrays, r, acc):
+        return outputs(params, arrays, r, r["actions"], acc)
+    return finalize
+
+
+def _clean(ctx, with_outputs=False):
+    """rows -> (the caller's actions as int32, else the target's greedy choice on the clean frames;
+    the model output with_outputs, else None), in float32."""
+    def clean(params, r):
+        acts = r.get("actions")
+        out = ctx.apply_fn(params, as_float(r["x"])) if acts is None or with_outputs else None
+        acts = greedy(ctx.target, out) if acts is None else jnp.asarray(acts, jnp.int32)
+        return acts, jax.lax.stop_gradient(out) if with_outputs else None
+    return clean
 
 
 def method_function(spec: Spec, module: str | None = None):

@@ -68,7 +68,10 @@ class Spec(NamedTuple):
     input-shaped attribution), "maps" (final maps), "combined" (a combinator's) or
     "perturbation" (a table of perturbation scores: no combinator takes it); sums: optional fast weighted sums of the
     part over many inputs per state (jaxsal.backprop.pathavg), used by the combinators; indexed:
-    its pieces read Rows.index.
+    its pieces read Rows.index; chooses: its shared piece runs the model on the clean frames and,
+    given Rows.actions None, chooses them from that output (jaxsal.targets.greedy) and returns them
+    as value["actions"]: the engine then runs no forward of its own for the choice (float32 calls
+    without outputs=True).
     """
     name: str
     prepare: Callable
@@ -82,6 +85,7 @@ class Spec(NamedTuple):
     share_key: Callable | None = None
     sums: object = None
     indexed: bool = False
+    chooses: bool = False
     doc: str = ""
 
 
