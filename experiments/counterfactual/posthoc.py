@@ -1,6 +1,7 @@
 """Post-hoc checks behind the results README's explanations (not registered: exploratory, read as such).
 
     python -m experiments.counterfactual.posthoc --game breakout      # results/breakout/posthoc.json, ~5 CPU min
+    python -m experiments.counterfactual.posthoc --game pong --part maps --part zero_maps   # results/pong/posthoc.json
 
 1. `heights`: replays every finished episode's recorded actions (the trajectory hash is checked) to read
    the ball's position at each registered state from the RAM, then asks, per episode across the states
@@ -9,8 +10,8 @@
    both partialled out on ranks); means and standard errors over episodes.
 2. `maps`: on one episode's states and kept moves, recomputes the maps of a few methods and splits
    `map_follows`' shift into its four shares, says where the input is exactly zero, and reads the
-   occlusion and noise-sensitivity maps' sign and floor; occlusion with `score="drop"` is computed beside
-   the registered default. The recomputed shifts are checked against the recorded ones.
+   occlusion and noise-sensitivity maps' sign and floor (the map's smallest value over its range);
+   occlusion with `score="drop"` is computed beside the registered default. The recomputed shifts are checked against the recorded ones.
 """
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ def maps(game: str = "breakout", episode: int = 0, methods=MAP_METHODS) -> dict:
             row["median_per_state_of_map_median_minus_one_minus_q"] = float(np.median(
                 np.median(v[:s].reshape(s, -1), 1) - (1 - q.max(1))))
             row["largest_q_drop_of_a_patch_median_over_states"] = float(np.median(v[:s].max((1, 2)) - (1 - q.max(1))))
-        if name == "noise_sensitivity":
+        if name in ("occlusion", "noise_sensitivity"):
             row["floor_over_range"] = float(np.median(v[:s].min((1, 2)) / (v[:s].max((1, 2)) - v[:s].min((1, 2)))))
         out["methods"][name] = row
     return out
@@ -221,12 +222,14 @@ def port(game: str = "breakout", episode: int = 0, methods=PORTED) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.counterfactual.posthoc", description=__doc__.split("\n")[0])
-    p.add_argument("--game", choices=("breakout",), default="breakout",
-                   help="the ball's RAM bytes are Breakout's; other games need their own reading")
+    p.add_argument("--game", choices=("breakout", "pong"), default="breakout",
+                   help="`heights` reads Breakout's ball bytes: for pong only the other parts run")
     p.add_argument("--episode", type=int, default=0, help="the episode whose maps are recomputed")
     p.add_argument("--part", action="append", choices=("heights", "maps", "zero_maps", "port"),
                    help="recompute only this part of posthoc.json (repeatable); default: all")
     a = p.parse_args(argv)
+    if a.game != "breakout" and "heights" in (a.part or ["heights"]):
+        p.error(f"--part heights reads Breakout's ball bytes; for {a.game} pass --part maps and/or --part zero_maps")
     import jaxsal
 
     jaxsal.cpu.use_fast_kernels()

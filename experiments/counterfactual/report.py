@@ -1,7 +1,7 @@
 """The written-up results of the counterfactual study: the N behind every registered interval, the
 results README's tables and its figure, all from a game's progress folder and its `summary.json`.
 
-    python -m experiments.counterfactual.report --game breakout     # counts.json, follow.png, tables on stdout
+    python -m experiments.counterfactual.report --game pong     # counts.json, statistics.png, tables on stdout
 
 Nothing here changes the registered analysis (`analysis.py`): `counts` recounts what each of its
 three statistics used (episodes, states, kept moves or valid pairs) with the same rules, and the
@@ -135,7 +135,8 @@ def figure(summary: dict, n: dict, path: Path) -> None:
     axes[0].set_xlim(-0.02, 1.02)
     axes[0].set_yticks(y, methods)
     eps = summary["episodes"]
-    fig.suptitle(f"{summary['game']}: {eps} episodes, {summary['states']} states, {n['kept_moves']} kept ball moves; "
+    fig.suptitle(f"{summary['game']}: {eps} episodes, {summary['states']} states, {n['kept_moves']} kept "
+                 f"{summary['moved']} moves; "
                  "95% intervals over episodes; green supported, red contradicted, grey not shown (Holm)", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=90)

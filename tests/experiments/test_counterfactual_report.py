@@ -15,6 +15,7 @@ from experiments.counterfactual import report
 from tests.experiments.test_counterfactual import planted
 
 README = P.RESULTS / "README.md"
+TITLES = {"breakout": "Breakout", "pong": "Pong"}
 
 
 def test_counts_are_what_each_statistic_used():
@@ -38,29 +39,35 @@ def test_counts_are_what_each_statistic_used():
             assert n["methods"][m][s]["episodes"] == res["methods"][m]["tests"][s]["episodes"]
 
 
-@pytest.fixture(scope="module")
-def breakout():
-    f = P.RESULTS / "breakout" / "summary.json"
+@pytest.fixture(scope="module", params=("breakout", "pong"))
+def game(request):
+    """A written-up game: its name, summary.json and the counts from its progress folder."""
+    f = P.RESULTS / request.param / "summary.json"
     if not f.exists():
-        pytest.skip("no Breakout summary")
-    return json.loads(f.read_text()), report.counts(A.load_episodes(P.PROGRESS / "breakout"))
+        pytest.skip(f"no {request.param} summary")
+    return request.param, json.loads(f.read_text()), report.counts(A.load_episodes(P.PROGRESS / request.param))
 
 
-def test_the_breakout_counts_match_its_summary(breakout):
-    summary, n = breakout
+def test_the_counts_match_the_summary(game):
+    name, summary, n = game
     assert n["states_with_kept_move"] == summary["states_with_kept_move"]
     assert n["kept_moves"] == summary["intervention_status"]["ok"]
     for s, c in summary["intervention_status"].items():
         assert sum(m[s] for m in n["status_by_move"].values()) == c
-    assert json.loads((P.RESULTS / "breakout" / "counts.json").read_text()) == json.loads(json.dumps(n))
+    assert json.loads((P.RESULTS / name / "counts.json").read_text()) == json.loads(json.dumps(n))
 
 
-def test_the_results_readme_holds_breakout_s_registered_numbers(breakout):
-    summary, n = breakout
-    text = README.read_text()
-    for name, table in report.tables(summary, n).items():
-        assert table in text, f"results/README.md lacks the current {name} table: rerun report.py and paste it"
-    section = text.split("## Breakout", 1)[1].split("\n## ", 1)[0]
+def readme_section(text: str, title: str) -> str:
+    """The results README's section `## title`, up to the next section."""
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_results_readme_holds_each_game_s_registered_numbers(game):
+    name, summary, n = game
+    section = readme_section(README.read_text(), TITLES[name])
+    for table_name, table in report.tables(summary, n).items():
+        assert table in section, (f"results/README.md's {TITLES[name]} section lacks the current {table_name} "
+                                  "table: rerun report.py and paste it")
     rule = section.split("### What the rule concludes", 1)[1].split("\n### ", 1)[0]
     bullets = re.split(r"\n(?=- )", rule.strip().split("\n\n")[0])   # the list's top-level bullets
     for story in ("holds", "partly holds", "contradicted", "not shown", "not estimable"):
@@ -68,11 +75,11 @@ def test_the_results_readme_holds_breakout_s_registered_numbers(breakout):
         bullet = [b for b in bullets if b.startswith(f"- **{story.capitalize()}")]
         assert len(bullet) == 1, f"results/README.md: no single '- **{story.capitalize()}' bullet under the rule"
         named = sorted(m for m in summary["methods"] if re.search(rf"\b{m}\b", bullet[0]))
-        assert named == want, (story, named, want)
+        assert named == want, (name, story, named, want)
 
 
-def test_the_figure_is_small(tmp_path, breakout):
-    summary, n = breakout
+def test_the_figure_is_small(tmp_path, game):
+    _, summary, n = game
     report.figure(summary, n, tmp_path / "f.png")
     assert 10_000 < (tmp_path / "f.png").stat().st_size < 200_000
 
