@@ -16,7 +16,7 @@ import jaxsal
 from jaxsal import batching, engine
 from jaxsal.checks import check_call
 from jaxsal.engine.execute import bind
-from tests._conformance import _spec
+from tests._support.conformance import _spec
 from tests.test_conformance import CASES, COMBINED, MODEL, PARAMS, _obs
 
 BATCH = 2
