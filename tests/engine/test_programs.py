@@ -17,7 +17,8 @@ from jaxsal import batching, engine
 from jaxsal.checks import check_call
 from jaxsal.engine.execute import bind
 from tests._support.conformance import _spec
-from tests.test_conformance import CASES, COMBINED, MODEL, PARAMS, _obs
+from tests._support.conformance import COMBINED, MODEL, PARAMS, _obs
+from tests.test_conformance import CASES
 
 BATCH = 2
 """Model rows per step: every inner loop of the conformance cases then has several groups."""
