@@ -55,7 +55,8 @@ def _needs(st: Static) -> set:
 
 def backward(ctx, params, preps, rows):
     """The shared piece: one backward per ReLU rule the members need, with the input and/or
-    the layer gradient each needs; {(rule, where): gradient, "A": tapped activations, "actions"}.
+    the layer gradient each needs; {(rule, where): gradient, "A": tapped activations, "actions",
+    "output": the clean model output}.
     Given rows.actions None, the first backward's forward (the clean one: the rules change only
     the backward pass) chooses them (Spec.chooses)."""
     sts = [p.static for p in preps]
@@ -70,24 +71,25 @@ def backward(ctx, params, preps, rows):
 
     def score(y, acts):
         acts = greedy(ctx.target, y) if acts is None else acts
-        return objective(ctx.target, y, acts).sum(), acts
+        return objective(ctx.target, y, acts).sum(), (acts, jax.lax.stop_gradient(y))
 
     for rule in sorted({r for r, _ in needs}):
         want_x = (rule, "x") in needs
         if (rule, "layer") in needs:
             def f(eps, xx, p, acts):
                 y, A = tapped(p, xx, eps)
-                value, acts = score(y, acts)
-                return value, (A, acts)
-            grads, (A, actions) = jax.grad(rewrite(f, rule, fast_conv), (0, 1) if want_x else (0,), has_aux=True)(
-                eps0, x, params, actions)
+                value, aux = score(y, acts)
+                return value, (A, aux)
+            grads, (A, (actions, out)) = jax.grad(rewrite(f, rule, fast_conv), (0, 1) if want_x else (0,),
+                                                  has_aux=True)(eps0, x, params, actions)
             res["A"], res[(rule, "layer")] = A, grads[0]
             if want_x:
                 res[(rule, "x")] = grads[1]
         else:
             def f(xx, p, acts):
                 return score(ctx.apply_fn(p, xx), acts)
-            res[(rule, "x")], actions = jax.grad(rewrite(f, rule, fast_conv), has_aux=True)(x, params, actions)
+            res[(rule, "x")], (actions, out) = jax.grad(rewrite(f, rule, fast_conv), has_aux=True)(x, params, actions)
+        res.setdefault("output", out)  # the first backward's forward: the clean model output
     res["actions"] = actions
     return res
 

@@ -4,9 +4,9 @@ eagerly, under the caller's jit / vmap / scan and in the batch job, the same way
 Here and nowhere else: the call is checked once (jaxsal.checks.check_call), chunks are sized
 (model rows per state from every spec's `prepare`), the compile cache is keyed, and the greedy
 action is chosen (jaxsal.targets.greedy, per chunk, inside the chunk's traced function, on the clean
-frames, always in float32; that forward also gives the model outputs run(outputs=True) returns; a spec
-that `chooses` makes the choice on its own clean forward, so no second forward runs) and the
-precision is applied (jaxsal.engine.precision: the chunk's traced pieces, their backward passes included).
+frames, always in float32; that forward also gives the model outputs run(outputs=True) returns; a
+spec that `chooses` makes the choice, and gives the output, on its own clean forward, so no second
+forward runs) and the precision is applied (jaxsal.engine.precision: the chunk's traced pieces, their backward passes included).
 Eagerly a Python loop over bucket-padded chunks calls the jitted chunk function (a single group
 is one program; an inner loop is the clean forward, then one step program for every group and
 one finalize, each compiled once); traced, the chunks run
@@ -121,7 +121,8 @@ def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
         if acts is None:  # the shared piece's forward chose them (Spec.chooses)
             acts = value["actions"]
             rs = [rr._replace(actions=acts) for rr in rs]
-        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts
+        out = value.get("output") if isinstance(value, dict) else None
+        return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts, out
 
     def finalized(params, arrays, r, acts, acc):
         x = as_float(r["x"])
@@ -133,13 +134,19 @@ def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
 
     if what == "whole":
         clean = _clean(ctx, with_outputs)
-        # the shared forward is the clean one in float32: the action is chosen there, not in a second forward
-        own = (not with_outputs and precision == "float32" and bool(specs) and specs[0].shared is not None
+        # the shared forward is the clean one in float32: the action is chosen there and the model
+        # output (with_outputs) read from it, not from a second forward
+        own = (precision == "float32" and bool(specs) and specs[0].shared is not None
                and all(s.chooses for s in specs))
 
         def whole(params, arrays, r, group):
-            acts, out = (None, None) if own and r.get("actions") is None else clean(params, r)
-            acc, acts = pieces(params, arrays, r, acts, group)
+            if own:
+                given = r.get("actions")
+                acts = None if given is None else jnp.asarray(given, jnp.int32)
+                acc, acts, out = pieces(params, arrays, r, acts, group)
+                return outputs(params, arrays, r, acts, acc), acts, out if with_outputs else None
+            acts, out = clean(params, r)
+            acc, acts, _ = pieces(params, arrays, r, acts, group)
             return outputs(params, arrays, r, acts, acc), acts, out
         return whole
     if what == "step":
