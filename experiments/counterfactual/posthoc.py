@@ -2,6 +2,7 @@
 
     python -m experiments.counterfactual.posthoc --game breakout      # results/breakout/posthoc.json, ~5 CPU min
     python -m experiments.counterfactual.posthoc --game pong --part maps --part zero_maps   # results/pong/posthoc.json
+    python -m experiments.counterfactual.posthoc --game spaceinvaders --part maps --part zero_maps --part statuses
 
 1. `heights`: replays every finished episode's recorded actions (the trajectory hash is checked) to read
    the ball's position at each registered state from the RAM, then asks, per episode across the states
@@ -12,6 +13,10 @@
    `map_follows`' shift into its four shares, says where the input is exactly zero, and reads the
    occlusion and noise-sensitivity maps' sign and floor (the map's smallest value over its range);
    occlusion with `score="drop"` is computed beside the registered default. The recomputed shifts are checked against the recorded ones.
+3. `statuses`: re-runs every registered move of every finished episode (emulator only, no maps; each status is
+   checked against the recorded one) and says, per move and status, where the moved object's RAM position
+   was, which other classes changed in the `side_effects` moves, and from which stacked frame on the
+   `diverged` ones left their course.
 """
 from __future__ import annotations
 
@@ -169,6 +174,35 @@ def maps(game: str = "breakout", episode: int = 0, methods=MAP_METHODS) -> dict:
     return out
 
 
+def statuses(game: str = "spaceinvaders") -> dict:
+    """Per registered move and status: the moved object's first RAM position (min, median, max), the
+    classes that changed with it (`side_effects`, "+stray" when other pixels did too) and the stacked frame
+    from which a `diverged` move left its course (module doc, 3)."""
+    from collections import Counter
+
+    from jaxsal_agents.interventions import MOVABLE, displace
+
+    byte = next(iter(MOVABLE[game][P.MOVED[game]].values()))
+    pos, side, first = {}, Counter(), Counter()
+    for e in range(len(A.load_episodes(P.PROGRESS / game))):
+        moments = _moments(game, e)
+        rec = R._load(P.PROGRESS / game / f"ep{e:03d}.npz")
+        for j, (dx, dy) in enumerate(P.MOVES[game]):
+            for i, it in enumerate(displace(moments, P.MOVED[game], dx, dy, keep=P.KEEP).items):
+                if it.status != str(rec["statuses"][rec["status"][i, j]]):
+                    raise R.ReplayMismatch(f"episode {e}, state {i}, move {j}: status {it.status} is not the recorded one")
+                move = f"{dx:+d},{dy:+d}"
+                pos.setdefault(move, {}).setdefault(it.status, []).append(int(moments[i].rams[0, 0, byte]))
+                if it.status == "side_effects":
+                    side[f"{move} {'+'.join(it.others_changed) or '-'}{' +stray' if it.stray_pixels else ''}"] += 1
+                if it.status == "diverged":
+                    first[f"{move} frame {int(np.argwhere((it.expected != it.achieved).any(-1))[0][0])}"] += 1
+    return {"ram_byte": int(byte),
+            "position_at_edit": {m: {s: {"n": len(v), "min": min(v), "median": float(np.median(v)), "max": max(v)}
+                                     for s, v in sorted(d.items())} for m, d in pos.items()},
+            "side_effects_changed": dict(sorted(side.items())), "diverged_from_frame": dict(sorted(first.items()))}
+
+
 def zero_maps(game: str = "breakout") -> dict:
     """Per method with states whose map has no mass: how many, and the removal and displacement estimates
     as registered and with those states counted (module doc, 3)."""
@@ -222,10 +256,10 @@ def port(game: str = "breakout", episode: int = 0, methods=PORTED) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.counterfactual.posthoc", description=__doc__.split("\n")[0])
-    p.add_argument("--game", choices=("breakout", "pong"), default="breakout",
+    p.add_argument("--game", choices=P.GAMES, default="breakout",
                    help="`heights` reads Breakout's ball bytes: for pong only the other parts run")
     p.add_argument("--episode", type=int, default=0, help="the episode whose maps are recomputed")
-    p.add_argument("--part", action="append", choices=("heights", "maps", "zero_maps", "port"),
+    p.add_argument("--part", action="append", choices=("heights", "maps", "zero_maps", "port", "statuses"),
                    help="recompute only this part of posthoc.json (repeatable); default: all")
     a = p.parse_args(argv)
     if a.game != "breakout" and "heights" in (a.part or ["heights"]):
@@ -234,7 +268,8 @@ def main(argv=None) -> int:
 
     jaxsal.cpu.use_fast_kernels()
     parts = {"heights": lambda: heights(a.game), "maps": lambda: maps(a.game, a.episode),
-             "zero_maps": lambda: zero_maps(a.game), "port": lambda: port(a.game, a.episode)}
+             "zero_maps": lambda: zero_maps(a.game), "port": lambda: port(a.game, a.episode),
+             "statuses": lambda: statuses(a.game)}
     f = P.RESULTS / a.game / "posthoc.json"
     res = json.loads(f.read_text()) if a.part and f.exists() else {}
     res["note"] = "post hoc, not registered (experiments/counterfactual/posthoc.py)"

@@ -2,6 +2,7 @@
 results README's tables and its figure, all from a game's progress folder and its `summary.json`.
 
     python -m experiments.counterfactual.report --game pong     # counts.json, statistics.png, tables on stdout
+    python -m experiments.counterfactual.report --stories       # the three-game table of stories
 
 Nothing here changes the registered analysis (`analysis.py`): `counts` recounts what each of its
 three statistics used (episodes, states, kept moves or valid pairs) with the same rules, and the
@@ -17,6 +18,8 @@ import numpy as np
 
 from experiments.counterfactual import analysis as A
 from experiments.counterfactual import plan as P
+
+TITLES = {"breakout": "Breakout", "pong": "Pong", "spaceinvaders": "Space Invaders"}   # the results README's sections
 
 
 def counts(episodes: list[dict]) -> dict:
@@ -107,6 +110,21 @@ def tables(summary: dict, n: dict) -> dict[str, str]:
     return out
 
 
+def stories(summaries: dict[str, dict]) -> str:
+    """The three-game table (markdown): per method (rows) and game (columns, in the order given), the
+    registered story, with the supported tests named where it partly holds."""
+    games = list(summaries)
+    rows = ["| method | " + " | ".join(TITLES.get(g, g) for g in games) + " |", "|---" * (len(games) + 1) + "|"]
+    for m in summaries[games[0]]["methods"]:
+        cells = []
+        for g in games:
+            r = summaries[g]["methods"][m]
+            named = [s for s in P.STATS if r["readings"][s] == "supported"]
+            cells.append(f"partly holds ({', '.join(named)})" if r["story"] == "partly holds" else r["story"])
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def figure(summary: dict, n: dict, path: Path) -> None:
     """Per method the follow rate against chance (0.5) and the removal and displacement statistics,
     each with its 95% episode-bootstrap interval; methods in summary.json's order."""
@@ -145,8 +163,17 @@ def figure(summary: dict, n: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.counterfactual.report", description=__doc__.split("\n")[0])
-    p.add_argument("--game", choices=P.GAMES, required=True)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--game", choices=P.GAMES)
+    g.add_argument("--stories", action="store_true", help="print the three-game table of stories and stop")
     a = p.parse_args(argv)
+    if a.stories:
+        files = {game: P.RESULTS / game / "summary.json" for game in P.GAMES}
+        missing = [str(f) for f in files.values() if not f.exists()]
+        if missing:
+            p.error(f"--stories needs every game's summary; missing: {', '.join(missing)}")
+        print(stories({game: json.loads(f.read_text()) for game, f in files.items()}))
+        return 0
     res = P.RESULTS / a.game
     summary_file = res / "summary.json"
     if not summary_file.exists():

@@ -15,7 +15,7 @@ from experiments.counterfactual import report
 from tests.experiments.test_counterfactual import planted
 
 README = P.RESULTS / "README.md"
-TITLES = {"breakout": "Breakout", "pong": "Pong"}
+TITLES = report.TITLES
 
 
 def test_counts_are_what_each_statistic_used():
@@ -39,7 +39,7 @@ def test_counts_are_what_each_statistic_used():
             assert n["methods"][m][s]["episodes"] == res["methods"][m]["tests"][s]["episodes"]
 
 
-@pytest.fixture(scope="module", params=("breakout", "pong"))
+@pytest.fixture(scope="module", params=P.GAMES)
 def game(request):
     """A written-up game: its name, summary.json and the counts from its progress folder."""
     f = P.RESULTS / request.param / "summary.json"
@@ -76,6 +76,18 @@ def test_the_results_readme_holds_each_game_s_registered_numbers(game):
         assert len(bullet) == 1, f"results/README.md: no single '- **{story.capitalize()}' bullet under the rule"
         named = sorted(m for m in summary["methods"] if re.search(rf"\b{m}\b", bullet[0]))
         assert named == want, (name, story, named, want)
+
+
+def test_the_three_game_summary_holds_each_game_s_stories():
+    files = {g: P.RESULTS / g / "summary.json" for g in P.GAMES}
+    if not all(f.exists() for f in files.values()):
+        pytest.skip("not every game has a summary")
+    summaries = {g: json.loads(f.read_text()) for g, f in files.items()}
+    table = report.stories(summaries)
+    assert table in readme_section(README.read_text(), "Across the three games"), (
+        "results/README.md's three-game section lacks the current table: rerun report.py --stories and paste it")
+    row = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+    assert row["smoothgrad"].endswith("| partly holds (removal) | holds | holds |")
 
 
 def test_the_figure_is_small(tmp_path, game):
