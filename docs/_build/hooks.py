@@ -3,13 +3,14 @@
 - notebooks/*.ipynb become pages at notebooks/<name>/ (mkdocs-jupyter renders their
   committed outputs; nothing is executed);
 - the study reports (experiments/**/*.md: the index, each study's README and registrations, and
-  experiments/results/**/*.md) and their figures and the small files they link to become pages
-  and files under experiments/..., so the reproduction pages link to the very files the studies
-  write, and a figure shown in the docs is the committed one.
+  every results folder's reports) with their figures and the small files they link to become
+  pages and files under experiments/..., so the reproduction pages link to the very files the
+  studies write, and a figure shown in the docs is the committed one. Which files: site_files.py.
 
-Each file keeps its path in the repository. A page in docs/ links to such a file by its path relative
-to the page in the repository (`../experiments/results/...` from docs/agents.md), so that the link works
-on GitHub too; `on_page_markdown` rewrites each such link to the file's place in the site.
+Each file keeps its path in the repository. A page links to another file by its path relative to
+the page in the repository (`../experiments/results/...` from docs/agents.md, `../../../docs/agents.md`
+from a study's results README), so that the link works on GitHub too; `on_page_markdown` rewrites
+each such link to the file's place in the site.
 
 The reports are written for GitHub's Markdown, where a list may follow a paragraph line directly;
 `GitHubLists` (added to every page's Markdown) gives such a list the blank line Python-Markdown
@@ -17,7 +18,7 @@ needs. Lists nested by 2 spaces are mdx_truly_sane_lists' job (mkdocs.yml).
 """
 from __future__ import annotations
 
-import posixpath
+import importlib.util
 import re
 from pathlib import Path
 
@@ -26,59 +27,12 @@ from markdown.preprocessors import Preprocessor
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
 
-ROOT = Path(__file__).resolve().parents[2]
-# studies' run folders hold thousands of small arrays; fragments written for pasting elsewhere are not pages
-SKIP_PARTS = ("runs_minatar", "runs_atari")
-SKIP_NAMES = ("README_section.md", "against_peers_README_section.md")
-RESULT_SUFFIXES = (".md", ".png", ".json", ".csv")
-MAX_BYTES = 2_000_000
-
-
-def _repo_files():
-    yield from ((p, p.relative_to(ROOT)) for p in sorted((ROOT / "notebooks").glob("*.ipynb")))
-    for p in sorted((ROOT / "experiments").rglob("*.md")):
-        if p.relative_to(ROOT).parts[1] != "results":   # experiments/results/: below, with its figures
-            yield p, p.relative_to(ROOT)
-    for p in sorted((ROOT / "experiments" / "results").rglob("*")):
-        rel = p.relative_to(ROOT)
-        if (p.is_file() and p.suffix in RESULT_SUFFIXES and p.name not in SKIP_NAMES
-                and not set(SKIP_PARTS) & set(rel.parts) and p.stat().st_size <= MAX_BYTES):
-            yield p, rel
-
-
-BROUGHT_IN = frozenset(rel for _, rel in _repo_files())
-
-
-FENCE = re.compile(r"^\s*(```|~~~)")
-DOCS = ROOT / "docs"
-LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s#]+)")  # [text](target or ![alt](target, up to a #fragment
-
-
-def site_link(target: str, page_src: str) -> str:
-    """A repository-relative link from docs/<page_src> to a file outside docs/ that the site brings in
-    (`_repo_files`), as the site sees it: relative to the page within the site's tree, where the file
-    keeps its repository path. Every other link is returned unchanged."""
-    if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("/"):
-        return target
-    repo = (DOCS / posixpath.dirname(page_src) / target).resolve()
-    if DOCS in repo.parents or ROOT not in repo.parents or not repo.is_file():
-        return target
-    rel = repo.relative_to(ROOT)
-    if rel not in BROUGHT_IN:
-        return target
-    return posixpath.relpath(rel.as_posix(), posixpath.dirname(page_src) or ".")
-
-
-def rewrite_links(markdown: str, page_src: str) -> str:
-    """`site_link` applied to every inline link and picture outside fenced code blocks."""
-    out, in_fence = [], False
-    for line in markdown.splitlines(keepends=True):
-        if FENCE.match(line):
-            in_fence = not in_fence
-        elif not in_fence:
-            line = LINK.sub(lambda m: m[1] + site_link(m[2], page_src), line)
-        out.append(line)
-    return "".join(out)
+# the rules live in site_files.py (no MkDocs import: the fast tests use them too)
+_spec = importlib.util.spec_from_file_location("jaxsal_docs_site_files", Path(__file__).with_name("site_files.py"))
+site_files = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(site_files)
+ROOT, DOCS, FENCE, BROUGHT_IN = site_files.ROOT, site_files.DOCS, site_files.FENCE, site_files.BROUGHT_IN
+site_link, rewrite_links = site_files.site_link, site_files.rewrite_links
 
 
 LIST_ITEM = re.compile(r"^(?:[-*+]|\d+\.) \S")  # top-level items only: indented ones may be YAML (::: options)
@@ -114,7 +68,7 @@ def on_config(config):
 
 @event_priority(100)  # before mkdocs-jupyter, so that it renders the notebooks added here
 def on_files(files, config):
-    for src, dest in _repo_files():
+    for src, dest in site_files.repo_files():
         # a real File rooted at the repository (not File.generated): mkdocs-jupyter wraps it
         files.append(File(dest.as_posix(), src_dir=str(ROOT), dest_dir=config.site_dir,
                           use_directory_urls=config.use_directory_urls))
@@ -122,6 +76,7 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    if Path(page.file.abs_src_path).resolve().is_relative_to(DOCS):
-        return rewrite_links(markdown, page.file.src_uri)
-    return markdown
+    src = Path(page.file.abs_src_path).resolve()
+    if src.suffix != ".md":          # a notebook's page: its links are left as they are
+        return markdown
+    return rewrite_links(markdown, src.relative_to(ROOT).as_posix())

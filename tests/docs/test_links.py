@@ -9,28 +9,39 @@ import pytest
 
 from tests._support import ROOT
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+def _site_files():
+    spec = importlib.util.spec_from_file_location("docs_site_files", ROOT / "docs" / "_build" / "site_files.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+site_files = _site_files()
+DOCS_PAGES = sorted((ROOT / "docs").rglob("*.md"))
+STUDY_PAGES = [ROOT / rel for rel in sorted(site_files.BROUGHT_IN) if rel.suffix == ".md"]
+PAGES = [ROOT / "README.md", *DOCS_PAGES, *STUDY_PAGES]
 FENCE = re.compile(r"^\s*(```|~~~)")
 TARGETS = [re.compile(r"!?\[[^\]]*\]\(<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\)"),   # [text](target "title")
-           re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)"),               # [ref]: target
+           re.compile(r"^[ \t]*\[[^\]]+\]:[ \t]*<?(\S+?)>?(?:\s|$)", re.M),               # [ref]: target
            re.compile(r"""<(?:img|a|source)\b[^>]*\b(?:src|href)=["']([^"']+)["']""")]
 # the methods' picture lines, which the per-method pictures (docs/_build/method_pictures.py) replace;
 # they resolve on the site only
 
 
 def links(text: str):
-    """(line number, target) of every link and picture outside fenced code and inline code."""
-    in_fence = False
-    for no, line in enumerate(text.splitlines(), 1):
+    """(line number, target) of every link and picture outside fenced code and inline code; a link
+    whose text wraps onto the next line counts, at the line where it starts."""
+    lines, in_fence = [], False
+    for line in text.splitlines():
         if FENCE.match(line):
             in_fence = not in_fence
-            continue
-        if in_fence:
-            continue
-        line = re.sub(r"`[^`]*`", "", line)
-        for pattern in TARGETS:
-            for target in pattern.findall(line):
-                yield no, target
+            line = ""
+        lines.append("" if in_fence else re.sub(r"`[^`]*`", "", line))
+    prose = "\n".join(lines)
+    found = sorted((m.start(), m[1]) for pattern in TARGETS for m in pattern.finditer(prose))
+    for start, target in found:
+        yield prose.count("\n", 0, start) + 1, target
 
 
 def broken(page: Path, text: str | None = None) -> list[str]:
@@ -51,6 +62,7 @@ def test_link_finder_sees_every_kind_of_link():
     text = ('[a](x.md) ![b](../y.png "t") [c](z.md#s) `[d](code.md)` <img src="w.png">\n'
             '[ref]: v.md\n```\n[e](fenced.md)\n```\n[f](#here)\n')
     assert [t for _, t in links(text)] == ["x.md", "../y.png", "z.md#s", "w.png", "v.md", "#here"]
+    assert list(links("one\n[wrapped\nlink](x.md) and [b](y.md)\n")) == [(2, "x.md"), (3, "y.md")]
 
 
 def test_a_missing_file_and_a_site_only_path_are_reported():
@@ -65,6 +77,42 @@ def test_every_relative_link_resolves_in_the_repository(page):
     assert not broken(page), broken(page)
 
 
+def lands_nowhere(page: Path, text: str | None = None) -> list[str]:
+    """`page:line: target` for each link of a site page (its text, unless given) to a repository file
+    that the site does not have (the strict build refuses those: "not found among documentation files"),
+    or to a folder (the site has no page for one)."""
+    rel = page.relative_to(ROOT).as_posix()
+    out = []
+    for no, target in links(page.read_text() if text is None else text):
+        path = target.split("#")[0].split("?")[0]
+        if not path or re.match(r"[a-z][a-z0-9+.-]*:", path) or path.startswith("/"):
+            continue
+        resolved = (page.parent / path).resolve()
+        if resolved.is_dir() or resolved.is_file() and resolved.is_relative_to(ROOT) and \
+                site_files.site_path(resolved.relative_to(ROOT)) is None:
+            out.append(f"{rel}:{no}: {target}")
+    return out
+
+
+def test_a_link_to_a_file_the_site_lacks_is_reported():
+    text = "[a](../pyproject.toml) [b](index.md) [c](../experiments/README.md) [d](../jaxsal/)"
+    assert lands_nowhere(ROOT / "docs" / "probe.md", text) == ["docs/probe.md:1: ../pyproject.toml",
+                                                              "docs/probe.md:1: ../jaxsal/"]
+
+
+@pytest.mark.parametrize("page", [*DOCS_PAGES, *STUDY_PAGES], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_link_of_a_site_page_lands_on_a_file_of_the_site(page):
+    assert not lands_nowhere(page), lands_nowhere(page)
+
+
+def test_a_study_report_links_to_the_docs_and_its_scripts_in_the_site():
+    page = "experiments/counterfactual/results/README.md"
+    assert site_files.site_link("../../../docs/agents.md", page) == "../../../agents.md"
+    assert site_files.site_link("../report.py", page) == "../report.py"
+    assert Path("experiments/counterfactual/report.py") in site_files.BROUGHT_IN
+    assert site_files.site_link("../../../pyproject.toml", page) == "../../../pyproject.toml"  # not brought in
+
+
 @pytest.mark.slow  # needs the docs extra, which `make test-slow` installs (CI runs it there)
 def test_the_site_hook_maps_repository_links_onto_the_site():
     pytest.importorskip("mkdocs")
@@ -72,9 +120,9 @@ def test_the_site_hook_maps_repository_links_onto_the_site():
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
     fig = "experiments/results/demo/breakout_grid.png"
-    assert hooks.site_link(f"../{fig}", "index.md") == fig
-    assert hooks.site_link("../../notebooks/quickstart.ipynb", "guides/batch.md") == "../notebooks/quickstart.ipynb"
-    assert hooks.site_link("../methods/gradcam.md", "guides/batch.md") == "../methods/gradcam.md"  # inside docs/
-    assert hooks.site_link("../pyproject.toml", "index.md") == "../pyproject.toml"  # not brought in: unchanged
-    md = f"![hero](../{fig})\n```\n![x](../{fig})\n```\n"
-    assert hooks.rewrite_links(md, "index.md") == f"![hero]({fig})\n```\n![x](../{fig})\n```\n"
+    assert hooks.site_link(f"../{fig}", "docs/index.md") == fig
+    assert hooks.site_link("../../notebooks/quickstart.ipynb", "docs/guides/batch.md") == "../notebooks/quickstart.ipynb"
+    assert hooks.site_link("../methods/gradcam.md", "docs/guides/batch.md") == "../methods/gradcam.md"  # inside docs/
+    assert hooks.site_link("../pyproject.toml", "docs/index.md") == "../pyproject.toml"  # not brought in: unchanged
+    md = f"![hero](../{fig})\n```\n![x](../{fig})\n```\n[a\nwrapped link](../{fig})\n"
+    assert hooks.rewrite_links(md, "docs/index.md") == f"![hero]({fig})\n```\n![x](../{fig})\n```\n[a\nwrapped link]({fig})\n"
