@@ -47,10 +47,13 @@ STATUSES = {
     "diverged": "the game changed the object's course within the stack (a bounce, a collision): its "
                 "place is neither the old one nor old + (dx, dy)",
     "undone": "the game wrote the object back: in the newest frame it is where it was without the edit",
-    "not_drawn": "the RAM moved but the screen did not (the game does not draw from that byte)",
+    "not_drawn": "the RAM moved but the object is not drawn at its new place in some replayed raw frame: "
+                 "the table gives it no box there, or no pixel of its new box changed (the game does not draw "
+                 "from that byte)",
     "impossible": "the moved box leaves the playfield, overlaps another object, or the RAM byte overflows",
     "ended": "a life was lost or the game ended within the replayed steps",
-    "absent": "the object is not on screen when the edit is made",
+    "absent": "the object is not on screen when the edit is made, or missing from some replayed raw frame "
+              "of the original stack: there is no old place to move it from",
     "not_reproducible": "replaying the moment without an edit does not give its recorded stack",
 }
 
@@ -146,6 +149,11 @@ def _box_mask(boxes, h, w, grow: int = 0):
     return m
 
 
+def _frames_without(tab, rams, obj: str) -> list:
+    """Stacked frames j of `rams` (F, POOLED, 128) in one of whose pooled raw frames `tab` draws no `obj`."""
+    return [j for j in range(rams.shape[0]) if any(not tab.boxes(r)[obj] for r in rams[j])]
+
+
 def _overlaps(box, others) -> bool:
     x, y, w, h = box
     return any(x < ox + ow and ox < x + w and y < oy + oh and oy < y + h for ox, oy, ow, oh in others)
@@ -213,6 +221,10 @@ def intervene(ale, moment: Moment, obj: str, dx: int = 0, dy: int = 0, actions=N
     now = tab.boxes(ram0)
     if not now[obj]:
         return done("absent", f"no {obj} on screen at the edit", obs=None, rams=None)
+    gone = _frames_without(tab, base.rams, obj)
+    if gone:
+        return done("absent", f"no {obj} on screen in stacked frame {gone[0]} of the original stack", obs=None,
+                    rams=None)
     writes = {axes[a]: ram0[axes[a]] + delta[a] for a in axes}
     bad = [f"byte {i} would be {v}" for i, v in writes.items() if not 0 <= v <= 255]
     if bad:
@@ -239,7 +251,8 @@ def intervene(ale, moment: Moment, obj: str, dx: int = 0, dy: int = 0, actions=N
         j = int(np.argwhere((expected != achieved).any(-1))[0][0])
         return done("diverged", f"{obj} leaves old + delta from stacked frame {j} on (the game changed its course)",
                     **kw)
-    others, stray, drawn = set(), 0, True
+    unboxed = _frames_without(tab, new.rams, obj)
+    others, stray, unchanged = set(), 0, []
     sh, sw = base.screens.shape[-2:]
     for j in range(base.screens.shape[0]):
         for r in range(POOLED):
@@ -252,10 +265,14 @@ def intervene(ale, moment: Moment, obj: str, dx: int = 0, dy: int = 0, actions=N
             stray += int((diff & ~allowed).sum())
             fresh = _box_mask(b1[obj], sh, sw) & ~_box_mask(b0[obj], sh, sw)
             if fresh.any() and not (diff & fresh).any():
-                drawn = False
+                unchanged.append(j)
     kw.update(others_changed=tuple(sorted(others)), stray_pixels=stray)
-    if not drawn:
-        return done("not_drawn", f"{obj}'s RAM moved but no screen pixel changed at its new place", **kw)
+    if unboxed:
+        return done("not_drawn", f"{obj}'s RAM moved but the table draws no {obj} in moved stacked frame "
+                    f"{unboxed[0]}", **kw)
+    if unchanged:
+        return done("not_drawn", f"{obj}'s RAM moved but no screen pixel changed at its new place (stacked frame "
+                    f"{unchanged[0]})", **kw)
     if others or stray:
         what = ", ".join(sorted(others)) + (f"; {stray} other pixels" if stray else "")
         return done("side_effects", f"{obj} moved, and so did: {what.strip('; ')}", **kw)

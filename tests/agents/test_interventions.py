@@ -17,6 +17,7 @@ pytest.importorskip("ale_py")
 import jaxsal  # noqa: E402
 from jaxsal_agents.ale import make_ale  # noqa: E402
 from jaxsal_agents.interventions import STATUSES, displace, measure, record, replay  # noqa: E402
+from jaxsal.game_objects import table  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,54 @@ def test_paddles_the_game_writes_back_are_flagged_undone(moments, game, obj, del
     for i in np.where(res.status == "undone")[0]:
         it = res.items[i]
         assert not np.array_equal(it.achieved[-1, -1], it.expected[-1, -1])
+
+
+def _drawn(game, obj, rams):
+    """(F, 2) bool: the table gives `obj` a box in each pooled raw frame of rams (F, 2, 128)."""
+    tab = table(game)
+    return np.array([[bool(tab.boxes(r)[obj]) for r in frame] for frame in rams])
+
+
+def _check_missing_objects_are_not_kept(game, moments, res):
+    """A move is kept only with the object in every raw frame of both stacks: missing from the original
+    stack is `absent`, missing from the moved one only is `not_drawn` (or a status decided before).
+    Returns the moments of each kind."""
+    gone, vanished = [], []
+    for i, (m, it) in enumerate(zip(moments, res.items)):
+        if not _drawn(game, res.obj, m.rams).all():
+            assert it.status in ("absent", "ended"), (i, it.status, it.detail)
+            gone.append(i)
+        elif it.rams is not None and not _drawn(game, res.obj, it.rams).all():
+            assert it.status in ("not_drawn", "diverged", "undone", "ended"), (i, it.status, it.detail)
+            vanished.append(i)
+    assert not res.kept[gone + vanished].any()
+    return gone, vanished
+
+
+def test_a_ball_missing_from_the_original_stack_is_absent_not_ok():
+    ms = record("pong", 62, seed=3)[50:]           # the agent misses at step 58: the ball is cleared for the serve
+    ale = make_ale("pong")
+    cleared = []                                     # on screen at the edit, in no stacked frame of the original
+    for i, m in enumerate(ms):
+        ale.restoreState(m.state)
+        if table("pong").boxes(ale.getRAM())["ball"] and not _drawn("pong", "ball", m.rams).any():
+            cleared.append(i)
+    res = displace(ms, "ball", -8, 0)
+    assert cleared and list(res.status[cleared]) == ["absent"] * len(cleared), res.status[cleared]
+    assert np.array_equal(res.obs[cleared], res.base_obs[cleared])   # the move changed nothing on screen
+    assert "original stack" in res.items[cleared[0]].detail
+    gone, _ = _check_missing_objects_are_not_kept("pong", ms, res)
+    assert set(cleared) < set(gone)
+
+
+def test_a_ball_moved_below_the_paddle_where_the_table_draws_none_is_not_drawn(moments):
+    res = displace(moments["breakout"], "ball", 0, 8)
+    _, vanished = _check_missing_objects_are_not_kept("breakout", moments["breakout"], res)
+    nd = [i for i in vanished if res.status[i] == "not_drawn"]
+    assert nd and all("draws no ball" in res.items[i].detail for i in nd)
+    for i in nd:                                     # the RAM moved as asked; the moved ball left the drawn rows
+        it = res.items[i]
+        assert np.array_equal(it.achieved, it.expected) and (it.rams[..., 101].astype(int) + 9 > 196).any()
 
 
 def test_space_invaders_cannon_moves_and_its_shot_and_the_aliens_shots_react():
