@@ -325,9 +325,10 @@ def iter_chunks(arrays, size: int):
     for start in range(0, n, size):
         chunk = [pad_rows(a[start:start + size], size) for a in arrays]
         # always device arrays, so every chunk hits the same jit cache entry (numpy and jax
-        # arguments of one shape are separate entries)
-        chunk = [jax.device_put(c, sharding) if sharding is not None else jnp.asarray(c)
-                 for c in chunk]
+        # arguments of one shape are separate entries); a host array through device_put, which
+        # is a copy, where jnp.asarray compiles a program per new shape and dtype
+        chunk = [jax.device_put(c, sharding) if sharding is not None or isinstance(c, np.ndarray)
+                 else jnp.asarray(c) for c in chunk]
         yield chunk, min(size, n - start)
 
 

@@ -220,6 +220,7 @@ class Call(NamedTuple):
     hwc: tuple              # (H, W, C)
     layout: str
     rows: int               # model rows per compiled call
+    params_sig: tuple       # params_signature(params), computed once per call for every cache key that needs it
 
 
 def check_call(apply_fn, params, obs, *, target, actions, layout, batch_size) -> Call:
@@ -237,11 +238,12 @@ def check_call(apply_fn, params, obs, *, target, actions, layout, batch_size) ->
         check_positive_int("batch_size", batch_size)
     tgt = get_target(target)
     key = target if isinstance(target, str) else ("callable", target)
-    out = check_model(apply_fn, params, x.shape, layout=layout, target=target)
+    sig = params_signature(params)
+    out = check_model(apply_fn, params, x.shape, layout=layout, target=target, sig=sig)
     actions = target_actions(tgt, actions, x.shape[0], num_actions(out))
     rows = batching.default_rows() if batch_size is None else int(batch_size)
     return Call(x, tgt, key, None if actions is None else jnp.asarray(actions),
-                spatial_shape(x.shape, layout), layout, rows)
+                spatial_shape(x.shape, layout), layout, rows, sig)
 
 
 def as_float(x):
@@ -250,7 +252,8 @@ def as_float(x):
 
 
 def params_signature(params) -> tuple:
-    """Hashable tree structure + leaf shapes/dtypes: what traced shapes depend on in params."""
+    """Hashable tree structure + leaf shapes/dtypes: what traced shapes depend on in params. A walk
+    over every leaf, so a call computes it once (Call.params_sig) and hands it to each cache key."""
     return (jax.tree.structure(params),
             tuple((np.shape(l), str(getattr(l, "dtype", type(l)))) for l in jax.tree.leaves(params)))
 
@@ -315,37 +318,38 @@ def _probe(apply_fn, params, shape, layout):
 _SHAPES = batching.LRU("checked model outputs", 256)  # (apply_fn, target, params/obs shapes) -> output shapes of a checked call
 
 
-def _shapes_key(apply_fn, target, layout, shape, params):
-    """Everything a probe's result depends on (the functions, layout, shapes, params' structure),
-    or None when some of it is unhashable (then nothing is memoised)."""
+def _shapes_key(apply_fn, target, layout, shape, sig):
+    """Everything a probe's result depends on (the functions, layout, shapes, params' structure:
+    `sig`, their params_signature), or None when some of it is unhashable (then nothing is memoised)."""
     try:
         key = (batching.fn_key(apply_fn), None if target is None else batching.fn_key(target), layout,
-               tuple(shape[1:]), params_signature(params))
+               tuple(shape[1:]), sig)
         hash(key)
     except TypeError:
         return None
     return key
 
 
-def output_shape(apply_fn, params, shape, *, layout: str = "NHWC"):
+def output_shape(apply_fn, params, shape, *, layout: str = "NHWC", sig: tuple | None = None):
     """The model's output shapes (a pytree of jax.ShapeDtypeStruct, batch 1) on one state of
     `shape` (N, ...) in `layout`: the one way jaxsal probes a model (no values computed). Memoised
-    on the function and shapes; a model that fails is ModelFails, naming the layout when the
-    other one runs."""
-    key = _shapes_key(apply_fn, None, layout, shape, params)
+    on the function and shapes (`sig`: params' params_signature where the caller has it); a model
+    that fails is ModelFails, naming the layout when the other one runs."""
+    key = _shapes_key(apply_fn, None, layout, shape, params_signature(params) if sig is None else sig)
     probe = lambda: _probe(apply_fn, params, shape, layout)  # noqa: E731
     return probe() if key is None else _SHAPES.get_or_build(key, probe)  # a failure raises: not cached
 
 
-def check_model(apply_fn, params, shape, *, layout: str, target="q_chosen"):
+def check_model(apply_fn, params, shape, *, layout: str, target="q_chosen", sig: tuple | None = None):
     """Output shapes of apply_fn on one state of `shape` (N, ...) in `layout` (output_shape), with
     the target checked to give one scalar per state. Memoised on the function, target and shapes
     (tracing twice per call cost ~1.3 ms, most of a one-state gradient call); failures are never
     cached. A model that fails is ModelFails (naming the layout when the other one runs), a
-    target it cannot give TargetFails."""
+    target it cannot give TargetFails. `sig`: params' params_signature where the caller has it."""
     tgt = get_target(target)
-    key = _shapes_key(apply_fn, target, layout, shape, params)
-    check = lambda: _checked_target(tgt, output_shape(apply_fn, params, shape, layout=layout))  # noqa: E731
+    sig = params_signature(params) if sig is None else sig
+    key = _shapes_key(apply_fn, target, layout, shape, sig)
+    check = lambda: _checked_target(tgt, output_shape(apply_fn, params, shape, layout=layout, sig=sig))  # noqa: E731
     return check() if key is None else _SHAPES.get_or_build(key, check)  # a failure raises: not cached
 
 

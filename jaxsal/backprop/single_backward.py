@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxsal import batching, engine
-from jaxsal.checks import as_float, params_signature, to_nhwc
+from jaxsal.checks import as_float, to_nhwc
 from jaxsal.errors import SaliencyInputError
 from jaxsal.backprop import cam
 from jaxsal.backprop.cam_site import CAM_ACTIVATIONS, cam_site
@@ -154,9 +154,9 @@ def _prepare_cam(name, row, call, apply_fn, params, *, key=None, layer=None, per
                  layer_activation=None, fast_conv=True):
     del key
     if isinstance(layer_activation, str) and layer_activation in CAM_ACTIVATIONS:
-        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, call.x, layer, layer_activation)
+        layer, layer_activation = _structure_cached(cam_site, apply_fn, params, call, layer, layer_activation)
     get_activation(layer_activation)
-    lname, k = _structure_cached(resolve_tap, apply_fn, params, call.x, layer, layer_activation)
+    lname, k = _structure_cached(resolve_tap, apply_fn, params, call, layer, layer_activation)
     if per_frame and k == 1 and not row.guided_input:
         raise SaliencyInputError(
             f"{name!r} gives layer-resolution maps only; per_frame=True is for input-resolution methods "
@@ -182,14 +182,15 @@ def _cam_chunk(ctx, params, prep, rows, group, shared):
 _LAYER_CACHE = batching.LRU("layer sites", 256)
 
 
-def _structure_cached(fn, apply_fn, params, x, layer, activation=None):
-    """fn(apply_fn, params, x1, layer, activation) on x's first state x1 as float32 (resolve_tap,
-    cam_site: each traces the model), cached per model structure and state shape, so repeated
-    calls skip the tracing (and the device copy of x1)."""
+def _structure_cached(fn, apply_fn, params, call, layer, activation=None):
+    """fn(apply_fn, params, x1, layer, activation) on the call's first state x1 as float32
+    (resolve_tap, cam_site: each traces the model), cached per model structure (the call's
+    params_sig) and state shape, so repeated calls skip the tracing (and the device copy of x1)."""
+    x = call.x
     run = lambda: fn(apply_fn, params, as_float(batching.head(x)), layer, activation)  # noqa: E731
     try:
         k = batching.static_key((fn, apply_fn, layer, activation)) + (
-            tuple(x.shape[1:]), params_signature(params),
+            tuple(x.shape[1:]), call.params_sig,
             batching.is_traced(params, x))  # eager calls also check values (resolve_tap)
         hash(k)
     except TypeError:

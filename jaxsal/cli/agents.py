@@ -39,26 +39,40 @@ def _trained(card: dict) -> str:
     return f" trained={frames:,} frames{per}"
 
 
+FETCH = "jaxsal agents fetch NAME|all --from DIR_OR_URL"
+"""The fetch command's form, as the listing and the help name it."""
+
+
 def cmd_agents(args) -> int:
+    """List the shipped agents, each with its game, network, training and return, marking those whose
+    weights this install lacks (and naming the command that fetches them); or an agent's layers."""
+    from jaxsal.errors import CLIError
     from jaxsal.plugins import agent_provider
 
     if args.layers:
         return cmd_layers(args.layers, args.layout)
+    if args.layout:
+        raise CLIError("--layout goes with --layers SPEC (the layout of that agent's model); "
+                       "`jaxsal agents` alone lists the shipped agents")
 
     provider = agent_provider()
     names = provider.available()
     if not names:
         print(f"the agents provider {provider.name!r} ships no agents yet; use --agent CARD.json --model PARAMS.msgpack")
         return 0
+    missing = [n for n in names if not provider.installed(n)]
     for name in names:
         card = provider.card(name)
         ev = card.get("eval") or {}
         ret = (f" return={ev['mean_return']:.1f}+-{ev.get('std_return', 0):.1f} over {ev.get('episodes')} games"
                if "mean_return" in ev else "")
         steps = _trained(card)
-        fetch = "" if provider.installed(name) else f"  [not installed: jaxsal agents fetch {name} --from ...]"
+        fetch = "  [weights not installed]" if name in missing else ""
         print(f"{name:24s} game={card.get('game')} arch={card.get('arch')} actions={card.get('num_actions')}"
               f"{steps}{ret}{fetch}")
+    if missing:
+        print(f"weights not installed for {len(missing)} of {len(names)} agents; fetch them: {FETCH} "
+              "(a jaxsal checkout's agents/shipped folder, or its URL)")
     return 0
 
 
@@ -78,19 +92,39 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+USAGE = "%(prog)s [-h] [--layers SPEC [--layout {NHWC,NCHW}]]\n       %(prog)s fetch NAME [NAME ...]|all --from DIR_OR_URL"
+
+DESCRIPTION = """\
+List the shipped agents (game, network, training, return), marking those whose weights this install
+lacks; with --layers SPEC, print the layers of any agent; with fetch, bring shipped agents' weights.
+
+examples:
+  jaxsal agents
+  jaxsal agents --layers breakout
+  jaxsal agents fetch pong --from path/to/jaxsal/agents/shipped"""
+
+
 def add_parser(sub):
-    """The `jaxsal agents` command and its flags."""
-    a = sub.add_parser("agents", help="list the shipped agents, or an agent's layers (--layers SPEC)")
+    """The `jaxsal agents` command, its flags and its one subcommand (fetch)."""
+    import argparse
+
+    a = sub.add_parser("agents", help="list the shipped agents (marking those not installed), an agent's layers "
+                                      "(--layers SPEC), or fetch weights (fetch)",
+                       usage=USAGE, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--layers", metavar="SPEC", help="print the layer names (for layer= / --option M.layer=) "
                                                     "of any agent SPEC, and the CAM methods' default")
-    a.add_argument("--layout", choices=["NHWC", "NCHW"], help="the model's input layout, overriding the agent's")
+    a.add_argument("--layout", choices=["NHWC", "NCHW"], help="with --layers: the model's input layout, "
+                                                              "overriding the agent's")
     a.set_defaults(fn=cmd_agents)
-    sub_a = a.add_subparsers(dest="agents_command", metavar="{fetch}")
-    f = sub_a.add_parser("fetch", help="copy or download shipped agents' weights that this install lacks",
+    sub_a = a.add_subparsers(dest="agents_command", title="subcommand (optional)", metavar="fetch",
+                             prog="jaxsal agents", help=f"copy or download shipped agents' weights that this "
+                                                        f"install lacks: {FETCH}")
+    f = sub_a.add_parser("fetch", usage="%(prog)s [-h] NAME [NAME ...]|all --from DIR_OR_URL",
                          description="Copy or download the weights of shipped agents (the wheel carries only the "
                                      "demo agent's, breakout) into the user's cache (JAXSAL_CACHE_DIR, else "
                                      "~/.cache/jaxsal), kept only when size and sha256 equal the manifest's.")
-    f.add_argument("names", nargs="+", metavar="NAME", help="shipped agent names (`jaxsal agents` lists them), or all")
+    f.add_argument("names", nargs="+", metavar="NAME", help="shipped agent names (`jaxsal agents` lists them), or "
+                                                            "all: every one this install lacks")
     f.add_argument("--from", dest="source", required=True, metavar="DIR_OR_URL", help=FROM_HELP)
     f.set_defaults(fn=cmd_fetch)
 

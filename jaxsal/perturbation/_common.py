@@ -139,7 +139,8 @@ def prepared(call, *, perturb, score, finish, n_pert: int, consts=None, states=_
     k <= batch_size rows (chunks then hold batch_size // k states)."""
     k = min(n_pert, call.rows)
     k = int(math.ceil(n_pert / math.ceil(n_pert / k)))  # balance the index groups
-    groups = tuple(jnp.int32(j * k) for j in range(int(math.ceil(n_pert / k))))
+    # host scalars: a jnp.int32 here compiled a program of its own on a first call
+    groups = tuple(np.int32(j * k) for j in range(int(math.ceil(n_pert / k))))
     return Prepared(Static(perturb, score, states, finish, n_pert, k, box), {} if consts is None else consts,
                     per_state or {}, groups, k)
 

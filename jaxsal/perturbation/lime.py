@@ -5,6 +5,7 @@ weighted ridge regression of every state run in JAX, batched over states.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import jax
@@ -118,7 +119,13 @@ def _traced_segments(x, obs_max, segments, segmentation, segment_on, opts, max_s
 def lime_samples(key, n_samples: int, n_features: int):
     """(n_samples, n_features) {0,1} samples, each on with probability 1/2 (lime_image); row 0
     is all ones (the unperturbed state). Column j depends only on (key, j), so a state's
-    samples do not depend on how many segments the other states of the batch have."""
+    samples do not depend on how many segments the other states of the batch have. One jitted
+    program per (n_samples, n_features): eager, its dozen ops would each compile one of their own."""
+    return _samples(key, int(n_samples), int(n_features))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _samples(key, n_samples, n_features):
     cols = jax.vmap(lambda j: jax.random.bernoulli(jax.random.fold_in(key, j), 0.5, (n_samples,)))(
         jnp.arange(n_features))
     return cols.T.astype(jnp.float32).at[0].set(1.0)

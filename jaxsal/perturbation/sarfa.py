@@ -96,7 +96,7 @@ def _sarfa_scores(o0, o1, a):
 
 
 def _prepare(call, apply_fn, params, **options):
-    T.q_of(output_shape(apply_fn, params, call.x.shape, layout=call.layout))  # an error now if no Q-vector / logits
+    T.q_of(output_shape(apply_fn, params, call.x.shape, layout=call.layout, sig=call.params_sig))  # an error now if no Q-vector / logits
     return disk_grid(call, score_fn=_sarfa_scores, **options)
 
 

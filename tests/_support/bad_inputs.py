@@ -2,11 +2,15 @@
 
 Used by tests/cli/test_bad_input.py (each is one line, exit 2, nothing written) and
 tests/docs/test_troubleshooting.py (the page explains each message); the `bad_inputs` fixture
-(tests/conftest.py) writes them once per module."""
+(tests/conftest.py) writes them once per module. The cases of WHEEL run as in a wheel's install
+(only the demo agent's weights): `run` runs every case as it needs."""
+import contextlib
+
 import numpy as np
 
 from tests._support import crafted_files as crafted
 from tests._support import foreign_agents as F
+from tests._support import wheel_install as wheel
 from tests._support.cli_support import corrupt_member, frames, make_agent_files
 
 NCHW_AGENT = '''
@@ -52,7 +56,23 @@ def write(d):
     (d / "zip_bomb.zip").write_bytes(crafted.zip_bytes({"data": crafted.deflate_zeros(1 << 30) + (1 << 30,)}))
     (d / "deep.zip").write_bytes(crafted.sbx_zip(crafted.as_dict_key(crafted.deep_tuple(10 ** 6))))
     crafted._dopamine(d, "gzip_bomb", "episode_end_indices_ckpt.7.gz", crafted.gzip_bomb(1 << 30))
+    wheel.make(d / "wheel")
     return d, card, atari
+
+
+NOT_INSTALLED = "minatar-breakout"
+"""A shipped agent whose weights a wheel's install lacks."""
+
+WHEEL = {"shipped agent without its weights"}
+"""The cases that run as in a wheel's install."""
+
+
+def run(d, name, argv) -> int:
+    """`jaxsal argv` of case `name` (in-process), inside a wheel's install for the cases of WHEEL."""
+    from jaxsal.cli import main
+
+    with wheel.installed_as_wheel(d / "wheel") if name in WHEEL else contextlib.nullcontext():
+        return main(argv)
 
 
 def cases(d, card, atari):
@@ -100,4 +120,6 @@ def cases(d, card, atari):
                                                   "nested deeper than 1000", "do not unpickle it"),
         "gzip bomb in a Dopamine folder": (base + ["--input", str(d / "gzip_bomb")], "bytes uncompressed",
                                            "corrupt or crafted"),
+        "shipped agent without its weights": (["explain", "--agent", NOT_INSTALLED] + base[3:] + ok, "not installed",
+                                              f"jaxsal agents fetch {NOT_INSTALLED} --from DIR_OR_URL"),
     }

@@ -12,6 +12,7 @@ from jaxsal.cli import main
 from jaxsal_agents import weights
 
 from tests._support import ROOT
+from tests._support import wheel_install as wheel
 SHIPPED = ROOT / "agents" / "shipped"
 SMALL = "minatar-breakout"          # 0.4 MB: quick to copy
 
@@ -29,16 +30,10 @@ def test_the_manifest_lists_every_shipped_agent_with_its_files_size_and_sha256()
 
 
 @pytest.fixture
-def wheel_install(tmp_path, monkeypatch):
-    """This install seen as the wheel's: its shipped folder holds the manifest and breakout's weights
-    only (the cards stay where they are), and the cache is empty."""
-    folder = tmp_path / "site" / "shipped"
-    folder.mkdir(parents=True)
-    for f in (weights.MANIFEST, "breakout.msgpack"):
-        shutil.copy(SHIPPED / f, folder / f)
-    monkeypatch.setattr(weights, "SHIPPED_DIR", folder)
-    monkeypatch.setenv(weights.CACHE_ENV, str(tmp_path / "cache"))
-    return tmp_path / "cache" / "agents"
+def wheel_install(tmp_path):
+    """This install seen as the wheel's (tests/_support/wheel_install.py); yields the cache's agents folder."""
+    with wheel.installed_as_wheel(wheel.make(tmp_path / "site")) as cache:
+        yield cache
 
 
 def test_a_missing_agent_is_one_error_naming_the_fetch_command(wheel_install, capsys):

@@ -9,7 +9,7 @@ import pytest
 import jaxsal
 from jaxsal.cli import main
 from jaxsal.io import job, store
-from tests._support.bad_inputs import cases
+from tests._support.bad_inputs import cases, run
 
 
 def _tree(d):
@@ -43,7 +43,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(bad_inputs, tmp_path, caps
             shutil.copytree(request.getfixturevalue("finished"), out)
         before = _tree(out)
         capsys.readouterr()
-        code = main(argv + ["--out", str(out)])
+        code = run(d, name, argv + ["--out", str(out)])
         o, err = capsys.readouterr()
         lines = [line for line in err.splitlines() if line.strip()]
         one = len(lines) == 1 and lines[0].startswith("jaxsal: error: ")

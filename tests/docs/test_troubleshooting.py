@@ -3,8 +3,7 @@ tests/cli/test_bad_input.py prints a message the page explains (a heading is par
 page explains no message the CLI no longer prints."""
 import re
 
-from jaxsal.cli import main
-from tests._support.bad_inputs import cases
+from tests._support.bad_inputs import cases, run
 from tests._support import ROOT
 
 PAGE = ROOT / "docs" / "troubleshooting.md"
@@ -20,7 +19,7 @@ def test_every_cli_error_is_on_the_page_and_the_page_only_has_real_ones(bad_inpu
     printed = {}
     for i, (name, (argv, _, _)) in enumerate(cases(d, card, atari).items()):
         capsys.readouterr()
-        assert main(argv + ["--out", str(tmp_path / f"o{i}")]) == 2, name
+        assert run(d, name, argv + ["--out", str(tmp_path / f"o{i}")]) == 2, name
         printed[name] = capsys.readouterr().err.strip()
     unexplained = [name for name, msg in printed.items() if not any(h in msg for h in headings)]
     assert not unexplained, f"CLI errors the page does not explain: {unexplained}"
