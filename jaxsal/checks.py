@@ -122,6 +122,16 @@ def check_positive_int(name: str, value, minimum: int = 1):
     return int(value)
 
 
+def check_positive_float(name: str, value, allow_zero: bool = False, hint: str = "") -> float:
+    """A finite real number > 0 (>= 0 with allow_zero), as a float; `hint` says what it measures."""
+    ok = isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \
+        and np.isfinite(float(value)) and (float(value) >= 0 if allow_zero else float(value) > 0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise SaliencyInputError(f"{name} must be a finite number {bound}{hint}, got {value!r}")
+    return float(value)
+
+
 def check_key(key, method: str):
     if key is None:
         raise SaliencyInputError(

@@ -1,6 +1,7 @@
 """Method registry: every saliency method registers under its name for `jaxsal.explain`."""
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import pkgutil
@@ -159,6 +160,20 @@ def accepted_options(fn: Callable) -> list[str]:
     return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def check_options(name: str, accepted, options, shown=None) -> None:
+    """Options a method does not take are one error naming them (with the closest accepted name)
+    and what it accepts (`shown`, default all of `accepted`): the one check of unknown options,
+    for jaxsal.explain, a method function, the batch job and sweeps."""
+    accepted = list(accepted)
+    unknown = [k for k in options if k not in accepted]
+    if unknown:
+        shown = accepted if shown is None else list(shown)
+        close = difflib.get_close_matches(str(unknown[0]), shown, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SaliencyInputError(f"method {name!r} has no option {', '.join(map(repr, unknown))}{hint}; it "
+                                 f"accepts: {', '.join(shown)}")
+
+
 FRONT_DEFAULTS = {"target": "q_chosen", "actions": None, "layout": None, "key": None, "batch_size": None,
                   "per_frame": False, "layer": None, "precision": "float32"}
 """The common arguments of `jaxsal.explain` with its defaults (tests/test_explain.py checks they agree)."""
@@ -180,11 +195,7 @@ def call_method(method, apply_fn, params, obs, common: dict, options: dict):
     fn = method if callable(method) else get_method(method)
     name = method if isinstance(method, str) else fn.__name__
     accepted = accepted_options(fn)
-    unknown = [k for k in options if k not in accepted]
-    if unknown:
-        raise SaliencyInputError(
-            f"method {name!r} has no option {', '.join(map(repr, unknown))}; it accepts: "
-            f"{', '.join(accepted)}")
+    check_options(name, accepted, options)
     kwargs = dict(options)
     if "layout" in accepted and common.get("layout") is None:
         # resolved (and checked against the frames' shape) here, so a registered method of the

@@ -9,6 +9,18 @@ def say(msg: str, quiet: bool = False):
         print(msg, flush=True)
 
 
+def check_positive(flag: str, value, hint: str = ""):
+    """A numeric flag through the library's check (jaxsal.checks.check_positive_int), in the
+    command line's words: the flag, the value, what it is for."""
+    from jaxsal.checks import check_positive_int
+    from jaxsal.errors import CLIError, SaliencyInputError
+
+    try:
+        return check_positive_int(flag, value)
+    except SaliencyInputError as e:
+        raise CLIError(f"{e}{hint}") from None
+
+
 def summary_lines(summary: dict) -> list[str]:
     steady = summary.get("maps_per_s_after_compile", {})
     rates = ", ".join((f"{k} {v:.1f}" if v else f"{k} -") + (f" ({steady[k]:.1f} after compile)"

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 from jaxsal.cli._agent import AGENT_HELP, check_agent, check_buffer_actions, check_frames, check_layers, load_agent
-from jaxsal.cli._common import say, summary_lines
+from jaxsal.cli._common import check_positive, say, summary_lines
 from jaxsal.cli._input import Limited, play
 from jaxsal.engine.precision import PRECISIONS
 from jaxsal.errors import CLIError
@@ -53,11 +53,10 @@ def _check_numbers(args):
     """The numeric options, before the agent is loaded."""
     for flag, value in (("--batch-size", args.batch_size), ("--chunk", args.chunk), ("--limit", args.limit),
                         ("--num-processes", args.num_processes)):
-        if value is not None and value < 1:
-            raise CLIError(f"{flag} must be a positive integer, got {value}"
-                           + {"--batch-size": " (model rows per device call, e.g. --batch-size 256)",
-                              "--chunk": " (frames per output chunk, e.g. --chunk 512)",
-                              "--limit": " (explain only the first N frames)"}.get(flag, ""))
+        if value is not None:
+            check_positive(flag, value, {"--batch-size": " (model rows per device call, e.g. --batch-size 256)",
+                                         "--chunk": " (frames per output chunk, e.g. --chunk 512)",
+                                         "--limit": " (explain only the first N frames)"}.get(flag, ""))
 
 
 def _init_distributed(args):

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from jaxsal.cli._common import EXIT_INTERNAL, say
+from jaxsal.cli._common import EXIT_INTERNAL, check_positive, say
 from jaxsal.cli.sweep_run import RAY_HINT, import_ray, ray_address, run_ray, run_sweep_cell, run_workers
 from jaxsal.errors import CLIError
 
@@ -24,8 +24,7 @@ def _verify_inputs(cells):
 def cmd_sweep(args) -> int:
     from jaxsal.io import sweep as sw
 
-    if args.workers < 1:
-        raise CLIError(f"--workers must be a positive integer, got {args.workers}")
+    check_positive("--workers", args.workers)
     if args.ray is None and (args.cpus_per_cell is not None or args.gpus_per_cell is not None):
         raise CLIError("--cpus-per-cell and --gpus-per-cell are for --ray; add --ray local or --ray ADDRESS")
     cpus = 1.0 if args.cpus_per_cell is None else args.cpus_per_cell

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import batching, registry
-from jaxsal.checks import as_key, check_positive_int
+from jaxsal.checks import as_key, check_positive_float, check_positive_int
 from jaxsal.engine.spec import Prepared, Rows, Spec, objective
 from jaxsal.errors import SaliencyInputError
 
@@ -87,10 +87,7 @@ def _split_options(options, own):
 
 
 def _check_sigma(sigma):
-    if not isinstance(sigma, (int, float)) or isinstance(sigma, bool) or not np.isfinite(sigma) or sigma < 0:
-        raise SaliencyInputError(f"sigma must be a finite number >= 0 (fraction of each state's value range), "
-                                 f"got {sigma!r}")
-    return float(sigma)
+    return check_positive_float("sigma", sigma, allow_zero=True, hint=" (a fraction of each state's value range)")
 
 
 # ------------------------------------------------------------------ noise tunnel
@@ -239,8 +236,8 @@ def _baseline(call, baseline, blur_sigma, key, what):
     if isinstance(baseline, str):
         if baseline not in BASELINES:
             raise SaliencyInputError(f"baseline must be one of {BASELINES} or an array, got {baseline!r}")
-        if baseline == "blur" and (not isinstance(blur_sigma, (int, float)) or not blur_sigma > 0):
-            raise SaliencyInputError(f"blur_sigma must be > 0, got {blur_sigma!r}")
+        if baseline == "blur":
+            check_positive_float("blur_sigma", blur_sigma, hint=" (pixels)")
         if baseline == "uniform":
             ukey = as_key(key, f"{what} (baseline='uniform')")
         return baseline, jnp.zeros((), jnp.float32), {}, ukey

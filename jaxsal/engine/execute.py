@@ -35,10 +35,7 @@ CALL_ARGS = {"target": "q_chosen", "actions": None, "layout": None, "batch_size"
 def bind(spec: Spec, options: dict) -> dict:
     """The spec's options with the caller's `options` over its defaults; an unknown one is an
     error naming what the spec accepts."""
-    unknown = [k for k in options if k not in spec.options]
-    if unknown:
-        raise SaliencyInputError(f"method {spec.name!r} has no option {', '.join(map(repr, unknown))}; it "
-                                 f"accepts: {', '.join(list(CALL_ARGS) + list(spec.options))}")
+    registry.check_options(spec.name, spec.options, options, shown=list(CALL_ARGS) + list(spec.options))
     return {**spec.options, **options}
 
 
@@ -70,7 +67,7 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     if call.actions is not None:
         rows["actions"] = call.actions
     per_state = max([p.rows_per_state for p in preps], default=1)
-    size = batching.chunk_size(call.x.shape[0], max(1, call.rows // max(1, per_state)), 1)
+    size = batching.chunk_size(call.x.shape[0], call.rows, per_state)
     statics = tuple(p.static for p in preps)
     pieces = tuple(Pieces(s.chunk, s.finalize, s.shared, s.chooses) for s in specs)  # the traced ones: the cache key
     arrays = [p.arrays for p in preps]

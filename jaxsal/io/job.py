@@ -28,10 +28,9 @@ from jaxsal.engine.precision import check_precision
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
 from jaxsal.io.readers import dtype_spans, row_ids, verify_input
-from jaxsal.registry import STOCHASTIC, accepted_options, get_method
+from jaxsal.registry import COMMON_ARGS, FRONT_DEFAULTS, STOCHASTIC, accepted_options, check_options, get_method
 from jaxsal.targets import explains_action, get_target
 
-COMMON = ("target", "layer", "per_frame", "layout", "actions")
 DTYPES = ("float32", "float16")
 SCAN_BYTES = 1 << 30  # float inputs up to this size are checked in full before anything is written
 
@@ -45,8 +44,8 @@ class MethodSpec:
 
     def split(self) -> tuple[dict, dict]:
         """(common kwargs of jaxsal.explain, the method's own options)."""
-        common = {k: v for k, v in self.options.items() if k in COMMON}
-        own = {k: v for k, v in self.options.items() if k not in COMMON}
+        common = {k: v for k, v in self.options.items() if k in COMMON_ARGS}
+        own = {k: v for k, v in self.options.items() if k not in COMMON_ARGS}
         return common, own
 
 
@@ -64,12 +63,8 @@ def check_specs(specs: list[MethodSpec]):
         seen.add(s.alias)
         if not s.alias.replace("_", "").replace("-", "").isalnum():
             raise SaliencyInputError(f"bad method name {s.alias!r}: use letters, digits, _ and -")
-        fn = get_method(s.method)
-        accepted = accepted_options(fn)
-        bad = [k for k in s.options if k not in accepted]
-        if bad:
-            raise SaliencyInputError(f"method {s.method!r} has no option {', '.join(map(repr, bad))}; "
-                                     f"it accepts: {', '.join(a for a in accepted if a not in ('key', 'batch_size'))}")
+        accepted = accepted_options(get_method(s.method))
+        check_options(s.method, accepted, s.options, shown=[a for a in accepted if a not in ("key", "batch_size")])
 
 
 def _jsonable(x):
@@ -426,10 +421,6 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     return summary
 
 
-EXPLAIN_ARGS = ("target", "layer", "per_frame", "layout", "key", "batch_size", "actions", "precision")
-"""The common arguments of jaxsal.explain; every other option is the method's own."""
-
-
 def _explain_args(spec: MethodSpec, target, layout, key, batch_size, precision) -> tuple[str, dict, dict]:
     """(method, common, options) of a spec as `jaxsal.explain(method=spec.method, ...)` gets
     them in a job: the job's target, layout, batch size and precision unless the spec sets its own, and
@@ -442,7 +433,7 @@ def _explain_args(spec: MethodSpec, target, layout, key, batch_size, precision) 
     kw.setdefault("precision", precision)
     if "key" in accepted_options(get_method(spec.method)) or spec.method in STOCHASTIC:
         kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
-    args = {k: kw.pop(k, False if k == "per_frame" else None) for k in EXPLAIN_ARGS}
+    args = {k: kw.pop(k, FRONT_DEFAULTS[k]) for k in COMMON_ARGS}
     return spec.method, args, kw
 
 

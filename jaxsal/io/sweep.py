@@ -339,7 +339,7 @@ def plan_methods(raw: dict):
     of an alias); unknown methods and options are refused as `jaxsal explain` refuses them."""
     import jaxsal  # noqa: F401  (registers the methods)
     from jaxsal.io.job import MethodSpec, check_specs
-    from jaxsal.registry import METHODS, accepted_options, get_method
+    from jaxsal.registry import METHODS, accepted_options, check_options, get_method
 
     table = raw.get("methods")
     if not isinstance(table, dict) or not table:
@@ -356,11 +356,10 @@ def plan_methods(raw: dict):
             raise SweepConfigError(f"{where}: unknown method {method!r}{_hint(str(method), known)}; use one of "
                                    f"{', '.join(known)} (or set method = \"NAME\" for an alias)")
         accepted = accepted_options(get_method(method))
-        bad = [k for k in opts if k not in accepted]
-        if bad:
-            shown = [a for a in accepted if a not in ("key", "batch_size", "actions")]
-            raise SweepConfigError(f"{where}: method {method!r} has no option {bad[0]!r}{_hint(bad[0], shown)}; "
-                                   f"it takes {', '.join(shown)} (jaxsal.method_options({method!r}))")
+        try:
+            check_options(method, accepted, opts, shown=[a for a in accepted if a not in ("key", "batch_size", "actions")])
+        except SaliencyInputError as e:
+            raise SweepConfigError(f"{where}: {e} (jaxsal.method_options({method!r}))") from None
         specs.append(MethodSpec(alias, method, opts))
     try:
         check_specs(specs)

@@ -30,7 +30,7 @@ from scipy import stats
 from jaxsal import targets as T
 from jaxsal.batching import cached_jit, is_traced, map_batched
 from jaxsal.errors import SaliencyInputError
-from jaxsal.checks import LAYOUTS, check_obs, num_actions, output_shape, target_actions
+from jaxsal.checks import LAYOUTS, check_obs, check_positive_int, num_actions, output_shape, target_actions
 
 FILLS = ("ring", "background")
 FRAMES = ("all", "newest")
@@ -358,9 +358,8 @@ def object_effects(apply_fn, params, obs, boxes_or_masks, target="q_chosen", fil
         fill_mode = "given"
     if frames not in FRAMES:
         raise SaliencyInputError(f"frames must be 'all' (remove from every stacked frame) or 'newest', got {frames!r}")
-    for name, v, least in (("margin", margin, 0), ("ring_width", ring_width, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
-            raise SaliencyInputError(f"{name} must be an integer >= {least} (pixels), got {v!r}")
+    margin = check_positive_int("margin", margin, 0)
+    ring_width = check_positive_int("ring_width", ring_width, 1)
     traced = is_traced(params, obs, boxes_or_masks)
 
     if isinstance(boxes_or_masks, ObjectBoxes):
@@ -523,8 +522,7 @@ def effect_agreement(shares, effects, groups=None, n_resamples: int = 2000, seed
             raise SaliencyInputError(f"groups must give one unit id per state, shape ({n},), got {g.shape}")
         unit = np.unique(g, return_inverse=True)[1].reshape(n)
     k = int(unit.max()) + 1
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
-        raise SaliencyInputError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+    n_resamples = check_positive_int("n_resamples", n_resamples)
     if not 0 < level < 1:
         raise SaliencyInputError(f"level must be in (0, 1), got {level!r}")
     rng = np.random.default_rng(seed)

@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxsal import targets as T
 from jaxsal.batching import cached_jit, map_batched
-from jaxsal.checks import as_float, check_call, check_positive_int, output_shape
+from jaxsal.checks import as_float, check_call, check_positive_float, check_positive_int, output_shape
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics.similarity import check_maps
 
@@ -214,8 +214,8 @@ def _curves(mode, apply_fn, params, obs, maps, substrate, pixels_per_step, score
     if substrate == "random" and key is None:
         raise SaliencyInputError("substrate='random' needs key=jax.random.PRNGKey(seed) "
                                  "(same key -> same substrate)")
-    if substrate == "blur" and not (isinstance(blur_sigma, (int, float)) and blur_sigma > 0):
-        raise SaliencyInputError(f"blur_sigma must be a positive number, got {blur_sigma!r}")
+    if substrate == "blur":
+        check_positive_float("blur_sigma", blur_sigma, hint=" (pixels)")
     try:
         lo, hi = (float(v) for v in pixel_range)
     except (TypeError, ValueError):

@@ -30,7 +30,7 @@ from jaxsal.front import explain
 from jaxsal.batching import cached_jit, map_batched
 from jaxsal.metrics.similarity import METRICS, check_maps, similarity
 from jaxsal.registry import accepted_options, get_method
-from jaxsal.checks import check_obs, target_actions
+from jaxsal.checks import check_obs, check_positive_int, target_actions
 
 DEFAULT_LAYERS = ("q", "fc1", "conv3", "conv2", "conv1")
 BASELINES = ("random_uniform", "random_gaussian")
@@ -215,8 +215,7 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
     if isinstance(layers, str):
         layers = (layers,)
     layers = tuple(layers)
-    if isinstance(draw, bool) or not isinstance(draw, int) or draw < 0:
-        raise SaliencyInputError(f"draw must be a non-negative int, got {draw!r}")
+    draw = check_positive_int("draw", draw, 0)
     if not layers:
         raise SaliencyInputError("layers is empty; name at least one layer, e.g. ('q', 'fc1')")
     if not all(isinstance(n, str) for item in layers for n in _names(item)):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
+from jaxsal.checks import check_positive_int
 from jaxsal.errors import SaliencyInputError
 
 
@@ -40,8 +41,7 @@ def blocks(n: int, block_len: int) -> list[np.ndarray]:
     """Index arrays of the contiguous blocks of n states (near-equal sizes, about block_len)."""
     if n < 1:
         raise SaliencyInputError(f"need at least one state, got n={n}")
-    if isinstance(block_len, bool) or not isinstance(block_len, (int, np.integer)) or block_len < 1:
-        raise SaliencyInputError(f"block_len must be a positive int, got {block_len!r}")
+    block_len = check_positive_int("block_len", block_len)
     return np.array_split(np.arange(n), max(1, int(round(n / block_len))))
 
 

@@ -24,12 +24,12 @@ import numpy as np
 from jaxsal import engine
 from jaxsal import targets as T
 from jaxsal.batching import is_traced
-from jaxsal.checks import check_positive_int, to_nhwc
+from jaxsal.checks import check_positive_float, check_positive_int, to_nhwc  # noqa: F401 (the methods' C.*)
 from jaxsal.engine.spec import Prepared, Spec
 from jaxsal.errors import SaliencyInputError
 
 SCORES = ("one_minus", "drop", "output_l2", "chosen_action", "softmax_drop", "target")
-CALL = ("target", "actions", "layout", "batch_size", "precision")
+CALL = tuple(engine.CALL_ARGS)
 """The engine's own arguments of a method's signature (the rest are the spec's options)."""
 def resolve_obs_max(obs, obs_max=None) -> float:
     """Top of the observation's value range: 255 for uint8/integer obs; for float obs 1.0 if
@@ -268,12 +268,3 @@ def check_fits(name: str, value, hw, minimum: int = 1) -> int:
         raise SaliencyInputError(
             f"{name}={value} does not fit the {hw[0]}x{hw[1]} image: it must be <= {min(hw)}")
     return value
-
-
-def check_positive_float(name: str, value, allow_zero: bool = False) -> float:
-    ok = isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \
-        and math.isfinite(float(value)) and (float(value) >= 0 if allow_zero else float(value) > 0)
-    if not ok:
-        bound = ">= 0" if allow_zero else "> 0"
-        raise SaliencyInputError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)

@@ -81,9 +81,9 @@ def cases(d, card, atari):
     ok = ["--input", str(d / "ok.npy")]
     nchw = ["explain", "--agent", f"{d / 'nchw_agent.py'}:load", "--methods", "gradient", "--quiet"]
     return {
-        "batch size 0": (base + ok + ["--batch-size", "0"], "--batch-size", "positive"),
-        "chunk 0": (base + ok + ["--chunk", "0"], "--chunk", "positive"),
-        "limit 0": (base + ok + ["--limit", "0"], "--limit", "positive"),
+        "batch size 0": (base + ok + ["--batch-size", "0"], "--batch-size", "integer >= 1"),
+        "chunk 0": (base + ok + ["--chunk", "0"], "--chunk", "integer >= 1"),
+        "limit 0": (base + ok + ["--limit", "0"], "--limit", "integer >= 1"),
         "NaN frames": (base + ["--input", str(d / "nan.npy"), "--chunk", "2"], "frame 3", "nan_to_num"),
         "inf frames": (base + ["--input", str(d / "inf.npy")], "NaN or inf", "nan_to_num"),
         "frames in [0, 1]": (["explain", "--agent", str(atari), "--methods", "gradient", "--quiet",
