@@ -9,15 +9,17 @@ BIN := $(VENV)/bin
 # The links are per file, so a module added or removed relinks (the package folders' times).
 PKG_DIRS := $(shell find jaxsal agents -type d -not -name __pycache__ 2>/dev/null)
 EDITABLE := --config-settings editable_mode=strict
+# setuptools warns at every strict editable install that build/__editable__.* must stay: said here once
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip
 
 $(BIN)/jaxsal: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test,agents]" $(EDITABLE)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e ".[test,agents]" $(EDITABLE)
 	touch $(BIN)/jaxsal $(VENV)/.linked
 
 $(VENV)/.linked: $(BIN)/jaxsal $(PKG_DIRS)
-	$(BIN)/pip install --quiet --no-deps -e . $(EDITABLE)
+	$(PIP) install --quiet --no-deps -e . $(EDITABLE)
 	touch $(VENV)/.linked
 
 .PHONY: venv demo test test-slow docs docs-serve chromium
@@ -36,23 +38,23 @@ test: venv
 # torchvision, which does not install beside the CPU torch. Installed here only, so `make test`
 # keeps the base dependencies
 $(VENV)/.clients-extra: $(BIN)/jaxsal
-	$(BIN)/pip install --quiet "torch==2.13.0" "captum>=0.7,<1" "scikit-learn>=1.3,<2"
-	$(BIN)/pip install --quiet -e ".[test,clients]" $(EDITABLE)
+	$(PIP) install --quiet "torch==2.13.0" "captum>=0.7,<1" "scikit-learn>=1.3,<2"
+	$(PIP) install --quiet -e ".[test,clients]" $(EDITABLE)
 	# dopamine-rl pulls tensorflow-probability 0.25, whose files overwrite the tfp-nightly that
 	# sbx-rl needs (0.25's JAX substrate fails on this jax): put tfp-nightly's files back
-	$(BIN)/pip install --quiet --force-reinstall --no-deps tfp-nightly
+	$(PIP) install --quiet --force-reinstall --no-deps tfp-nightly
 	touch $@
 
 # `jaxsal sweep --ray local` is tested with a real local Ray instance (the ray extra)
 $(VENV)/.ray-extra: $(BIN)/jaxsal
-	$(BIN)/pip install --quiet -e ".[test,ray]" $(EDITABLE)
+	$(PIP) install --quiet -e ".[test,ray]" $(EDITABLE)
 	touch $@
 
 # tests/docs/test_browser.py opens the built site in the system's Chromium: installed here with apt where it
 # is missing and this is root (CI's fresh machines); elsewhere the line says how, and the test skips
 # outside CI. playwright (the browser extra) drives it and never downloads a browser of its own.
 $(VENV)/.browser-extra: $(BIN)/jaxsal
-	$(BIN)/pip install --quiet -e ".[test,browser]" $(EDITABLE)
+	$(PIP) install --quiet -e ".[test,browser]" $(EDITABLE)
 	touch $@
 
 chromium:
@@ -66,7 +68,7 @@ test-slow: venv $(VENV)/.clients-extra $(VENV)/.docs-extra $(VENV)/.ray-extra $(
 # the documentation site: mkdocs.yml and docs/, the docstrings (mkdocstrings) and the notebooks with their
 # committed outputs (mkdocs-jupyter, nothing executed); built into site/ (git-ignored), warnings are errors
 $(VENV)/.docs-extra: $(BIN)/jaxsal
-	$(BIN)/pip install --quiet -e ".[test,docs]" $(EDITABLE)
+	$(PIP) install --quiet -e ".[test,docs]" $(EDITABLE)
 	touch $@
 
 docs: venv $(VENV)/.docs-extra
