@@ -3,6 +3,7 @@
     python -m experiments.counterfactual.posthoc --game breakout      # results/breakout/posthoc.json, ~5 CPU min
     python -m experiments.counterfactual.posthoc --game pong --part maps --part zero_maps   # results/pong/posthoc.json
     python -m experiments.counterfactual.posthoc --game spaceinvaders --part maps --part zero_maps --part statuses
+    python -m experiments.counterfactual.posthoc --game breakout --part reclassified   # a few CPU min per game, resumes
 
 1. `heights`: replays every finished episode's recorded actions (the trajectory hash is checked) to read
    the ball's position at each registered state from the RAM, then asks, per episode across the states
@@ -17,11 +18,19 @@
    checked against the recorded one) and says, per move and status, where the moved object's RAM position
    was, which other classes changed in the `side_effects` moves, and from which stacked frame on the
    `diverged` ones left their course.
+4. `reclassified`: re-classifies every registered move of every finished episode with the current
+   `jaxsal_agents.interventions` (emulator only, no maps), lists the moves whose status differs from the
+   recorded one, and where a kept move is among them recomputes the registered statistics, tests and stories
+   (`analysis.analyse`, `report.counts`) with the recorded statuses replaced by the current ones: a
+   sensitivity check of the registered results to a later classification, not a registered result.
+   Per-episode statuses are cached under `plan.CACHE` (keyed by the classifying code), so a rerun resumes.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +39,7 @@ from experiments.counterfactual import plan as P
 from experiments.counterfactual import run as R
 
 PORTED = ("occlusion", "noise_sensitivity", "sarfa", "rise", "lime", "scorecam")   # moved onto the engine after the run
+RECLASSIFIED_CACHE = P.CACHE.expanduser() / "reclassified"   # `reclassified`'s per-episode statuses, by code
 MAP_METHODS = ("grad_x_input", "integrated_gradients", "occlusion", "noise_sensitivity", "gradient", "deconvnet")
 
 
@@ -228,6 +238,144 @@ def zero_maps(game: str = "breakout") -> dict:
     return out
 
 
+def _classifier_sha256() -> str:
+    """sha256 of the code that classifies a move: jaxsal_agents.interventions and jaxsal.game_objects."""
+    import jaxsal_agents.interventions as I
+
+    import jaxsal.game_objects as G
+
+    h = hashlib.sha256()
+    files = [Path(I.__file__)] + sorted(Path(G.__file__).parent.glob("*.py"))     # the package's modules
+    for f in files:
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def _statuses_now(game: str, e: int, cache: Path | None) -> dict:
+    """Episode e's registered moves as the current interventions code classifies them: {"status",
+    "detail"}, each (S, J) lists of str (recorded moves' order); read from / written to `cache` if given."""
+    from jaxsal_agents.interventions import displace
+
+    f = None if cache is None else cache / game / f"ep{e:03d}.json"
+    if f is not None and f.exists():
+        return json.loads(f.read_text())
+    rec = R._load(P.PROGRESS / game / f"ep{e:03d}.npz")
+    moments = _moments(game, e)
+    if len(moments) != len(rec["status"]):
+        raise R.ReplayMismatch(f"episode {e}: the replay gives {len(moments)} states, the record {len(rec['status'])}")
+    cols = [displace(moments, str(rec["moved"]), int(dx), int(dy), keep=P.KEEP).items for dx, dy in rec["moves"]]
+    out = {"status": [[c[i].status for c in cols] for i in range(len(moments))],
+           "detail": [[c[i].detail for c in cols] for i in range(len(moments))]}
+    if f is not None:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(out) + "\n")
+    return out
+
+
+def restatus(episodes: list[dict], now: list[dict]) -> list[dict]:
+    """The episode records with their `status` indices replaced by the status names in `now` ((S, J) per
+    episode), in each record's own list of status names; a name that list lacks is an error."""
+    out = []
+    for e, (ep, st) in enumerate(zip(episodes, now, strict=True)):
+        names = [str(n) for n in ep["statuses"]]
+        st = np.asarray(st, dtype=str)
+        if st.shape != ep["status"].shape:
+            raise ValueError(f"episode {e}: {st.shape} statuses for a record of shape {ep['status'].shape}")
+        unknown = sorted(set(map(str, st.flat)) - set(names))
+        if unknown:
+            raise ValueError(f"episode {e}: statuses {unknown} are not in the record's list {names}")
+        out.append({**ep, "status": np.vectorize(names.index, otypes=[ep["status"].dtype])(st)})
+    return out
+
+
+def _tests_row(r: dict) -> dict:
+    """One method's registered tests, readings and story, as posthoc.json keeps them."""
+    keys = ("mean", "low", "high", "p", "p_holm", "episodes")
+    return {"story": r["story"], "readings": r["readings"],
+            "tests": {s: {k: r["tests"][s][k] for k in keys} for s in P.STATS},
+            "parts": {k: r["parts"][k] for k in ("displacement_rho_method", "displacement_rho_area", "follow_rate")}}
+
+
+def reclassified(game: str = "breakout", cache: Path | None = RECLASSIFIED_CACHE) -> dict:
+    """The registered moves whose status the current interventions code gives differently from the record,
+    and, if kept moves are among them, the registered statistics recomputed without them (module doc, 4)."""
+    from collections import Counter
+
+    from experiments.counterfactual import report
+
+    episodes = A.load_episodes(P.PROGRESS / game)
+    summary = json.loads((P.RESULTS / game / "summary.json").read_text())
+    registered = json.loads(json.dumps(A.analyse(episodes, game), default=float))
+    if registered != summary:
+        raise RuntimeError(f"the analysis of progress/{game} no longer gives results/{game}/summary.json")
+    sha = _classifier_sha256()
+    now = [_statuses_now(game, e, None if cache is None else cache / sha[:16]) for e in range(len(episodes))]
+    changes = []
+    for e, (ep, d) in enumerate(zip(episodes, now)):
+        names = [str(n) for n in ep["statuses"]]
+        last = len(d["status"]) - 1
+        for i, row in enumerate(d["status"]):
+            for j, new in enumerate(row):
+                old = names[ep["status"][i, j]]
+                if old != new:
+                    dx, dy = (int(v) for v in ep["moves"][j])
+                    changes.append({"episode": e, "state": i, "last_state": i == last, "move": f"{dx:+d},{dy:+d}",
+                                    "old": old, "new": new, "detail": d["detail"][i][j]})
+    trans = Counter(f"{c['old']} -> {c['new']}" for c in changes)
+    kept_lost = [c for c in changes if c["old"] in P.KEEP and c["new"] not in P.KEEP]
+    kept_won = [c for c in changes if c["old"] not in P.KEEP and c["new"] in P.KEEP]
+    out = {"classifier_sha256": sha, "interventions": int(sum(ep["status"].size for ep in episodes)),
+           "changed": len(changes), "transitions": dict(sorted(trans.items())),
+           "kept_moves_registered": summary["intervention_status"]["ok"],
+           "kept_moves_left_out": len(kept_lost), "kept_moves_gained": len(kept_won),
+           "left_out_at_last_state": sum(c["last_state"] for c in kept_lost),
+           "left_out_episodes": sorted({c["episode"] for c in kept_lost}), "changes": changes}
+    if kept_won:
+        out["note"] = ("moves the current code keeps were not kept by the run: their maps were never measured, "
+                       "so the statistics below leave them out as the run did")
+    if not kept_lost:
+        return out
+    # the registered analysis on the records with the current statuses; a move the run did not keep keeps its
+    # recorded status (its maps were never measured)
+    used = [[[o if n in P.KEEP and o not in P.KEEP else n for n, o in zip(row, ep["statuses"][ep["status"][i]])]
+             for i, row in enumerate(d["status"])] for ep, d in zip(episodes, now)]
+    eps = restatus(episodes, used)
+    res = json.loads(json.dumps(A.analyse(eps, game), default=float))
+    n_before, n_after = report.counts(episodes), report.counts(eps)
+    rows = {}
+    for m, r in res["methods"].items():
+        reg = summary["methods"][m]
+        rows[m] = {**_tests_row(r), "story_registered": reg["story"], "readings_registered": reg["readings"],
+                   "n": n_after["methods"][m], "n_registered": n_before["methods"][m]}
+    out["statistics"] = {
+        "intervention_status": res["intervention_status"], "states_with_kept_move": res["states_with_kept_move"],
+        "changed_stories": {m: [r["story_registered"], r["story"]] for m, r in rows.items()
+                            if r["story"] != r["story_registered"]},
+        "changed_readings": {f"{m} {s}": [r["readings_registered"][s], r["readings"][s]] for m, r in rows.items()
+                             for s in P.STATS if r["readings"][s] != r["readings_registered"][s]},
+        "methods": rows}
+    return out
+
+
+def reclassified_table(summary: dict, rc: dict) -> str:
+    """The results README's table (markdown) of `reclassified`'s recomputed statistics: per method, the
+    displacement and follow estimates [95%] and Holm p as registered (summary.json) -> with the current
+    statuses, each test's reading and the story (one value where it stays, "a -> b" where it changes)."""
+    from experiments.counterfactual.report import _ci, _p
+
+    def both(a, b):
+        return a if a == b else f"{a} -> {b}"
+
+    rows = ["| method | displacement - area [95%], p_holm | follow rate - 0.5 [95%], p_holm | story |", "|---" * 4 + "|"]
+    for m, r in rc["statistics"]["methods"].items():
+        reg = summary["methods"][m]
+        cells = [f"{_ci(reg['tests'][s])}, {_p(reg['tests'][s]['p_holm'])} -> {_ci(r['tests'][s])}, "
+                 f"{_p(r['tests'][s]['p_holm'])} ({both(reg['readings'][s], r['readings'][s])})"
+                 for s in ("displacement", "follow")]
+        rows.append(f"| {m} | " + " | ".join(cells) + f" | {both(reg['story'], r['story'])} |")
+    return "\n".join(rows)
+
+
 def port(game: str = "breakout", episode: int = 0, methods=PORTED) -> dict:
     """Per ported method: the largest difference between the object shares the run recorded on one
     episode's states and those the current code gives (module doc, 3)."""
@@ -259,7 +407,7 @@ def main(argv=None) -> int:
     p.add_argument("--game", choices=P.GAMES, default="breakout",
                    help="`heights` reads Breakout's ball bytes: for pong only the other parts run")
     p.add_argument("--episode", type=int, default=0, help="the episode whose maps are recomputed")
-    p.add_argument("--part", action="append", choices=("heights", "maps", "zero_maps", "port", "statuses"),
+    p.add_argument("--part", action="append", choices=("heights", "maps", "zero_maps", "port", "statuses", "reclassified"),
                    help="recompute only this part of posthoc.json (repeatable); default: all")
     a = p.parse_args(argv)
     if a.game != "breakout" and "heights" in (a.part or ["heights"]):
@@ -269,7 +417,7 @@ def main(argv=None) -> int:
     jaxsal.cpu.use_fast_kernels()
     parts = {"heights": lambda: heights(a.game), "maps": lambda: maps(a.game, a.episode),
              "zero_maps": lambda: zero_maps(a.game), "port": lambda: port(a.game, a.episode),
-             "statuses": lambda: statuses(a.game)}
+             "statuses": lambda: statuses(a.game), "reclassified": lambda: reclassified(a.game)}
     f = P.RESULTS / a.game / "posthoc.json"
     res = json.loads(f.read_text()) if a.part and f.exists() else {}
     res["note"] = "post hoc, not registered (experiments/counterfactual/posthoc.py)"

@@ -105,3 +105,37 @@ def test_the_posthoc_partial_correlation_removes_a_shared_cause():
     assert _ranks_partial(a, b, []) > 0.8                 # both follow the cause
     assert abs(_ranks_partial(a, b, [cause])) < 0.15      # nothing left once it is partialled out
     assert _ranks_partial(a + b, b, [cause]) > 0.5        # a real link survives
+
+
+def test_restatus_replaces_statuses_and_drops_the_moves_no_longer_kept():
+    from experiments.counterfactual.posthoc import restatus
+
+    eps = planted(n_ep=3, s=5)
+    names = [str(n) for n in eps[0]["statuses"]]
+    now = [np.asarray(names)[ep["status"]].copy() for ep in eps]
+    kept = np.argwhere(now[1] == "ok")[0]
+    now[1][tuple(kept)] = "diverged"
+    out = restatus(eps, now)
+    assert np.array_equal(out[0]["status"], eps[0]["status"]) and out[1]["status"].dtype == eps[1]["status"].dtype
+    assert names[out[1]["status"][tuple(kept)]] == "diverged" and names[eps[1]["status"][tuple(kept)]] == "ok"
+    assert report.counts(out)["kept_moves"] == report.counts(eps)["kept_moves"] - 1
+    assert eps[1]["status"][tuple(kept)] == names.index("ok")             # the records are left as they were
+    with pytest.raises(ValueError, match="not in the record's list"):
+        restatus(eps, [np.full(s.shape, "absent") for s in now])      # not among planted's statuses
+    with pytest.raises(ValueError, match="statuses for a record of shape"):
+        restatus(eps, [s[:-1] for s in now])
+
+
+def test_the_results_readme_holds_the_reclassified_statistics(game):
+    from experiments.counterfactual.posthoc import reclassified_table
+
+    name, summary, _ = game
+    f = P.RESULTS / name / "posthoc.json"
+    stats = json.loads(f.read_text()).get("reclassified", {}).get("statistics") if f.exists() else None
+    if stats is None or all(r["tests"][s] == {k: summary["methods"][m]["tests"][s][k] for k in r["tests"][s]}
+                            for m, r in stats["methods"].items() for s in P.STATS):
+        pytest.skip(f"{name}: the current statuses change no registered statistic")
+    table = reclassified_table(summary, {"statistics": stats})
+    assert table in readme_section(README.read_text(), TITLES[name]), (
+        f"results/README.md's {TITLES[name]} section lacks the current reclassified table: rerun "
+        "posthoc.reclassified_table and paste it")
