@@ -105,10 +105,12 @@ def test_sigint_exits_130_resumes_and_partial_renders(tmp_path):
             "--chunk", "3", "--quiet"]
     out = tmp_path / "out"
     proc = start_job(args, out, files_at_least(2, "standin_grad/chunk_*.npy"), slow_write=0.4)
+    written = len(list(out.glob("standin_grad/chunk_*.npy")))
+    assert proc.poll() is None, f"the job ended (rc {proc.returncode}) before the interrupt, {written} chunks written"
     os.kill(proc.pid, signal.SIGINT)
     proc.wait(timeout=120)
     err = proc.stderr.read().decode()
-    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert proc.returncode == 130, (proc.returncode, written, err[-2000:])
     assert "interrupted" in err and "Traceback" not in err
     done = len(list(out.glob("standin_grad/chunk_*.npy")))
     assert 2 <= done < 10
