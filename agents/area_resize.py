@@ -12,7 +12,7 @@ import functools
 import numpy as np
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)  # a few (source, target) sizes per game
 def _table(src: int, dst: int):
     """Per output pixel: the source indices and float32 weights (padded with weight 0)."""
     scale = src / dst
