@@ -82,7 +82,9 @@ def backward(ctx, params, preps, rows):
                 return value, (A, aux)
             grads, (A, (actions, out)) = jax.grad(rewrite(f, rule, fast_conv), (0, 1) if want_x else (0,),
                                                   has_aux=True)(eps0, x, params, actions)
-            res["A"], res[(rule, "layer")] = A, grads[0]
+            res[(rule, "layer")] = grads[0]
+            if rule == "plain":
+                res["A"] = A
             if want_x:
                 res[(rule, "x")] = grads[1]
         else:
@@ -90,6 +92,11 @@ def backward(ctx, params, preps, rows):
                 return score(ctx.apply_fn(p, xx), acts)
             res[(rule, "x")], (actions, out) = jax.grad(rewrite(f, rule, fast_conv), has_aux=True)(x, params, actions)
         res.setdefault("output", out)  # the first backward's forward: the clean model output
+    if tapped is not None and "A" not in res:
+        # A's value is the same under every rule, but its derivative (a gradient taken through the
+        # maps, e.g. in the parameters) must be the model's, not the rule's: A from a plain forward,
+        # whose ops XLA merges with the rewritten forward's when nothing differentiates them
+        res["A"] = tapped(params, x, 0.0)[1]
     res["actions"] = actions
     return res
 

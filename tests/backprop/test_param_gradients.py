@@ -194,16 +194,10 @@ REFERENCES = {  # method -> (its options, maps(params, float obs, actions) by ha
     "occlusion": ({"patch": 4, "stride": 4}, _occlusion),
 }
 FAST_REF = {"gradient", "guided_backprop", "gradcam", "g2gradcam", "smoothgrad", "occlusion"}
-GUIDED_A = pytest.mark.xfail(strict=True, reason=(
-    "known disagreement: alone, G1/G2Grad-CAM take the layer activations A from the guided-rewritten forward, "
-    "so d(maps)/d(params) below the tapped layer goes through the guided ReLU backward instead of the "
-    "ReLU's derivative (maps are equal; in a list with gradcam, A comes from the plain forward and agrees)"))
 
 
-def _case(m, grads=True):
-    marks = ([] if m in FAST_REF else [pytest.mark.slow]) + (
-        [GUIDED_A] if grads and m in ("g1gradcam", "g2gradcam") else [])
-    return pytest.param(m, marks=marks)
+def _case(m):
+    return pytest.param(m, marks=[] if m in FAST_REF else [pytest.mark.slow])
 
 
 def _close(got, want, what):
@@ -212,7 +206,7 @@ def _close(got, want, what):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * np.abs(want).max(), err_msg=what)
 
 
-@pytest.mark.parametrize("method", [_case(m, grads=False) for m in REFERENCES])
+@pytest.mark.parametrize("method", [_case(m) for m in REFERENCES])
 def test_maps_equal_the_method_written_out_by_hand(method):
     options, ref = REFERENCES[method]
     got = jaxsal.explain(MODEL.apply, PARAMS, OBS, method=method, **{**OPTIONS.get(method, {}), **options})
