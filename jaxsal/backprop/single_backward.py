@@ -53,6 +53,24 @@ def _needs(st: Static) -> set:
     return {(st.cam.rule, "layer")} | ({("guided", "x")} if st.cam.guided_input else set())
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _with_plain_derivative(fn, params, x, value):
+    """`value` (= fn(params, x), computed elsewhere: under a rewritten backward rule), whose
+    derivative is fn's own. No forward pass is added unless something differentiates it."""
+    return value
+
+
+@_with_plain_derivative.defjvp
+def _with_plain_derivative_jvp(fn, primals, tangents):
+    params, x, value = primals
+    dparams, dx, _ = tangents
+    if not jnp.issubdtype(x.dtype, jnp.inexact):  # integer frames: no tangent of their own
+        _, t = jax.jvp(lambda p: fn(p, x), (params,), (dparams,))
+    else:
+        _, t = jax.jvp(fn, (params, x), (dparams, dx))
+    return value, t
+
+
 def backward(ctx, params, preps, rows):
     """The shared piece: one backward per ReLU rule the members need, with the input and/or
     the layer gradient each needs; {(rule, where): gradient, "A": tapped activations, "actions",
@@ -64,7 +82,7 @@ def backward(ctx, params, preps, rows):
     site = next((st for st in sts if st.cam is not None), None)
     tapped = tap(ctx.apply_fn, site.layer, site.activation) if site is not None else None
     fast_conv, x, actions = sts[0].fast_conv, rows.x, rows.actions
-    res = {}
+    res, a_rule = {}, None
     if tapped is not None:
         a_shape = jax.eval_shape(lambda p, xx: tapped(p, xx, 0.0)[1], params, x)
         eps0 = jnp.zeros(a_shape.shape, a_shape.dtype)
@@ -85,6 +103,7 @@ def backward(ctx, params, preps, rows):
             res[(rule, "layer")] = grads[0]
             if rule == "plain":
                 res["A"] = A
+            a_rule = A
             if want_x:
                 res[(rule, "x")] = grads[1]
         else:
@@ -92,11 +111,10 @@ def backward(ctx, params, preps, rows):
                 return score(ctx.apply_fn(p, xx), acts)
             res[(rule, "x")], (actions, out) = jax.grad(rewrite(f, rule, fast_conv), has_aux=True)(x, params, actions)
         res.setdefault("output", out)  # the first backward's forward: the clean model output
-    if tapped is not None and "A" not in res:
+    if a_rule is not None and "A" not in res:
         # A's value is the same under every rule, but its derivative (a gradient taken through the
-        # maps, e.g. in the parameters) must be the model's, not the rule's: A from a plain forward,
-        # whose ops XLA merges with the rewritten forward's when nothing differentiates them
-        res["A"] = tapped(params, x, 0.0)[1]
+        # maps, e.g. in the parameters) must be the model's, not the rule's
+        res["A"] = _with_plain_derivative(lambda p, xx: tapped(p, xx, 0.0)[1], params, x, a_rule)
     res["actions"] = actions
     return res
 
