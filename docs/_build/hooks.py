@@ -68,7 +68,7 @@ def on_config(config):
 
 @event_priority(100)  # before mkdocs-jupyter, so that it renders the notebooks added here
 def on_files(files, config):
-    for src, dest in site_files.repo_files():
+    for dest in sorted(BROUGHT_IN):  # the walk site_files did once, at import
         # a real File rooted at the repository (not File.generated): mkdocs-jupyter wraps it
         files.append(File(dest.as_posix(), src_dir=str(ROOT), dest_dir=config.site_dir,
                           use_directory_urls=config.use_directory_urls))
