@@ -136,7 +136,8 @@ def _ridge(z, y, valid, kernel_width, alpha):
     """Weighted ridge with intercept (sklearn Ridge semantics) per state.
 
     z (n, d) samples; y (S, n) scores; valid (S, d) which features the state has.
-    Weights sqrt(exp(-dist^2 / kw^2)), dist = cosine distance of z*valid to all-ones.
+    Weights sqrt(exp(-dist^2 / kw^2)), dist = cosine distance of z*valid to all-ones. A state's
+    missing features get coefficient 0, its own the fit of its features alone.
     """
     hi = jax.lax.Precision.HIGHEST
     d_i = valid.sum(-1)                                              # (S,)
@@ -149,7 +150,9 @@ def _ridge(z, y, valid, kernel_width, alpha):
     ym = (w * y).sum(-1, keepdims=True) / sw
     xc = x - xm[:, None, :]
     a = jnp.einsum("snd,sn,sne->sde", xc, w, xc, precision=hi)
-    a = a + alpha * jnp.eye(z.shape[1])[None]
+    # features a state lacks (it has fewer superpixels than the batch's largest) have zero rows and
+    # columns: a unit diagonal there solves them to 0 and keeps the system regular when alpha = 0
+    a = a + jnp.eye(z.shape[1])[None] * (alpha + (1.0 - valid))[:, None, :]
     b = jnp.einsum("snd,sn->sd", xc, w * (y - ym), precision=hi)
     coef = jnp.linalg.solve(a, b[..., None])[..., 0]
     return coef * valid

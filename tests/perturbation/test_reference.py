@@ -270,3 +270,23 @@ def test_explain_front_door_finds_all_methods():
     np.testing.assert_array_equal(np.asarray(s), np.asarray(direct))
     d = jaxsal.explain(tiny_apply, P, obs, method=["occlusion", "sarfa"])
     assert set(d) == {"occlusion", "sarfa"} and d["sarfa"].shape == (1, H, W)
+
+
+def test_lime_without_ridge_penalty_fits_states_with_fewer_superpixels_than_the_batch():
+    """ridge_alpha=0 on a batch whose states have 2, 3 and 16 superpixels: every map is finite and
+    each state's coefficients equal those of the state explained alone (its own features only)."""
+    obs = tiny_obs(3, seed=2)
+    segs = np.zeros((3, H, W), np.int32)
+    segs[0, :, W // 2:] = 1
+    segs[1, :H // 2] = 1
+    segs[1, H // 2:, W // 2:] = 2
+    segs[2] = (np.arange(H)[:, None] * 4 // H) * 4 + np.arange(W)[None] * 4 // W
+    kw = dict(key=jax.random.PRNGKey(1), n_samples=64, ridge_alpha=0.0, return_coefficients=True)
+    maps, (coef, _) = lime(tiny_apply, P, obs, segments=segs, **kw)
+    assert np.isfinite(np.asarray(maps)).all()
+    for i in range(2):
+        alone, (c1, _) = lime(tiny_apply, P, obs[i:i + 1], segments=segs[i:i + 1], **kw)
+        d = int(segs[i].max()) + 1
+        np.testing.assert_allclose(np.asarray(coef)[i, :d], np.asarray(c1)[0], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(maps)[i], np.asarray(alone)[0], rtol=1e-4, atol=1e-6)
+        assert np.all(np.asarray(coef)[i, d:] == 0)
