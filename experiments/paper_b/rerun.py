@@ -237,6 +237,46 @@ def method_sanity(d: Path, label, agent, obs, maps, method, opts, key, draw, lay
     return out
 
 
+def pieces_to_recheck(makers: dict, current: str | None, draws: int) -> list[int]:
+    """The sanity draws to recompute under this run's commit (registration, amendment 1): for each
+    commit other than `current` that made some of the method's sanity draws and that no recheck
+    covers yet, its lowest draw. A recheck covers the commit of the draw it recomputed and its own."""
+    commit = lambda piece: (makers.get(piece) or {}).get("git_commit")  # noqa: E731
+    rechecked = [d for d in range(draws) if f"recheck_d{d:02d}" in makers]
+    covered = {current} | {commit(f"sanity_d{d:02d}") for d in rechecked} | {commit(f"recheck_d{d:02d}") for d in rechecked}
+    todo = {}
+    for d in range(draws):
+        c = commit(f"sanity_d{d:02d}")
+        if c is not None and c not in covered:
+            todo.setdefault(c, d)
+    return sorted(todo.values())
+
+
+def method_rechecks(d: Path, label, agent, obs, method, opts, key, layers, makers: dict, current, draws,
+                    log=print) -> list[dict]:
+    """Recompute, under this commit and from the states alone (the original maps too), each sanity
+    draw `pieces_to_recheck` names, as recheck_dXX.npz beside the recorded draw, and compare every
+    value at the outputs' precision. One row per recheck (all of the method's, this run's and earlier)."""
+    for draw in pieces_to_recheck(makers, current, draws):
+        made = makers.get(f"sanity_d{draw:02d}", {}).get("git_commit")
+        log(f"[{label}] recheck of sanity draw {draw} (recorded under {str(made)[:8]}) on {len(obs)} states")
+        r = sanity_check(agent.model, agent.params, obs, method=method, layers=layers, key=key, draw=draw,
+                         metrics=PB.METRICS, **opts)
+        save_npz(d / f"recheck_d{draw:02d}.npz", **{f"{g}/{m}": np.asarray(v) for g, res in r.items() for m, v in res.items()})
+    rows = []
+    for f in sorted(d.glob("recheck_d*.npz")):
+        draw = int(f.stem[-2:])
+        new, old = load_npz(f), load_npz(d / f"sanity_d{draw:02d}.npz")
+        diff = np.concatenate([np.abs(np.round(np.asarray(new[k], np.float64), DECIMALS)
+                                      - np.round(np.asarray(old[k], np.float64), DECIMALS)).ravel() for k in old])
+        rows.append({"method": label, "draw": draw,
+                     "recorded_commit": makers.get(f"sanity_d{draw:02d}", {}).get("git_commit") or current,
+                     "recheck_commit": makers.get(f.stem, {}).get("git_commit") or current,
+                     "values": int(diff.size), "differing": int((diff > 0).sum()),
+                     "max_abs_diff": round(float(diff.max(initial=0.0)), DECIMALS)})
+    return rows
+
+
 # ------------------------------------------------------------------ one game
 def run_game(game: str, args, log=print) -> Path:
     agent, agent_name, card = PB.load_agent(game, args.agent_file)
@@ -256,7 +296,8 @@ def run_game(game: str, args, log=print) -> Path:
     base = {"run": progress.run_key, "decimals": DECIMALS, "states_sha256": sha256_array(obs), "n_sanity": int(n_s),
             "batch_size": args.batch_size, "modes": PB.MODES, "settings": PB.SETTINGS,
             "layers": [list(g) if isinstance(g, tuple) else g for g in layers], "metrics": PB.METRICS}
-    timing, failed, aucs, curves, sanity = [], {}, {}, {}, {}
+    timing, failed, aucs, curves, sanity, rechecks, piece_commits = [], {}, {}, {}, {}, [], {}
+    current = json.loads(progress.made_by).get("git_commit")
     for label, method, opts, _ in chosen:
         fields = {**base, "label": label, "method": method, "options": opts}
         mkey = P.key_of(fields)
@@ -274,6 +315,12 @@ def run_game(game: str, args, log=print) -> Path:
                 sanity[label][d] = method_sanity(mdir, label, agent, obs[:n_s], None if maps is None else maps[:n_s],
                                                  method, opts, key, d, layers, log)
                 progress.save_method(label, mkey, fields, mdir)
+            rechecks += method_rechecks(mdir, label, agent, obs[:n_s], method, opts, key, layers,
+                                        progress.piece_makers(label, mkey), current, args.draws, log)
+            progress.save_method(label, mkey, fields, mdir)
+            made = [m.get("git_commit") for p, m in progress.piece_makers(label, mkey).items()
+                    if not p.startswith("recheck")]
+            piece_commits[label] = {c: made.count(c) for c in dict.fromkeys(made)}
         except Exception as e:   # one broken method must not lose the others' results
             failed[label] = f"{type(e).__name__}: {e}"
             log(f"[{game}] {label} FAILED: {failed[label]}")
@@ -290,11 +337,54 @@ def run_game(game: str, args, log=print) -> Path:
     out = Path(args.out) / game
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers,
-                  [m[0] for m in chosen], cache)
-    A.write_game(out)
-    A.write_readme(Path(args.out))
+                  [m[0] for m in chosen], cache, rechecks, piece_commits)
+    write_analysis(out, Path(args.out))
     log(f"[{game}] wrote {out}")
     return out
+
+
+RECHECK_TOLERANCE = 1e-3
+"""A recheck of a sanity draw differing by more than this in any value is a deviation (rerun_deviations.md)."""
+DEVIATIONS = Path(__file__).with_name("rerun_deviations.md")
+
+
+def code_versions(meta: dict) -> list[str]:
+    """A game README's lines on the commits its results were computed under and the rechecks of
+    draws made under earlier ones (rerun_deviations.md, item 1); none where nothing was recorded."""
+    commits = meta.get("piece_commits") or {}
+    if not commits:
+        return []
+    every = list(dict.fromkeys(c for by in commits.values() for c in by))
+    lines = ["### Code versions", "",
+             f"The methods' pieces (fidelity, sanity draws, timing) were computed under {len(every)} commit(s): "
+             + "; ".join(f"{m} " + ", ".join(f"{str(c)[:8]} x{n}" for c, n in by.items()) for m, by in commits.items())
+             + "."]
+    rows = meta.get("rechecks") or []
+    if rows:
+        lines += ["", "Sanity draws recorded under an earlier commit, recomputed from the states under a later one "
+                  "and compared at the outputs' 5 decimals:", "",
+                  "| method | draw | recorded under | recomputed under | values | differing | max abs diff |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['method']} | {r['draw']} | {str(r['recorded_commit'])[:8]} | {str(r['recheck_commit'])[:8]} | "
+                  f"{r['values']} | {r['differing']} | {r['max_abs_diff']:g} |" for r in rows]
+        big = [r for r in rows if r["max_abs_diff"] > RECHECK_TOLERANCE]
+        lines += ["", (f"**Deviation:** {len(big)} recheck(s) differ by more than {RECHECK_TOLERANCE:g}: "
+                       + ", ".join(f"{r['method']} draw {r['draw']}" for r in big) + ".") if big else
+                  f"Every recheck agrees within {RECHECK_TOLERANCE:g}."]
+    return lines + [""]
+
+
+def write_analysis(game_dir: Path, root: Path) -> None:
+    """The registered analysis of one game (summary.json, README.md), the game README's code versions,
+    then the re-run's README with its deviations from the registration (rerun_deviations.md)."""
+    A.write_game(game_dir)
+    meta = json.loads((game_dir / "meta.json").read_text())
+    extra = code_versions(meta)
+    if extra:
+        f = game_dir / "README.md"
+        f.write_text(f.read_text().rstrip("\n") + "\n\n" + "\n".join(extra))
+    readme = A.write_readme(root)
+    readme.write_text(readme.read_text().rstrip("\n") + "\n\n" + DEVIATIONS.read_text())
 
 
 def open_progress(game, agent, args, log=print) -> P.Progress:
@@ -309,7 +399,7 @@ def open_progress(game, agent, args, log=print) -> P.Progress:
 
 
 def write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers, methods,
-                  cache):
+                  cache, rechecks=(), piece_commits=None):
     ep, step, n_s = st["episode"], st["step"], st["n_sanity"]
     PB.write_csv(out / "states.csv", [{"state": i, "episode": int(e), "step": int(s), "sanity": i < n_s}
                                       for i, (e, s) in enumerate(zip(ep, step))])
@@ -334,6 +424,8 @@ def write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, t
         PB.write_csv(out / "sanity_per_state.csv.gz", rows)
     if timing:
         PB.write_csv(out / "timing.csv", timing)
+    if rechecks:
+        PB.write_csv(out / "rechecks.csv", list(rechecks))
     sessions = [json.loads(line) for line in (cache / "provenance.jsonl").read_text().splitlines() if line]
     meta = {"game": game, "agent": agent_name, "agent_return": card.get("eval", {}).get("mean_return"),
             "agent_return_ci95": card.get("eval", {}).get("ci95"),
@@ -348,7 +440,8 @@ def write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, t
             "episodes_truncated": int(sum(bool(x["truncated"]) for x in eps)),
             "distinct_episodes": int(st["distinct_episodes"]), "epsilon": args.epsilon, "noop_max": 30,
             "max_episode_steps": args.max_episode_steps, "seed": args.seed, "methods": methods,
-            "failed_methods": failed, "layers_randomised": [list(g) if isinstance(g, tuple) else g for g in layers],
+            "failed_methods": failed, "piece_commits": piece_commits or {}, "rechecks": list(rechecks),
+            "layers_randomised": [list(g) if isinstance(g, tuple) else g for g in layers],
             "registration": "experiments/paper_b/rerun_registration.md", "provenance": sessions[-1],
             "sessions": sessions, "command": " ".join(sys.argv)}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -411,8 +504,7 @@ def main(argv=None):
         if unknown:
             p.error(f"unknown method labels {sorted(unknown)}; choose from {[m[0] for m in PB.METHODS]}")
     if a.analyse:
-        A.write_game(Path(a.out) / a.game)
-        A.write_readme(Path(a.out))
+        write_analysis(Path(a.out) / a.game, Path(a.out))
         return
     try:
         run_game(a.game, a, log=lambda s: print(s, flush=True))

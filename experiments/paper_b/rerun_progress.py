@@ -227,6 +227,16 @@ class Progress:
                 restored.append(piece)
         return restored
 
+    def piece_makers(self, label: str, key: str) -> dict:
+        """{piece: its made_by record (git commit, jax, backend)} of method `label`'s recorded pieces
+        under `key`; {} with the folder off or nothing recorded."""
+        if self.root is None or not self._method_file(label).exists():
+            return {}
+        z = load_npz(self._method_file(label))
+        if str(z.get("key", "")) != key:
+            return {}
+        return {k.partition("/")[2]: json.loads(str(v)) for k, v in z.items() if k.startswith("made_by/")}
+
     def save_method(self, label: str, key: str, fields: dict, cache_dir: Path) -> None:
         """Record method `label`'s finished cache pieces (timing, fidelity, sanity draws; not the
         maps) under `key`, keeping what an earlier session recorded under the same key."""

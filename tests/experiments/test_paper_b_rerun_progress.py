@@ -9,6 +9,7 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
+from experiments.common.machine import git_state
 from experiments.paper_b import run as PB
 from experiments.paper_b import rerun as RR
 from experiments.paper_b import rerun_progress as P
@@ -256,3 +257,60 @@ def test_a_run_resumed_on_a_fresh_machine_ends_as_an_uninterrupted_one(tmp_path,
     P.save_npz(f, compressed=True, **{**z, "trajectory_sha256": np.array("0" * 64)})
     with pytest.raises(P.ReplayMismatch, match="episode 1 .*trajectory_sha256"):
         RR.run_game(game, _args(s1), log=lambda s: None)
+
+
+# ------------------------------------------------------------------ rechecks of pieces made by other commits
+def _made(**commits):
+    return {piece: {"git_commit": c} for piece, c in commits.items()}
+
+
+def test_each_earlier_commit_gets_one_recheck_of_its_lowest_draw_and_then_none():
+    makers = _made(fidelity="a", sanity_d00="a", sanity_d01="a", sanity_d02="b", sanity_d03="c", sanity_d04="c")
+    assert RR.pieces_to_recheck(makers, "c", 5) == [0, 2]           # a's lowest draw, b's; c is this run's
+    assert RR.pieces_to_recheck(makers, "a", 5) == [2, 3]
+    done = {**makers, **_made(recheck_d00="c", recheck_d02="c")}
+    assert RR.pieces_to_recheck(done, "c", 5) == []
+    assert RR.pieces_to_recheck(done, "d", 5) == []                 # a later session: c, a and b are covered
+    assert RR.pieces_to_recheck(_made(sanity_d00="a", sanity_d01="a"), "a", 2) == []
+    assert RR.pieces_to_recheck({}, "a", 2) == []                   # nothing recorded (progress folder off)
+
+
+def test_the_readme_lists_the_commits_and_flags_a_recheck_that_differs():
+    meta = {"piece_commits": {"rise": {"a" * 40: 3, "b" * 40: 9}},
+            "rechecks": [{"method": "rise", "draw": 0, "recorded_commit": "a" * 40, "recheck_commit": "b" * 40,
+                          "values": 4000, "differing": 0, "max_abs_diff": 0.0}]}
+    text = "\n".join(RR.code_versions(meta))
+    assert "2 commit(s): rise aaaaaaaa x3, bbbbbbbb x9" in text and "| rise | 0 | aaaaaaaa | bbbbbbbb | 4000 | 0 | 0 |" in text
+    assert "Every recheck agrees within 0.001" in text and "Deviation" not in text
+    meta["rechecks"][0].update(differing=7, max_abs_diff=0.02)
+    assert "**Deviation:** 1 recheck(s) differ by more than 0.001: rise draw 0." in "\n".join(RR.code_versions(meta))
+    assert RR.code_versions({}) == []
+
+
+@pytest.mark.slow
+def test_draws_recorded_under_another_commit_are_recomputed_once_and_compared(tmp_path):
+    pytest.importorskip("gymnax")
+    game = "minatar-breakout"
+    RR.run_game(game, _args(tmp_path, methods=["gradient"]), log=lambda s: None)
+    f = tmp_path / "out" / game / "progress" / "methods" / "gradient.npz"
+    z = P.load_npz(f)
+    old = json.dumps({"git_commit": "0" * 40}, sort_keys=True)
+    rec = {k: (np.array(old) if k in ("made_by/sanity_d01", "made_by/fidelity") else v) for k, v in z.items()}
+    flat = P.unpack(rec)          # the recorded draw 1 made different by that commit, in one value
+    flat["sanity_d01:q/spearman"] = flat["sanity_d01:q/spearman"] + np.eye(1, flat["sanity_d01:q/spearman"].size)[0] * 0.25
+    P.save_npz(f, compressed=True, **{**P.pack(flat, RR.DECIMALS), **{k: v for k, v in rec.items()
+                                                                      if not k.startswith("packed:")}})
+    shutil.rmtree(tmp_path / "cache")
+    logs = []
+    out = RR.run_game(game, _args(tmp_path, methods=["gradient"]), log=logs.append)
+    assert [line for line in logs if "recheck" in line] == [
+        "[gradient] recheck of sanity draw 1 (recorded under 00000000) on 4 states"]
+    meta = json.loads((out / "meta.json").read_text())
+    (row,) = meta["rechecks"]
+    assert (row["draw"], row["recorded_commit"], row["differing"], row["max_abs_diff"]) == (1, "0" * 40, 1, 0.25)
+    assert "**Deviation:** 1 recheck(s)" in (out / "README.md").read_text()
+    assert "## Deviations from the registration" in (out.parent / "README.md").read_text()
+    assert set(meta["piece_commits"]["gradient"]) == {"0" * 40, git_state()["git_commit"]}
+    logs.clear()
+    RR.run_game(game, _args(tmp_path, methods=["gradient"]), log=logs.append)   # covered now: no second recheck
+    assert not [line for line in logs if "recheck of" in line]
