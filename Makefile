@@ -34,11 +34,13 @@ test: venv
 # the slow tests also run the real clients: Dopamine's own replay buffer (tensorflow), and models
 # trained and saved by Stable-Baselines3 and SBX (torch: its CPU build, 2.13.0, which pip takes
 # from this machine's wheel folder), and Captum beside that torch (with scikit-learn, which its Lime
-# fits with) for docs/guides/from-captum.md's Captum rows; pytorch-grad-cam is left out: it needs
-# torchvision, which does not install beside the CPU torch. Installed here only, so `make test`
-# keeps the base dependencies
+# fits with) for docs/guides/from-captum.md's Captum rows; pytorch-grad-cam (and ttach, OpenCV) without
+# its dependencies: it asks for torchvision, which does not load beside the CPU torch, and imports it only
+# in utilities its Grad-CAM path never calls (the peer benchmark puts a stand-in in its place). Installed
+# here only, so `make test` keeps the base dependencies
 $(VENV)/.clients-extra: $(BIN)/jaxsal
 	$(PIP) install --quiet "torch==2.13.0" "captum>=0.7,<1" "scikit-learn>=1.3,<2"
+	$(PIP) install --quiet --no-deps "grad-cam==1.5.7" "ttach==0.0.3" "opencv-python-headless>=4.8,<6"
 	$(PIP) install --quiet -e ".[test,clients]" $(EDITABLE)
 	# dopamine-rl pulls tensorflow-probability 0.25, whose files overwrite the tfp-nightly that
 	# sbx-rl needs (0.25's JAX substrate fails on this jax): put tfp-nightly's files back

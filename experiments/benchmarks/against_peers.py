@@ -1,19 +1,22 @@
 """jaxsal against Captum / pytorch-grad-cam / plain torch on the same Nature-CNN weights.
 
-    python -m experiments.benchmarks.against_peers            # batches 1, 256, 4096
-    python -m experiments.benchmarks.against_peers --quick    # batches 1, 32, 256 (smaller budget)
-    python -m experiments.benchmarks.throughput --against captum   # same thing
+    python -m experiments.benchmarks.against_peers            # batches 64, 256, 1024
+    python -m experiments.benchmarks.against_peers --quick    # batches 4, 16, 2 rounds: a check that it runs
+    python -m experiments.benchmarks.against_peers --render R.json --docs docs/benchmarks.md   # tables again
 
-Needs the `bench` extra (torch, captum, grad-cam). First checks that both sides' maps agree
-where the methods are defined the same (Pearson correlation per map, min over states, >= 0.999),
-then times both sides interleaved (jaxsal call, torch call, jaxsal call, ...) at each batch, so
-that the ratio jaxsal/peer is measured under the same machine load. jaxsal runs at its library
-defaults, no opt-ins: `import jaxsal` turns on XLA:CPU's YNNPACK kernels, the gradient and CAM
-methods rewrite strided convs' input gradient as space-to-depth matmuls, local perturbations
-recompute only the conv windows they touch. Then peak memory per method and side (fresh processes, `experiments.benchmarks.peak_memory`) and
-jaxsal's gradient maps/s at N = 1k, 10k, 100k. Writes experiments/results/against_peers.{json,md,png}.
-Where torch sees a GPU the peers run on it (`--torch-device`), with bigger forwards for the
-hand-written ones and the peak GPU memory of both sides beside the peak RSS.
+Needs torch's CPU build on a CPU (a CUDA build's CPU convolutions run 4-10x slower; the benchmark refuses
+one unless --allow-cuda-build-on-cpu, and then flags every table), Captum and pytorch-grad-cam. First
+checks that both sides' maps agree where the methods are defined the same (Pearson correlation per map,
+min over states, >= 0.999), then times each side in a process of its own, alternating call by call on
+the same states, so neither side's thread pool stalls the other's; the ratio jaxsal/peer is taken per
+round and reported as its median and range. jaxsal runs at its library defaults, no opt-ins: `import
+jaxsal` turns on XLA:CPU's YNNPACK kernels, the gradient and CAM methods rewrite strided convs' input
+gradient as space-to-depth matmuls, local perturbations recompute only the conv windows they touch.
+Then peak memory per method and side (fresh processes, `experiments.benchmarks.peak_memory`) and
+jaxsal's gradient maps/s at N = 1k, 10k, 100k. Writes experiments/results/against_peers.{json,md,png};
+the host, load, commit and both frameworks' versions and builds are recorded in the json. Where torch
+sees a GPU the peers run on it (`--torch-device`), with bigger forwards for the hand-written ones and
+the peak GPU memory of both sides beside the peak RSS.
 """
 from __future__ import annotations
 
@@ -33,9 +36,9 @@ import numpy as np
 import jaxsal  # before any JAX computation: turns on XLA:CPU's YNNPACK kernels (library default)
 from experiments.common.paths import RESULTS
 
-# issue 8's goals: jaxsal/peer maps/s at batch 256
+# the goals of the performance work (issue 45): jaxsal/peer maps/s at every batch
 GOALS = {"gradient": 1.5, "guided_backprop": 1.5, "integrated_gradients": 2.0, "gradcam": 1.2,
-         "gradcam_pp": 1.2, "occlusion": 5.0, "noise_sensitivity": 5.0, "rise": 5.0}
+         "gradcam_pp": 1.2, "occlusion": 5.0, "noise_sensitivity": 3.0, "rise": 1.0}
 
 
 def nature_forward_flops(num_actions: int = 6) -> int:
@@ -121,8 +124,8 @@ def cases(torch_model, rise_key, device: str = "cpu"):
     nm_t, bh_t, bw_t = (torch.from_numpy(np.array(a)).to(device) for a in (nm, bh, bw))
     rmasks = torch.from_numpy(np.array(rise_masks(rise_key, 1000, (84, 84)))).to(device)
     rows = peer_rows(device)
-    pgc = "pytorch-grad-cam" if P.pytorch_grad_cam_available() else \
-        "torch hooks as pytorch-grad-cam (it does not import here)"
+    pgc = "pytorch-grad-cam (the library)" if P.pytorch_grad_cam_available() else \
+        "torch hooks as pytorch-grad-cam (the library does not import here)"
     tm = torch_model
     occ = functools.partial(P.occlusion, tm, patch=2, stride=2)
     # torch's best chunk on CPU: 64-256 rows per forward ran ~2.3x faster than 1,000-4,096 (RISE)
@@ -198,50 +201,93 @@ def _block(out):
     jax.tree.map(lambda t: t.block_until_ready() if hasattr(t, "block_until_ready") else t, out)
 
 
-def bench_pair(apply_fn, params, case, batch: int, budget: float, repeats: int, probe: int = 8,
-               device: str = "cpu"):
-    """Interleaved timing of both sides on the same states; per-call budget caps the states.
-    Both sides get host uint8 frames: jaxsal's call includes its transfer to the device; the
-    peer's tensor is put on its device before the clock starts (what a torch user holds)."""
+REPLY = "@@against_peers "
+"""Prefix of a worker's reply lines on stdout (anything else it prints is passed over)."""
+
+
+def worker(side: str, device: str, torch_threads: int):
+    """One side of the timing in a process of its own, driven by JSON lines on stdin:
+    {"case", "n", "seed"} builds the case on n states and calls it once (compile / warm-up),
+    {"time": true} times one more call; each reply is a line REPLY + {"t": seconds}."""
+    import torch
     from experiments.benchmarks.peers.torch_nature import to_nchw
-    family, kw, peer, label, _ = case
-    fast, kw = jaxsal_fn(apply_fn, kw)
-    probe = min(probe, 2) if family in PERTURBATION else probe
-
-    def run_j(o):
+    torch.set_num_threads(torch_threads if side == "peer" else 1)
+    apply_fn, params, tmodel = build(device=device)
+    table = cases(tmodel, jax.random.PRNGKey(0), device)
+    call = None
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("quit"):
+            return
+        if "case" in msg:
+            family, kw, peer, label, _ = table[msg["case"]]
+            obs = _obs(msg["n"], msg["seed"])
+            if side == "jaxsal":
+                fn, kw = jaxsal_fn(apply_fn, kw)
+                call = functools.partial(lambda o, f, k: _block(jaxsal.explain(f, params, o, **k)), obs, fn, kw)
+            else:
+                x = to_nchw(obs, device)
+                call = functools.partial(lambda x, f: (f(x), sync(device)), x, peer)
         t = time.perf_counter()
-        _block(jaxsal.explain(fast, params, o, **kw))
-        return time.perf_counter() - t
+        call()
+        print(REPLY + json.dumps({"t": time.perf_counter() - t}), flush=True)
 
-    def run_t(x):
-        t = time.perf_counter()
-        peer(x)
-        sync(device)
-        return time.perf_counter() - t
 
-    p = min(probe, batch)
-    o, x = _obs(p, 1), to_nchw(_obs(p, 1), device)
-    first = run_j(o)                   # compiles
-    run_t(x)                           # warms torch/captum up
-    pj, pt = run_j(o) / p, run_t(x) / p
+class Side:
+    """A running worker process of one side."""
+
+    def __init__(self, side: str, device: str, torch_threads: int):
+        self.side = side
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "experiments.benchmarks.against_peers", "--worker", side,
+             "--torch-device", device, "--torch-threads", str(torch_threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, **msg) -> float:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(REPLY):
+                return json.loads(line[len(REPLY):])["t"]
+        raise RuntimeError(f"the {self.side} worker stopped (exit code {self.proc.wait()}); its error is above")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+
+
+PAUSE_S = 0.2
+"""Idle time between one side's call and the other's (a finished thread pool's spinning ends)."""
+
+
+def bench_pair(sides: dict, name: str, family: str, batch: int, budget: float, repeats: int, probe: int = 8):
+    """Both sides timed on the same states, each in its own process, alternating call by call
+    (which side goes first alternates by round); the budget caps the states timed. Both sides
+    get host uint8 frames: jaxsal's call includes its transfer to the device; the peer's tensor
+    is put on its device before the clock starts (what a torch user holds)."""
+    J, T = sides["jaxsal"], sides["peer"]
+    p = min(min(probe, 2) if family in PERTURBATION else probe, batch)
+    first = J.ask(case=name, n=p, seed=1)           # compiles
+    T.ask(case=name, n=p, seed=1)                   # warms torch/captum up
+    pj, pt = J.ask(time=True) / p, T.ask(time=True) / p
     per_call = budget / (2 * repeats)
     n = batch if max(pj, pt) * batch <= per_call else max(p, int(per_call / max(pj, pt)))
     n = min(n, batch)
-    o, x = _obs(n, 2), to_nchw(_obs(n, 2), device)
-    if n != p:
-        run_j(o)                       # compile for this shape
-        run_t(x)
+    J.ask(case=name, n=n, seed=2)                   # this shape's compile / warm-up
+    T.ask(case=name, n=n, seed=2)
     tj, tt = [], []
-    for r in range(repeats):           # interleaved: same load on both sides
-        tj.append(run_j(o))
-        tt.append(run_t(x))
-    row = {"batch": batch, "measured_states": n, "repeats": repeats,
-           "jaxsal_maps_per_s": n / float(np.median(tj)), "peer_maps_per_s": n / float(np.median(tt)),
-           "jaxsal_best_maps_per_s": n / min(tj), "peer_best_maps_per_s": n / min(tt),
-           "jaxsal_first_call_s": first, "load_avg_1": os.getloadavg()[0]}
-    row["ratio"] = row["jaxsal_maps_per_s"] / row["peer_maps_per_s"]
-    row["ratio_best"] = row["jaxsal_best_maps_per_s"] / row["peer_best_maps_per_s"]
-    return row
+    for r in range(repeats):
+        for side in ((J, T) if r % 2 == 0 else (T, J)):
+            time.sleep(PAUSE_S)
+            (tj if side is J else tt).append(side.ask(time=True))
+    ratios = [b / a for a, b in zip(tj, tt)]        # jaxsal maps/s over the peer's, per round
+    return {"batch": batch, "measured_states": n, "repeats": repeats,
+            "jaxsal_maps_per_s": n / float(np.median(tj)), "peer_maps_per_s": n / float(np.median(tt)),
+            "jaxsal_best_maps_per_s": n / min(tj), "peer_best_maps_per_s": n / min(tt),
+            "ratio": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "ratio_best": min(tt) / min(tj), "jaxsal_first_call_s": first, "load_avg_1": os.getloadavg()[0]}
 
 
 def run_child(args: list, timeout: float) -> dict | list:
@@ -283,17 +329,44 @@ def machine(torch_threads: int, device: str = "cpu") -> dict:
     info = machine_info()
     import torch
     info["torch"] = torch.__version__
+    info["torch_cuda"] = torch.version.cuda
+    info["torch_build"] = torch_build_note(device)
     info["torch_threads"] = torch.get_num_threads()
     info["torch_interop_threads"] = torch.get_num_interop_threads()
     info["torch_device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    for mod in ("captum", "pytorch_grad_cam"):
-        try:
-            m = __import__(mod)
-            info[mod] = getattr(m, "__version__", "installed")
-        except Exception as e:  # noqa: BLE001
-            info[mod] = f"does not import: {type(e).__name__}: {str(e)[:120]}"
+    from experiments.benchmarks.peers import methods as P
+    try:
+        import captum
+        info["captum"] = captum.__version__
+    except Exception as e:  # noqa: BLE001
+        info["captum"] = f"does not import: {type(e).__name__}: {str(e)[:120]}"
+    info["pytorch_grad_cam"] = P.pytorch_grad_cam_status()
     info["jaxsal_threads"] = "XLA:CPU default (one Eigen pool over all cores)"
     return info
+
+
+CUDA_ON_CPU = ("a CUDA build of torch timed on the CPU: its CPU convolutions run 4-10x slower than the CPU "
+               "build's, so these ratios overstate jaxsal")
+
+
+def torch_build_note(device: str) -> str:
+    """'CPU build', 'CUDA x.y build' or, for a CUDA build timed on the CPU, the warning."""
+    import torch
+    if torch.version.cuda is None:
+        return "CPU build"
+    return f"CUDA {torch.version.cuda} build" + (f": {CUDA_ON_CPU}" if device == "cpu" else "")
+
+
+def check_torch_build(device: str, allow_cuda_build: bool):
+    """Refuse to time a CUDA build of torch on the CPU (the peers would look several times slower
+    than they are) unless asked to, in which case every table says so."""
+    import torch
+    if device == "cpu" and torch.version.cuda is not None and not allow_cuda_build:
+        raise SystemExit(
+            f"torch {torch.__version__} is a CUDA build (CUDA {torch.version.cuda}); timed on the CPU its "
+            "convolutions run 4-10x slower than torch's CPU build and the ratios would flatter jaxsal. Install "
+            "the CPU build (pip install torch --index-url https://download.pytorch.org/whl/cpu, or a +cpu wheel "
+            "you have), or pass --allow-cuda-build-on-cpu to time it anyway with every table flagged.")
 
 
 def load_note(res: dict) -> str:
@@ -308,8 +381,16 @@ def load_note(res: dict) -> str:
     if busy:
         return msg + ("**the machine was busy, so these ratios are unreliable** (oversubscribed "
                       "torch thread pools slow down far more than XLA's); rerun on a quiet machine.")
-    return msg + ("no other work competed (the benchmark itself keeps the cores busy); both sides "
-                  "interleaved on the same states in one process.")
+    how = ("each side in its own process, alternating call by call on the same states." if "rounds" in res
+           else "both sides interleaved on the same states in one process.")
+    return msg + "no other work competed (the benchmark itself keeps the cores busy); " + how
+
+
+def build_warning(info: dict) -> list:
+    """A bold line for the tables when the peers ran on a CUDA build of torch on the CPU."""
+    cuda_on_cpu = CUDA_ON_CPU in info.get("torch_build", "") or (
+        "+cu" in info.get("torch", "") and info.get("torch_device", "cpu") == "cpu")
+    return [f"**Warning: {CUDA_ON_CPU}.**", ""] if cuda_on_cpu else []
 
 
 def write(res: dict, out: Path):
@@ -320,13 +401,13 @@ def write(res: dict, out: Path):
          f"Nature-CNN DQN (6 actions, random init), identical weights in flax and torch, random uint8 "
          f"(N, 84, 84, 4) states. Machine: {info.get('cpu', '?')}, {info['cpu_count']} cores; "
          f"{load_note(res)} "
-         f"jax {info['jax']}, flax {info.get('flax')}, torch {info['torch']} on "
-         f"{info.get('torch_device', 'cpu')} "
+         f"jax {info['jax']}, flax {info.get('flax')}, torch {info['torch']} "
+         f"({info.get('torch_build', 'build not recorded')}) on {info.get('torch_device', 'cpu')} "
          f"({info['torch_threads']} intra-op / {info['torch_interop_threads']} inter-op threads), "
          f"captum {info.get('captum')}, pytorch-grad-cam {info.get('pytorch_grad_cam')}, Python "
          f"{info['python']}. jaxsal side: `jaxsal.explain(apply_fn, ...)` at its defaults "
          f"(XLA:CPU threads: {info['jaxsal_threads']}; XLA_FLAGS `{info.get('xla_flags') or '(none)'}`).", "",
-         "## Agreement (before timing)", "",
+         *build_warning(info), "## Agreement (before timing)", "",
          "Pearson correlation per state, minimum over states; `fast vs plain`: jaxsal's fast path "
          "against its own plain lax.conv path.", "",
          "| method | peer | compared | corr vs peer | corr fast vs plain | max abs fast-plain |",
@@ -337,28 +418,30 @@ def write(res: dict, out: Path):
             continue
         L.append(f"| {name} | {res['peers'][name]} | {a['compared']} | {a['corr_vs_peer']:.6f} | "
                  f"{a['corr_fast_vs_plain']:.6f} | {a['max_abs_fast_vs_plain']:.2e} |")
-    L += ["", "## Maps/s, interleaved (median of repeats; ratio = jaxsal / peer)", "",
+    L += ["", "## Maps/s (median of rounds; ratio = jaxsal / peer, per round)", "",
+          "Each side runs in its own process; a round times one call of each, alternating which goes "
+          "first. `ratio` is the median over rounds of the per-round ratio, `range` its spread. "
           "`measured` < batch: the call was timed on fewer states to fit the time budget "
-          "(both sides on the same states). Goal: issue 8's ratio at batch 256. FLOPs/map: the "
+          "(both sides on the same states). Goals (issue 45) hold at every batch. FLOPs/map: the "
           "plain algorithm's forward-pass equivalents x "
           f"{res['forward_flops'] / 1e6:.1f} MFLOP per forward; % peak: jaxsal's FLOP/s over the "
           f"machine peak {res['peak_flops'] / 1e9:.0f} GFLOP/s ({res['peak_note']}).", "",
-          "| method | peer | batch | measured | jaxsal maps/s | peer maps/s | ratio | ratio (best) | "
+          "| method | peer | batch | measured | jaxsal maps/s | peer maps/s | ratio | range | ratio (best) | "
           "goal | MFLOP/map | jaxsal % peak | jaxsal first call s |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in res["timing"].items():
         fam = res["families"][name]
         for r in rows:
             if "error" in r:
                 L.append(f"| {name} | {res['peers'][name]} | {r['batch']} | - | error: {r['error']} "
-                         f"| | | | | | | |")
+                         f"| | | | | | | | |")
                 continue
             goal = GOALS[fam]
             flops = forward_equivalents(fam) * res["forward_flops"]
-            met = "" if r["batch"] != 256 else (" met" if r["ratio"] >= goal else " **not met**")
+            met = " met" if r["ratio"] >= goal else " **not met**"
             L.append(f"| {name} | {res['peers'][name]} | {r['batch']} | {r['measured_states']} | "
                      f"{r['jaxsal_maps_per_s']:.1f} | {r['peer_maps_per_s']:.1f} | {r['ratio']:.2f} | "
-                     f"{r['ratio_best']:.2f} | {goal}{met} | {flops / 1e6:.0f} | "
+                     f"{_range(r)} | {r['ratio_best']:.2f} | {goal}{met} | {flops / 1e6:.0f} | "
                      f"{100 * r['jaxsal_maps_per_s'] * flops / res['peak_flops']:.1f} | "
                      f"{r.get('jaxsal_first_call_s', float('nan')):.2f} |")
     if res.get("memory"):
@@ -387,6 +470,52 @@ def write(res: dict, out: Path):
     (out / "against_peers.md").write_text("\n".join(L) + "\n")
     (out / "against_peers_README_section.md").write_text(readme_section(res))
     plot(res, out / "against_peers.png")
+
+
+def _range(r: dict) -> str:
+    return f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}" if "ratio_min" in r else "not recorded"
+
+
+DOCS_BEGIN = "<!-- against_peers table: generated by `python -m experiments.benchmarks.against_peers --render RESULTS.json --docs docs/benchmarks.md` -->"
+DOCS_END = "<!-- end of the generated table -->"
+
+
+def docs_table(res: dict, source: str) -> str:
+    """The docs page's table: per method, jaxsal / peer at each batch (median over rounds, with its
+    range) against the goal, with the machine, load and torch build it ran with."""
+    info, batches = res["machine"], res["batches"]
+    L = [f"Measured {info['date_utc'][:10]} on {info.get('cpu', '?')} ({info['cpu_count']} cores), jax "
+         f"{info['jax']}, torch {info['torch']} ({info.get('torch_build', 'build not recorded')}, "
+         f"{info['torch_threads']} threads), Captum {info.get('captum')}, pytorch-grad-cam "
+         f"{info.get('pytorch_grad_cam')}. {load_note(res)} Results: `{source}`.", "", *build_warning(info),
+         "| method | peer | " + " | ".join(f"batch {b}" for b in batches) + " | goal |",
+         "|---|---|" + "---:|" * len(batches) + "---:|"]
+    for name, rows in res["timing"].items():
+        by = {r["batch"]: r for r in rows}
+        goal = GOALS[res["families"][name]]
+        cells = []
+        for b in batches:
+            r = by.get(b)
+            if r is None or "error" in r:
+                cells.append("error" if r else "-")
+                continue
+            mark = "" if r["ratio"] >= goal else " (below)"
+            cells.append(f"{r['ratio']:.2f}" + (f" ({_range(r)})" if "ratio_min" in r else "") + mark)
+        L.append(f"| {name} | {res['peers'][name]} | " + " | ".join(cells) + f" | {goal} |")
+    ranged = all("ratio_min" in r for rows in res["timing"].values() for r in rows if "error" not in r)
+    L += ["", "Each cell: jaxsal's maps/s over the peer's, the median over rounds of the per-round ratio" + (
+          ", with its range over rounds in brackets" if ranged else " (this run recorded no per-round range)")
+          + "; \"(below)\" marks a cell under the goal."]
+    return "\n".join(L)
+
+
+def render_docs(res: dict, page: Path, source: str) -> str:
+    """`page`'s text with the block between DOCS_BEGIN and DOCS_END replaced by docs_table(res)."""
+    text = page.read_text()
+    if DOCS_BEGIN not in text or DOCS_END not in text:
+        raise SystemExit(f"{page} has no generated-table markers ({DOCS_BEGIN!r} ... {DOCS_END!r})")
+    head, rest = text.split(DOCS_BEGIN, 1)
+    return head + DOCS_BEGIN + "\n" + docs_table(res, source) + "\n" + DOCS_END + rest.split(DOCS_END, 1)[1]
 
 
 def readme_section(res: dict) -> str:
@@ -457,7 +586,7 @@ def plot(res: dict, path: Path):
     axes[0].set_xscale("log")
     axes[0].set_xlabel("maps/s (bars jaxsal, | peer)")
     axes[1].axvline(1.0, color="grey", lw=1)
-    axes[1].set_xlabel("ratio jaxsal / peer (red dashes: issue 8 goal at batch 256)")
+    axes[1].set_xlabel("ratio jaxsal / peer (red dashes: goal)")
     for ax in axes:
         ax.set_yticks(y + 0.4 - h / 2)
         ax.set_yticklabels(names)
@@ -471,12 +600,18 @@ def plot(res: dict, path: Path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="batches 1, 32, 256 and a smaller budget")
+    ap.add_argument("--quick", action="store_true", help="batches 4 and 16, 2 rounds, a small budget (a check that it runs)")
     ap.add_argument("--batches", type=int, nargs="*", default=None)
     ap.add_argument("--methods", nargs="*", default=None, help="case names (default: all)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds of timed calls per case and batch (both sides, all repeats)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=None, help="rounds per case and batch (default 5; quick 2)")
+    ap.add_argument("--allow-cuda-build-on-cpu", action="store_true",
+                    help="time a CUDA build of torch on the CPU anyway (refused otherwise: it runs the peers "
+                         "several times slower than torch's CPU build); every table is flagged")
+    ap.add_argument("--worker", choices=["jaxsal", "peer"], help=argparse.SUPPRESS)
+    ap.add_argument("--docs", type=Path, default=None,
+                    help="with --render: also regenerate this docs page's table (docs/benchmarks.md)")
     ap.add_argument("--torch-threads", type=int, default=2)
     ap.add_argument("--torch-device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="where the torch peers run (auto: the GPU when torch sees one)")
@@ -500,27 +635,35 @@ def main(argv=None):
     ap.add_argument("--agreement-from", type=Path, default=None,
                     help="reuse the agreement table of an earlier results .json (same seed/model)")
     args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.torch_device, args.torch_threads)
     if args.render:
         res = json.loads(args.render.read_text())
         write(res, args.out)
+        if args.docs:
+            args.docs.write_text(render_docs(res, args.docs, args.render.as_posix()))
         return res
     try:
         import torch
     except ImportError:
         raise SystemExit("the peer benchmark needs the bench extra: pip install 'jaxsal[bench]'")
     torch.set_num_threads(args.torch_threads)
+    from experiments.benchmarks.peers import methods as P
     if args.xla_defaults and "ynn_fusion_type" in os.environ.get("XLA_FLAGS", ""):
         raise SystemExit("--xla-defaults: `import jaxsal` already turned on the YNNPACK kernels; "
                          "run with JAXSAL_FAST_CPU=0 in the environment instead")
-    batches = args.batches or ([1, 32, 256] if args.quick else [1, 256, 4096])
-    budget = args.budget or (20.0 if args.quick else 60.0)
+    batches = args.batches or ([4, 16] if args.quick else [64, 256, 1024])
+    budget = args.budget or (2.0 if args.quick else 30.0)
+    repeats = args.repeats or (2 if args.quick else 5)
     device = torch_device(args.torch_device)
+    check_torch_build(device, args.allow_cuda_build_on_cpu)
     apply_fn, params, tmodel = build(device=device)
     table = cases(tmodel, jax.random.PRNGKey(0), device)
     names = args.methods or list(table)
     cores = os.cpu_count() or 1
     peak = (args.peak_gflops or cores * 2.5 * 32) * 1e9
     res = {"machine": machine(args.torch_threads, device), "batches": batches, "budget_s": budget,
+           "rounds": repeats, "commit": _commit(),
            "forward_flops": nature_forward_flops(6), "peak_flops": peak,
            "peak_note": "given" if args.peak_gflops else f"{cores} cores x 2.5 GHz x 32 FP32 FLOP/cycle, assumed",
            "peers": {n: table[n][3] for n in names}, "families": {n: table[n][0] for n in names},
@@ -535,6 +678,7 @@ def main(argv=None):
                f"on {device}" + (": measured on the 2-core CPU, 64-256 rows ran RISE ~2.3x and noise "
                                  "sensitivity ~1.4x faster than 1,000-4,096." if device == "cpu" else
                                  " (small forwards leave a GPU idle)."),
+               *([P.TORCHVISION_STAND_IN] if "stand-in" in P.pytorch_grad_cam_status() else []),
                "Grad-CAM/Grad-CAM++ peers min-max scale each map (pytorch-grad-cam's output); "
                "jaxsal returns ReLU(sum_k w_k A^k) upsampled, so the comparison is by correlation.",
                "Occlusion is compared on the per-patch drop grid t(x) - t(x') (Captum's definition); "
@@ -561,11 +705,40 @@ def main(argv=None):
             res["agreement"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
             print(f"agree {name}: {res['agreement'][name]['error']}", flush=True)
     write(res, out)
+    sides = {s: Side(s, device, args.torch_threads) for s in ("jaxsal", "peer")}
+    try:
+        _time_all(res, names, table, sides, batches, budget, repeats, out)
+    finally:
+        for side in sides.values():
+            side.close()
+    if not args.no_memory:
+        res["memory"] = memory(names, table, device=device)
+        res["load_avg_end"] = list(os.getloadavg())
+        write(res, out)
+    sizes = args.scaling if args.scaling is not None else (
+        [] if args.quick else [1000, 10000, 100000])
+    if sizes:
+        res["scaling"] = scaling(sizes)
+        res["load_avg_end"] = list(os.getloadavg())
+        write(res, out)
+    print(f"wrote {out}/against_peers.json, .md, .png")
+    return res
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _time_all(res, names, table, sides, batches, budget, repeats, out):
     for name in names:
         rows = []
         for b in batches:
             try:
-                r = bench_pair(apply_fn, params, table[name], b, budget, args.repeats, device=device)
+                r = bench_pair(sides, name, table[name][0], b, budget, repeats)
                 print(f"{name:36s} batch {b:5d} ({r['measured_states']:4d} timed): jaxsal "
                       f"{r['jaxsal_maps_per_s']:9.1f}  peer {r['peer_maps_per_s']:9.1f} maps/s  "
                       f"ratio {r['ratio']:.2f}", flush=True)
@@ -576,18 +749,6 @@ def main(argv=None):
         res["timing"][name] = rows
         res["load_avg_end"] = list(os.getloadavg())
         write(res, out)
-    if not args.no_memory:
-        res["memory"] = memory(names, table, device=device)
-        res["load_avg_end"] = list(os.getloadavg())
-        write(res, out)
-    sizes = args.scaling if args.scaling is not None else (
-        [1000] if args.quick else [1000, 10000, 100000])
-    if sizes:
-        res["scaling"] = scaling(sizes)
-        res["load_avg_end"] = list(os.getloadavg())
-        write(res, out)
-    print(f"wrote {out}/against_peers.json, .md, .png")
-    return res
 
 
 if __name__ == "__main__":

@@ -3,8 +3,6 @@
 the same weights (slow; skipped where the bench extra's torch, captum and grad-cam are missing)."""
 import importlib.util
 import re
-import sys
-import types
 
 import flax.linen as nn
 import jax
@@ -87,31 +85,15 @@ def test_every_jaxsal_call_in_the_tables_runs_with_registered_methods(peer):
 
 # ---- against the peers (slow) ----
 
-# the torchvision names pytorch-grad-cam 1.5 imports at start-up (image utilities, SESS, box targets)
-STAND_IN = {"torchvision": (), "torchvision.ops": (), "torchvision.transforms": ("Compose", "Normalize", "ToTensor"),
-            "torchvision.transforms.functional": ("resize",)}
-
-
 def _pytorch_grad_cam():
-    """pytorch_grad_cam, imported. Where torchvision's compiled ops do not load against the installed
-    torch (a CPU torch beside a CUDA torchvision), a stand-in for the torchvision names pytorch-grad-cam
-    imports at start-up is put in place: its CAM classes use none of them."""
+    """pytorch_grad_cam, imported as the peer benchmark imports it (with its torchvision stand-in where
+    torchvision does not load: its CAM classes use none of it)."""
     if importlib.util.find_spec("pytorch_grad_cam") is None:
-        pytest.skip("pytorch-grad-cam is not installed: pip install 'jaxsal[bench]' (`make test-slow` leaves it "
-                    "out: its torchvision does not install beside the CPU torch)")
-    try:
-        import torchvision  # noqa: F401
-    except Exception:  # noqa: BLE001 (RuntimeError: operator torchvision::nms does not exist)
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        for name, attrs in STAND_IN.items():
-            mod = sys.modules[name] = types.ModuleType(name)
-            mod.__path__ = []  # a package, for the names below it
-            for attr in attrs:
-                setattr(mod, attr, None)
-            if "." in name:
-                parent, _, child = name.rpartition(".")
-                setattr(sys.modules[parent], child, mod)
+        pytest.skip("pytorch-grad-cam is not installed: pip install 'jaxsal[bench]'")
+    from experiments.benchmarks.peers import methods as P
+    status = P.pytorch_grad_cam_status()
+    if status.startswith("does not import"):
+        pytest.skip(f"pytorch-grad-cam {status}")
     import pytorch_grad_cam
     from pytorch_grad_cam.utils import model_targets
     return pytorch_grad_cam, model_targets

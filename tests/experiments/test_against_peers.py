@@ -115,3 +115,28 @@ def test_peak_memory_child_reports_its_own_peak():
     r = run_child(["--case", "gradient", "--side", "jaxsal", "--n", 2], timeout=120)
     assert "error" not in r, r
     assert r["n"] == 2 and r["peak_rss_mb"] >= r["base_rss_mb"] > 50 and r["extra_mb"] >= 0
+
+
+def test_pytorch_grad_cam_is_the_library_where_it_is_installed():
+    """The Grad-CAM peers are pytorch-grad-cam's own classes when it is installed (with the
+    torchvision stand-in where torchvision is missing), and they agree with jaxsal."""
+    pytest.importorskip("cv2")
+    pytest.importorskip("ttach")
+    status = P.pytorch_grad_cam_status()
+    if status.startswith("does not import"):
+        pytest.skip(f"pytorch-grad-cam {status}")
+    assert status.startswith("1.")
+    assert P.pytorch_grad_cam_available()
+
+
+def test_the_quick_run_times_each_side_in_its_own_process(tmp_path):
+    """--quick end to end: agreement, both worker processes, per-round ratios with their range, the
+    torch build recorded, and the tables written."""
+    res = AP.main(["--quick", "--methods", "gradient", "--batches", "2", "--no-memory", "--out", str(tmp_path)])
+    row, = res["timing"]["gradient"]
+    assert "error" not in row, row
+    assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"] and row["repeats"] == 2
+    assert res["machine"]["torch_build"] == "CPU build" and res["machine"]["torch_cuda"] is None
+    assert res["rounds"] == 2 and len(res["commit"]) == 40
+    md = (tmp_path / "against_peers.md").read_text()
+    assert "own process" in md and "| gradient | captum Saliency | 2 |" in md

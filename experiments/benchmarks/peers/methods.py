@@ -1,5 +1,6 @@
-"""Peer saliency methods on a torch model: Captum where it has the method, pytorch-grad-cam
-(or a hook version written exactly like it when it does not import), and straightforward
+"""Peer saliency methods on a torch model: Captum where it has the method, pytorch-grad-cam's own
+classes (or a hook version written exactly like it when the library does not import; see
+TORCHVISION_STAND_IN for the one import it is helped past), and straightforward
 batched torch versions of noise sensitivity and RISE (Captum has neither).
 
 Every function takes (model, x NCHW float tensor on the 0-255 scale, **options), picks the
@@ -45,13 +46,70 @@ def gradcam_captum(model, x, layer: str = "conv3"):
     return LayerAttribution.interpolate(att, tuple(x.shape[2:]), "bilinear")[:, 0]
 
 
-def pytorch_grad_cam_available() -> bool:
+TORCHVISION_STAND_IN = ("pytorch-grad-cam imports torchvision in utilities its Grad-CAM path never calls "
+                        "(torchvision.transforms in utils/image.py, torchvision in utils/model_targets.py); "
+                        "where torchvision does not import (not installed, or a wheel built for another torch: "
+                        "PyPI's does not load beside torch's CPU build), an empty stand-in module is put in its place at import, and calling anything "
+                        "in it raises. The timed GradCAM / GradCAMPlusPlus code is the library's, unchanged.")
+
+
+def _torchvision_stand_in():
+    """Empty `torchvision`, `torchvision.transforms(.functional)` packages whose names raise when used."""
+    import importlib.machinery
+    import sys
+    import types
+
+    def unavailable(*a, **k):
+        raise RuntimeError("torchvision is not installed: this is the benchmark's import-time stand-in")
+
+    names = {"torchvision": (), "torchvision.ops": (), "torchvision.transforms": ("Compose", "Normalize", "ToTensor"),
+             "torchvision.transforms.functional": ("resize",)}
+    for name, attrs in names.items():
+        m = types.ModuleType(name)
+        m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        m.__path__, m.__jaxsal_stand_in__ = [], True
+        for a in attrs:
+            setattr(m, a, unavailable)
+        sys.modules.setdefault(name, m)
+    for name in names:
+        if "." in name:
+            parent, _, child = name.rpartition(".")
+            setattr(sys.modules[parent], child, sys.modules[name])
+
+
+def _torchvision_loads() -> bool:
+    """Whether torchvision imports (a wheel built for another torch fails at import: its partial
+    modules are dropped so the stand-in can take their place)."""
+    import sys
+    if getattr(sys.modules.get("torchvision"), "__jaxsal_stand_in__", False):
+        return False
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 (missing, or 'operator torchvision::nms does not exist')
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        return False
+    return True
+
+
+def pytorch_grad_cam_status() -> str:
+    """How pytorch-grad-cam imports here: its version, with "(torchvision stand-in)" when the
+    stand-in was needed, or "does not import: ..." (the peers then use the hook version)."""
+    if not _torchvision_loads():
+        _torchvision_stand_in()
     try:
         import pytorch_grad_cam  # noqa: F401
         from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget  # noqa: F401
-    except Exception:  # noqa: BLE001 (torchvision/opencv mismatch: use the hook version)
-        return False
-    return True
+    except Exception as e:  # noqa: BLE001 (opencv/ttach missing: the hook version)
+        return f"does not import: {type(e).__name__}: {str(e)[:120]}"
+    import sys
+    from importlib.metadata import version
+    stand_in = getattr(sys.modules.get("torchvision"), "__jaxsal_stand_in__", False)
+    return version("grad-cam") + (" (torchvision stand-in)" if stand_in else "")
+
+
+def pytorch_grad_cam_available() -> bool:
+    return not pytorch_grad_cam_status().startswith("does not import")
 
 
 def _pgc(cls_name, model, x, layer):

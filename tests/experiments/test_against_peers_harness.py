@@ -1,0 +1,55 @@
+"""The peer benchmark's own logic, without torch: the docs page's table is what the committed results
+file gives, and a CUDA build of torch is refused on the CPU (it would flatter jaxsal several times over)."""
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from experiments.benchmarks import against_peers as AP
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "benchmarks.md"
+
+
+def test_the_docs_table_is_generated_from_the_committed_results():
+    text = PAGE.read_text()
+    block = text.split(AP.DOCS_BEGIN, 1)[1].split(AP.DOCS_END, 1)[0]
+    source = re.search(r"Results: `([^`]+\.json)`", block).group(1)
+    res = json.loads((ROOT / source).read_text())
+    assert block.strip() == AP.docs_table(res, source).strip(), \
+        "docs/benchmarks.md's table is stale: regenerate it with --render RESULTS.json --docs docs/benchmarks.md"
+    assert AP.render_docs(res, PAGE, source) == text
+
+
+def test_a_cuda_build_timed_on_the_cpu_is_flagged_in_the_tables():
+    res = json.loads((ROOT / "experiments/results/against_peers_call/against_peers.json").read_text())
+    assert "+cu" in res["machine"]["torch"]
+    assert "**Warning: a CUDA build of torch timed on the CPU" in AP.docs_table(res, "x")
+    quiet = {**res, "machine": {**res["machine"], "torch": "2.13.0+cpu", "torch_build": "CPU build"}}
+    assert "Warning" not in AP.docs_table(quiet, "x")
+
+
+def _fake_torch(monkeypatch, cuda):
+    torch = types.ModuleType("torch")
+    torch.__version__ = "2.14.1+cu130" if cuda else "2.13.0+cpu"
+    torch.version = types.SimpleNamespace(cuda=cuda)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+
+def test_a_cuda_build_is_refused_on_the_cpu_unless_allowed(monkeypatch):
+    _fake_torch(monkeypatch, "13.0")
+    with pytest.raises(SystemExit, match="CUDA build.*--allow-cuda-build-on-cpu"):
+        AP.check_torch_build("cpu", allow_cuda_build=False)
+    AP.check_torch_build("cpu", allow_cuda_build=True)
+    AP.check_torch_build("cuda", allow_cuda_build=False)      # on its GPU a CUDA build is right
+    assert AP.CUDA_ON_CPU in AP.torch_build_note("cpu")
+    assert AP.torch_build_note("cuda") == "CUDA 13.0 build"
+
+
+def test_a_cpu_build_is_timed(monkeypatch):
+    _fake_torch(monkeypatch, None)
+    AP.check_torch_build("cpu", allow_cuda_build=False)
+    assert AP.torch_build_note("cpu") == "CPU build"
