@@ -109,12 +109,13 @@ def check_layers(agent, specs, source):
     """Layers named with --option M.layer=NAME must exist in the model and be spatial."""
     from jaxsal.errors import SaliencyInputError
     from jaxsal.backprop.layers import resolve_layer
-    from jaxsal.registry import accepted_options, get_method
+    from jaxsal.engine import expression
+    from jaxsal.registry import accepted_options
 
     x = None
     for s in specs:
         layer = s.options.get("layer")
-        if layer is None or "layer" not in accepted_options(get_method(s.method)):
+        if layer is None or "layer" not in accepted_options(expression.function(s.method)):
             continue
         if x is None:
             x = np.zeros((1,) + tuple(source.shape[1:]), np.float32)

@@ -14,14 +14,21 @@ from jaxsal.errors import CLIError
 
 
 def parse_methods(text: str) -> list[tuple[str, str]]:
-    """'gradcam,critic=occlusion' -> [(alias, method), ...]."""
+    """'gradcam,critic=occlusion,sg=noise_tunnel(gradcam, n=16)' -> [(alias, method), ...]: split at
+    top-level commas; a method is an expression (jaxsal.engine.expression), in its canonical text; an
+    expression without alias= gets expression.alias."""
+    from jaxsal.engine import expression
+
     out = []
-    for item in text.split(","):
+    for item in expression.split(text):
         item = item.strip()
         if not item:
             continue
-        alias, _, method = item.partition("=")
-        out.append((alias.strip(), (method or alias).strip()))
+        alias, eq, method = item.partition("=")
+        if not eq or "(" in alias:  # no alias: the '=' (if any) is a keyword's, inside the call
+            alias, method = "", item
+        method = expression.canonical(method)
+        out.append((alias.strip() or expression.alias(method), method))
     if not out:
         raise CLIError("--methods is empty; e.g. --methods gradcam,gradient")
     return out
@@ -226,6 +233,7 @@ def _objects_for(args, agent, source):
 def _explain_epilog() -> str:
     import contextlib
 
+    from jaxsal.engine import expression
     from jaxsal.plugins import load_methods
     from jaxsal.registry import METHODS
     from jaxsal.targets import TARGET_NAMES
@@ -235,7 +243,9 @@ def _explain_epilog() -> str:
     with contextlib.suppress(Exception):  # a broken plugin is reported by main(), in one line
         load_methods()  # the plugins' methods are listed too
     return ("methods: " + ", ".join(sorted(METHODS)) + "\n"
-            "  options: --option METHOD.NAME=VALUE; each method's options and defaults:\n"
+            "  combined: " + expression.forms() + " of a gradient or CAM method,\n"
+            "  e.g. --methods \"gradcam,sg=" + expression.EXAMPLE + "\" (an alias= names its directory)\n"
+            "  options: --option METHOD.NAME=VALUE (or ALIAS.NAME=VALUE); each method's options and defaults:\n"
             "  python -c 'import jaxsal; print(jaxsal.method_options(\"rise\"))'\n"
             "targets: " + ", ".join(TARGET_NAMES) + " (q_action: the buffer's actions, an .npz's\n"
             "  'actions' array of one integer per frame stack, or a Dopamine buffer's action files)\n"
@@ -267,7 +277,8 @@ def add_parser(sub):
                    help="the model's input layout, overriding the agent's (buffers in either layout are "
                         "recognised from their shape)")
     e.add_argument("--model", help="parameter file (.msgpack) to use with the agent's card")
-    e.add_argument("--methods", required=True, help="comma list, e.g. gradcam,rise or alias=method")
+    e.add_argument("--methods", required=True, help="comma list, e.g. gradcam,rise or alias=method; a combined method is one "
+                                                  "item: sg=noise_tunnel(gradcam, n=16)")
     e.add_argument("--input", help=".npy/.npz (key obs) file, shard directory or Dopamine replay directory (its "
                                     "add_count and invalid_range files are required: the states are Dopamine's "
                                     "valid transitions, oldest first; jaxsal.load_outputs gives each one's buffer "

@@ -228,14 +228,18 @@ def blur(x, sigma, layout):
     return conv1d(conv1d(x, hax), wax)
 
 
+def _check_baseline(baseline):
+    if isinstance(baseline, str) and baseline not in BASELINES:
+        raise SaliencyInputError(f"baseline must be one of {BASELINES} or an array, got {baseline!r}")
+
+
 def _baseline(call, baseline, blur_sigma, key, what):
     """(kind, call-wide array, per-state arrays, uniform key) of a baseline option."""
     x = call.x
     n = x.shape[0]
     ukey = jnp.zeros((2,), jnp.uint32)
     if isinstance(baseline, str):
-        if baseline not in BASELINES:
-            raise SaliencyInputError(f"baseline must be one of {BASELINES} or an array, got {baseline!r}")
+        _check_baseline(baseline)
         if baseline == "blur":
             check_positive_float("blur_sigma", blur_sigma, hint=" (pixels)")
         if baseline == "uniform":
@@ -298,10 +302,11 @@ def path_integral(method, steps: int = 50, baseline="black", *, quadrature_optio
         Spec: the combined method.
 
     Raises:
-        jaxsal.SaliencyInputError: `method` is no gradient or CAM method, is itself combined, or
-            steps is not a positive integer.
+        jaxsal.SaliencyInputError: `method` is no gradient or CAM method, is itself combined,
+            steps is not a positive integer, or baseline is an unknown name.
     """
     inner = _inner(method, "path_integral")
+    _check_baseline(baseline)  # a misspelt default fails here, not on the first call
     qname = quadrature_option
     own = {"steps": check_positive_int("steps", steps), "baseline": baseline, qname: "riemann_right",
            "blur_sigma": 5.0, "return_error": False, "fast_prefix": True, "key": None}

@@ -24,11 +24,12 @@ import numpy as np
 
 from jaxsal import checks
 from jaxsal.batching import batch_sharding, pad_rows
+from jaxsal.engine import expression
 from jaxsal.engine.precision import check_precision
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io import store
 from jaxsal.io.readers import dtype_spans, row_ids, verify_input
-from jaxsal.registry import COMMON_ARGS, FRONT_DEFAULTS, STOCHASTIC, accepted_options, check_options, get_method
+from jaxsal.registry import COMMON_ARGS, FRONT_DEFAULTS, STOCHASTIC, accepted_options, check_options
 from jaxsal.targets import explains_action, get_target
 
 DTYPES = ("float32", "float16")
@@ -37,7 +38,8 @@ SCAN_BYTES = 1 << 30  # float inputs up to this size are checked in full before 
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
-    """One output of a job: `alias` names its directory, `method` the registered method."""
+    """One output of a job: `alias` names its directory, `method` the registered method or a method
+    expression (jaxsal.engine.expression, e.g. "noise_tunnel(gradcam, n=16)")."""
     alias: str
     method: str
     options: dict
@@ -50,7 +52,7 @@ class MethodSpec:
 
 
 def check_specs(specs: list[MethodSpec]):
-    """Unknown methods or options fail here, before any work starts."""
+    """Unknown methods, bad method expressions or unknown options fail here, before any work starts."""
     if not specs:
         raise SaliencyInputError("no methods given; e.g. --methods gradcam,gradient")
     seen = set()
@@ -63,7 +65,7 @@ def check_specs(specs: list[MethodSpec]):
         seen.add(s.alias)
         if not s.alias.replace("_", "").replace("-", "").isalnum():
             raise SaliencyInputError(f"bad method name {s.alias!r}: use letters, digits, _ and -")
-        accepted = accepted_options(get_method(s.method))
+        accepted = accepted_options(expression.function(s.method))
         check_options(s.method, accepted, s.options, shown=[a for a in accepted if a not in ("key", "batch_size")])
 
 
@@ -421,8 +423,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     return summary
 
 
-def _explain_args(spec: MethodSpec, target, layout, key, batch_size, precision) -> tuple[str, dict, dict]:
-    """(method, common, options) of a spec as `jaxsal.explain(method=spec.method, ...)` gets
+def _explain_args(spec: MethodSpec, target, layout, key, batch_size, precision) -> tuple:
+    """(method: a name or Spec, common, options) of a spec as `jaxsal.explain(method=...)` gets
     them in a job: the job's target, layout, batch size and precision unless the spec sets its own, and
     the job's key for methods that take one (the same key every chunk)."""
     common, own = spec.split()
@@ -431,10 +433,11 @@ def _explain_args(spec: MethodSpec, target, layout, key, batch_size, precision) 
     kw.setdefault("layout", layout)
     kw.setdefault("batch_size", batch_size)
     kw.setdefault("precision", precision)
-    if "key" in accepted_options(get_method(spec.method)) or spec.method in STOCHASTIC:
+    method = expression.parse(spec.method)  # a name, or the Spec of an expression (built once per job)
+    if "key" in accepted_options(expression.function(method)) or spec.method in STOCHASTIC:
         kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
     args = {k: kw.pop(k, FRONT_DEFAULTS[k]) for k in COMMON_ARGS}
-    return spec.method, args, kw
+    return method, args, kw
 
 
 def _resuming(out: Path, config: dict) -> bool:
@@ -497,7 +500,7 @@ def resolved_options(apply_fn, params, source, specs, target, layout, precision=
     res = {}
     first = None
     for s in specs:
-        fn = get_method(s.method)
+        fn = expression.function(s.method)
         sig = inspect.signature(fn)
         opts = {k: p.default for k, p in sig.parameters.items()
                 if p.default is not inspect.Parameter.empty and k not in ("key", "batch_size", "actions")}

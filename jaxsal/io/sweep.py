@@ -335,11 +335,13 @@ def plan_inputs(raw: dict, base: Path) -> list[tuple[str, dict]]:
 
 
 def plan_methods(raw: dict):
-    """[MethodSpec, ...] from the [methods] table (a table's `method` names the registered method
-    of an alias); unknown methods and options are refused as `jaxsal explain` refuses them."""
+    """[MethodSpec, ...] from the [methods] table (a table's `method` names the method of an alias: a
+    registered name or an expression, jaxsal.engine.expression); unknown methods, bad expressions and
+    unknown options are refused as `jaxsal explain` refuses them."""
     import jaxsal  # noqa: F401  (registers the methods)
+    from jaxsal.engine import expression
     from jaxsal.io.job import MethodSpec, check_specs
-    from jaxsal.registry import METHODS, accepted_options, check_options, get_method
+    from jaxsal.registry import METHODS, accepted_options, check_options
 
     table = raw.get("methods")
     if not isinstance(table, dict) or not table:
@@ -350,16 +352,19 @@ def plan_methods(raw: dict):
         if not isinstance(opts, dict):
             raise SweepConfigError(f"{where}: give a table of options, e.g. {alias} = {{}} for the defaults")
         opts = dict(opts)
-        method = opts.pop("method", alias)
-        if not isinstance(method, str) or method not in METHODS:
-            known = sorted(METHODS)
-            raise SweepConfigError(f"{where}: unknown method {method!r}{_hint(str(method), known)}; use one of "
-                                   f"{', '.join(known)} (or set method = \"NAME\" for an alias)")
-        accepted = accepted_options(get_method(method))
+        named = "method" in opts
+        try:
+            method = expression.canonical(opts.pop("method", alias))
+            accepted = accepted_options(expression.function(method))
+        except SaliencyInputError as e:
+            hint = "" if named else ' (or set method = "NAME" for an alias)'
+            raise SweepConfigError(f"{where}: {e}{hint}") from None
+        alias = alias if named else expression.alias(method)
         try:
             check_options(method, accepted, opts, shown=[a for a in accepted if a not in ("key", "batch_size", "actions")])
         except SaliencyInputError as e:
-            raise SweepConfigError(f"{where}: {e} (jaxsal.method_options({method!r}))") from None
+            hint = f" (jaxsal.method_options({method!r}))" if method in METHODS else ""
+            raise SweepConfigError(f"{where}: {e}{hint}") from None
         specs.append(MethodSpec(alias, method, opts))
     try:
         check_specs(specs)

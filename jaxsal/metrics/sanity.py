@@ -29,7 +29,8 @@ from jaxsal.errors import SaliencyInputError
 from jaxsal.front import explain
 from jaxsal.batching import cached_jit, map_batched
 from jaxsal.metrics.similarity import METRICS, check_maps, similarity
-from jaxsal.registry import accepted_options, get_method
+from jaxsal.engine import expression
+from jaxsal.registry import accepted_options
 from jaxsal.checks import check_obs, check_positive_int, target_actions
 
 DEFAULT_LAYERS = ("q", "fc1", "conv3", "conv2", "conv1")
@@ -148,7 +149,7 @@ def _resolve_model(model, apply_fn, obs):
         f"got {type(model).__name__}")
 
 
-def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LAYERS, key=None, *,
+def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, key=None, *,
                  target="q_chosen", actions=None, apply_fn=None, layout: str | None = None,
                  batch_size: int | None = None, metrics=METRICS, similarity_batch_size: int = 256,
                  return_maps: bool = False, norms: str = "with_layer", draw: int = 0,
@@ -167,7 +168,8 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
         params (PyTree): the trained parameters.
         obs (jax.Array | numpy.ndarray): states (N, H, W, C), or (N, C, H, W) with
             `layout="NCHW"`.
-        method (str): a registered method name (`jaxsal.methods()`).
+        method (str | jaxsal.engine.Spec): a registered method name (`jaxsal.methods()`), a method
+            expression such as "noise_tunnel(gradcam, n=16)" (jaxsal.engine.expression) or a spec.
         layers (Sequence[str | tuple[str, ...]]): the layers randomised, in order (a name or a
             tuple of names randomised together, labelled by its first name, e.g.
             `("conv1", "conv1_norm")`). Defaults to the Nature CNN's
@@ -225,7 +227,9 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
         raise SaliencyInputError(f"layer names {clash} clash with result keys {BASELINES + ('maps',)}")
     if method_options.get("per_frame"):
         raise SaliencyInputError("sanity_check compares 2-D maps; per_frame=True is not supported")
-    fn = get_method(method)
+    method = expression.parse(method) if isinstance(method, str) else method
+    fn = expression.function(method)
+    name = getattr(method, "name", method)
     x = check_obs(obs, layout or "NHWC")
     layers = group_norms(params, layers, norms)
     apply_fn, init_fn = _resolve_model(model, apply_fn, x)
@@ -262,7 +266,7 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
 
     def maps_of(p):
         m = explain(apply_fn, p, x, method=method, **opts)
-        return check_maps(m, f"{method} maps")
+        return check_maps(m, f"{name} maps")
 
     if original is None:
         original = maps_of(params)
@@ -275,7 +279,7 @@ def sanity_check(model, params, obs, method: str = "gradient", layers=DEFAULT_LA
     for layer, p in cascade(params, fresh, layers):
         m = maps_of(p)
         if m.shape != original.shape:
-            raise SaliencyInputError(f"original maps have shape {tuple(original.shape)}, but {method} "
+            raise SaliencyInputError(f"original maps have shape {tuple(original.shape)}, but {name} "
                                      f"gives {tuple(m.shape)} on these states: pass the maps of `obs` itself")
         all_maps[layer] = m
         result[layer] = similarity(original, m, metrics, batch_size=similarity_batch_size)

@@ -138,6 +138,12 @@ def _bad_cases():
                                                           "did you mean 'gradcam'"]),
         ("bad option", cfg(methods='occlusion = { patchh = 6 }'), ["[methods] occlusion", "'patchh'",
                                                                    "did you mean 'patch'", "stride"]),
+        ("bad expression", cfg(methods='sg = { method = "noise_tunnel(gradcm, n=2)" }'),
+         ["[methods] sg", "unknown method 'gradcm'", "did you mean 'gradcam'"]),
+        ("bad combinator argument", cfg(methods='"noise_tunnel(gradcam, n=0)" = {}'),
+         ["[methods] noise_tunnel(gradcam, n=0)", "n must be an integer >= 1"]),
+        ("expression option", cfg(methods='sg = { method = "noise_tunnel(gradcam)", n_sample = 2 }'),
+         ["[methods] sg", "'n_sample'", "did you mean 'n_samples'"]),
         ("unknown metric", cfg(metrics='["insertion", "fidelity"]'), ["metrics", "'fidelity'", "deletion"]),
         ("objects, no table", cfg(metrics='["objects"]'), ["'objects'", "object table", "minatar-breakout",
                                                            "drop 'objects'"]),
@@ -311,6 +317,37 @@ def test_plan_names_every_cell_readably(tmp_path):
     assert cells[1].method_name == "occlusion" and cells[1].options == {"patch": 6}
     assert cells[2].input_spec == {"play": 500, "seed": 1}
     assert cells[4].input_spec == {"path": str(tmp_path / "buf.npy"), "limit": 2}
+
+
+def test_method_expressions_as_methods(tmp_path):
+    """A [methods] entry's method (or its key) may be an expression: the cell's method_name is its
+    canonical text, an unaliased one's folder its alias; the job's maps are the Python call's with
+    the sweep's key, and the sanity metric runs on the expression too."""
+    import jax
+    import jaxsal_agents
+
+    cfg = _setup(tmp_path, """
+agents = ["runs/tiny0.msgpack"]
+inputs = ["buf.npy"]
+metrics = ["sanity"]
+sanity_frames = 2
+seed = 3
+[methods]
+sg = { method = "noise_tunnel( gradcam,n=2 )", layer = "conv1" }
+"path_integral(gradient, steps=2)" = {}
+""")
+    cells, _, _ = sw.plan(sw.read_config(cfg), tmp_path)
+    assert [(c.method, c.method_name) for c in cells] == [
+        ("sg", "noise_tunnel(gradcam, n=2)"), ("path_integral-gradient-steps_2", "path_integral(gradient, steps=2)")]
+    assert _sweep(cfg, tmp_path / "out") == 0
+    t = jaxsal.load_sweep(tmp_path / "out")
+    assert list(t["status"]) == ["ok", "ok"] and np.isfinite(t["sanity_conv1_spearman"]).all()
+    agent = jaxsal_agents.load(str(tmp_path / "runs" / "tiny0.json"))
+    x = np.load(tmp_path / "buf.npy")
+    want = jaxsal.explain(agent.apply_fn, agent.params, x, method=jaxsal.noise_tunnel("gradcam", n=2), layer="conv1",
+                          key=jax.random.PRNGKey(3))
+    got = jaxsal.load_maps(tmp_path / "out" / cells[0].path / "job", "sg")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * float(np.abs(want).max()))
 
 
 def test_a_globs_checkpoints_come_in_natural_order(tmp_path):
