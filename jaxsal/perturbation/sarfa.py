@@ -20,8 +20,8 @@ def sarfa_score(q0, q1, a):
     q1 = q1.astype(jnp.float32)
     onehot = jax.nn.one_hot(a, q0.shape[-1], dtype=bool)
     dp = jnp.take_along_axis(jax.nn.softmax(q0) - jax.nn.softmax(q1), a[:, None], -1)[:, 0]
-    lr0 = jax.nn.log_softmax(jnp.where(onehot, -jnp.inf, q0))
-    lr1 = jax.nn.log_softmax(jnp.where(onehot, -jnp.inf, q1))
+    # a's entry (-inf) is set to 0 before the product: -inf - -inf there would make the gradient NaN
+    lr0, lr1 = (jnp.where(onehot, 0.0, jax.nn.log_softmax(jnp.where(onehot, -jnp.inf, q))) for q in (q0, q1))
     kl = jnp.sum(jnp.where(onehot, 0.0, jnp.exp(lr0) * (lr0 - lr1)), axis=-1)
     k = 1.0 / (1.0 + kl)
     pos = dp > 0

@@ -172,6 +172,34 @@ def test_sarfa_default_is_paper_b_hard_black_disk():
     assert np.abs(soft - want).max() > 1e-3     # the blurred disk is a different method
 
 
+def test_sarfa_score_gradient_is_finite_and_that_of_its_definition():
+    """d SARFA / d Q of the clean and the perturbed Q-vectors (what `jax.grad` of a loss of the maps in
+    the parameters takes) equals the gradient of the formula with p_rem renormalised over the other
+    actions (no -inf entries); it was NaN in the clean Q-vector."""
+    from jaxsal.perturbation import sarfa_score
+
+    rng = np.random.default_rng(0)
+    q0, q1 = (jax.numpy.asarray(rng.normal(size=(6, A)), jax.numpy.float32) for _ in range(2))
+    acts = jax.numpy.asarray(np.arange(6) % A)
+
+    def by_definition(q0, q1):
+        p0, p1 = jax.nn.softmax(q0), jax.nn.softmax(q1)
+        pa0, pa1 = (jax.numpy.take_along_axis(v, acts[:, None], -1) for v in (p0, p1))
+        rest = np.arange(A)[None] != np.asarray(acts)[:, None]
+        r0, r1 = jax.numpy.where(rest, p0 / (1 - pa0), 1.0), jax.numpy.where(rest, p1 / (1 - pa1), 1.0)
+        k = 1 / (1 + (r0 * jax.numpy.log(r0 / r1)).sum(-1))
+        dp = (pa0 - pa1)[:, 0]
+        return jax.numpy.where(dp > 0, 2 * k * dp / jax.numpy.where(dp > 0, k + dp, 1.0), 0.0)
+
+    assert (np.asarray(by_definition(q0, q1)) > 0).sum() >= 2   # some rows take the formula, not the 0
+    np.testing.assert_allclose(sarfa_score(q0, q1, acts), by_definition(q0, q1), rtol=1e-5, atol=1e-7)
+    for arg in (0, 1):
+        got = jax.grad(lambda u, v: sarfa_score(u, v, acts).sum(), argnums=arg)(q0, q1)
+        want = jax.grad(lambda u, v: by_definition(u, v).sum(), argnums=arg)(q0, q1)
+        assert np.isfinite(np.asarray(got)).all() and np.abs(np.asarray(want)).max() > 0
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
 def test_rise_with_given_masks_is_the_weighted_sum():
     obs = tiny_obs(2)
     masks = np.random.default_rng(3).random((37, H, W)).astype(np.float32)
