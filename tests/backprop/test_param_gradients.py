@@ -352,7 +352,7 @@ METHOD_OF = {"noise_sensitivity_output_l2": "noise_sensitivity"}
 ATOL = {"noise_sensitivity_output_l2": 1e-5}
 """Cases whose gradient has entries at float32 rounding of the largest (output_l2's q bias cancels in
 Q(x) - Q(x'): its true gradient is 0, the reference's ~1e-7): atol as a fraction of the largest."""
-# the fast tier keeps one case of each kind, RISE the cheapest new perturbation case (the rest run with the
+# the fast tier keeps one case of each kind (the rest run with the
 # slow tests): `make test` stays under 8 minutes
 FAST_REF = {"gradient", "g2gradcam", "occlusion"}
 
