@@ -338,53 +338,9 @@ def run_game(game: str, args, log=print) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers,
                   [m[0] for m in chosen], cache, rechecks, piece_commits)
-    write_analysis(out, Path(args.out))
+    A.write_analysis(out, Path(args.out))
     log(f"[{game}] wrote {out}")
     return out
-
-
-RECHECK_TOLERANCE = 1e-3
-"""A recheck of a sanity draw differing by more than this in any value is a deviation (rerun_deviations.md)."""
-DEVIATIONS = Path(__file__).with_name("rerun_deviations.md")
-
-
-def code_versions(meta: dict) -> list[str]:
-    """A game README's lines on the commits its results were computed under and the rechecks of
-    draws made under earlier ones (rerun_deviations.md, item 1); none where nothing was recorded."""
-    commits = meta.get("piece_commits") or {}
-    if not commits:
-        return []
-    every = list(dict.fromkeys(c for by in commits.values() for c in by))
-    lines = ["### Code versions", "",
-             f"The methods' pieces (fidelity, sanity draws, timing) were computed under {len(every)} commit(s): "
-             + "; ".join(f"{m} " + ", ".join(f"{str(c)[:8]} x{n}" for c, n in by.items()) for m, by in commits.items())
-             + "."]
-    rows = meta.get("rechecks") or []
-    if rows:
-        lines += ["", "Sanity draws recorded under an earlier commit, recomputed from the states under a later one "
-                  "and compared at the outputs' 5 decimals:", "",
-                  "| method | draw | recorded under | recomputed under | values | differing | max abs diff |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['method']} | {r['draw']} | {str(r['recorded_commit'])[:8]} | {str(r['recheck_commit'])[:8]} | "
-                  f"{r['values']} | {r['differing']} | {r['max_abs_diff']:g} |" for r in rows]
-        big = [r for r in rows if r["max_abs_diff"] > RECHECK_TOLERANCE]
-        lines += ["", (f"**Deviation:** {len(big)} recheck(s) differ by more than {RECHECK_TOLERANCE:g}: "
-                       + ", ".join(f"{r['method']} draw {r['draw']}" for r in big) + ".") if big else
-                  f"Every recheck agrees within {RECHECK_TOLERANCE:g}."]
-    return lines + [""]
-
-
-def write_analysis(game_dir: Path, root: Path) -> None:
-    """The registered analysis of one game (summary.json, README.md), the game README's code versions,
-    then the re-run's README with its deviations from the registration (rerun_deviations.md)."""
-    A.write_game(game_dir)
-    meta = json.loads((game_dir / "meta.json").read_text())
-    extra = code_versions(meta)
-    if extra:
-        f = game_dir / "README.md"
-        f.write_text(f.read_text().rstrip("\n") + "\n\n" + "\n".join(extra))
-    readme = A.write_readme(root)
-    readme.write_text(readme.read_text().rstrip("\n") + "\n\n" + DEVIATIONS.read_text())
 
 
 def open_progress(game, agent, args, log=print) -> P.Progress:
@@ -504,7 +460,7 @@ def main(argv=None):
         if unknown:
             p.error(f"unknown method labels {sorted(unknown)}; choose from {[m[0] for m in PB.METHODS]}")
     if a.analyse:
-        write_analysis(Path(a.out) / a.game, Path(a.out))
+        A.write_analysis(Path(a.out) / a.game, Path(a.out))
         return
     try:
         run_game(a.game, a, log=lambda s: print(s, flush=True))

@@ -167,25 +167,39 @@ def sanity_verdict(row: dict) -> str:
 
 
 # ------------------------------------------------------------------ one game
+def defined_states(res: dict, state_episode):
+    """(res, state_episode, skipped) restricted to the states whose AUC is finite for every method and
+    the random map (deviation 3: a ratio score such as q_value, Q_a(x_t) / Q_a(x), is undefined where the
+    clean Q_a(x) <= 0), so every comparison stays paired; skipped: the excluded states' indices."""
+    ok = np.all([np.isfinite(np.asarray(x, np.float64)) for x in res.values()], axis=0)
+    if ok.all():
+        return res, np.asarray(state_episode), np.array([], int)
+    return ({m: np.asarray(x)[ok] for m, x in res.items()}, np.asarray(state_episode)[ok],
+            np.flatnonzero(~ok))
+
+
 def analyse(aucs: dict, sanity: dict, state_episode, sanity_episode, meta: dict,
             n_resamples: int = N_RESAMPLES) -> dict:
     """aucs: {(mode, substrate, score): {method: (N,) per state}} with the random map as "random";
     sanity: {(method, randomised): {metric: (draws, n_sanity)}}; *_episode: the states' episode ids."""
     game = meta["game"]
     methods = [m for m in next(iter(aucs.values())) if m != RANDOM] if aucs else []
-    ar, pw = {}, {}
+    ar, pw, undefined = {}, {}, {}
     for s, res in aucs.items():
+        res, s_episode, skipped = defined_states(res, state_episode)
+        if skipped.size:
+            undefined[s] = skipped
         rows = {}
         for m, x in res.items():
-            rows[m] = cluster_ci(x, state_episode, n_resamples)
+            rows[m] = cluster_ci(x, s_episode, n_resamples)
             if m != RANDOM:
-                t = episode_test(x, res[RANDOM], state_episode)
-                d = cluster_ci(np.asarray(x) - res[RANDOM], state_episode, n_resamples)
+                t = episode_test(x, res[RANDOM], s_episode)
+                d = cluster_ci(np.asarray(x) - res[RANDOM], s_episode, n_resamples)
                 rows[m].update(diff=t["diff"], p=t["p"], df=t["df"], diff_low=d["low"], diff_high=d["high"])
         adjust([r for m, r in rows.items() if m != RANDOM])
         ar[s] = rows
         names = list(res)
-        pairs = {(a, b): episode_test(res[a], res[b], state_episode) for i, a in enumerate(names) for b in names[i + 1:]}
+        pairs = {(a, b): episode_test(res[a], res[b], s_episode) for i, a in enumerate(names) for b in names[i + 1:]}
         adjust(list(pairs.values()))
         pw[s] = pairs
     san, tested = {}, []
@@ -202,7 +216,7 @@ def analyse(aucs: dict, sanity: dict, state_episode, sanity_episode, meta: dict,
     adjust(tested)
     for (m, g), row in san.items():
         row["verdict"] = sanity_verdict(row) if g not in BASELINES else ""
-    out = {"against_random": ar, "pairwise": pw, "sanity": san}
+    out = {"against_random": ar, "pairwise": pw, "sanity": san, "undefined": undefined}
     paper_b = game in R.PAPER_B_AUC and set(RA.MAPPINGS["matched"].values()) | set(R.PAPER_B_SET) <= set(methods) \
         and all(s in ar for s in RA.INSERTION)
     out["verdicts"] = RA.verdicts(game, out, methods) if paper_b else [
@@ -258,6 +272,7 @@ def to_json(res: dict) -> dict:
             "analysis": {"n_resamples": N_RESAMPLES, "level": LEVEL, "alpha": ALPHA, "seed": SEED, "n_games": N_GAMES,
                          "fail_spearman": FAIL_SPEARMAN, "code": "experiments/paper_b/rerun_analysis.py"},
             "returns": res["returns"], "verdicts": res["verdicts"],
+            "undefined_states": {j(s): v.tolist() for s, v in res.get("undefined", {}).items()},
             "sanity": {j(k): r for k, r in res["sanity"].items()},
             "against_random": {j(s): rows for s, rows in res["against_random"].items()},
             "pairwise": {j(s): {f"{a} - {b}": r for (a, b), r in prs.items()} for s, prs in res["pairwise"].items()}}
@@ -305,10 +320,18 @@ def markdown(res: dict) -> str:
                 cells_.append("" if r is None else f"{_ci(r)} {r['verdict']}; draws {min(r['draw_means']):.2f}-"
                               f"{max(r['draw_means']):.2f}")
             lines.append(f"| {meth} | " + " | ".join(cells_) + " |")
+    undefined = res.get("undefined", {})
+    if undefined:
+        lines += ["", "### States without a defined AUC", "",
+                  "Excluded from the setting for every method and the random map, so comparisons stay paired "
+                  "(deviation 3 in `experiments/paper_b/rerun_deviations.md`):", ""]
+        lines += [f"- {'/'.join(s)}: {len(v)} of {m['states']} states ({', '.join(map(str, v))})"
+                  for s, v in undefined.items()]
     for s, rows in res["against_random"].items():
         if s[0] != "insertion":
             continue
-        lines += ["", f"### Insertion AUC, {s[1]} substrate, {s[2]} ({m['episodes']} episodes, {m['states']} states)",
+        n_s = m["states"] - len(undefined.get(s, ()))
+        lines += ["", f"### Insertion AUC, {s[1]} substrate, {s[2]} ({m['episodes']} episodes, {n_s} states)",
                   "", "| method | mean [95 % CI] | minus random [95 % CI] | p adj | significant |", "|---|---|---|---|---|"]
         for meth, r in rows.items():
             if meth == RANDOM:
@@ -351,14 +374,67 @@ def write_readme(root: Path = OUT, games=R.GAMES) -> Path:
     return root / "README.md"
 
 
+RECHECK_TOLERANCE = 1e-3
+"""A recheck of a sanity draw differing by more than this in any value is a deviation (rerun_deviations.md)."""
+DEVIATIONS = Path(__file__).with_name("rerun_deviations.md")
+
+
+def code_versions(meta: dict) -> list[str]:
+    """A game README's lines on the commits its results were computed under and the rechecks of
+    draws made under earlier ones (rerun_deviations.md, item 1); none where nothing was recorded."""
+    commits = meta.get("piece_commits") or {}
+    if not commits:
+        return []
+    every = list(dict.fromkeys(c for by in commits.values() for c in by))
+    lines = ["### Code versions", "",
+             f"The methods' pieces (fidelity, sanity draws, timing) were computed under {len(every)} commit(s): "
+             + "; ".join(f"{m} " + ", ".join(f"{str(c)[:8]} x{n}" for c, n in by.items()) for m, by in commits.items())
+             + "."]
+    rows = meta.get("rechecks") or []
+    if rows:
+        lines += ["", "Sanity draws recorded under an earlier commit, recomputed from the states under a later one "
+                  "and compared at the outputs' 5 decimals:", "",
+                  "| method | draw | recorded under | recomputed under | values | differing | max abs diff |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['method']} | {r['draw']} | {str(r['recorded_commit'])[:8]} | {str(r['recheck_commit'])[:8]} | "
+                  f"{r['values']} | {r['differing']} | {r['max_abs_diff']:g} |" for r in rows]
+        big = [r for r in rows if r["max_abs_diff"] > RECHECK_TOLERANCE]
+        lines += ["", (f"**Deviation:** {len(big)} recheck(s) differ by more than {RECHECK_TOLERANCE:g}: "
+                       + ", ".join(f"{r['method']} draw {r['draw']}" for r in big) + ".") if big else
+                  f"Every recheck agrees within {RECHECK_TOLERANCE:g}."]
+    return lines + [""]
+
+
+def write_analysis(game_dir: Path, root: Path) -> None:
+    """The registered analysis of one game (summary.json, README.md), the game README's code versions,
+    then the re-run's README with its deviations from the registration (rerun_deviations.md)."""
+    write_game_with_versions(game_dir)
+    write_readme_with_deviations(root)
+
+
+def write_game_with_versions(game_dir: Path) -> None:
+    """The game's summary.json and README.md, its README ending with the code versions."""
+    write_game(game_dir)
+    extra = code_versions(json.loads((Path(game_dir) / "meta.json").read_text()))
+    if extra:
+        f = Path(game_dir) / "README.md"
+        f.write_text(f.read_text().rstrip("\n") + "\n\n" + "\n".join(extra))
+
+
+def write_readme_with_deviations(root: Path) -> None:
+    """The re-run's README, ending with the deviations from the registration."""
+    readme = write_readme(root)
+    readme.write_text(readme.read_text().rstrip("\n") + "\n\n" + DEVIATIONS.read_text())
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--game", nargs="+", required=True)
     p.add_argument("--out", default=str(OUT))
     a = p.parse_args(argv)
     for g in a.game:
-        write_game(Path(a.out) / g)
-    write_readme(Path(a.out))
+        write_game_with_versions(Path(a.out) / g)
+    write_readme_with_deviations(Path(a.out))
 
 
 if __name__ == "__main__":

@@ -141,6 +141,30 @@ def test_one_episode_cannot_decide():
     assert not res["design"]["episodes"]
 
 
+def test_undefined_aucs_drop_the_state_for_every_method():
+    """A state whose q_value AUC is NaN (clean Q_a(x) <= 0) leaves that setting for every method and the
+    random map; the result equals the analysis of the other states, and the README lists the states."""
+    rng = np.random.default_rng(5)
+    aucs, sanity, ep, ep_s = _planted(rng)
+    s = RR.SETTINGS[0]
+    drop = np.array([3, 170, 588])
+    poisoned = {k: ({m: x.copy() for m, x in v.items()} if k == s else v) for k, v in aucs.items()}
+    poisoned[s]["good"][drop] = np.nan                  # undefined for one method only: dropped for all
+    res = A.analyse(poisoned, sanity, ep, ep_s, _meta(), n_resamples=300)
+    keep = np.setdiff1d(np.arange(len(ep)), drop)
+    ref = A.analyse({s: {m: x[keep] for m, x in aucs[s].items()}}, {}, ep[keep], ep_s[:0], _meta(), n_resamples=300)
+    for m in aucs[s]:
+        got, want = res["against_random"][s][m], ref["against_random"][s][m]
+        assert np.isfinite(got["mean"]) and got["mean"] == pytest.approx(want["mean"])
+        assert got["low"] == pytest.approx(want["low"])
+    assert res["undefined"][s].tolist() == drop.tolist() and list(res["undefined"]) == [s]
+    assert np.isfinite(res["pairwise"][s][("good", "null")]["p"])
+    assert "3 of 1000 states (3, 170, 588)" in A.markdown(res)
+    assert A.to_json(res)["undefined_states"] == {"/".join(s): drop.tolist()}
+    # what the rule prevents: the plain episode means of a NaN state are NaN
+    assert not np.isfinite(A.episode_means(poisoned[s]["good"], ep)).all()
+
+
 def test_multiplicity_is_holm_times_the_games():
     rows = A.adjust([{"p": 0.01}, {"p": 0.004}, {"p": float("nan")}])
     assert rows[1]["p_holm"] == pytest.approx(min(1, 4 * 0.004 * 2))

@@ -12,6 +12,7 @@ import pytest
 from experiments.common.machine import git_state
 from experiments.paper_b import run as PB
 from experiments.paper_b import rerun as RR
+from experiments.paper_b import rerun_analysis as A
 from experiments.paper_b import rerun_progress as P
 
 RUN = {"game": "mspacman", "agent": "a", "agent_sha256": "0" * 64, "episodes": 20, "states": 1000,
@@ -279,12 +280,12 @@ def test_the_readme_lists_the_commits_and_flags_a_recheck_that_differs():
     meta = {"piece_commits": {"rise": {"a" * 40: 3, "b" * 40: 9}},
             "rechecks": [{"method": "rise", "draw": 0, "recorded_commit": "a" * 40, "recheck_commit": "b" * 40,
                           "values": 4000, "differing": 0, "max_abs_diff": 0.0}]}
-    text = "\n".join(RR.code_versions(meta))
+    text = "\n".join(A.code_versions(meta))
     assert "2 commit(s): rise aaaaaaaa x3, bbbbbbbb x9" in text and "| rise | 0 | aaaaaaaa | bbbbbbbb | 4000 | 0 | 0 |" in text
     assert "Every recheck agrees within 0.001" in text and "Deviation" not in text
     meta["rechecks"][0].update(differing=7, max_abs_diff=0.02)
-    assert "**Deviation:** 1 recheck(s) differ by more than 0.001: rise draw 0." in "\n".join(RR.code_versions(meta))
-    assert RR.code_versions({}) == []
+    assert "**Deviation:** 1 recheck(s) differ by more than 0.001: rise draw 0." in "\n".join(A.code_versions(meta))
+    assert A.code_versions({}) == []
 
 
 @pytest.mark.slow
