@@ -25,7 +25,7 @@ from jaxsal.io.sweep import load_sweep  # noqa: E402  the table of `jaxsal sweep
 from jaxsal import metrics  # noqa: E402  sanity checks, insertion/deletion (jaxsal.metrics)
 
 from jaxsal.registry import method_options, options_table  # noqa: E402
-from jaxsal.batching import clear_caches  # noqa: E402  (empty every bounded jaxsal cache)
+from jaxsal.caching import clear_caches  # noqa: E402  (empty every bounded jaxsal cache)
 from jaxsal import loaders  # noqa: E402,F401  (agents trained elsewhere: CleanRL, SB3, flax msgpack)
 
 __version__ = "0.2.0.dev0"

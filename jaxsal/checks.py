@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal import batching
+from jaxsal import caching, sizing
 from jaxsal.errors import SaliencyInputError
 from jaxsal.targets import check_actions, get_target, greedy, logits_of, q_of, require_actions
 
@@ -244,14 +244,12 @@ def check_call(apply_fn, params, obs, *, target, actions, layout, batch_size) ->
                             getattr(apply_fn, "jaxsal_layout", None))
     check_pixels(obs, getattr(apply_fn, "jaxsal_pixels", None))
     x = _check_obs_lazy(obs, layout)
-    if batch_size is not None:
-        check_positive_int("batch_size", batch_size)
+    rows = sizing.rows(batch_size)
     tgt = get_target(target)
     key = target if isinstance(target, str) else ("callable", target)
     sig = params_signature(params)
     out = check_model(apply_fn, params, x.shape, layout=layout, target=target, sig=sig)
     actions = target_actions(tgt, actions, x.shape[0], num_actions(out))
-    rows = batching.default_rows() if batch_size is None else int(batch_size)
     return Call(x, tgt, key, None if actions is None else jnp.asarray(actions),
                 spatial_shape(x.shape, layout), layout, rows, sig)
 
@@ -325,14 +323,14 @@ def _probe(apply_fn, params, shape, layout):
         f"(on {KINDS[layout]} frames {one} it fails: {err})", one, other, alt, err) from None
 
 
-_SHAPES = batching.LRU("checked model outputs", 256)  # (apply_fn, target, params/obs shapes) -> output shapes of a checked call
+_SHAPES = caching.LRU("checked model outputs", 256)  # (apply_fn, target, params/obs shapes) -> output shapes of a checked call
 
 
 def _shapes_key(apply_fn, target, layout, shape, sig):
     """Everything a probe's result depends on (the functions, layout, shapes, params' structure:
     `sig`, their params_signature), or None when some of it is unhashable (then nothing is memoised)."""
     try:
-        key = (batching.fn_key(apply_fn), None if target is None else batching.fn_key(target), layout,
+        key = (caching.fn_key(apply_fn), None if target is None else caching.fn_key(target), layout,
                tuple(shape[1:]), sig)
         hash(key)
     except TypeError:

@@ -48,7 +48,7 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from jaxsal.batching import memo
+from jaxsal.caching import memo
 from jaxsal.errors import SaliencyInputError
 
 GROUP = "jaxsal.agents"

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxsal import batching
+from jaxsal import caching
 from jaxsal.errors import SaliencyInputError
 from jaxsal.checks import resolve_layout
 
@@ -145,7 +145,7 @@ def unregister(name: str) -> None:
     pieces = [fn, spec, *rows] + [p for s in (spec, *rows) if isinstance(s, tuple) for p in s if callable(p)]
     kept = [*METHODS.values(), *SPECS.values(), *(r for t in TABLES for r in t.values())]
     kept = {id(p) for p in kept} | {id(p) for s in kept if isinstance(s, tuple) for p in s}
-    batching.forget([p for p in pieces if id(p) not in kept])  # pieces a method still uses stay cached
+    caching.forget([p for p in pieces if id(p) not in kept])  # pieces a method still uses stay cached
 
 
 def get_method(name: str) -> Callable:

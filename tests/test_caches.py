@@ -1,4 +1,4 @@
-"""Every jaxsal cache is one bounded, registered jaxsal.batching.LRU: `jaxsal.clear_caches()`
+"""Every jaxsal cache is one bounded, registered jaxsal.caching.LRU: `jaxsal.clear_caches()`
 empties them all (found through the registry, so a new cache is covered without editing this
 file), none grows past its bound, and no module keeps a cache of its own beside them."""
 import ast
@@ -11,7 +11,7 @@ import pytest
 import jaxsal
 import jaxsal.cli.sweep_run  # noqa: F401  (its caches register on import)
 import jaxsal.plugins  # noqa: F401
-from jaxsal import batching
+from jaxsal import caching
 from jaxsal.perturbation import _disk
 from tests._support.conformance import MODEL, PARAMS, _obs
 
@@ -24,20 +24,20 @@ def test_clear_caches_empties_every_cache():
     jaxsal.explain(MODEL.apply, PARAMS, obs, method=["gradcam", "gradient"], layer="conv2")
     jaxsal.explain(MODEL.apply, PARAMS, obs, method="rise", n_masks=8, key=jax.random.PRNGKey(0))
     jaxsal.explain(MODEL.apply, PARAMS, obs, method="scorecam", layer="conv2")
-    filled = {c.name for c in batching.caches() if len(c)}
+    filled = {c.name for c in caching.caches() if len(c)}
     assert {"jit", "checked model outputs", "layer sites", "RISE mask builders",
             "Score-CAM resize matrices"} <= filled, filled
-    for c in batching.caches():  # the ones this workload does not reach
+    for c in caching.caches():  # the ones this workload does not reach
         c.get_or_build(("probe", c.name), lambda: 0)
-    assert all(len(c) for c in batching.caches())
+    assert all(len(c) for c in caching.caches())
     jaxsal.clear_caches()
-    assert {c.name: len(c) for c in batching.caches() if len(c)} == {}
+    assert {c.name: len(c) for c in caching.caches() if len(c)} == {}
 
 
 def test_a_cleared_memo_recomputes_and_a_memo_hits():
     calls = []
 
-    @batching.memo("test: counted", 8)
+    @caching.memo("test: counted", 8)
     def f(n, scale=1.0):
         calls.append(n)
         return n * scale
@@ -48,11 +48,11 @@ def test_a_cleared_memo_recomputes_and_a_memo_hits():
         jaxsal.clear_caches()
         assert f(2) == 2 and calls == [2, 2, 2]
     finally:
-        batching._CACHES.remove(f.cache)
+        caching._CACHES.remove(f.cache)
 
 
 def test_no_cache_outgrows_its_bound(monkeypatch):
-    for c in batching.caches():
+    for c in caching.caches():
         monkeypatch.setattr(c, "maxsize", 3)
         c.clear()
         for i in range(10):
@@ -98,11 +98,11 @@ def _container(v) -> bool:
         v.func, "id", getattr(v.func, "attr", None)) in ("dict", "list", "set", "defaultdict", "OrderedDict"))
 
 
-def own_caches(text: str, batching_module: bool = False) -> list[str]:
+def own_caches(text: str, caching_module: bool = False) -> list[str]:
     """Caches in a module's source that clear_caches cannot see: functools/cachetools caches and
-    OrderedDicts (outside batching.py), module-level empty containers (not the registries), and
+    OrderedDicts (outside caching.py), module-level empty containers (not the registries), and
     attributes named like a cache (`self._cache = {}`) made empty (a pickle reader's memo table is not one)."""
-    found = [word for word in CACHE_WORDS if word in text and not batching_module]
+    found = [word for word in CACHE_WORDS if word in text and not caching_module]
     tree = ast.parse(text)
     for node in tree.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
@@ -120,9 +120,9 @@ def own_caches(text: str, batching_module: bool = False) -> list[str]:
 
 def test_no_module_keeps_a_cache_of_its_own():
     """functools caches, OrderedDicts, module-level containers filled at run time and per-object
-    cache dicts are caches that clear_caches does not see: every cache is a batching.LRU instead."""
+    cache dicts are caches that clear_caches does not see: every cache is a caching.LRU instead."""
     found = [f"{path.relative_to(ROOT.parent)}: {f}" for path in sorted(ROOT.rglob("*.py"))
-             for f in own_caches(path.read_text(), path.name == "batching.py")]
+             for f in own_caches(path.read_text(), path.name == "caching.py")]
     assert not found, "\n".join(found)
 
 

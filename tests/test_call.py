@@ -18,7 +18,7 @@ BAD = {
     "actions out of range": (lambda m: dict(actions=np.array([0, 1, 9])), "actions"),
     "actions wrong shape": (lambda m: dict(actions=np.array([0, 1])), r"shape \(N,\)"),
     "target not per sample": (lambda m: dict(target=lambda out: out), "one scalar per sample"),
-    "batch_size zero": (lambda m: dict(batch_size=0), "batch_size must be an integer"),
+    "batch_size zero": (lambda m: dict(batch_size=0), r"batch_size must be a positive int .*e\.g\. batch_size=256, got 0"),
     "NaN frames": (lambda m: dict(obs=jnp.full((3, 16, 16, 2), jnp.nan)), "NaN"),
 }
 

@@ -22,7 +22,7 @@ COPIES = {
     r"must be (?:a positive int(?!\S* dividing)|an integer >=|a non-negative int|a finite number [<>]"
     r"|a positive number)": {
         "checks.py",
-        "batching.py",  # chunk_size's batch_size: jaxsal.checks imports batching, so batching cannot import it
+        "sizing.py",  # batch_size (check_batch_size): jaxsal.checks imports sizing, so sizing cannot import it
     },
 }
 

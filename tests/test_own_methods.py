@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal import batching, plugins, registry
+from jaxsal import caching, plugins, registry
 from jaxsal.backprop import cam
 from jaxsal.backprop.cam import CamSpec
 from jaxsal.backprop.layers import tap
@@ -85,11 +85,11 @@ def test_they_are_listed_with_their_options(own, capsys):
 
 def _cached(objects) -> int:
     """How many cache entries refer to `objects` (counted by dropping them from a copy)."""
-    saved = [dict(c) for c in batching.caches()]
+    saved = [dict(c) for c in caching.caches()]
     try:
-        return batching.forget(objects)
+        return caching.forget(objects)
     finally:
-        for c, entries in zip(batching.caches(), saved):
+        for c, entries in zip(caching.caches(), saved):
             c.clear()
             c.update(entries)
 

@@ -74,7 +74,7 @@ def main(argv=None):
     model = jaxsal_agents.build_model("breakout", "dqn", 4, layer_norm=args.layer_norm)
     obs = np.random.default_rng(0).integers(0, 256, (args.states, 84, 84, 4), dtype=np.uint8)
     params = model.init(jax.random.PRNGKey(0), obs[:1])
-    roof_rows = args.batch_size or jaxsal.batching.default_rows()
+    roof_rows = args.batch_size or jaxsal.sizing.default_rows()
     rows_s = forward_rows_per_s(model.apply, params, roof_rows, args.repeats)
     print(f"forward: {rows_s:,.0f} rows/s ({roof_rows} rows per call) on {jax.devices()[0].device_kind}")
 

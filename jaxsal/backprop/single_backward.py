@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxsal import batching, engine
+from jaxsal import batching, caching, engine
 from jaxsal.checks import as_float, to_nhwc
 from jaxsal.errors import SaliencyInputError
 from jaxsal.backprop import cam
@@ -204,7 +204,7 @@ def _cam_chunk(ctx, params, prep, rows, group, shared):
     return cam.cam_maps(st.cam, shared["A"], shared[(st.cam.rule, "layer")], gx, hw, st.k, st.per_frame)
 
 
-_LAYER_CACHE = batching.LRU("layer sites", 256)
+_LAYER_CACHE = caching.LRU("layer sites", 256)
 
 
 def _structure_cached(fn, apply_fn, params, call, layer, activation=None):
@@ -214,7 +214,7 @@ def _structure_cached(fn, apply_fn, params, call, layer, activation=None):
     x = call.x
     run = lambda: fn(apply_fn, params, as_float(batching.head(x)), layer, activation)  # noqa: E731
     try:
-        k = batching.static_key((fn, apply_fn, layer, activation)) + (
+        k = caching.static_key((fn, apply_fn, layer, activation)) + (
             tuple(x.shape[1:]), call.params_sig,
             batching.is_traced(params, x))  # eager calls also check values (resolve_tap)
         hash(k)

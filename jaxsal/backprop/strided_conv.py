@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxsal.batching import LRU, fn_key, memo
+from jaxsal.caching import LRU, fn_key, memo
 
 __all__ = ["fast_apply", "conv_s2d", "conv_hybrid", "conv_eligible", "conv_rule",
            "conv_rule_eligible"]

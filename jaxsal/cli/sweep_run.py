@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from jaxsal.batching import LRU
+from jaxsal.caching import LRU
 from jaxsal.cli._agent import check_agent, check_frames, load_agent
 from jaxsal.cli._input import Limited, play
 from jaxsal.errors import CLIError, error_line

@@ -18,13 +18,11 @@ affine input prefix transposed once per state.
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal import batching, registry
+from jaxsal import batching, registry, sizing
 from jaxsal.checks import as_key, check_positive_float, check_positive_int
 from jaxsal.engine.spec import Prepared, Rows, Spec, objective
 from jaxsal.errors import SaliencyInputError
@@ -53,12 +51,6 @@ def _inner(method, combinator) -> Spec:
     return spec
 
 
-def sample_groups(total: int, rows: int):
-    """Split `total` samples/steps per state into groups of equal size s <= rows: (s, count)."""
-    s = max(1, min(total, rows))
-    return s, int(math.ceil(total / s))
-
-
 def _per_state_sum(g, weights, n):
     """(n*s, ...) rows -> (n, ...) sums over each state's s rows weighted by weights (s,)."""
     s = weights.shape[-1]
@@ -66,12 +58,12 @@ def _per_state_sum(g, weights, n):
     return (g * weights.astype(g.dtype).reshape((1, s) + (1,) * (g.ndim - 2))).sum(1)
 
 
-def _inner_prepare(inner, call, apply_fn, params, options, rows):
+def _inner_prepare(inner, call, apply_fn, params, options, total):
     ip = inner.prepare(call, apply_fn, params, **options)
     if len(ip.groups) != 1 or ip.groups[0] is not None:
         raise SaliencyInputError(f"{inner.name!r} has an inner loop of its own; it cannot be combined")
-    s, count = sample_groups(rows, max(1, call.rows // max(1, ip.rows_per_state)))
-    return ip, s, count
+    sizes = sizing.plan(call.x.shape[0], call.rows, ip.rows_per_state, total)
+    return ip, sizes.group, sizes.groups
 
 
 def _expanded_parts(inner, ctx, params, ip, rows, xs, s):

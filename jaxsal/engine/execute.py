@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal import batching, registry
+from jaxsal import batching, caching, registry, sizing
 from jaxsal.checks import as_float, check_call
 from jaxsal.engine.precision import check_precision, with_precision
 from jaxsal.engine.spec import Ctx, Prepared, Rows, Spec
@@ -67,18 +67,18 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     if call.actions is not None:
         rows["actions"] = call.actions
     per_state = max([p.rows_per_state for p in preps], default=1)
-    size = batching.chunk_size(call.x.shape[0], call.rows, per_state)
+    size = sizing.plan(call.x.shape[0], call.rows, per_state).states
     statics = tuple(p.static for p in preps)
     pieces = tuple(Pieces(s.chunk, s.finalize, s.shared, s.chooses) for s in specs)  # the traced ones: the cache key
     arrays = [p.arrays for p in preps]
     traced = batching.is_traced(params, rows, arrays, groups)
     if len(groups) == 1:
-        program = batching.cached_jit(_build, pieces, ctx, statics, "whole", precision, outputs)
+        program = caching.cached_jit(_build, pieces, ctx, statics, "whole", precision, outputs)
         per_chunk = lambda r: program(params, arrays, r, groups[0])  # noqa: E731
     else:  # one program per role, each compiled once (the step's inputs keep one structure): the
         # clean forward (the actions, the output), a step per group, the finalize
-        start = batching.cached_jit(_clean, ctx, outputs)
-        program, fin = (batching.cached_jit(_build, pieces, ctx, statics, w, precision) for w in ("step", "finalize"))
+        start = caching.cached_jit(_clean, ctx, outputs)
+        program, fin = (caching.cached_jit(_build, pieces, ctx, statics, w, precision) for w in ("step", "finalize"))
 
         def per_chunk(r):
             acts, out = start(params, {k: r[k] for k in ("x", "actions") if k in r})

@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxsal import checks
+from jaxsal import checks, sizing
 from jaxsal.batching import batch_sharding, pad_rows
 from jaxsal.engine import expression
 from jaxsal.engine.precision import check_precision
@@ -163,9 +163,9 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     if dtype not in DTYPES:
         raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
     check_precision(precision)
-    for name, v in (("chunk", chunk), ("batch_size", 1 if batch_size is None else batch_size),
-                    ("num_processes", num_processes)):
+    for name, v in (("chunk", chunk), ("num_processes", num_processes)):
         checks.check_positive_int(name, v)
+    sizing.check_batch_size(batch_size)
     if not 0 <= process_id < num_processes:
         raise SaliencyInputError(f"process_id must be in [0, {num_processes}), got {process_id}")
     if target == "q_action":
@@ -275,8 +275,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
 
     # every chunk is padded to the same rows (one compiled executable for all), a multiple of
     # the local devices, and lands on them already split along the batch axis
-    ndev = jax.local_device_count()
-    pad_to = -(-min(chunk, n) // ndev) * ndev
+    pad_to = sizing.device_multiple(min(chunk, n))
     sharding = batch_sharding()
 
     def load(i):

@@ -258,7 +258,9 @@ def chunk_effects(apply_fn, params, x, boxes, rows: int, target: str, actions=No
     """One chunk's frames x (padded rows, on device, the model's layout), the ObjectBoxes of its first
     `rows` states -> the arrays stored per chunk with --effects (module doc), as numpy, for those rows.
     `actions`: the chunk's (padded) actions for target q_action, else None (the target's own choice,
-    as the maps explain). The boxes are padded like `chunk_shares`'s."""
+    as the maps explain); `batch_size`: model rows per forward pass (None: the backend's default, as for
+    the maps). The boxes are padded like `chunk_shares`'s."""
+    from jaxsal import sizing
     from jaxsal.metrics.effects import object_effects
     from jaxsal.game_objects import ObjectBoxes
 
@@ -266,7 +268,7 @@ def chunk_effects(apply_fn, params, x, boxes, rows: int, target: str, actions=No
     if pad > 0:
         boxes = ObjectBoxes.concatenate([boxes, boxes[np.full(pad, len(boxes) - 1)]])
     eff = object_effects(apply_fn, params, x, boxes, target=target, actions=actions, layout=layout,
-                         batch_size=batch_size or 256, **EFFECTS_CONFIG)
+                         batch_size=sizing.rows(batch_size), **EFFECTS_CONFIG)
     out = {"effect": (eff.effect, np.float32), "flips": (eff.flips, bool), "present": (eff.present, bool),
            "score": (eff.score, np.float32), "action": (eff.actions, np.int32),
            "overlap": (eff.overlap, np.float32), "residue": (eff.residue, np.int32),

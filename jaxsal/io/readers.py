@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxsal.batching import LRU
+from jaxsal.caching import LRU
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io.pickled import PickleFormatError, PickleLimitError, read_int_set
 

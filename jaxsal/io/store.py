@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxsal.batching import LRU
+from jaxsal.caching import LRU
 from jaxsal.errors import SaliencyInputError
 
 MANIFEST = "manifest.json"

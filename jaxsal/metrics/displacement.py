@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import targets as T
-from jaxsal.batching import cached_jit, map_batched
+from jaxsal.batching import map_batched
+from jaxsal.caching import cached_jit
 from jaxsal.checks import LAYOUTS, check_obs, num_actions, output_shape, target_actions
 from jaxsal.errors import SaliencyInputError
 

@@ -28,7 +28,8 @@ import numpy as np
 from scipy import stats
 
 from jaxsal import targets as T
-from jaxsal.batching import cached_jit, is_traced, map_batched
+from jaxsal.batching import is_traced, map_batched
+from jaxsal.caching import cached_jit
 from jaxsal.errors import SaliencyInputError
 from jaxsal.checks import LAYOUTS, check_obs, check_positive_int, num_actions, output_shape, target_actions
 

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import targets as T
-from jaxsal.batching import cached_jit, map_batched
+from jaxsal.batching import map_batched
+from jaxsal.caching import cached_jit
 from jaxsal.checks import as_float, check_call, check_positive_float, check_positive_int, output_shape
 from jaxsal.errors import SaliencyInputError
 from jaxsal.metrics.similarity import check_maps

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsal import sizing
 from jaxsal.errors import SaliencyInputError
 
 
@@ -173,17 +174,19 @@ def object_attribution(maps, masks, classes=None, frame="union", batch_size: int
     Raises:
         jaxsal.SaliencyInputError: `maps` not 3-D or 4-D; a bad `frame`; boxes or masks of
             another frame size, state count or frame count than the maps; per-frame maps with
-            masks without a frame axis; class names that do not match the masks.
+            masks without a frame axis; class names that do not match the masks; a batch_size that
+            is not a positive int.
     """
     maps = jnp.asarray(maps) if not isinstance(maps, np.ndarray) else maps
     _check_maps_masks(maps, masks, frame)
     per_frame = maps.ndim == 4
     n = maps.shape[0]
+    size = sizing.plan(n, batch_size).states
     parts = []
-    for s in range(0, n, batch_size):
-        chunk = masks[s:s + batch_size]
-        mk, names = _as_masks(chunk, classes, per_frame, frame, min(batch_size, n - s))
-        m = jnp.asarray(maps[s:s + batch_size])
+    for s in range(0, n, size):
+        chunk = masks[s:s + size]
+        mk, names = _as_masks(chunk, classes, per_frame, frame, min(size, n - s))
+        m = jnp.asarray(maps[s:s + size])
         m = jnp.moveaxis(m, -1, 1) if per_frame else m[:, None]
         _check_frames(m, mk)
         parts.append(_shares(m, mk))
@@ -225,7 +228,8 @@ def object_pointing(maps, masks, classes=None, frame="union", batch_size: int = 
 
     Raises:
         jaxsal.SaliencyInputError: `maps` not 3-D or 4-D; a bad `frame`; boxes or masks of
-            another frame size, state count or frame count than the maps.
+            another frame size, state count or frame count than the maps; a batch_size that is not a
+            positive int.
     """
     from jaxsal.game_objects.boxes import ObjectBoxes
 
@@ -233,10 +237,11 @@ def object_pointing(maps, masks, classes=None, frame="union", batch_size: int = 
     _check_maps_masks(maps, masks, frame)
     per_frame = maps.ndim == 4
     out, names = [], None
-    for s in range(0, maps.shape[0], batch_size):
-        chunk = masks[s:s + batch_size] if isinstance(masks, ObjectBoxes) else np.asarray(masks)[s:s + batch_size]
-        mk, names = _as_masks(chunk, classes, per_frame, frame, min(batch_size, maps.shape[0] - s))
-        m = jnp.asarray(maps[s:s + batch_size], jnp.float32)
+    size = sizing.plan(maps.shape[0], batch_size).states
+    for s in range(0, maps.shape[0], size):
+        chunk = masks[s:s + size] if isinstance(masks, ObjectBoxes) else np.asarray(masks)[s:s + size]
+        mk, names = _as_masks(chunk, classes, per_frame, frame, min(size, maps.shape[0] - s))
+        m = jnp.asarray(maps[s:s + size], jnp.float32)
         m = jnp.moveaxis(m, -1, 1) if per_frame else m[:, None]
         _check_frames(m, mk)
         out.append(_pointing(m, mk))

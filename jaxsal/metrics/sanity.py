@@ -24,10 +24,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxsal import sizing
 from jaxsal import targets as T
 from jaxsal.errors import SaliencyInputError
 from jaxsal.front import explain
-from jaxsal.batching import cached_jit, map_batched
+from jaxsal.batching import map_batched
+from jaxsal.caching import cached_jit
 from jaxsal.metrics.similarity import METRICS, check_maps, similarity
 from jaxsal.engine import expression
 from jaxsal.registry import accepted_options
@@ -151,7 +153,7 @@ def _resolve_model(model, apply_fn, obs):
 
 def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, key=None, *,
                  target="q_chosen", actions=None, apply_fn=None, layout: str | None = None,
-                 batch_size: int | None = None, metrics=METRICS, similarity_batch_size: int = 256,
+                 batch_size: int | None = None, metrics=METRICS, similarity_batch_size: int | None = None,
                  return_maps: bool = False, norms: str = "with_layer", draw: int = 0,
                  original=None, **method_options):
     """Cascading randomisation sanity check (Adebayo 2018) of `method` on states `obs`.
@@ -182,11 +184,12 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
             resolves its own per model).
         apply_fn (Callable | None): `apply_fn(params, obs)`; None uses `model.apply`.
         layout (str | None): "NHWC" or "NCHW"; None: the model's declared layout, else NHWC.
-        batch_size (int | None): model rows per forward pass of the method (None: the
-            backend's default).
+        batch_size (int | None): model rows per forward pass of the method and of the
+            original model's action choice (None: the backend's default).
         metrics (Sequence[str]): similarity metrics, from ("spearman", "ssim_flat", "ssim",
             "hog"). Defaults to all four.
-        similarity_batch_size (int): map pairs compared at once (a memory knob).
+        similarity_batch_size (int | None): map pairs compared at once (a memory knob);
+            None: as many as `batch_size` rows.
         return_maps (bool): also return every model's maps under "maps".
         norms (str): "with_layer" (default) randomises a layer's `<layer>_norm` with it
             (a LayerNorm is reset to identity); "keep" leaves the norms trained (the module
@@ -230,6 +233,8 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
     method = expression.parse(method) if isinstance(method, str) else method
     fn = expression.function(method)
     name = getattr(method, "name", method)
+    rows = sizing.rows(batch_size)
+    pairs = rows if similarity_batch_size is None else similarity_batch_size
     x = check_obs(obs, layout or "NHWC")
     layers = group_norms(params, layers, norms)
     apply_fn, init_fn = _resolve_model(model, apply_fn, x)
@@ -243,7 +248,7 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
         tgt = T.get_target(target)
         target_actions(tgt, None, x.shape[0], None)  # q_action: the caller's actions are needed
         choose = cached_jit(_chooser, apply_fn, tgt)
-        actions = map_batched(choose, params, x, batch_size=256)   # fixed once, original model
+        actions = map_batched(choose, params, x, batch_size=rows)   # fixed once, original model
 
     k_draw = jax.random.fold_in(key, 0x5A17)
     if draw:
@@ -282,11 +287,11 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
             raise SaliencyInputError(f"original maps have shape {tuple(original.shape)}, but {name} "
                                      f"gives {tuple(m.shape)} on these states: pass the maps of `obs` itself")
         all_maps[layer] = m
-        result[layer] = similarity(original, m, metrics, batch_size=similarity_batch_size)
+        result[layer] = similarity(original, m, metrics, batch_size=pairs)
     result["random_uniform"] = similarity(
-        original, jax.random.uniform(k_uni, original.shape), metrics, batch_size=similarity_batch_size)
+        original, jax.random.uniform(k_uni, original.shape), metrics, batch_size=pairs)
     result["random_gaussian"] = similarity(
-        original, jax.random.normal(k_gauss, original.shape), metrics, batch_size=similarity_batch_size)
+        original, jax.random.normal(k_gauss, original.shape), metrics, batch_size=pairs)
     if return_maps:
         result["maps"] = all_maps
     return result

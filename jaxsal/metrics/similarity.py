@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.batching import cached_jit, map_batched
+from jaxsal.batching import map_batched
+from jaxsal.caching import cached_jit
 from jaxsal.errors import SaliencyInputError
 
 # "ssim_flat" is Paper B's SSIM (its code flattens the maps: a 1-D window of 7 along the raster

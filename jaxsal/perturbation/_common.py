@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal import engine
+from jaxsal import engine, sizing
 from jaxsal import targets as T
 from jaxsal.batching import is_traced
 from jaxsal.checks import check_positive_float, check_positive_int, to_nhwc  # noqa: F401 (the methods' C.*)
@@ -119,7 +119,7 @@ class Static(NamedTuple):
     what `states` adds) under perturbation idx; score(out0, out1, a) -> (rows,); states(params,
     consts, x, extra) -> per-state arrays of a chunk (fill, a blurred copy, Score-CAM's activations);
     finish(consts, x, extra, scores (S, n_pert)) -> maps; box: (bh, bw, corner(idx) -> (r0, c0))
-    for the incremental forward pass, or None; k: indices per group."""
+    for the incremental forward pass, or None; k: indices per group; groups: their count."""
     perturb: Callable
     score: Callable
     states: Callable
@@ -127,6 +127,7 @@ class Static(NamedTuple):
     n_pert: int
     k: int
     box: tuple | None = None
+    groups: int = 1
 
 
 def _no_states(params, consts, x, extra):
@@ -136,13 +137,13 @@ def _no_states(params, consts, x, extra):
 def prepared(call, *, perturb, score, finish, n_pert: int, consts=None, states=_no_states, box=None,
              per_state=None) -> Prepared:
     """The engine's `Prepared` of a perturbation method: n_pert indices in balanced groups of
-    k <= batch_size rows (chunks then hold batch_size // k states)."""
-    k = min(n_pert, call.rows)
-    k = int(math.ceil(n_pert / math.ceil(n_pert / k)))  # balance the index groups
+    k <= batch_size rows (jaxsal.sizing.plan; chunks then hold batch_size // k states)."""
+    sizes = sizing.plan(call.x.shape[0], call.rows, 1, n_pert, balanced=True)
+    k = sizes.group
     # host scalars: a jnp.int32 here compiled a program of its own on a first call
-    groups = tuple(np.int32(j * k) for j in range(int(math.ceil(n_pert / k))))
-    return Prepared(Static(perturb, score, states, finish, n_pert, k, box), {} if consts is None else consts,
-                    per_state or {}, groups, k)
+    groups = tuple(np.int32(j * k) for j in range(sizes.groups))
+    return Prepared(Static(perturb, score, states, finish, n_pert, k, box, sizes.groups),
+                    {} if consts is None else consts, per_state or {}, groups, k)
 
 
 def apply_nhwc(apply_fn, layout):
@@ -178,12 +179,8 @@ def _chunk(ctx, params, prep, rows, offset, shared):
         out1 = jax.lax.cond(leaked, lambda: model(params, flat), lambda: fast)
     out0 = jax.tree.map(lambda o: jnp.repeat(o, k_, axis=0), states["out0"])
     scores = st.score(out0, out1, jnp.repeat(rows.actions, k_, axis=0)).reshape(s_, k_)
-    table = jnp.zeros((s_, st.k * _n_groups(st)), scores.dtype)
+    table = jnp.zeros((s_, st.k * st.groups), scores.dtype)
     return jax.lax.dynamic_update_slice(table, scores, (jnp.int32(0), offset))
-
-
-def _n_groups(st):
-    return int(math.ceil(st.n_pert / st.k))
 
 
 def _finalize(ctx, params, prep, rows, table):

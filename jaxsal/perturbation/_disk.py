@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.ndimage import gaussian_filter1d
 
-from jaxsal.batching import memo
+from jaxsal.caching import memo
 from jaxsal.errors import SaliencyInputError
 
 MASK_SHAPES = ("gaussian", "hard")

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.batching import is_traced, memo
+from jaxsal.batching import is_traced
+from jaxsal.caching import memo
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
 from jaxsal.checks import check_key, check_positive_int

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.batching import head, memo
+from jaxsal.batching import head
+from jaxsal.caching import memo
 from jaxsal.checks import as_float
 from jaxsal.errors import SaliencyInputError
 from jaxsal.backprop import cam

@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT))
 from jaxsal.registry import METHODS, register  # noqa: E402
 from jaxsal.targets import get_target, resolve_actions  # noqa: E402
 from jaxsal.checks import check_obs, check_positive_int  # noqa: E402
-from jaxsal.batching import cached_jit, map_batched  # noqa: E402
+from jaxsal.batching import map_batched  # noqa: E402
+from jaxsal.caching import cached_jit  # noqa: E402
 
 
 def _score_fn(apply_fn, target, actions):

@@ -7,20 +7,12 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal import batching
+from jaxsal import caching
 from tests._support.conformance import MODEL, PARAMS, H, W, C
 
 
 def _compiled() -> int:
-    return sum(f._cache_size() for f in batching._JIT_CACHE.values())
-
-
-def test_bucket_sizes():
-    assert [batching.bucket(n, 64) for n in (1, 2, 4, 5, 16, 17, 50, 63, 64)] == \
-        [1, 4, 4, 16, 16, 64, 64, 64, 64]
-    assert [batching.bucket(n, 100) for n in (1, 3, 17, 64, 65, 100)] == [1, 4, 64, 64, 100, 100]
-    assert batching.chunk_size(17, 64) == 64 and batching.chunk_size(300, 64) == 64
-    assert batching.chunk_size(3, 64, rows_per_state=50) == 1  # one state of 50 samples per chunk
+    return sum(f._cache_size() for f in caching._JIT_CACHE.values())
 
 
 @pytest.mark.parametrize("method,kw", [

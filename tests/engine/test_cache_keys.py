@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal import batching
+from jaxsal import caching
 from tests._support import ROOT
 
 
@@ -164,7 +164,7 @@ def test_smoothgrad_noise_is_drawn_per_channel_after_a_one_channel_call():
     m4 = np.asarray(jaxsal.explain(energy, params, x4, **kw))
     for c in range(1, 4):
         assert np.abs(m4[..., 0] - m4[..., c]).max() > 1e-2, "noise identical in every channel"
-    batching.clear_caches()
+    caching.clear_caches()
     np.testing.assert_allclose(m4, np.asarray(jaxsal.explain(energy, params, x4, **kw)),
                                rtol=1e-5, atol=1e-6 * np.abs(m4).max())
     m64 = jaxsal.explain(energy, params, x4[:, :64, :64], **kw)  # raised a JAX TypeError
@@ -178,7 +178,7 @@ def test_static_key_covers_captured_values_and_refuses_arrays():
     from jaxsal.perturbation._common import make_score
     from jaxsal.targets import get_target
 
-    key = batching.static_key
+    key = caching.static_key
     q, v = get_target("q_chosen"), get_target("value")
     # jaxsal's own closures (rebuilt per call) by code and captured values
     assert key(make_score("drop", q)) == key(make_score("drop", q))
@@ -201,10 +201,10 @@ def test_static_key_covers_captured_values_and_refuses_arrays():
 def test_cached_jit_keys_on_build_arguments_and_is_bounded(monkeypatch):
     def build(scale):
         return lambda x: x * scale
-    f2, f3 = batching.cached_jit(build, 2.0), batching.cached_jit(build, 3.0)
-    assert f2 is not f3 and batching.cached_jit(build, 2.0) is f2
+    f2, f3 = caching.cached_jit(build, 2.0), caching.cached_jit(build, 3.0)
+    assert f2 is not f3 and caching.cached_jit(build, 2.0) is f2
     assert float(f3(jnp.ones(()))) == 3.0
-    monkeypatch.setattr(batching._JIT_CACHE, "maxsize", 4)
+    monkeypatch.setattr(caching._JIT_CACHE, "maxsize", 4)
     for i in range(10):
-        batching.cached_jit(build, float(i))
-    assert len(batching._JIT_CACHE) == 4
+        caching.cached_jit(build, float(i))
+    assert len(caching._JIT_CACHE) == 4

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal import batching, checks, engine
+from jaxsal import caching, checks, engine
 from tests._support.conformance import COMBINED, MODEL, PARAMS, _obs, _spec
 from tests.test_conformance import CASES
 
@@ -43,7 +43,7 @@ def _explain(name, obs, params=PARAMS):
 @pytest.mark.parametrize("name", list(CALLS))
 def test_once_per_call_first_and_repeated(name, signatures):
     obs = _obs(2)
-    batching.clear_caches()  # the first call: every cache misses (the model check's probe too)
+    caching.clear_caches()  # the first call: every cache misses (the model check's probe too)
     for _ in range(2):
         signatures.clear()
         jax.block_until_ready(_explain(name, obs))

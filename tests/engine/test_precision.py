@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxsal
-from jaxsal import batching
+from jaxsal import caching
 from jaxsal.cli import main
 from jaxsal.engine.precision import with_precision
 from jaxsal.errors import SaliencyInputError
@@ -159,8 +159,8 @@ def test_bfloat16_under_jit_and_vmap(cnn):
 
 @pytest.mark.parametrize("method", ["gradient", "occlusion"])
 def test_the_compile_cache_keeps_precisions_apart(cnn, method):
-    count = lambda: batching.cache_names().count("_build")  # noqa: E731  (the engine's chunk programs)
-    batching.clear_caches()  # as in a fresh process: earlier tests compiled both precisions
+    count = lambda: caching.cache_names().count("_build")  # noqa: E731  (the engine's chunk programs)
+    caching.clear_caches()  # as in a fresh process: earlier tests compiled both precisions
     a = np.asarray(_maps(cnn, method))
     n = count()
     b = np.asarray(_maps(cnn, method, precision="bfloat16"))

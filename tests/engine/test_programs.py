@@ -13,7 +13,7 @@ import pytest
 from jax._src import monitoring
 
 import jaxsal
-from jaxsal import batching, engine
+from jaxsal import caching, engine
 from jaxsal.checks import check_call
 from jaxsal.engine.execute import bind
 from tests._support.conformance import _spec
@@ -44,10 +44,10 @@ def test_the_inner_loop_methods_are_found():
 
 
 def _first_call_compiles(monkeypatch, call) -> Counter:
-    """Compiles per engine program name (jaxsal.batching.cached_jit's functions) of a first call."""
-    built, real = [], batching.cached_jit
-    monkeypatch.setattr(batching, "cached_jit", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
-    batching.clear_caches()  # a fresh process: every program is built and compiled anew
+    """Compiles per engine program name (jaxsal.caching.cached_jit's functions) of a first call."""
+    built, real = [], caching.cached_jit
+    monkeypatch.setattr(caching, "cached_jit", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    caching.clear_caches()  # a fresh process: every program is built and compiled anew
     _COMPILES.clear()
     call()
     names = {f"jit({fn.__name__})" for fn in built}
@@ -114,7 +114,7 @@ def test_lime_s_host_setup_compiles_no_eager_program(batch_size):
     are host arrays (a jnp op on them compiled one program each: 22 compiles, now 5 or 2)."""
     obs = _obs(2)
     jax.clear_caches()  # a fresh process: JAX's own caches too (an eager op compiles once per shape)
-    batching.clear_caches()
+    caching.clear_caches()
     _COMPILES.clear()
     np.asarray(jaxsal.explain(MODEL.apply, PARAMS, obs, method="lime", batch_size=batch_size, **CASES["lime"]))
     compiles = Counter(_COMPILES)

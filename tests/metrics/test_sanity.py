@@ -10,7 +10,7 @@ import flax.linen as nn
 from jaxsal_agents.networks import NatureDQN, _Norm
 from jaxsal import SaliencyInputError
 from jaxsal.metrics import cascade, sanity_check
-from jaxsal.batching import cached_jit
+from jaxsal.caching import cached_jit
 from jaxsal.registry import METHODS, register
 from jaxsal.targets import get_target, resolve_actions
 

@@ -114,7 +114,7 @@ def test_window_is_the_tightest_static_range_covering_every_touched_output():
 
 @pytest.mark.parametrize("fast", [False, True])
 def test_nature_dqn_default_runs_incremental_and_equals_plain(fast, monkeypatch):
-    from jaxsal import batching
+    from jaxsal import caching
     from jaxsal.perturbation import _incremental
     from jaxsal.backprop.strided_conv import fast_apply
     model = NatureDQN(4)
@@ -122,7 +122,7 @@ def test_nature_dqn_default_runs_incremental_and_equals_plain(fast, monkeypatch)
     params = model.init(jax.random.PRNGKey(0), obs[:1])
     fn = fast_apply(model.apply) if fast else model.apply
     plain = np.asarray(occlusion(fn, params, obs, stride=27, incremental=False, return_grid=True))
-    batching.clear_caches()
+    caching.clear_caches()
     traced = []
     real = _incremental.incremental_apply
     monkeypatch.setattr(_incremental, "incremental_apply", lambda *a: traced.append(1) or real(*a))
