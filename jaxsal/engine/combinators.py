@@ -11,8 +11,9 @@ from a baseline x0 to x. For an input-gradient spec (gradient, guided_backprop, 
 multiplied by (x - x0): Integrated Gradients (of that gradient); for any other spec (CAM maps,
 gradient x input) it is the path average of its maps.
 
-Noise of state i, sample j comes from fold_in(fold_in(key, i), j) (i: the state's position in the
-call), so maps do not depend on batch_size. Input-gradient specs with a `sums` piece take the
+Noise of state i, sample j comes from fold_in(fold_in(key, first_index + i), j) (i: the state's
+position in the call; option first_index, default 0, the call's offset in a larger buffer), so maps
+depend neither on batch_size nor on how a buffer is split into calls. Input-gradient specs with a `sums` piece take the
 affine-prefix fast path (jaxsal.backprop.pathavg): the same sums, exactly, with the model's
 affine input prefix transposed once per state.
 """
@@ -89,7 +90,7 @@ def noise_tunnel(method, n: int = 50, sigma: float = 0.15, variant: str = "mean"
 
     s = sigma * (max x - min x) per state. The returned spec runs with `jaxsal.explain(method=spec)`
     and takes options n_samples, sigma, variant (defaults from the arguments here), key,
-    fast_prefix and the inner method's options.
+    fast_prefix, first_index (the call's offset in a larger buffer) and the inner method's options.
 
     Args:
         method (str | Spec): a gradient or CAM method name (e.g. "gradcam") or spec.
@@ -110,12 +111,12 @@ def noise_tunnel(method, n: int = 50, sigma: float = 0.15, variant: str = "mean"
     """
     inner = _inner(method, "noise_tunnel")
     own = {"n_samples": check_positive_int("n", n), "sigma": _check_sigma(sigma), "variant": variant,
-           "fast_prefix": True, "key": None}
+           "fast_prefix": True, "key": None, "first_index": 0}
     _variant(variant)
     sums, inner_finalize = inner.sums, inner.finalize
     tuned = inner._replace(prepare=None, options={}, example={}, doc="")  # what the traced pieces use
 
-    def prepare(call, apply_fn, params, *, n_samples, sigma, variant, fast_prefix, key, **options):
+    def prepare(call, apply_fn, params, *, n_samples, sigma, variant, fast_prefix, key, first_index, **options):
         key = as_key(key, name or f"noise_tunnel({inner.name})")
         n_samples = check_positive_int("n_samples", n_samples)
         sigma = _check_sigma(sigma)
@@ -279,7 +280,7 @@ def path_integral(method, steps: int = 50, baseline="black", *, quadrature_optio
     runs with `jaxsal.explain(method=spec)` and takes options steps, baseline (defaults from the
     arguments here), quadrature (default right Riemann), blur_sigma (baseline "blur"),
     return_error (input-gradient methods: also the completeness error per state), fast_prefix,
-    key (baseline "uniform") and the inner method's options.
+    key and first_index (baseline "uniform") and the inner method's options.
 
     Args:
         method (str | Spec): a gradient or CAM method name (e.g. "guided_backprop") or spec.
@@ -301,7 +302,7 @@ def path_integral(method, steps: int = 50, baseline="black", *, quadrature_optio
     _check_baseline(baseline)  # a misspelt default fails here, not on the first call
     qname = quadrature_option
     own = {"steps": check_positive_int("steps", steps), "baseline": baseline, qname: "riemann_right",
-           "blur_sigma": 5.0, "return_error": False, "fast_prefix": True, "key": None}
+           "blur_sigma": 5.0, "return_error": False, "fast_prefix": True, "key": None, "first_index": 0}
     sums, inner_finalize, gradient = inner.sums, inner.finalize, inner.kind == "gradient"
     tuned = inner._replace(prepare=None, options={}, example={}, doc="")
     what = name or f"path_integral({inner.name})"

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import batching, caching, registry, sizing
-from jaxsal.checks import as_float, check_call
+from jaxsal.checks import as_float, check_call, check_positive_int
 from jaxsal.engine.precision import check_precision, with_precision
 from jaxsal.engine.spec import Ctx, Prepared, Rows, Spec
 from jaxsal.errors import SaliencyInputError
@@ -49,6 +49,7 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     output pytree}) (the batch job stores these: no forward of its own); with no specs, only
     that forward runs."""
     bound = [(spec, bind(spec, opts)) for spec, opts in bound]
+    first = first_index(bound)
     check_precision(precision)
     call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
@@ -63,7 +64,7 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     ctx = Ctx(apply_fn, call.target, call.layout)
     rows = {"x": call.x, "extra": [p.per_state for p in preps]}
     if any(s.indexed for s in specs):  # a host array, chunked like the frames (no program per N)
-        rows["index"] = np.arange(call.x.shape[0], dtype=np.int32)
+        rows["index"] = first + np.arange(call.x.shape[0], dtype=np.int32)
     if call.actions is not None:
         rows["actions"] = call.actions
     per_state = max([p.rows_per_state for p in preps], default=1)
@@ -88,6 +89,16 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
 
     maps, acts, out = _chunks(program, per_chunk, rows, size, traced)
     return (list(maps), {"actions": acts, "output": out}) if outputs else list(maps)
+
+
+def first_index(bound) -> int:
+    """The position of the call's first state in the buffer it belongs to (option first_index of
+    the indexed specs, which key per-state draws by position): one value, a non-negative int."""
+    values = {check_positive_int("first_index", opts.get("first_index", 0), 0)
+              for spec, opts in bound if spec.indexed}
+    if len(values) > 1:
+        raise SaliencyInputError(f"methods run together need one first_index, got {sorted(values)}")
+    return values.pop() if values else 0
 
 
 def _chunks(program, per_chunk, rows, size, traced):
@@ -218,6 +229,9 @@ _ARG_DOCS = {
                   '"riemann_trapezoid" or "gausslegendre".',
     "blur_sigma": 'float: Gaussian blur width in pixels of baseline "blur".',
     "return_error": "bool: also return the completeness error sum(attributions) - (y(x) - y(x0)) per state.",
+    "first_index": "int: the position of obs[0] in the buffer it belongs to: state i's random draws (noise, a "
+                   "uniform baseline) are those of position first_index + i, so explaining a buffer in slices "
+                   "gives the maps of one call on all of it.",
 }
 """`name (type): meaning` of every argument a method function may take (method_doc's Args)."""
 _ARG_DOCS["method"] = _ARG_DOCS["quadrature"]  # integrated_gradients names its quadrature method=

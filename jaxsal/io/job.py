@@ -337,8 +337,11 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
                 break
             i, m, x, acts = item
             results, engine_out = [], None
-            calls = base if acts is None else {a: (meth, dict(common, actions=acts), own)
-                                               for a, (meth, common, own) in base.items()}
+            # each chunk's states keep their positions in the input (first_index): per-state draws
+            # (SmoothGrad's noise) are those of one call on the whole input, whatever --chunk is
+            calls = {a: (meth, common if acts is None else dict(common, actions=acts),
+                         dict(own, first_index=own["first_index"] + i * chunk) if "first_index" in own else own)
+                     for a, (meth, common, own) in base.items()}
             groups = share_groups(calls)  # the same every chunk: it depends on the settings only
             for group in groups:
                 # a group with any chunk missing is computed whole, so a resumed job writes
@@ -433,8 +436,11 @@ def _explain_args(spec: MethodSpec, target, layout, key, batch_size, precision) 
     kw.setdefault("batch_size", batch_size)
     kw.setdefault("precision", precision)
     method = expression.parse(spec.method)  # a name, or the Spec of an expression (built once per job)
-    if "key" in accepted_options(expression.function(method)) or spec.method in STOCHASTIC:
+    accepted = accepted_options(expression.function(method))
+    if "key" in accepted or spec.method in STOCHASTIC:
         kw["key"] = key  # one key for every chunk: e.g. the same RISE masks for every state
+    if "first_index" in accepted:
+        kw.setdefault("first_index", 0)  # plus each chunk's first frame (run_job)
     args = {k: kw.pop(k, FRONT_DEFAULTS[k]) for k in COMMON_ARGS}
     return method, args, kw
 
