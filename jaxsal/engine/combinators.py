@@ -117,6 +117,7 @@ def noise_tunnel(method, n: int = 50, sigma: float = 0.15, variant: str = "mean"
     tuned = inner._replace(prepare=None, options={}, example={}, doc="")  # what the traced pieces use
 
     def prepare(call, apply_fn, params, *, n_samples, sigma, variant, fast_prefix, key, first_index, **options):
+        # first_index is read by the engine (Rows.index, jaxsal.engine.execute.first_index), not here
         key = as_key(key, name or f"noise_tunnel({inner.name})")
         n_samples = check_positive_int("n_samples", n_samples)
         sigma = _check_sigma(sigma)
