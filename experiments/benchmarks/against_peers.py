@@ -63,6 +63,29 @@ PEER_ROWS_GPU = 4096
 """... and on a GPU, where small forwards leave it idle."""
 
 
+PEAK_SHAPES = ((2048, 2048, 2048), (4096, 1024, 4096), (20736, 576, 64), (102400, 512, 32))
+"""(m, k, n) of the float32 matmuls whose best rate is the measured peak: square ones and the
+Nature-CNN's conv2/conv3 as matmuls at batch 256."""
+
+
+def matmul_peak(shapes=PEAK_SHAPES, rounds: int = 7) -> dict:
+    """The float32 matmul peak measured here (jnp.dot under jit, jaxsal's XLA flags, all cores):
+    the best shape's median FLOP/s over `rounds` calls, and every shape's."""
+    rates = {}
+    for m, k, n in shapes:
+        a = jax.random.normal(jax.random.PRNGKey(0), (m, k), jnp.float32)
+        b = jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32)
+        f = jax.jit(jnp.dot)
+        f(a, b).block_until_ready()
+        ts = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            f(a, b).block_until_ready()
+            ts.append(time.perf_counter() - t0)
+        rates[f"{m}x{k}x{n}"] = 2 * m * k * n / float(np.median(ts))
+    return {"flops": max(rates.values()), "per_shape": rates}
+
+
 def torch_device(name: str = "auto") -> str:
     """'cuda' when asked for, or for 'auto' when torch sees a GPU; else 'cpu'."""
     import torch
@@ -626,8 +649,8 @@ def main(argv=None):
                     help="check that XLA:CPU runs its default kernels on the jaxsal side (set "
                          "JAXSAL_FAST_CPU=0 in the environment: `import jaxsal` reads it)")
     ap.add_argument("--peak-gflops", type=float, default=None,
-                    help="machine peak FP32 GFLOP/s for the %% peak column (default: cores x "
-                         "2.5 GHz x 32 FLOP/cycle, AVX2 FMA x2)")
+                    help="machine peak FP32 GFLOP/s for the %% peak column (default: measured, the best "
+                         "float32 matmul of PEAK_SHAPES here)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--against", default="captum", help=argparse.SUPPRESS)
     ap.add_argument("--render", type=Path, default=None,
@@ -661,11 +684,15 @@ def main(argv=None):
     table = cases(tmodel, jax.random.PRNGKey(0), device)
     names = args.methods or list(table)
     cores = os.cpu_count() or 1
-    peak = (args.peak_gflops or cores * 2.5 * 32) * 1e9
+    measured = None if args.peak_gflops else matmul_peak()
+    peak = args.peak_gflops * 1e9 if args.peak_gflops else measured["flops"]
     res = {"machine": machine(args.torch_threads, device), "batches": batches, "budget_s": budget,
            "rounds": repeats, "commit": _commit(),
            "forward_flops": nature_forward_flops(6), "peak_flops": peak,
-           "peak_note": "given" if args.peak_gflops else f"{cores} cores x 2.5 GHz x 32 FP32 FLOP/cycle, assumed",
+           "peak_note": "given (--peak-gflops)" if args.peak_gflops else
+           f"measured: the best float32 jnp.dot of {', '.join(measured['per_shape'])} (m x k x n) on "
+           f"{cores} cores, median of 7 calls",
+           "peak_per_shape": None if measured is None else measured["per_shape"],
            "peers": {n: table[n][3] for n in names}, "families": {n: table[n][0] for n in names},
            "agreement": {}, "timing": {}, "notes": [
                "jaxsal runs at its library defaults with the plain apply_fn: strided convs' "

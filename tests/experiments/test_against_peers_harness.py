@@ -53,3 +53,15 @@ def test_a_cpu_build_is_timed(monkeypatch):
     _fake_torch(monkeypatch, None)
     AP.check_torch_build("cpu", allow_cuda_build=False)
     assert AP.torch_build_note("cpu") == "CPU build"
+
+
+def test_the_peak_is_the_best_measured_matmul(monkeypatch):
+    import numpy as np
+
+    got = AP.matmul_peak(shapes=((64, 32, 16), (8, 8, 8)), rounds=2)
+    assert set(got["per_shape"]) == {"64x32x16", "8x8x8"}
+    assert got["flops"] == max(got["per_shape"].values()) and np.isfinite(got["flops"]) and got["flops"] > 0
+    # the rate is FLOPs over the median call time: a clock that always advances 1 s per call gives 2mkn
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(AP.time, "perf_counter", lambda: float(next(ticks)))
+    assert AP.matmul_peak(shapes=((4, 3, 2),), rounds=3)["flops"] == 2 * 4 * 3 * 2
