@@ -7,7 +7,8 @@
 An expression is a registered method's name or a call of a combinator (jaxsal.engine.combinators)
 on an expression, with the combinator's arguments as keywords of literal value (numbers, strings,
 True/False; a bare word is a string). It is read with `ast`, never evaluated. `canonical` writes
-an expression one way (what a job's manifest records), `alias` gives it a directory name.
+an expression one way (what a job's manifest records: keywords in the combinator's order, none at its
+default value), `alias` gives it a directory name.
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def parse(text: str) -> str | Spec:
 
 
 def canonical(text: str) -> str:
-    """The expression written one way: keywords in the combinator's order, bare words where they can be."""
+    """The expression written one way: keywords in the combinator's order, those at their default left
+    out, bare words where they can be."""
     return _text(_read(text))
 
 
@@ -63,9 +65,15 @@ def function(method):
 
 
 def split(text: str) -> list[str]:
-    """A comma list of expressions, split at its top-level commas only (a call's belong to it)."""
-    parts, depth, start = [], 0, 0
+    """A comma list of expressions, split at its top-level commas only (a call's, and a quoted
+    string's, belong to it)."""
+    parts, depth, start, quote, escaped = [], 0, 0, "", False
     for i, ch in enumerate(text):
+        if quote:
+            escaped, quote = (not escaped and ch == "\\"), ("" if ch == quote and not escaped else quote)
+            continue
+        if ch in "'\"":
+            quote = ch
         depth += (ch == "(") - (ch == ")")
         if ch == "," and depth == 0:
             parts.append(text[start:i])
@@ -116,7 +124,18 @@ def _tree(node, text):
             raise _refuse(text, f"{comb} has no argument {kw.arg!r}; it takes {', '.join(allowed)} (a method's own "
                                 "options: --option ALIAS.NAME=VALUE, or the sweep entry's table)")
         given[kw.arg] = _value(kw.value, text)
-    return comb, _tree(node.args[0], text), tuple((k, given[k]) for k in allowed if k in given)
+    defaults = _defaults(comb)
+    return comb, _tree(node.args[0], text), tuple((k, given[k]) for k in allowed
+                                                  if k in given and not _same(given[k], defaults[k]))
+
+
+def _defaults(combinator: str) -> dict:
+    return {p.name: p.default for p in inspect.signature(COMBINATORS[combinator]).parameters.values()}
+
+
+def _same(value, default) -> bool:
+    """A keyword given at its default value (so n=50 and no n are one expression); True is not 1."""
+    return type(value) is type(default) and value == default
 
 
 def _value(node, text):

@@ -24,6 +24,11 @@ from tests._support.conformance import MODEL, PARAMS, _obs
     ("noise_tunnel(gradient, sigma=0.25)", "noise_tunnel(gradient, sigma=0.25)", "noise_tunnel-gradient-sigma_0p25"),
     ("path_integral(guided_backprop, baseline=blur, steps=32)", "path_integral(guided_backprop, steps=32, baseline=blur)",
      "path_integral-guided_backprop-steps_32-baseline_blur"),
+    # a keyword at its default is the expression without it: one text, one directory, one manifest entry
+    ("noise_tunnel(gradcam, n=50, sigma=0.15, variant='mean')", "noise_tunnel(gradcam)", "noise_tunnel-gradcam"),
+    ("path_integral(gradient, steps=32, baseline='black')", "path_integral(gradient, steps=32)",
+     "path_integral-gradient-steps_32"),
+    ("noise_tunnel(gradcam, n=50.0)", "noise_tunnel(gradcam, n=50.0)", "noise_tunnel-gradcam-n_50p0"),  # not the int
 ])
 def test_canonical_text_and_alias(text, canonical, alias):
     assert E.canonical(text) == canonical
@@ -104,3 +109,10 @@ def test_split_keeps_a_calls_commas():
         "gradcam", "sg=noise_tunnel(gradcam, n=2, variant=vargrad)", " occlusion"]
     assert E.split("noise_tunnel(path_integral(gradient, steps=2), n=2),x") == [
         "noise_tunnel(path_integral(gradient, steps=2), n=2)", "x"]
+
+
+def test_split_keeps_a_quoted_strings_commas():
+    assert E.split("a=noise_tunnel(gradcam, variant='x,y'), b") == ["a=noise_tunnel(gradcam, variant='x,y')", " b"]
+    assert E.split('noise_tunnel(gradcam, variant="x,(y"),occlusion') == ['noise_tunnel(gradcam, variant="x,(y")',
+                                                                          "occlusion"]
+    assert E.split(r"noise_tunnel(gradcam, variant='x\',y'), z") == [r"noise_tunnel(gradcam, variant='x\',y')", " z"]
