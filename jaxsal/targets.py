@@ -38,17 +38,50 @@ def _pick(out, keys, what):
 
 
 def q_of(out):
-    """The Q-vector (N, A) of an output pytree."""
+    """The Q-vector (N, A) of an output pytree.
+
+    Args:
+        out (jax.Array | dict | tuple): the model's output: an array (read as Q-values), a dict with
+            a key of `Q_KEYS` (else of `LOGIT_KEYS`), or a `(Q or logits, value)` tuple.
+
+    Returns:
+        jax.Array: the Q-values (N, A).
+
+    Raises:
+        jaxsal.SaliencyInputError: a dict without such a key, or a tuple that is not a pair.
+    """
     return _pick(out, Q_KEYS + LOGIT_KEYS, "a Q-vector")
 
 
 def logits_of(out):
-    """The policy logits (N, A) of an output pytree."""
+    """The policy logits (N, A) of an output pytree.
+
+    Args:
+        out (jax.Array | dict | tuple): the model's output: an array (read as logits), a dict with a
+            key of `LOGIT_KEYS` (else of `Q_KEYS`), or a `(logits, value)` tuple.
+
+    Returns:
+        jax.Array: the logits (N, A).
+
+    Raises:
+        jaxsal.SaliencyInputError: a dict without such a key, or a tuple that is not a pair.
+    """
     return _pick(out, LOGIT_KEYS + Q_KEYS, "policy logits")
 
 
 def value_of(out):
-    """The state value (N,) of an output pytree."""
+    """The state value (N,) of an output pytree.
+
+    Args:
+        out (dict | tuple): the model's output: a dict with a `value` key, or a `(logits, value)` tuple;
+            a value of shape (N, 1) is read as (N,).
+
+    Returns:
+        jax.Array: the values (N,).
+
+    Raises:
+        jaxsal.SaliencyInputError: the output has no value (one array, or a dict without `value`).
+    """
     if isinstance(out, dict) and "value" in out:
         v = out["value"]
     elif isinstance(out, (tuple, list)) and len(out) == 2:
@@ -100,12 +133,32 @@ _TARGETS = {
 
 
 def explains_action(target) -> bool:
-    """False for targets that do not depend on an action (value, a callable): they explain no action."""
+    """Whether a target explains an action: False for `value` and a callable, which depend on none.
+
+    Args:
+        target (str | Target | Callable): a target name, a `Target`, or a callable `output -> (N,)`.
+
+    Returns:
+        bool: True for the targets that score one action per state.
+
+    Raises:
+        jaxsal.SaliencyInputError: an unknown target name.
+    """
     return (target if isinstance(target, Target) else get_target(target)).choose is not _no_action
 
 
 def get_target(target) -> Target:
-    """A Target from a name or a callable `output -> (N,)` (the action is ignored then)."""
+    """The `Target` of a name or of a callable `output -> (N,)` (which ignores the action).
+
+    Args:
+        target (str | Callable): one of `TARGET_NAMES`, or a callable from the model's output to (N,).
+
+    Returns:
+        Target: its name, `score(out, actions) -> (N,)` and `choose(out) -> (N,)`.
+
+    Raises:
+        jaxsal.SaliencyInputError: an unknown target name.
+    """
     if callable(target) and not isinstance(target, str):
         fn = target
         return Target(getattr(fn, "__name__", "callable"), lambda o, a: fn(o), _no_action)
@@ -116,24 +169,54 @@ def get_target(target) -> Target:
     return _TARGETS[target]
 
 
-def require_actions(target):
-    """target='q_action' explains the caller's actions and has no choice of its own: without
-    actions it is an error (jaxsal.checks.target_actions checks every call with it)."""
+def require_actions(target) -> None:
+    """Refuses `q_action` without actions: it explains the caller's actions and chooses none itself.
+
+    Args:
+        target (str | Target): the target, by name or as a `Target`.
+
+    Raises:
+        jaxsal.SaliencyInputError: the target is `q_action` (call this only where no actions were given).
+    """
     if getattr(target, "name", target) == "q_action":
         raise SaliencyInputError("target='q_action' needs actions=(N,) integer actions")
 
 
 def greedy(target: Target, out, agent: bool = False):
-    """The one place jaxsal chooses an action: the target's greedy choice (N,) int32 on the clean
-    output `out`, without gradient. Targets that explain no action (value, a callable) choose 0;
-    with agent=True they choose the agent's own greedy action (argmax of its Q-vector or logits),
-    e.g. to tell whether removing an object flips what the agent would play."""
+    """The target's greedy action per state on the clean output, without gradient.
+
+    This is the one place jaxsal chooses an action. Targets that explain no action (value, a
+    callable) choose 0, unless `agent` is set.
+
+    Args:
+        target (Target): the target (`get_target`).
+        out (jax.Array | dict | tuple): the model's output on the clean (unperturbed) frames.
+        agent (bool): for a target that explains no action, choose the agent's own greedy action
+            (argmax of its Q-vector or logits) instead of 0, e.g. to tell whether removing an
+            object flips what the agent would play.
+
+    Returns:
+        jax.Array: the actions (N,), int32.
+    """
     choose = _argmax_q if agent and not explains_action(target) else target.choose
     return jax.lax.stop_gradient(choose(out)).astype(jnp.int32)
 
 
 def resolve_actions(target: Target, out, actions=None):
-    """Per-sample actions: the caller's (validated) or the target's choice on the clean output."""
+    """The action each state's map explains: the caller's, or the target's greedy choice.
+
+    Args:
+        target (Target): the target (`get_target`).
+        out (jax.Array | dict | tuple): the model's output on the clean frames.
+        actions (jax.Array | numpy.ndarray | None): the caller's actions (N,) (checked with
+            `check_actions` beforehand), or None for `greedy`'s choice.
+
+    Returns:
+        jax.Array: the actions (N,), int32.
+
+    Raises:
+        jaxsal.SaliencyInputError: no actions for `q_action`.
+    """
     if actions is None:
         require_actions(target)
         return greedy(target, out)
@@ -141,8 +224,23 @@ def resolve_actions(target: Target, out, actions=None):
 
 
 def check_actions(actions, n: int, num_actions: int | None):
-    """Check user actions: shape (N,), integers in [0, num_actions). Traced actions (under
-    jit/vmap) get the shape and dtype checks only: their values are not known yet."""
+    """Checks a caller's actions: shape (N,), integers in [0, num_actions).
+
+    Traced actions (under `jax.jit` or `jax.vmap`) get the shape and dtype checks only: their values
+    are not known yet.
+
+    Args:
+        actions (int | numpy.ndarray | jax.Array): one action for every state, or one per state (N,).
+        n (int): the number of states N.
+        num_actions (int | None): the model's number of actions, or None where it is not known
+            (the range is then not checked).
+
+    Returns:
+        numpy.ndarray | jax.Array: the actions (N,) as int32 (a jax array where they were traced).
+
+    Raises:
+        jaxsal.SaliencyInputError: a wrong shape, a dtype that is not integer, or an action out of range.
+    """
     import numpy as np
 
     if isinstance(actions, jax.core.Tracer):

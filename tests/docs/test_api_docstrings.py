@@ -24,6 +24,7 @@ MODULES = (
     "jaxsal.metrics",
     "jaxsal.loaders",
     "jaxsal.io.store",
+    "jaxsal.targets",
     "jaxsal.perturbation",
     "jaxsal.load_sweep",
     "jaxsal.load_object_shares",
@@ -34,6 +35,8 @@ MODULES = (
     "jaxsal.cam_methods",
     "jaxsal.method_options",
     "jaxsal.options_table",
+    "jaxsal.register",
+    "jaxsal.unregister",
     "jaxsal.register_cam",
     "jaxsal.layer_calls",
     "jaxsal.with_rule",
@@ -188,6 +191,37 @@ FUNCTIONS = [f for entry in MODULES for f in _functions(entry)]
 def test_every_module_has_functions():
     for entry in MODULES:
         assert _functions(entry), f"{entry} holds no public function"
+
+
+DIRECTIVE = re.compile(r"^::: (\S+)\n((?:[ \t]+\S.*\n|[ \t]*\n)*)", re.M)
+
+
+def rendered(text: str) -> list[tuple[str, object]]:
+    """(name, function) of each function an API page's `::: IDENT` blocks render: the listed `members`,
+    else a module's __all__ or the functions and classes it defines (a class: its public methods)."""
+    out = []
+    for ident, options in DIRECTIVE.findall(text):
+        members = re.findall(r"^[ \t]+- (\w+)[ \t]*$", options.split("members:", 1)[1], re.M) \
+            if "members:" in options else None
+        for entry in [f"{ident}.{m}" for m in members] if members else [ident]:
+            out += [(name, fn) for name, fn in _functions(entry) if inspect.isfunction(fn)]  # not a class
+    return out
+
+
+def test_every_function_the_api_pages_render_is_checked():
+    checked = {id(fn) for _, fn in FUNCTIONS}
+    pages = sorted((ROOT / "docs" / "api").glob("*.md"))
+    missing = [f"{page.name}: {name}" for page in pages for name, fn in rendered(page.read_text())
+               if id(fn) not in checked]
+    assert not missing, f"add them to MODULES: {missing}"
+
+
+def test_rendered_reads_members_and_whole_modules():
+    text = "# x\n\n::: jaxsal\n    options:\n      members:\n        - explain\n        - methods\n\n" \
+           "::: jaxsal.targets\n    options:\n      show_root_heading: false\n\n::: jaxsal.gradcam\n"
+    names = [n for n, _ in rendered(text)]
+    assert names[:2] == ["jaxsal.explain", "jaxsal.methods"] and names[-1] == "jaxsal.gradcam"
+    assert "jaxsal.targets.greedy" in names and "jaxsal.targets.q_of" in names
 
 
 @pytest.mark.parametrize("name,fn", FUNCTIONS, ids=[n for n, _ in FUNCTIONS])
