@@ -32,3 +32,15 @@ def test_the_front_pages_count_the_registered_methods():
     for page in ("README.md", "docs/index.md"):
         counts = re.findall(r"\b(\d+) methods\b", (ROOT / page).read_text())
         assert counts and all(int(c) == n for c in counts), (page, counts, n)
+
+
+def test_the_changelog_names_the_version_a_build_carries():
+    """The newest CHANGELOG section is the version a wheel built now carries: "Unreleased" only while
+    that version is a development one (so a release never ships an "Unreleased" section), its own
+    number once released; the section below it is an earlier release."""
+    import jaxsal
+
+    heads = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    v = jaxsal.__version__
+    assert heads[0] == (f"Unreleased ({v})" if ".dev" in v else v), (heads[0], v)
+    assert all("Unreleased" not in h for h in heads[1:]), heads

@@ -25,3 +25,13 @@ def test_committed_notebook_has_its_outputs(path):
     text = json.dumps([o.get("text", "") for o in outputs] +            # printed text, not image bytes
                       [v for o in outputs for k, v in o.get("data", {}).items() if not k.startswith("image/")])
     assert not MACHINE_PATH.search(text), f"{path.name}: a machine-specific path in the outputs"
+
+
+def test_the_quickstart_lists_every_shipped_method():
+    """The quick start prints jaxsal.methods(): its committed output lists the methods jaxsal ships now."""
+    import jaxsal
+
+    nb = json.loads((ROOT / "notebooks" / "quickstart.ipynb").read_text())
+    text = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
+    listed, = re.findall(r"^methods: (.+)$", text, re.M)
+    assert sorted(listed.split(", ")) == sorted(jaxsal.registry.SHIPPED), "rerun notebooks/quickstart.ipynb"
