@@ -25,8 +25,6 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 TARGETS = [re.compile(r"!?\[[^\]]*\]\(<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\)"),   # [text](target "title")
            re.compile(r"^[ \t]*\[[^\]]+\]:[ \t]*<?(\S+?)>?(?:\s|$)", re.M),               # [ref]: target
            re.compile(r"""<(?:img|a|source)\b[^>]*\b(?:src|href)=["']([^"']+)["']""")]
-# the methods' picture lines, which the per-method pictures (docs/_build/method_pictures.py) replace;
-# they resolve on the site only
 
 
 def links(text: str):
