@@ -231,6 +231,7 @@ class Call(NamedTuple):
     layout: str
     rows: int               # model rows per compiled call
     params_sig: tuple       # params_signature(params), computed once per call for every cache key that needs it
+    batch_size: int | None = None  # the caller's batch_size (None: each method's default rows)
 
 
 def check_call(apply_fn, params, obs, *, target, actions, layout, batch_size) -> Call:
@@ -251,7 +252,7 @@ def check_call(apply_fn, params, obs, *, target, actions, layout, batch_size) ->
     out = check_model(apply_fn, params, x.shape, layout=layout, target=target, sig=sig)
     actions = target_actions(tgt, actions, x.shape[0], num_actions(out))
     return Call(x, tgt, key, None if actions is None else jnp.asarray(actions),
-                spatial_shape(x.shape, layout), layout, rows, sig)
+                spatial_shape(x.shape, layout), layout, rows, sig, sizing.check_batch_size(batch_size))
 
 
 def as_float(x):

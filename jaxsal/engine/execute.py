@@ -68,22 +68,30 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     if call.actions is not None:
         rows["actions"] = call.actions
     per_state = max([p.rows_per_state for p in preps], default=1)
-    size = sizing.plan(call.x.shape[0], call.rows, per_state).states
+    # no batch_size from the caller: the rows the methods sized themselves for (Prepared.rows)
+    wanted = [p.rows for p in preps]
+    per_call = min(wanted) if call.batch_size is None and wanted and None not in wanted else call.rows
+    size = sizing.plan(call.x.shape[0], per_call, per_state).states
     statics = tuple(p.static for p in preps)
-    pieces = tuple(Pieces(s.chunk, s.finalize, s.shared, s.chooses) for s in specs)  # the traced ones: the cache key
+    pieces = tuple(Pieces(s.chunk, s.finalize, s.shared, s.chooses, s.per_chunk) for s in specs)  # the traced ones: the cache key
     arrays = [p.arrays for p in preps]
     traced = batching.is_traced(params, rows, arrays, groups)
     if len(groups) == 1:
         program = caching.cached_jit(_build, pieces, ctx, statics, "whole", precision, outputs)
         per_chunk = lambda r: program(params, arrays, r, groups[0])  # noqa: E731
     else:  # one program per role, each compiled once (the step's inputs keep one structure): the
-        # clean forward (the actions, the output), a step per group, the finalize
+        # clean forward (the actions, the output), the specs' per-chunk arrays, a step per group,
+        # the finalize
         start = caching.cached_jit(_clean, ctx, outputs)
         program, fin = (caching.cached_jit(_build, pieces, ctx, statics, w, precision) for w in ("step", "finalize"))
+        before = (caching.cached_jit(_build, pieces, ctx, statics, "per_chunk", precision)
+                  if any(s.per_chunk is not None for s in specs) else None)
 
         def per_chunk(r):
             acts, out = start(params, {k: r[k] for k in ("x", "actions") if k in r})
             r = dict(r, actions=acts)  # every group and finalize explain the same actions
+            if before is not None:  # read by every group: computed once
+                r["extra"] = [{**e, **a} for e, a in zip(r["extra"], before(params, arrays, r))]
             parts = batching.accumulate(lambda g: program(params, arrays, r, g), list(groups), traced)
             return fin(params, arrays, r, parts), acts, out
 
@@ -113,18 +121,35 @@ class Pieces(NamedTuple):
     finalize: Callable
     shared: Callable | None
     chooses: bool = False
+    per_chunk: Callable | None = None
 
 
 def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
     """The traced chunk function of specs (their statics fixed): "whole" (one group: rows ->
-    (maps, actions, model output or None)); or the inner loop's "step" (rows with actions, a
-    group -> that group's parts) and "finalize" (rows with actions, summed parts -> maps), after
-    `_clean` chose the actions. The clean forward runs in float32 (the greedy choice, the model
+    (maps, actions, model output or None)); or the inner loop's "per_chunk" (rows with actions ->
+    each spec's Spec.per_chunk arrays, which the caller adds to the rows' extra), "step" (rows
+    with actions, a group -> that group's parts) and "finalize" (rows with actions, summed parts
+    -> maps), after `_clean` chose the actions. The clean forward runs in float32 (the greedy choice, the model
     output returned with_outputs); the specs' pieces are computed at `precision`."""
-    def pieces(params, arrays, r, acts, group):
+    def rows_of(params, arrays, r, acts, inline):
+        """The specs' Prepared and Rows; inline: with their per-chunk arrays computed here."""
         x = as_float(r["x"])
         preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
         rs = [Rows(x, acts, r.get("index"), e) for e in r["extra"]]
+        if inline:
+            rs = [rr if s.per_chunk is None else rr._replace(extra={**rr.extra, **s.per_chunk(ctx, params, p, rr)})
+                  for s, p, rr in zip(specs, preps, rs)]
+        return preps, rs
+
+    def per_chunk_arrays(params, arrays, r):
+        preps, rs = rows_of(params, arrays, r, r["actions"], False)
+        return tuple({} if s.per_chunk is None else s.per_chunk(ctx, params, p, rr)
+                     for s, p, rr in zip(specs, preps, rs))
+
+    inline = what == "whole"  # in the inner loop's programs they come from the "per_chunk" one
+
+    def pieces(params, arrays, r, acts, group):
+        preps, rs = rows_of(params, arrays, r, acts, inline)
         value = specs[0].shared(ctx, params, preps, rs[0]) if specs and specs[0].shared is not None else None
         if acts is None:  # the shared piece's forward chose them (Spec.chooses)
             acts = value["actions"]
@@ -133,12 +158,12 @@ def _build(specs, ctx, statics, what, precision="float32", with_outputs=False):
         return tuple(s.chunk(ctx, params, p, rr, group, value) for s, p, rr in zip(specs, preps, rs)), acts, out
 
     def finalized(params, arrays, r, acts, acc):
-        x = as_float(r["x"])
-        preps = [Prepared(st, a) for st, a in zip(statics, arrays)]
-        return tuple(s.finalize(ctx, params, p, Rows(x, acts, r.get("index"), e), a)
-                     for s, p, e, a in zip(specs, preps, r["extra"], acc))
+        preps, rs = rows_of(params, arrays, r, acts, inline)
+        return tuple(s.finalize(ctx, params, p, rr, a) for s, p, rr, a in zip(specs, preps, rs, acc))
 
     pieces, outputs = with_precision(pieces, precision), with_precision(finalized, precision)
+    if what == "per_chunk":
+        return with_precision(per_chunk_arrays, precision)
 
     if what == "whole":
         clean = _clean(ctx, with_outputs)

@@ -39,13 +39,16 @@ class Prepared(NamedTuple):
     arrays: call-wide arrays (traced arguments: a baseline, a key); per_state: (N, ...) arrays
     chunked with the states (Rows.extra); groups: the inner loop, one pytree of equal-shaped
     arrays per group (None: no inner loop), whose chunk parts are summed; rows_per_state: model
-    rows one state costs (samples per group x rows of a trunk run per frame), for chunk sizing.
+    rows one state costs (samples per group x rows of a trunk run per frame), for chunk sizing;
+    rows: the model rows per device call the method sized itself for when the caller gave no
+    batch_size (None: the call's default).
     """
     static: Hashable
     arrays: object = ()
     per_state: dict = {}
     groups: tuple = (None,)
     rows_per_state: int = 1
+    rows: int | None = None
 
 
 def _identity_finalize(ctx, params, prep, rows, acc):
@@ -59,6 +62,9 @@ class Spec(NamedTuple):
     chunk(ctx, params, prep, rows, group, shared) -> part        traced, once per chunk and group
     finalize(ctx, params, prep, rows, acc) -> maps               traced, once per chunk (acc: summed parts)
     shared(ctx, params, preps, rows) -> value                    traced, once per chunk for a share group
+    per_chunk(ctx, params, prep, rows) -> dict                   traced, once per chunk before its groups:
+                                                                 per-state arrays (the clean output, a
+                                                                 blurred copy) added to rows.extra
     share_key(options) -> (key, detail) or None                  calls with equal keys and details share
                                                                  (a detail None agrees with any)
 
@@ -71,7 +77,8 @@ class Spec(NamedTuple):
     its pieces read Rows.index; chooses: its shared piece runs the model on the clean frames and,
     given Rows.actions None, chooses them from that output (jaxsal.targets.greedy) and returns them
     as value["actions"]: the engine then runs no forward of its own for the choice (float32 calls
-    without outputs=True).
+    without outputs=True). per_chunk: what every group of a chunk reads, computed once per chunk
+    (in a program of its own ahead of an inner loop) instead of once per group.
     """
     name: str
     prepare: Callable
@@ -87,6 +94,7 @@ class Spec(NamedTuple):
     indexed: bool = False
     chooses: bool = False
     doc: str = ""
+    per_chunk: Callable | None = None
 
 
 class Sums(NamedTuple):

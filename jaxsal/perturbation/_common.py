@@ -137,13 +137,16 @@ def _no_states(params, consts, x, extra):
 def prepared(call, *, perturb, score, finish, n_pert: int, consts=None, states=_no_states, box=None,
              per_state=None) -> Prepared:
     """The engine's `Prepared` of a perturbation method: n_pert indices in balanced groups of
-    k <= batch_size rows (jaxsal.sizing.plan; chunks then hold batch_size // k states)."""
-    sizes = sizing.plan(call.x.shape[0], call.rows, 1, n_pert, balanced=True)
+    k <= batch_size rows (jaxsal.sizing.plan; chunks then hold batch_size // k states). With no
+    batch_size, a method that runs whole forward passes (no incremental `box`) takes the
+    backend's forward-pass default rows (jaxsal.sizing.default_rows)."""
+    rows = call.rows if call.batch_size is not None or box is not None else sizing.rows(None, "forward")
+    sizes = sizing.plan(call.x.shape[0], rows, 1, n_pert, balanced=True)
     k = sizes.group
     # host scalars: a jnp.int32 here compiled a program of its own on a first call
     groups = tuple(np.int32(j * k) for j in range(sizes.groups))
     return Prepared(Static(perturb, score, states, finish, n_pert, k, box, sizes.groups),
-                    {} if consts is None else consts, per_state or {}, groups, k)
+                    {} if consts is None else consts, per_state or {}, groups, k, rows)
 
 
 def apply_nhwc(apply_fn, layout):
@@ -153,12 +156,19 @@ def apply_nhwc(apply_fn, layout):
     return lambda p, x: apply_fn(p, jnp.transpose(x, (0, 3, 1, 2)))
 
 
+def _per_chunk(ctx, params, prep, rows):
+    """What every group of a chunk reads, once per chunk: the clean output and the method's
+    `states` (a blurred copy, Score-CAM's activations)."""
+    st = prep.static
+    return {"out0": ctx.apply_fn(params, rows.x),
+            **st.states(params, prep.arrays, to_nhwc(rows.x, ctx.layout), rows.extra)}
+
+
 def _chunk(ctx, params, prep, rows, offset, shared):
     """(S, k * groups) scores of one group of indices, zero outside its columns."""
     st, consts = prep.static, prep.arrays
     x = to_nhwc(rows.x, ctx.layout)
-    states = {"x": x, "a": rows.actions, "out0": ctx.apply_fn(params, rows.x),
-              **st.states(params, consts, x, rows.extra), **rows.extra}
+    states = {"x": x, "a": rows.actions, **rows.extra}
     idx = jnp.minimum(offset + jnp.arange(st.k, dtype=jnp.int32), st.n_pert - 1)
     xp = jax.vmap(lambda s: jax.vmap(lambda i: st.perturb(consts, s, i))(idx))(states)  # (S, k, H, W, C)
     s_, k_ = xp.shape[:2]
@@ -177,16 +187,15 @@ def _chunk(ctx, params, prep, rows, offset, shared):
                                          jnp.tile(c0, s_), st.box[:2], xp.shape[2:4])
         # a model that is not local (its convs' inputs changed outside the box): the plain pass
         out1 = jax.lax.cond(leaked, lambda: model(params, flat), lambda: fast)
-    out0 = jax.tree.map(lambda o: jnp.repeat(o, k_, axis=0), states["out0"])
+    out0 = jax.tree.map(lambda o: jnp.repeat(o, k_, axis=0), rows.extra["out0"])
     scores = st.score(out0, out1, jnp.repeat(rows.actions, k_, axis=0)).reshape(s_, k_)
     table = jnp.zeros((s_, st.k * st.groups), scores.dtype)
     return jax.lax.dynamic_update_slice(table, scores, (jnp.int32(0), offset))
 
 
 def _finalize(ctx, params, prep, rows, table):
-    st, consts = prep.static, prep.arrays
-    x = to_nhwc(rows.x, ctx.layout)
-    return st.finish(consts, x, {**st.states(params, consts, x, rows.extra), **rows.extra}, table[:, :st.n_pert])
+    st = prep.static
+    return st.finish(prep.arrays, to_nhwc(rows.x, ctx.layout), rows.extra, table[:, :st.n_pert])
 
 
 def perturbation_spec(name: str, prepare: Callable, options: dict, *, stochastic: bool = False,
@@ -194,7 +203,7 @@ def perturbation_spec(name: str, prepare: Callable, options: dict, *, stochastic
     """A perturbation method as an engine spec; `prepare(call, apply_fn, params, **options)`
     checks the options and returns `prepared(...)`."""
     return Spec(name, prepare, _chunk, _finalize, options=options, example=example or {}, stochastic=stochastic,
-                kind="perturbation")
+                kind="perturbation", per_chunk=_per_chunk)
 
 
 def register(spec: Spec, fn: Callable):

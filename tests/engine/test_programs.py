@@ -102,16 +102,18 @@ def test_the_action_comes_from_the_backward_s_own_forward(method, monkeypatch):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-LIME_PROGRAMS = {"jit(_samples)", "jit(clean)", "jit(step)", "jit(finalize)", "jit(add)", "jit(whole)"}
+LIME_PROGRAMS = {"jit(_samples)", "jit(clean)", "jit(per_chunk_arrays)", "jit(step)", "jit(finalize)", "jit(add)",
+                 "jit(whole)"}
 """What a first LIME call may compile: its samples' one program, the engine's programs (the clean
-forward, step and finalize of an inner loop, or the whole chunk) and the sum of the groups' parts."""
+forward, the per-chunk arrays, step and finalize of an inner loop, or the whole chunk) and the sum
+of the groups' parts."""
 
 
 @pytest.mark.parametrize("batch_size", [BATCH, None], ids=["inner loop", "one group"])
 def test_lime_s_host_setup_compiles_no_eager_program(batch_size):
     """LIME's setup outside the chunk programs compiles nothing of its own on a first call: the
     samples are one jitted program, the group offsets and the per-state segments and valid masks
-    are host arrays (a jnp op on them compiled one program each: 22 compiles, now 5 or 2)."""
+    are host arrays (a jnp op on them compiled one program each: 22 compiles, now 6 or 2)."""
     obs = _obs(2)
     jax.clear_caches()  # a fresh process: JAX's own caches too (an eager op compiles once per shape)
     caching.clear_caches()
@@ -119,4 +121,4 @@ def test_lime_s_host_setup_compiles_no_eager_program(batch_size):
     np.asarray(jaxsal.explain(MODEL.apply, PARAMS, obs, method="lime", batch_size=batch_size, **CASES["lime"]))
     compiles = Counter(_COMPILES)
     assert set(compiles) <= LIME_PROGRAMS and max(compiles.values()) == 1, dict(compiles)
-    assert "jit(_samples)" in compiles and len(compiles) == (5 if batch_size else 2), dict(compiles)
+    assert "jit(_samples)" in compiles and len(compiles) == (6 if batch_size else 2), dict(compiles)

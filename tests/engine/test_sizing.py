@@ -163,7 +163,11 @@ FAMILIES = {  # one method per family: (options, model rows per inner item, inne
     "smoothgrad": ({"n_samples": 9, "key": KEY}, 1, 9, False),           # the noise tunnel
     "integrated_gradients": ({"steps": 9}, 1, 9, False),                 # the path integral
     "occlusion": ({"patch": 4, "stride": 3}, 1, 25, True),               # 5 x 5 patches: a perturbation table
+    "rise": ({"n_masks": 25, "grid": 4, "key": KEY}, 1, 25, True),       # whole forward passes: forward rows
 }
+FORWARD = {"rise"}
+"""Methods that run whole forward passes of perturbed inputs: with no batch_size, sized for
+sizing.default_rows("forward")."""
 """Totals chosen so that full and balanced groups differ at some batch size (9 in rows of 8: 8 + 1
 or 5 + 4; 25 in rows of 8: 8 + 8 + 8 + 1 or 7 + 6 + 6 + 6)."""
 
@@ -192,7 +196,7 @@ def test_each_family_runs_the_chunks_and_groups_the_caller_asked_for(method, mon
     for bs in (1, 3, 8, 64, None):
         seen.clear()
         maps = np.asarray(jaxsal.explain(MODEL.apply, PARAMS, obs, method=method, batch_size=bs, **opts))
-        rows = sizing.default_rows() if bs is None else bs
+        rows = sizing.default_rows("forward" if method in FORWARD else "backward") if bs is None else bs
         if total == 1:
             group, count = 1, 1
         elif balanced:
