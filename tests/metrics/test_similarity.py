@@ -1,4 +1,10 @@
 """Similarity metrics of the sanity check against scipy / scikit-image, plus bad input."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -46,6 +52,42 @@ def test_hog_features_match_skimage_on_odd_size():
     ref = hog(img.astype(np.float64), pixels_per_cell=(3, 3))
     assert ours.shape == ref.shape
     np.testing.assert_allclose(ours, ref, atol=1e-5)
+
+
+_HOG_AS_USERS_COMPILE = """
+import json, sys, numpy as np
+from jaxsal.metrics import similarity
+z = np.load(sys.argv[1])
+print(json.dumps({k: np.asarray(similarity(z[k], z["b"], "hog")["hog"]).tolist() for k in ("a", "nudged")}))
+"""
+
+
+def test_hog_of_piecewise_constant_maps_matches_skimage(tmp_path):
+    """LIME and occlusion maps are piecewise constant. Fused with the min-max normalisation, the
+    gradient between two equal pixels was an FMA's rounding residual instead of 0, whose sign moved
+    the edge between the first and last orientation bin: Paper B's HOG similarity sat up to 0.05
+    below skimage's and moved with the maps' last bits (the Paper B re-run's rechecks). Run in a
+    fresh process at the compile settings users get: the fast loop's XLA optimisation level 0
+    forms no FMA, so it never saw this."""
+    rng = np.random.default_rng(4)
+    block = lambda: np.kron(rng.random((12, 12)), np.ones((7, 7)))     # noqa: E731  (84 x 84)
+    a = np.stack([block() for _ in range(3)]).astype(np.float32)
+    b = np.stack([block() for _ in range(3)]).astype(np.float32)
+    nudged = (a * np.float32(1 + 2 ** -22)).astype(np.float32)        # the maps' last bits
+    np.savez(tmp_path / "maps.npz", a=a, b=b, nudged=nudged)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run([sys.executable, "-c", _HOG_AS_USERS_COMPILE, str(tmp_path / "maps.npz")],
+                       env={**env, "JAX_PLATFORMS": "cpu"}, cwd=Path(__file__).resolve().parents[2],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for i in range(len(a)):
+        m, o = _mm(a[i].astype(np.float64)), _mm(b[i].astype(np.float64))
+        hm = hog(m, pixels_per_cell=(3, 3))
+        ref = max(scipy.stats.pearsonr(hm, hog(o, pixels_per_cell=(3, 3)))[0],
+                  scipy.stats.pearsonr(hm, hog(1 - o, pixels_per_cell=(3, 3)))[0])   # Paper B's inverted max
+        assert got["a"][i] == pytest.approx(ref, abs=1e-4)
+    np.testing.assert_allclose(got["nudged"], got["a"], atol=1e-5)
 
 
 def test_spearman_ties_match_scipy():
