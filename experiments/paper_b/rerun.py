@@ -26,6 +26,9 @@ import csv
 import hashlib
 import json
 import os
+import platform
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,6 +54,8 @@ MAX_EPISODE_STEPS = 27_000     # 108,000 frames, EnvPool's and the cards' evalua
 SEED = 0
 DECIMALS = 5                   # the outputs' precision: the progress folder keeps the results at it
 SETTINGS = [(mode, sub, score) for mode in PB.MODES for sub, score in PB.SETTINGS]
+HOG_FIX = "8c14aeac"           # the HOG similarity fix (rerun_deviations.md, deviation 4)
+UNRECORDED = "unrecorded"      # the host (or commit) of a piece recorded before it was
 
 
 def env_seed(seed: int, episode: int) -> int:
@@ -252,6 +257,151 @@ def pieces_to_recheck(makers: dict, current: str | None, draws: int) -> list[int
     return sorted(todo.values())
 
 
+# ------------------------------------------------------------------ hosts and the HOG fix
+def host_record() -> dict:
+    """The host a piece is computed on, recorded beside its commit (rerun_deviations.md, deviation 5:
+    the CPU and the core count move maps in their last bits): the CPU model, os.cpu_count(), the
+    CPUs this process may use (sched affinity), XLA_FLAGS (None: unset), jax and jaxlib."""
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = None
+    import jaxlib
+    return {"cpu": cpu or platform.processor() or platform.machine() or None, "cpu_count": os.cpu_count(),
+            "cpu_affinity": usable, "xla_flags": os.environ.get("XLA_FLAGS"), "jax": jax.__version__,
+            "jaxlib": getattr(jaxlib, "__version__", None)}
+
+
+def host_name(host: dict | None) -> str:
+    """A recorded host as one line; UNRECORDED for a piece recorded without one."""
+    if not host:
+        return UNRECORDED
+    flags = "XLA_FLAGS unset" if host.get("xla_flags") is None else f"XLA_FLAGS={json.dumps(host['xla_flags'])}"
+    return (f"{host.get('cpu')}, {host.get('cpu_count')} CPUs ({host.get('cpu_affinity')} usable), {flags}, "
+            f"jax {host.get('jax')}, jaxlib {host.get('jaxlib')}")
+
+
+def host_warnings(makers: dict, current: dict | None) -> list[str]:
+    """One line per recorded host other than this run's (`current`) among the pieces in `makers`
+    ({label: {piece: made_by}}), naming both; pieces without a recorded host are not compared."""
+    now, other = host_name(current), {}
+    for label, pieces in makers.items():
+        for m in pieces.values():
+            h = host_name((m or {}).get("host"))
+            if h not in (UNRECORDED, now):
+                by = other.setdefault(h, {})
+                by[label] = by.get(label, 0) + 1
+    return [f"warning: {sum(by.values())} recorded piece(s) ({', '.join(f'{m} x{n}' for m, n in by.items())}) were "
+            f"computed on host [{h}], and this run's host is [{now}]; their values can differ from this host's in "
+            f"the last digits (rerun_deviations.md, deviation 5)" for h, by in other.items()]
+
+
+_CONTAINS: dict = {}
+
+
+def contains_commit(commit: str | None, ancestor: str = HOG_FIX) -> bool | None:
+    """Whether `commit` contains `ancestor` (git merge-base --is-ancestor in this checkout): True or
+    False, None where git does not know either commit (or there is no git, or no commit)."""
+    if not commit or not re.fullmatch(r"[0-9a-fA-F]{4,40}", str(commit)):
+        return None
+    if (ancestor, commit) not in _CONTAINS:
+        try:
+            rc = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "merge-base", "--is-ancestor",
+                                 ancestor, str(commit)], capture_output=True, timeout=60).returncode
+        except (OSError, subprocess.SubprocessError):
+            rc = None
+        _CONTAINS[(ancestor, commit)] = {0: True, 1: False}.get(rc)
+    return _CONTAINS[(ancestor, commit)]
+
+
+def full_commit(commit: str) -> str:
+    """`commit` as git's full hash where git knows it, else as given."""
+    try:
+        out = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--verify", "--quiet",
+                              f"{commit}^{{commit}}"], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out or commit
+
+
+def reporting_meta(makers: dict, fix: str = HOG_FIX) -> dict:
+    """meta.json's keys on where the pieces were computed, from `makers` ({label: {piece: made_by}}):
+    piece_hosts / recheck_hosts ({label: {host: pieces}}, like piece_commits; UNRECORDED for pieces
+    recorded before hosts were), and deviation 4's flag: hog_before_fix ({label: {"sanity_draws":
+    the draws whose HOG was computed under a commit without `fix`, "of": the draws recorded,
+    "recheck_draws": the same for the rechecks}}), hog_unknown_commits ({commit: pieces} of sanity
+    draws and rechecks whose commit git does not know here (UNRECORDED: none recorded), counted as
+    before the fix)."""
+    hosts, recheck_hosts, hog, unknown = {}, {}, {}, {}
+    for label, pieces in makers.items():
+        before = {"sanity": [], "recheck": []}
+        n = 0
+        for piece, m in pieces.items():
+            kind = "recheck" if piece.startswith("recheck") else "piece"
+            by = (recheck_hosts if kind == "recheck" else hosts).setdefault(label, {})
+            h = host_name((m or {}).get("host"))
+            by[h] = by.get(h, 0) + 1
+            if not piece.startswith(("sanity_d", "recheck_d")):
+                continue
+            n += piece.startswith("sanity_d")
+            commit = (m or {}).get("git_commit")
+            has = contains_commit(commit, fix)
+            if has is None:
+                c = str(commit) if commit else UNRECORDED
+                unknown[c] = unknown.get(c, 0) + 1
+            if not has:
+                before["sanity" if piece.startswith("sanity_d") else "recheck"].append(int(piece[-2:]))
+        hog[label] = {"sanity_draws": sorted(before["sanity"]), "of": n, "recheck_draws": sorted(before["recheck"])}
+    return {"piece_hosts": hosts, "recheck_hosts": recheck_hosts, "hog_fix_commit": full_commit(fix),
+            "hog_before_fix": hog, "hog_unknown_commits": unknown}
+
+
+def with_reporting(meta: dict, reporting: dict) -> dict:
+    """meta with `reporting`'s keys placed after piece_commits (replacing earlier ones), the rest as is."""
+    out = {}
+    for k, v in meta.items():
+        if k in reporting:
+            continue
+        out[k] = v
+        if k == "piece_commits":
+            out.update(reporting)
+    return out if "piece_commits" in meta else {**out, **reporting}
+
+
+def refresh_reporting(game_dir: Path, progress_root: Path | None, log=print) -> bool:
+    """The analyse-only mode's update of meta.json: its reporting keys (`reporting_meta`) from the
+    pieces recorded in the progress folder, read without the states or maps; every other key kept
+    byte for byte. Refused (ProgressMismatch) where the folder's pieces are not those meta.json's
+    piece_commits counts. Returns whether meta.json changed."""
+    f = Path(game_dir) / "meta.json"
+    meta = json.loads(f.read_text())
+    commits = meta.get("piece_commits") or {}
+    if progress_root is None or not (Path(progress_root) / "run.json").exists() or not commits:
+        log(f"[{meta.get('game')}] no progress folder (or no recorded pieces): meta.json's hosts and HOG flag "
+            f"are left as they are")
+        return False
+    recorded = P.recorded_makers(Path(progress_root))
+    makers = {label: recorded.get(label, {}) for label in commits}
+    got = {}
+    for label, pieces in makers.items():
+        made = [m.get("git_commit") for p, m in pieces.items() if not p.startswith("recheck")]
+        got[label] = {c: made.count(c) for c in dict.fromkeys(made)}
+    if json.loads(json.dumps(got)) != commits:
+        raise P.ProgressMismatch(f"the progress folder {progress_root} does not hold the pieces {f} counts "
+                                 f"(piece_commits); run the game without --analyse to write its outputs again")
+    text = json.dumps(with_reporting(meta, reporting_meta(makers)), indent=1)
+    if text == f.read_text():
+        return False
+    f.write_text(text)
+    return True
+
+
 def method_rechecks(d: Path, label, agent, obs, method, opts, key, layers, makers: dict, current, draws,
                     log=print) -> list[dict]:
     """Recompute, under this commit and from the states alone (the original maps too), each sanity
@@ -296,8 +446,13 @@ def run_game(game: str, args, log=print) -> Path:
     base = {"run": progress.run_key, "decimals": DECIMALS, "states_sha256": sha256_array(obs), "n_sanity": int(n_s),
             "batch_size": args.batch_size, "modes": PB.MODES, "settings": PB.SETTINGS,
             "layers": [list(g) if isinstance(g, tuple) else g for g in layers], "metrics": PB.METRICS}
-    timing, failed, aucs, curves, sanity, rechecks, piece_commits = [], {}, {}, {}, {}, [], {}
+    timing, failed, aucs, curves, sanity, rechecks, piece_commits, makers = [], {}, {}, {}, {}, [], {}, {}
     current = json.loads(progress.made_by).get("git_commit")
+    recorded = {label: progress.piece_makers(label, P.key_of({**base, "label": label, "method": method,
+                                                              "options": opts}))
+                for label, method, opts, _ in chosen + [("random", "uniform", {"key_fold": 7}, None)]}
+    for line in host_warnings(recorded, json.loads(progress.made_by).get("host")):
+        log(f"[{game}] {line}")
     for label, method, opts, _ in chosen:
         fields = {**base, "label": label, "method": method, "options": opts}
         mkey = P.key_of(fields)
@@ -318,8 +473,8 @@ def run_game(game: str, args, log=print) -> Path:
             rechecks += method_rechecks(mdir, label, agent, obs[:n_s], method, opts, key, layers,
                                         progress.piece_makers(label, mkey), current, args.draws, log)
             progress.save_method(label, mkey, fields, mdir)
-            made = [m.get("git_commit") for p, m in progress.piece_makers(label, mkey).items()
-                    if not p.startswith("recheck")]
+            makers[label] = progress.piece_makers(label, mkey)
+            made = [m.get("git_commit") for p, m in makers[label].items() if not p.startswith("recheck")]
             piece_commits[label] = {c: made.count(c) for c in dict.fromkeys(made)}
         except Exception as e:   # one broken method must not lose the others' results
             failed[label] = f"{type(e).__name__}: {e}"
@@ -337,7 +492,7 @@ def run_game(game: str, args, log=print) -> Path:
     out = Path(args.out) / game
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers,
-                  [m[0] for m in chosen], cache, rechecks, piece_commits)
+                  [m[0] for m in chosen], cache, rechecks, piece_commits, makers)
     A.write_analysis(out, Path(args.out))
     log(f"[{game}] wrote {out}")
     return out
@@ -350,12 +505,12 @@ def open_progress(game, agent, args, log=print) -> P.Progress:
     run = {"game": game, "agent": agent.name, "agent_sha256": sha256_tree(agent.params),
            "episodes": args.episodes, "states": args.states, "sanity_states": args.sanity_states,
            "epsilon": args.epsilon, "max_episode_steps": args.max_episode_steps, "seed": args.seed}
-    made_by = {**git_state(), "jax": jax.__version__, "backend": jax.default_backend()}
+    made_by = {**git_state(), "jax": jax.__version__, "backend": jax.default_backend(), "host": host_record()}
     return P.Progress(root, run, made_by, log, DECIMALS)
 
 
 def write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers, methods,
-                  cache, rechecks=(), piece_commits=None):
+                  cache, rechecks=(), piece_commits=None, makers=None):
     ep, step, n_s = st["episode"], st["step"], st["n_sanity"]
     PB.write_csv(out / "states.csv", [{"state": i, "episode": int(e), "step": int(s), "sanity": i < n_s}
                                       for i, (e, s) in enumerate(zip(ep, step))])
@@ -400,6 +555,8 @@ def write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, t
             "layers_randomised": [list(g) if isinstance(g, tuple) else g for g in layers],
             "registration": "experiments/paper_b/rerun_registration.md", "provenance": sessions[-1],
             "sessions": sessions, "command": " ".join(sys.argv)}
+    if makers and any(makers.values()):
+        meta = with_reporting(meta, reporting_meta(makers))
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
@@ -438,7 +595,9 @@ def main(argv=None):
                         "(default: --out/<game>/progress)")
     p.add_argument("--no-progress", dest="progress", action="store_const", const="",
                    help="neither restore nor record progress (the cache alone)")
-    p.add_argument("--analyse", action="store_true", help="only re-run the registered analysis on --out/<game>")
+    p.add_argument("--analyse", action="store_true",
+                   help="only re-run the registered analysis on --out/<game> (meta.json's hosts and HOG flag "
+                        "refreshed from the progress folder; no map is computed)")
     p.add_argument("--estimate", action="store_true", help="print hours per game from the committed timing")
     a = p.parse_args(argv)
     if a.estimate:
@@ -460,7 +619,12 @@ def main(argv=None):
         if unknown:
             p.error(f"unknown method labels {sorted(unknown)}; choose from {[m[0] for m in PB.METHODS]}")
     if a.analyse:
-        A.write_analysis(Path(a.out) / a.game, Path(a.out))
+        game_dir = Path(a.out) / a.game
+        try:
+            refresh_reporting(game_dir, None if a.progress == "" else Path(a.progress or game_dir / "progress"))
+        except P.ProgressMismatch as e:
+            sys.exit(f"paper_b_rerun: {e}")
+        A.write_analysis(game_dir, Path(a.out))
         return
     try:
         run_game(a.game, a, log=lambda s: print(s, flush=True))

@@ -390,6 +390,7 @@ def code_versions(meta: dict) -> list[str]:
              f"The methods' pieces (fidelity, sanity draws, timing) were computed under {len(every)} commit(s): "
              + "; ".join(f"{m} " + ", ".join(f"{str(c)[:8]} x{n}" for c, n in by.items()) for m, by in commits.items())
              + "."]
+    lines += host_lines(meta)
     rows = meta.get("rechecks") or []
     if rows:
         lines += ["", "Sanity draws recorded under an earlier commit, recomputed from the states under a later one "
@@ -402,7 +403,75 @@ def code_versions(meta: dict) -> list[str]:
         lines += ["", (f"**Deviation:** {len(big)} recheck(s) differ by more than {RECHECK_TOLERANCE:g}: "
                        + ", ".join(f"{r['method']} draw {r['draw']}" for r in big) + ".") if big else
                   f"Every recheck agrees within {RECHECK_TOLERANCE:g}."]
-    return lines + [""]
+    hog = hog_lines(meta)
+    return lines + [""] + (hog + [""] if hog else [])
+
+
+def host_lines(meta: dict) -> list[str]:
+    """The Code versions section's list of the hosts the pieces ran on (meta's piece_hosts and
+    recheck_hosts, written by the runner; rerun_deviations.md, deviation 5); none for a meta.json
+    written before hosts were."""
+    pieces, rechecks = meta.get("piece_hosts"), meta.get("recheck_hosts") or {}
+    if pieces is None:
+        return []
+    every = {}
+    for kind, by_label in (("pieces", pieces), ("rechecks", rechecks)):
+        for label, by in by_label.items():
+            for h, n in by.items():
+                every.setdefault(h, {"pieces": {}, "rechecks": {}})[kind][label] = n
+
+    def part(by: dict, what: str) -> str:
+        n = sum(by.values())
+        return f"{n} {what}" + ("" if len(every) == 1 else " (" + ", ".join(f"{m} x{c}" for m, c in by.items()) + ")")
+
+    lines = ["", "Hosts the pieces ran on (CPU, its CPUs and those the process could use, XLA_FLAGS, jax, jaxlib; "
+                 "\"unrecorded\": a piece recorded before hosts were):", ""]
+    for h, kinds in every.items():
+        lines.append(f"- {h}: " + "; ".join(part(by, what) for what, by in (("piece(s)", kinds["pieces"]),
+                                                                            ("recheck(s)", kinds["rechecks"])) if by))
+    return lines
+
+
+def _draw_list(draws: list, of: int) -> str:
+    """Draw numbers as ranges ("0-3, 7"), with how many of how many."""
+    if not draws:
+        return f"none of {of}"
+    runs, start = [], draws[0]
+    for a, b in zip(draws, draws[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}-{a}" if a > start else f"{a}")
+            start = b
+    return ", ".join(runs) + (f" (all {of})" if len(draws) == of else f" ({len(draws)} of {of})")
+
+
+def hog_lines(meta: dict) -> list[str]:
+    """The section beside Code versions on the HOG similarity before its fix (rerun_deviations.md,
+    deviation 4): per method, the sanity draws (and rechecks) whose HOG values were computed under a
+    commit without the fix (meta's hog_before_fix, written by the runner); none for a meta.json
+    written before the flag was."""
+    hog = meta.get("hog_before_fix")
+    if not hog:
+        return []
+    fix = str(meta.get("hog_fix_commit") or "")[:8]
+    lines = ["### HOG similarity before its fix", "",
+             f"The HOG similarity (a reported sanity metric, never tested) read up to ~0.05 low on piecewise-constant "
+             f"maps until commit {fix} fixed it (deviation 4 in `experiments/paper_b/rerun_deviations.md`). Per "
+             f"method, the sanity draws whose HOG values were computed under a commit without {fix}:", "",
+             "| method | sanity draws before the fix | rechecks before the fix |", "|---|---|---|"]
+    lines += [f"| {m} | {_draw_list(r['sanity_draws'], r['of'])} | "
+              f"{', '.join(map(str, r['recheck_draws'])) or 'none'} |" for m, r in hog.items()]
+    unknown = meta.get("hog_unknown_commits") or {}
+    if unknown:
+        lines += ["", "Counted as before the fix because git here does not know their commit: " + "; ".join(
+            f"{c if c == 'unrecorded' else c[:8]} ({n} piece(s))" for c, n in unknown.items()) + "."]
+    across = [f"{r['method']} draw {r['draw']}" for r in meta.get("rechecks") or []
+              if r["method"] in hog and r["draw"] in hog[r["method"]]["sanity_draws"]
+              and r["draw"] not in hog[r["method"]]["recheck_draws"]]
+    if across:
+        lines += ["", "Rechecks made after the fix of draws made before it (their HOG differences include the fix's): "
+                  + ", ".join(across) + "."]
+    return lines + ["", "No conclusion is drawn from HOG: it is reported only, and a game's HOG values may mix draws "
+                        "computed before and after the fix."]
 
 
 def write_analysis(game_dir: Path, root: Path) -> None:

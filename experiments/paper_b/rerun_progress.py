@@ -14,7 +14,10 @@ A game's progress folder (by default `experiments/results/paper_b_rerun/<game>/p
   outputs write them (`decimals`, 5), as integers (`pack`), which the outputs reproduce byte for
   byte; full float32/float64 mantissas hardly compress (about 250 KB a method instead of 140). Each file carries a key (sha256 of the states, the agent, the method and its options,
   the precision and the settings the results depend on); a file whose key differs from the run's
-  is stale and ignored, so its results are recomputed.
+  is stale and ignored, so its results are recomputed. Beside the results, each piece's `made_by`
+  (JSON: git commit, jax, backend and, in pieces made since hosts were recorded, "host": CPU
+  model, core counts, XLA_FLAGS, jax and jaxlib) says where it was computed; it is not part of
+  any key, so pieces recorded before a field was added stay valid.
 
 The npz files are compressed and read with allow_pickle=False.
 """
@@ -228,8 +231,8 @@ class Progress:
         return restored
 
     def piece_makers(self, label: str, key: str) -> dict:
-        """{piece: its made_by record (git commit, jax, backend)} of method `label`'s recorded pieces
-        under `key`; {} with the folder off or nothing recorded."""
+        """{piece: its made_by record (git commit, jax, backend; host where recorded)} of method
+        `label`'s recorded pieces under `key`; {} with the folder off or nothing recorded."""
         if self.root is None or not self._method_file(label).exists():
             return {}
         z = load_npz(self._method_file(label))
@@ -258,3 +261,24 @@ class Progress:
         rec = {**pack(flat, self.decimals), **made, "key": np.array(key),
                "key_fields": np.array(json.dumps(fields, sort_keys=True))}
         save_if_changed(f, rec)
+
+
+def recorded_makers(root: Path) -> dict:
+    """{label: {piece: made_by}} of every method file in the progress folder `root` whose key is
+    its recorded key fields' and belongs to the folder's run.json, read without the states (the
+    analyse-only mode); {} where the folder is absent. A piece's made_by is its git commit, jax,
+    backend and, from the commit that added it, the host it ran on ("host"); older pieces lack it."""
+    root = Path(root)
+    if not (root / "run.json").exists():
+        return {}
+    run_key = key_of(json.loads((root / "run.json").read_text())["run"])
+    out = {}
+    for f in sorted((root / "methods").glob("*.npz")):
+        z = load_npz(f)
+        if "key_fields" not in z:
+            continue
+        fields = json.loads(str(z["key_fields"]))
+        if str(z.get("key", "")) != key_of(fields) or fields.get("run") != run_key:
+            continue
+        out[f.stem] = {k.partition("/")[2]: json.loads(str(v)) for k, v in z.items() if k.startswith("made_by/")}
+    return out

@@ -315,3 +315,188 @@ def test_draws_recorded_under_another_commit_are_recomputed_once_and_compared(tm
     logs.clear()
     RR.run_game(game, _args(tmp_path, methods=["gradient"]), log=logs.append)   # covered now: no second recheck
     assert not [line for line in logs if "recheck of" in line]
+
+
+# ------------------------------------------------------------------ hosts (deviation 5) and the HOG fix (deviation 4)
+HOST = {"cpu": "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "cpu_count": 8, "cpu_affinity": 8, "xla_flags": None,
+        "jax": "0.10.2", "jaxlib": "0.10.2"}
+OTHER = {**HOST, "cpu": "AMD EPYC 7R13 Processor", "cpu_count": 16, "cpu_affinity": 4,
+         "xla_flags": "--xla_force_host_platform_device_count=1"}
+
+
+def test_a_piece_records_its_host_beside_its_commit():
+    h = RR.host_record()
+    assert set(h) == {"cpu", "cpu_count", "cpu_affinity", "xla_flags", "jax", "jaxlib"}
+    assert h["cpu"] and h["cpu_count"] >= 1 and 1 <= h["cpu_affinity"] <= h["cpu_count"]
+    assert h["jaxlib"] and h["jax"]
+    assert RR.host_name(None) == RR.host_name({}) == "unrecorded"
+    assert RR.host_name(HOST) == ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz, 8 CPUs (8 usable), XLA_FLAGS unset, "
+                                  "jax 0.10.2, jaxlib 0.10.2")
+    assert 'AMD EPYC 7R13 Processor, 16 CPUs (4 usable), XLA_FLAGS="--xla_force_host_platform_device_count=1"' in \
+        RR.host_name(OTHER)
+
+
+def test_a_resumed_run_warns_once_per_other_host_naming_both():
+    made = lambda host: {"git_commit": "a" * 40, **({"host": host} if host else {})}  # noqa: E731
+    makers = {"rise": {"fidelity": made(OTHER), "sanity_d00": made(OTHER), "sanity_d01": made(HOST)},
+              "gradient": {"fidelity": made(None), "sanity_d00": made(OTHER)}}
+    (line,) = RR.host_warnings(makers, HOST)
+    assert line.startswith("warning: 3 recorded piece(s) (rise x2, gradient x1) were computed on host [AMD EPYC")
+    assert f"[{RR.host_name(OTHER)}]" in line and f"this run's host is [{RR.host_name(HOST)}]" in line
+    assert RR.host_warnings(makers, OTHER) == [RR.host_warnings({"rise": {"x": made(HOST)}}, OTHER)[0]]
+    assert RR.host_warnings({"gradient": {"fidelity": made(None)}}, HOST) == []     # unrecorded: nothing to compare
+    assert RR.host_warnings({}, HOST) == []
+
+
+def _commits():
+    fixed, before = RR.full_commit(RR.HOG_FIX), RR.full_commit(RR.HOG_FIX + "~1")
+    if fixed == RR.HOG_FIX or before.endswith("~1"):
+        pytest.skip("this checkout's git history lacks the HOG fix commit")
+    return fixed, before
+
+
+def test_hog_before_its_fix_is_flagged_per_method_and_draw_from_the_pieces_commits():
+    fixed, before = _commits()
+    assert RR.contains_commit(fixed) is True and RR.contains_commit(before) is False
+    assert RR.contains_commit("0" * 40) is None and RR.contains_commit(None) is None
+    assert RR.contains_commit("--help") is None
+    made = lambda c, host=None: {"git_commit": c, **({"host": host} if host else {})}  # noqa: E731
+    makers = {"lime_slic": {"fidelity": made(before), "timing": made(before), "sanity_d00": made(before),
+                            "sanity_d01": made(before), "sanity_d02": made(fixed, HOST), "sanity_d03": made("0" * 40),
+                            "sanity_d04": {"backend": "cpu"}, "recheck_d00": made(fixed, HOST)},
+              "gradient": {"fidelity": made(fixed, HOST), "sanity_d00": made(fixed, HOST),
+                           "sanity_d01": made(fixed, OTHER)}}
+    rep = RR.reporting_meta(makers)
+    assert rep["hog_fix_commit"] == fixed
+    assert rep["hog_before_fix"] == {"lime_slic": {"sanity_draws": [0, 1, 3, 4], "of": 5, "recheck_draws": []},
+                                     "gradient": {"sanity_draws": [], "of": 2, "recheck_draws": []}}
+    assert rep["hog_unknown_commits"] == {"0" * 40: 1, "unrecorded": 1}
+    assert rep["piece_hosts"] == {"lime_slic": {"unrecorded": 6, RR.host_name(HOST): 1},
+                                  "gradient": {RR.host_name(HOST): 2, RR.host_name(OTHER): 1}}
+    assert rep["recheck_hosts"] == {"lime_slic": {RR.host_name(HOST): 1}}
+    meta = RR.with_reporting({"game": "g", "piece_commits": {"x": 1}, "rechecks": [], "command": "c"}, rep)
+    assert list(meta) == ["game", "piece_commits", *rep, "rechecks", "command"]
+    assert list(RR.with_reporting(meta, rep)) == list(meta)                # placed again, not added twice
+
+
+def test_the_readme_lists_the_hosts_and_the_draws_whose_hog_predates_the_fix():
+    meta = {"piece_commits": {"lime_slic": {"a" * 40: 4, "b" * 40: 2}, "gradient": {"b" * 40: 3}},
+            "piece_hosts": {"lime_slic": {"unrecorded": 4, RR.host_name(HOST): 2}, "gradient": {RR.host_name(HOST): 3}},
+            "recheck_hosts": {"lime_slic": {RR.host_name(HOST): 1}}, "hog_fix_commit": "8c14aeac" + "0" * 32,
+            "hog_before_fix": {"lime_slic": {"sanity_draws": [0, 1, 3], "of": 4, "recheck_draws": []},
+                               "gradient": {"sanity_draws": [], "of": 2, "recheck_draws": []}},
+            "hog_unknown_commits": {"c" * 40: 1},
+            "rechecks": [{"method": "lime_slic", "draw": 0, "recorded_commit": "a" * 40, "recheck_commit": "b" * 40,
+                          "values": 40, "differing": 3, "max_abs_diff": 0.03}]}
+    lines = A.code_versions(meta)
+    text = "\n".join(lines)
+    versions, hog = text.split("### HOG similarity before its fix")
+    assert versions.startswith("### Code versions") and "**Deviation:** 1 recheck(s)" in versions
+    assert "- unrecorded: 4 piece(s) (lime_slic x4)" in versions
+    assert f"- {RR.host_name(HOST)}: 5 piece(s) (lime_slic x2, gradient x3); 1 recheck(s) (lime_slic x1)" in versions
+    assert "until commit 8c14aeac fixed it" in hog
+    assert "| lime_slic | 0-1, 3 (3 of 4) | none |" in hog and "| gradient | none of 2 | none |" in hog
+    assert "git here does not know their commit: cccccccc (1 piece(s))." in hog
+    assert "Rechecks made after the fix of draws made before it (their HOG differences include the fix's): " \
+           "lime_slic draw 0." in hog
+    assert "No conclusion is drawn from HOG" in hog and lines[-1] == ""
+    one = {"piece_commits": {"rise": {"a" * 40: 3}}, "piece_hosts": {"rise": {"unrecorded": 3}},
+           "hog_before_fix": {"rise": {"sanity_draws": [0, 1, 2], "of": 3, "recheck_draws": []}}}
+    assert "- unrecorded: 3 piece(s)\n" in "\n".join(A.code_versions(one)) + "\n"
+    assert "| rise | 0-2 (all 3) | none |" in "\n".join(A.code_versions(one))
+    old = {"piece_commits": {"rise": {"a" * 40: 3}}}          # a meta.json written before hosts and the flag
+    assert A.code_versions(old) == ["### Code versions", "", "The methods' pieces (fidelity, sanity draws, timing) were "
+                                    "computed under 1 commit(s): rise aaaaaaaa x3.", ""]
+
+
+def test_the_host_in_made_by_leaves_recorded_progress_valid_and_its_bytes_unchanged(tmp_path):
+    """made_by is no part of any key: pieces recorded without a host (every file before it, and those
+    the run going on writes) restore as before, keep their bytes, and read as unrecorded."""
+    cache = tmp_path / "cache" / "gradient"
+    _method_cache(cache, np.random.default_rng(6))
+    old = P.Progress(tmp_path / "p", RUN, made_by={"git_commit": "a" * 40, "jax": "0.10.2", "backend": "cpu"})
+    fields = {"run": old.run_key, "label": "gradient"}
+    key = P.key_of(fields)
+    old.save_method("gradient", key, fields, cache)
+    f = tmp_path / "p" / "methods" / "gradient.npz"
+    before = f.read_bytes()
+    new = P.Progress(tmp_path / "p", RUN, made_by={"git_commit": "b" * 40, "jax": "0.10.2", "backend": "cpu",
+                                                   "host": HOST})
+    assert new.run_key == old.run_key and P.FORMAT == 1
+    assert sorted(new.restore_method("gradient", key, tmp_path / "fresh")) == ["fidelity", "sanity_d00", "sanity_d01",
+                                                                               "timing"]
+    new.save_method("gradient", key, fields, tmp_path / "fresh")
+    assert f.read_bytes() == before                                  # nothing new: no change for git
+    _method_cache(tmp_path / "extra", np.random.default_rng(7), draws=3)
+    (tmp_path / "extra" / "sanity_d02.npz").rename(tmp_path / "fresh" / "sanity_d02.npz")
+    new.save_method("gradient", key, fields, tmp_path / "fresh")       # a new draw: made here, host recorded
+    makers = new.piece_makers("gradient", key)
+    assert [m.get("host") for m in makers.values()] == [None, None, None, None, HOST]
+    assert P.recorded_makers(tmp_path / "p") == {"gradient": makers}
+    assert RR.reporting_meta({"gradient": makers})["piece_hosts"] == {"gradient": {"unrecorded": 4,
+                                                                                   RR.host_name(HOST): 1}}
+    z = P.load_npz(f)                               # a file under a key that is not its fields' is not read
+    P.save_npz(f, compressed=True, **{**z, "key": np.array("0" * 64)})
+    assert P.recorded_makers(tmp_path / "p") == {}
+    assert P.recorded_makers(tmp_path / "none") == {}
+
+
+def test_analyse_only_refreshes_the_hosts_and_hog_flag_from_the_progress_folder(tmp_path):
+    fixed, before = _commits()
+    game = tmp_path / "out" / "g"
+    cache = tmp_path / "cache" / "gradient"
+    _method_cache(cache, np.random.default_rng(8))
+    prog = P.Progress(game / "progress", RUN, made_by={"git_commit": before})
+    fields = {"run": prog.run_key, "label": "gradient"}
+    prog.save_method("gradient", P.key_of(fields), fields, cache)
+    meta = {"game": "g", "piece_commits": {"gradient": {before: 4}}, "rechecks": [], "x": [0.123456789, 1e-7]}
+    game.mkdir(parents=True, exist_ok=True)
+    (game / "meta.json").write_text(json.dumps(meta, indent=1))
+    logs = []
+    assert RR.refresh_reporting(game, game / "progress", logs.append)
+    got = json.loads((game / "meta.json").read_text())
+    assert list(got) == ["game", "piece_commits", "piece_hosts", "recheck_hosts", "hog_fix_commit", "hog_before_fix",
+                         "hog_unknown_commits", "rechecks", "x"]
+    assert {k: got[k] for k in meta} == meta
+    assert got["hog_before_fix"] == {"gradient": {"sanity_draws": [0, 1], "of": 2, "recheck_draws": []}}
+    assert got["piece_hosts"] == {"gradient": {"unrecorded": 4}}
+    text = (game / "meta.json").read_text()
+    assert not RR.refresh_reporting(game, game / "progress", logs.append)        # again: nothing changes
+    assert (game / "meta.json").read_text() == text
+    assert not RR.refresh_reporting(game, None, logs.append) and "left as they are" in logs[-1]
+    (game / "meta.json").write_text(json.dumps({**meta, "piece_commits": {"gradient": {fixed: 4}}}, indent=1))
+    with pytest.raises(P.ProgressMismatch, match="piece_commits"):
+        RR.refresh_reporting(game, game / "progress", logs.append)
+
+
+@pytest.mark.slow
+def test_a_run_records_its_host_and_warns_when_resumed_on_another(tmp_path):
+    pytest.importorskip("gymnax")
+    game = "minatar-breakout"
+    out = RR.run_game(game, _args(tmp_path, methods=["gradient"]), log=lambda s: None)
+    f = tmp_path / "out" / game / "progress" / "methods" / "gradient.npz"
+    z = P.load_npz(f)
+    made = {k: json.loads(str(v)) for k, v in z.items() if k.startswith("made_by/")}
+    assert made and all(m["host"] == RR.host_record() and m["git_commit"] == git_state()["git_commit"]
+                        for m in made.values())
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["piece_hosts"] == {"gradient": {RR.host_name(RR.host_record()): 4}}
+    assert meta["hog_before_fix"]["gradient"] == {"sanity_draws": [], "of": 2, "recheck_draws": []}
+    readme = (out / "README.md").read_text()
+    assert "Hosts the pieces ran on" in readme and "| gradient | none of 2 | none |" in readme
+    # the fidelity recorded on another host: a resumed run says so, once, naming both hosts
+    other = json.dumps({**json.loads(str(z["made_by/fidelity"])), "host": OTHER}, sort_keys=True)
+    P.save_npz(f, compressed=True, **{**z, "made_by/fidelity": np.array(other)})
+    shutil.rmtree(tmp_path / "cache")
+    logs = []
+    RR.run_game(game, _args(tmp_path, methods=["gradient"]), log=logs.append)
+    warned = [line for line in logs if "warning" in line]
+    assert warned == [f"[{game}] " + RR.host_warnings({"gradient": {"fidelity": {"host": OTHER}}},
+                                                      RR.host_record())[0]]
+    assert RR.host_name(OTHER) in warned[0] and RR.host_name(RR.host_record()) in warned[0]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["piece_hosts"]["gradient"] == {RR.host_name(OTHER): 1, RR.host_name(RR.host_record()): 3}
+    # the analyse-only mode reads the same from the progress folder and changes nothing
+    before = {name: (out / name).read_text() for name in ("meta.json", "README.md", "summary.json")}
+    RR.main(["--game", game, "--analyse", "--out", str(tmp_path / "out")])
+    assert {name: (out / name).read_text() for name in before} == before
