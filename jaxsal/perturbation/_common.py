@@ -7,9 +7,9 @@ sample, a Score-CAM channel) and a pure `perturb(consts, state, idx) -> x'` on o
 indices at a time (the perturbed inputs built on device, at most `batch_size` model rows),
 each group's scores land in their columns of a (states, n_pert) table (the groups' parts sum
 to it exactly), and `finish` turns the table into maps. Chunking, the greedy action, the
-compile cache and the eager/traced loops are the engine's; incremental occlusion
-(jaxsal.perturbation._incremental) checks its leak per chunk and reruns that chunk's plain
-forward pass in a `lax.cond` when a model is not local.
+compile cache and the eager/traced loops are the engine's; the incremental forward pass
+(jaxsal.perturbation._incremental) checks for a leak in every group, and `finalize` recomputes
+a chunk's table from plain forward passes, in one `lax.cond`, when a model is not local.
 """
 from __future__ import annotations
 
@@ -164,8 +164,9 @@ def _per_chunk(ctx, params, prep, rows):
             **st.states(params, prep.arrays, to_nhwc(rows.x, ctx.layout), rows.extra)}
 
 
-def _chunk(ctx, params, prep, rows, offset, shared):
-    """(S, k * groups) scores of one group of indices, zero outside its columns."""
+def _scores(ctx, params, prep, rows, offset, plain: bool = False):
+    """((S, k) scores of one group of indices, whether the incremental pass leaked), the
+    incremental forward pass where the method has a box, unless `plain`."""
     st, consts = prep.static, prep.arrays
     x = to_nhwc(rows.x, ctx.layout)
     states = {"x": x, "a": rows.actions, **rows.extra}
@@ -173,28 +174,45 @@ def _chunk(ctx, params, prep, rows, offset, shared):
     xp = jax.vmap(lambda s: jax.vmap(lambda i: st.perturb(consts, s, i))(idx))(states)  # (S, k, H, W, C)
     s_, k_ = xp.shape[:2]
     flat = xp.reshape((s_ * k_,) + xp.shape[2:])
-    model = apply_nhwc(ctx.apply_fn, ctx.layout)
-    if st.box is None:
+    leaked = jnp.bool_(False)
+    if st.box is None or plain:
         # the perturbed inputs apart from the model's graph: fused into it (RISE's masks, LIME's
         # segments), XLA:CPU runs the full forward passes slower (RISE, LIME ~1.3x at 16 states)
-        out1 = model(params, jax.lax.optimization_barrier(flat))
+        out1 = apply_nhwc(ctx.apply_fn, ctx.layout)(params, jax.lax.optimization_barrier(flat))
     else:
         from jaxsal.perturbation._incremental import incremental_apply
 
         to_layout = (lambda v: v) if ctx.layout == "NHWC" else (lambda v: jnp.transpose(v, (0, 3, 1, 2)))
         r0, c0 = jax.vmap(st.box[2])(idx)
-        fast, leaked = incremental_apply(ctx.apply_fn, params, rows.x, to_layout(flat), jnp.tile(r0, s_),
+        out1, leaked = incremental_apply(ctx.apply_fn, params, rows.x, to_layout(flat), jnp.tile(r0, s_),
                                          jnp.tile(c0, s_), st.box[:2], xp.shape[2:4])
-        # a model that is not local (its convs' inputs changed outside the box): the plain pass
-        out1 = jax.lax.cond(leaked, lambda: model(params, flat), lambda: fast)
     out0 = jax.tree.map(lambda o: jnp.repeat(o, k_, axis=0), rows.extra["out0"])
-    scores = st.score(out0, out1, jnp.repeat(rows.actions, k_, axis=0)).reshape(s_, k_)
-    table = jnp.zeros((s_, st.k * st.groups), scores.dtype)
+    return st.score(out0, out1, jnp.repeat(rows.actions, k_, axis=0)).reshape(s_, k_), leaked
+
+
+def _chunk(ctx, params, prep, rows, offset, shared):
+    """(S, k * groups + 1): the scores of one group of indices in their columns, zero in the other
+    groups', and in the last column 1 where its incremental pass leaked, else 0. The groups' parts
+    sum to the chunk's table and, in one array (one eager add program), its leaked groups."""
+    st = prep.static
+    scores, leaked = _scores(ctx, params, prep, rows, offset)
+    table = jnp.zeros((scores.shape[0], st.k * st.groups + 1), scores.dtype)
+    table = table.at[:, -1].set(leaked.astype(scores.dtype))
     return jax.lax.dynamic_update_slice(table, scores, (jnp.int32(0), offset))
 
 
-def _finalize(ctx, params, prep, rows, table):
+def _finalize(ctx, params, prep, rows, acc):
+    """Maps from the summed table; where an incremental pass leaked (a model that is not local: its
+    convs' inputs changed outside the box), the chunk's table again from plain forward passes, group
+    by group. One `lax.cond` per chunk: in every group's program it slowed occlusion ~1.3x."""
     st = prep.static
+    table = acc[:, :-1]
+    if st.box is not None:
+        def plain():
+            offsets = jnp.arange(st.groups, dtype=jnp.int32) * st.k
+            parts = jax.lax.map(lambda o: _scores(ctx, params, prep, rows, o, plain=True)[0], offsets)
+            return jnp.moveaxis(parts, 0, 1).reshape(table.shape)  # (groups, S, k) -> (S, groups * k)
+        table = jax.lax.cond(jnp.any(acc[:, -1] > 0), plain, lambda: table)
     return st.finish(prep.arrays, to_nhwc(rows.x, ctx.layout), rows.extra, table[:, :st.n_pert])
 
 
