@@ -9,8 +9,10 @@ is removed at the end, so each run starts cold. JAXSAL_TEST_COMPILE_CACHE=0 turn
 JAX_COMPILATION_CACHE_DIR set by the caller is used as it is.
 
 The fast loop (`-m 'not slow'`, the default) also compiles at XLA's backend optimisation level 0:
-LLVM's passes change how fast the code runs, not what it computes, and on these small programs
-compiling costs far more than running (a quarter less CPU time in all). The slow tests (training,
+on these small programs compiling costs far more than running (a quarter less CPU time in all).
+LLVM's passes can change the last bits of a result (level 0 forms no fused multiply-add), so a
+test whose answer depends on such bits runs its code in a fresh process at the users' settings
+(tests/metrics/test_similarity.py's HOG test does). The slow tests (training,
 peers, benchmarks) and any other selection compile as users do. JAXSAL_TEST_XLA_OPT=default keeps
 the default everywhere.
 """
