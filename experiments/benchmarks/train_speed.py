@@ -11,6 +11,11 @@ the update, the trainer's FLOP/s (XLA's cost analysis of the compiled act and up
 the float32 matmul peak measured in the same run, and the machine and its load. Writes
 experiments/results/training/speed.{json,md}. Run it on a quiet machine: no other work.
 
+The reference must run torch's CPU build: a CUDA build's CPU convolutions run 4-10x slower (an
+earlier run of this benchmark timed torch 2.14.1+cu130 on the CPU), which flatters jaxsal several
+times over. The script records torch's version and build with every result and refuses a CUDA
+build unless --allow-cuda-build-on-cpu, and then the results say so in bold.
+
 Returns per CPU-hour: each shipped PQN agent trained with these settings, its 30-game return
 over the CPU-hours its env steps cost at each side's measured speed (2 cores). Derived, not
 timed: the agents trained on shared cores, and the reference was not trained to the end; it
@@ -71,10 +76,42 @@ def jaxsal_child(updates: int) -> dict:
 
 
 def torch_child(updates: int) -> dict:
+    import torch
+
     from experiments.benchmarks.peers.cleanrl_pqn import run
     s = SETTINGS
-    return run(s["game"], num_envs=s["num_envs"], num_steps=s["rollout"], minibatches=s["minibatches"],
-               epochs=s["epochs"], updates=updates)
+    res = run(s["game"], num_envs=s["num_envs"], num_steps=s["rollout"], minibatches=s["minibatches"],
+              epochs=s["epochs"], updates=updates)
+    return dict(res, torch_cuda=torch.version.cuda, torch_build=build_note(torch.__version__, torch.version.cuda))
+
+
+CUDA_ON_CPU = ("a CUDA build of torch timed on the CPU: its CPU convolutions run 4-10x slower than the CPU "
+               "build's, so the ratio overstates jaxsal")
+
+
+def build_note(version: str, cuda) -> str:
+    """'CPU build', or for a CUDA build (timed on the CPU here) the warning."""
+    return "CPU build" if cuda is None else f"CUDA {cuda} build: {CUDA_ON_CPU}"
+
+
+def torch_build() -> dict:
+    """torch's version and build, asked of a fresh process (the parent keeps torch out of its own)."""
+    code = "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda]))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"torch does not import (the reference needs the bench extra):\n{r.stderr[-2000:]}")
+    version, cuda = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"torch": version, "torch_cuda": cuda, "torch_build": build_note(version, cuda)}
+
+
+def check_torch_build(info: dict, allow_cuda_build: bool):
+    """Refuse to time a CUDA build of torch on the CPU unless asked to (then every table says so)."""
+    if info["torch_cuda"] is not None and not allow_cuda_build:
+        raise SystemExit(
+            f"torch {info['torch']} is a CUDA build (CUDA {info['torch_cuda']}); timed on the CPU its convolutions "
+            "run 4-10x slower than torch's CPU build and the ratio would flatter jaxsal. Install the CPU build "
+            "(pip install torch --index-url https://download.pytorch.org/whl/cpu, or a +cpu wheel you have), "
+            "or pass --allow-cuda-build-on-cpu to time it anyway with the results flagged.")
 
 
 def matmul_peak() -> float:
@@ -148,6 +185,9 @@ def returns_per_cpu_hour(res: dict, runs: list[dict]) -> list[str]:
 
 def markdown(res: dict) -> str:
     m = res["machine"]
+    build = m.get("torch_build", "build not recorded")
+    tv = str(m.get("torch") or res.get("summary", {}).get("torch", ""))
+    warn = [f"**Warning: {CUDA_ON_CPU}.**", ""] if (m.get("torch_cuda") or "+cu" in tv) else []
     rows = ["| run | side | env steps/s | act | env | update | GFLOP/s | % of matmul peak |",
             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(res["runs"]):
@@ -158,12 +198,12 @@ def markdown(res: dict) -> str:
                     f"{sh['update']:.0%} | {gf} | {pk} |")
     s = res["summary"]
     return "\n".join([
-        f"# Training speed ({m['date_utc']})", "",
+        f"# Training speed ({m['date_utc']})", "", *warn,
         f"PQN on EnvPool Breakout, {SETTINGS['num_envs']} envs x {SETTINGS['rollout']} steps per update, "
         f"{SETTINGS['minibatches']} minibatches, {SETTINGS['epochs']} epochs, Nature CNN with LayerNorm; "
         f"{res['updates']} updates per run, timed after the first. jaxsal: `jaxsal_agents.train` (XLA:CPU, YNNPACK kernels). "
         f"Reference: `experiments/benchmarks/peers/cleanrl_pqn.py`, CleanRL's pqn_atari_envpool.py structure in "
-        f"PyTorch ({s.get('torch', '?')}, 2 threads). Machine: {m.get('cpu', '?')}, {m['cpu_count']} cores, "
+        f"PyTorch ({s.get('torch', '?')}, {build}, 2 threads). Machine: {m.get('cpu', '?')}, {m['cpu_count']} cores, "
         f"load average at start {m['load_avg_1_5_15']}, at end {res['load_end']}. "
         f"Float32 matmul peak measured in the same run: {res['matmul_peak_gflops']:.0f} GFLOP/s (1024^3, XLA).", "",
         *rows, "",
@@ -186,6 +226,9 @@ def main(argv=None):
     p.add_argument("--child", choices=["jaxsal", "torch"])
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--report", action="store_true", help="rewrite speed.md from speed.json (no timing)")
+    p.add_argument("--allow-cuda-build-on-cpu", action="store_true",
+                   help="time a CUDA build of torch anyway (refused otherwise: its CPU convolutions run 4-10x "
+                        "slower than the CPU build's), with the results flagged")
     a = p.parse_args(argv)
     if a.report:
         md = markdown(json.loads((Path(a.out) / "speed.json").read_text()))
@@ -196,7 +239,9 @@ def main(argv=None):
         print(json.dumps((jaxsal_child if a.child == "jaxsal" else torch_child)(a.updates)))
         return
     updates = 4 if a.quick else a.updates
-    res = {"machine": machine(), "settings": SETTINGS, "updates": updates, "runs": []}
+    tb = torch_build()
+    check_torch_build(tb, a.allow_cuda_build_on_cpu)
+    res = {"machine": dict(machine(), **tb), "settings": SETTINGS, "updates": updates, "runs": []}
     res["matmul_peak_gflops"] = matmul_peak()
     for side in ("jaxsal", "torch", "jaxsal", "torch"):
         r = dict(child(side, updates), side=side)
