@@ -188,6 +188,11 @@ def markdown(res: dict) -> str:
     build = m.get("torch_build", "build not recorded")
     tv = str(m.get("torch") or res.get("summary", {}).get("torch", ""))
     warn = [f"**Warning: {CUDA_ON_CPU}.**", ""] if (m.get("torch_cuda") or "+cu" in tv) else []
+    # the benchmark keeps the cores busy itself; above 1.5 runnable tasks per core other work competed,
+    # and torch's thread pool slows down far more than XLA's when oversubscribed
+    if max(m["load_avg_1_5_15"][0], (res.get("load_end") or [0])[0]) > 1.5 * m["cpu_count"]:
+        warn += ["**Warning: the machine was busy (load average above 1.5 per core), so the ratio is unreliable "
+                 "(an oversubscribed torch thread pool slows down far more than XLA's); rerun on a quiet machine.**", ""]
     rows = ["| run | side | env steps/s | act | env | update | GFLOP/s | % of matmul peak |",
             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(res["runs"]):
