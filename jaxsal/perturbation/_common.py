@@ -8,8 +8,9 @@ indices at a time (the perturbed inputs built on device, at most `batch_size` mo
 each group's scores land in their columns of a (states, n_pert) table (the groups' parts sum
 to it exactly), and `finish` turns the table into maps. Chunking, the greedy action, the
 compile cache and the eager/traced loops are the engine's; the incremental forward pass
-(jaxsal.perturbation._incremental) checks for a leak in every group, and `finalize` recomputes
-a chunk's table from plain forward passes, in one `lax.cond`, when a model is not local.
+(jaxsal.perturbation._incremental) is exact by a trace-time proof where the model is local
+between its convs; elsewhere it checks for a leak in every group, and `finalize` recomputes a
+chunk's table from plain forward passes, in one `lax.cond`, when the model is not local.
 """
 from __future__ import annotations
 
@@ -165,8 +166,9 @@ def _per_chunk(ctx, params, prep, rows):
 
 
 def _scores(ctx, params, prep, rows, offset, plain: bool = False):
-    """((S, k) scores of one group of indices, whether the incremental pass leaked), the
-    incremental forward pass where the method has a box, unless `plain`."""
+    """((S, k) scores of one group of indices, whether the incremental pass leaked: None where
+    it cannot, having no run-time check), the incremental forward pass where the method has a
+    box, unless `plain`."""
     st, consts = prep.static, prep.arrays
     x = to_nhwc(rows.x, ctx.layout)
     states = {"x": x, "a": rows.actions, **rows.extra}
@@ -174,7 +176,7 @@ def _scores(ctx, params, prep, rows, offset, plain: bool = False):
     xp = jax.vmap(lambda s: jax.vmap(lambda i: st.perturb(consts, s, i))(idx))(states)  # (S, k, H, W, C)
     s_, k_ = xp.shape[:2]
     flat = xp.reshape((s_ * k_,) + xp.shape[2:])
-    leaked = jnp.bool_(False)
+    leaked = None
     if st.box is None or plain:
         # the barrier asks XLA to keep the perturbed inputs (RISE's masks, LIME's segments) apart
         # from the model's graph; jaxlib 0.10's XLA:CPU drops it before fusion (the input multiply
@@ -187,7 +189,7 @@ def _scores(ctx, params, prep, rows, offset, plain: bool = False):
         to_layout = (lambda v: v) if ctx.layout == "NHWC" else (lambda v: jnp.transpose(v, (0, 3, 1, 2)))
         r0, c0 = jax.vmap(st.box[2])(idx)
         out1, leaked = incremental_apply(ctx.apply_fn, params, rows.x, to_layout(flat), jnp.tile(r0, s_),
-                                         jnp.tile(c0, s_), st.box[:2], xp.shape[2:4])
+                                         jnp.tile(c0, s_), st.box[:2], xp.shape[2:4], ctx.layout)
     out0 = jax.tree.map(lambda o: jnp.repeat(o, k_, axis=0), rows.extra["out0"])
     return st.score(out0, out1, jnp.repeat(rows.actions, k_, axis=0)).reshape(s_, k_), leaked
 
@@ -199,17 +201,31 @@ def _chunk(ctx, params, prep, rows, offset, shared):
     st = prep.static
     scores, leaked = _scores(ctx, params, prep, rows, offset)
     table = jnp.zeros((scores.shape[0], st.k * st.groups + 1), scores.dtype)
-    table = table.at[:, -1].set(leaked.astype(scores.dtype))
+    if leaked is not None:
+        table = table.at[:, -1].set(leaked.astype(scores.dtype))
     return jax.lax.dynamic_update_slice(table, scores, (jnp.int32(0), offset))
+
+
+def _checked(ctx, params, prep, rows) -> bool:
+    """Whether a group's incremental pass checks for a leak at run time (a trace, no compile)."""
+    seen = {}
+
+    def group(p):
+        seen["leaked"] = _scores(ctx, p, prep, rows, jnp.int32(0))[1]
+        return jnp.zeros(())
+
+    jax.eval_shape(group, params)
+    return seen["leaked"] is not None
 
 
 def _finalize(ctx, params, prep, rows, acc):
     """Maps from the summed table; where an incremental pass leaked (a model that is not local: its
     convs' inputs changed outside the box), the chunk's table again from plain forward passes, group
-    by group. One `lax.cond` per chunk: in every group's program it slowed occlusion ~1.3x."""
+    by group. One `lax.cond` per chunk: in every group's program it slowed occlusion ~1.3x. None
+    where the incremental pass has no run-time check (proven local)."""
     st = prep.static
     table = acc[:, :-1]
-    if st.box is not None:
+    if st.box is not None and _checked(ctx, params, prep, rows):
         def plain():
             offsets = jnp.arange(st.groups, dtype=jnp.int32) * st.k
             parts = jax.lax.map(lambda o: _scores(ctx, params, prep, rows, o, plain=True)[0], offsets)

@@ -58,13 +58,65 @@ def test_incremental_apply_windows_every_conv_without_leak():
         xp, r0, c0)
     out, leaked = jax.jit(lambda p: incremental_apply(MODEL.apply, p, x, xp, r0, c0, (1, 1), (12, 12)))(
         PARAMS)
-    assert not bool(leaked)
+    assert leaked is None  # x / 255, ReLU and a per-pixel LayerNorm: proven local, nothing checked
     want = MODEL.apply(PARAMS, xp)
     np.testing.assert_allclose(np.asarray(out["q"]), np.asarray(want["q"]), rtol=1e-5, atol=1e-5)
-    # a box that does not cover the change is reported as a leak
-    _, leaked = jax.jit(lambda p: incremental_apply(MODEL.apply, p, x, xp, (r0 + 2) % 12, c0, (1, 1),
-                                                    (12, 12)))(PARAMS)
-    assert bool(leaked)
+
+
+def test_run_time_check_reports_a_change_outside_the_box(monkeypatch):
+    from jaxsal.perturbation import _incremental
+    monkeypatch.setattr(_incremental, "proven_local", lambda *a, **k: [False, False])
+    x = jnp.asarray(OBS[:2], jnp.float32)
+    r0, c0 = jnp.array([0, 3, 5, 9]), jnp.array([10, 0, 4, 7])
+    xp = jax.vmap(lambda xi, a, b: jax.lax.dynamic_update_slice(xi, jnp.zeros((1, 1, 2)), (a, b, 0)))(
+        jnp.repeat(x, 2, axis=0), r0, c0)
+    run = jax.jit(lambda p, r: incremental_apply(MODEL.apply, p, x, xp, r, c0, (1, 1), (12, 12)))
+    out, leaked = run(PARAMS, r0)
+    assert not bool(leaked)
+    np.testing.assert_allclose(np.asarray(out["q"]), np.asarray(MODEL.apply(PARAMS, xp)["q"]), rtol=1e-5, atol=1e-5)
+    assert bool(run(PARAMS, (r0 + 2) % 12)[1])  # a box that does not cover the change
+
+
+class Skip(nn.Module):
+    """Local everywhere except an input mean added after the first conv (proven at conv 1 only
+    when `skip` is off)."""
+    skip: bool = True
+
+    @nn.compact
+    def __call__(self, obs):
+        x = jnp.asarray(obs, jnp.float32) / 255.0
+        h = nn.relu(nn.Conv(4, (3, 3), (2, 2), padding="VALID", name="conv1")(x))
+        if self.skip:
+            h = h + x.mean(axis=(1, 2, 3))[:, None, None, None]
+        h = nn.relu(nn.Conv(3, (2, 2), padding="VALID", name="conv2")(h))
+        return nn.Dense(2, name="q")(h.reshape(h.shape[0], -1))
+
+
+@pytest.mark.parametrize("model,want", [(TwoConv(), [True, True]), (TwoConv(nonlocal_input=True), [False, True]),
+                                        (Skip(), [True, False]), (Skip(skip=False), [True, True])])
+def test_proof_of_locality_per_conv(model, want):
+    from jaxsal.perturbation._incremental import proven_local
+    params = model.init(jax.random.PRNGKey(0), OBS[:1])
+    record = []
+
+    def rec(f, args, kwargs, ctx):
+        out = f(*args, **kwargs)
+        if ctx.method_name == "__call__" and isinstance(ctx.module, nn.Conv):
+            record.append((args[0], out))
+        return out
+
+    with nn.intercept_methods(rec):
+        model.apply(params, jnp.asarray(OBS[:1], jnp.float32))
+    assert proven_local(model.apply, params, jnp.zeros((4,) + OBS.shape[1:]), record) == want
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_model_not_local_between_convs_equals_plain(skip):
+    model = Skip(skip=skip)
+    params = model.init(jax.random.PRNGKey(3), OBS[:1])
+    plain = np.asarray(occlusion(model.apply, params, OBS, incremental=False, return_grid=True))
+    fast = np.asarray(occlusion(model.apply, params, OBS, incremental=True, return_grid=True, batch_size=40))
+    np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-6)
 
 
 def test_non_local_model_falls_back_to_the_plain_path():
