@@ -60,9 +60,16 @@ def load_npz(path: Path) -> dict:
         return {k: z[k] for k in z.files}
 
 
+def _equal(a, b) -> bool:
+    """Same dtype and values, NaN equal to NaN (a fidelity curve may hold NaN: an unchanged piece
+    must read as unchanged, or its made_by would be rewritten as if it were recomputed)."""
+    a, b = np.asarray(a), np.asarray(b)
+    nan_ok = a.dtype.kind in "fc"
+    return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=nan_ok)
+
+
 def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        np.asarray(a[k]).dtype == np.asarray(b[k]).dtype and np.array_equal(a[k], b[k]) for k in a)
+    return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
 
 
 def save_if_changed(path: Path, arrays: dict, ignore=()) -> bool:

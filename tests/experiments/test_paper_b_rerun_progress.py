@@ -500,3 +500,25 @@ def test_a_run_records_its_host_and_warns_when_resumed_on_another(tmp_path):
     before = {name: (out / name).read_text() for name in ("meta.json", "README.md", "summary.json")}
     RR.main(["--game", game, "--analyse", "--out", str(tmp_path / "out")])
     assert {name: (out / name).read_text() for name in before} == before
+
+
+def test_a_restored_piece_holding_nan_keeps_its_bytes_and_its_maker(tmp_path):
+    """A fidelity curve may hold NaN; restoring and saving it again is no recomputation: the file
+    and the commit that made the piece stay as they were."""
+    cache = tmp_path / "cache"
+    _method_cache(cache, np.random.default_rng(8))
+    z = P.load_npz(cache / "fidelity.npz")
+    first = sorted(z)[0]
+    z[first][3] = np.nan
+    P.save_npz(cache / "fidelity.npz", **z)
+    old = P.Progress(tmp_path / "p", RUN, made_by={"git_commit": "a" * 40})
+    fields = {"run": old.run_key, "label": "m"}
+    key = P.key_of(fields)
+    old.save_method("m", key, fields, cache)
+    f = tmp_path / "p" / "methods" / "m.npz"
+    before = f.read_bytes()
+    new = P.Progress(tmp_path / "p", RUN, made_by={"git_commit": "b" * 40})
+    assert "fidelity" in new.restore_method("m", key, tmp_path / "fresh")
+    new.save_method("m", key, fields, tmp_path / "fresh")
+    assert f.read_bytes() == before
+    assert new.piece_makers("m", key)["fidelity"]["git_commit"] == "a" * 40
