@@ -54,14 +54,33 @@ def disk_mask(ci, cj, hw, *, radius: float, shape: str, bh=None, bw=None):
         ii = jnp.arange(h)[:, None] - ci
         jj = jnp.arange(w)[None, :] - cj
         return ((ii * ii + jj * jj) <= radius * radius).astype(jnp.float32)
-    m = jnp.zeros((h, w), jnp.float32)
-    for di, dj in _PLUS:
-        i, j = ci + di, cj + dj
-        inside = ((i >= 0) & (i < h) & (j >= 0) & (j < w)).astype(jnp.float32)
-        col = bh[:, jnp.clip(i, 0, h - 1)]
-        row = bw[:, jnp.clip(j, 0, w - 1)]
-        m = m + inside * col[:, None] * row[None, :]
-    return m / jnp.max(m)
+    # Every column of B is zero beyond scipy's truncation radius int(4 sigma + .5) (the reflected
+    # part folds back inside it), so the mask is zero outside the box of half side `half` around
+    # the centre and its max is taken on that box alone; the frame-sized sum stays an
+    # elementwise expression XLA fuses into whatever reads it (noise sensitivity's incremental
+    # pass reads only a window), never materialised per centre for the max.
+    half = gaussian_half(radius)
+    box_h, box_w = min(2 * half + 1, h), min(2 * half + 1, w)
+
+    def mask(rows, cols):
+        m = jnp.zeros((rows.shape[0], cols.shape[0]), jnp.float32)
+        for di, dj in _PLUS:
+            i, j = ci + di, cj + dj
+            inside = ((i >= 0) & (i < h) & (j >= 0) & (j < w)).astype(jnp.float32)
+            col = bh[rows, jnp.clip(i, 0, h - 1)]
+            row = bw[cols, jnp.clip(j, 0, w - 1)]
+            m = m + inside * col[:, None] * row[None, :]
+        return m
+
+    peak = jnp.max(mask(jnp.clip(ci - half, 0, h - box_h) + jnp.arange(box_h),
+                        jnp.clip(cj - half, 0, w - box_w) + jnp.arange(box_w)))
+    return mask(jnp.arange(h), jnp.arange(w)) / peak
+
+
+def gaussian_half(radius: float) -> int:
+    """Half side of the box outside which a Gaussian disk mask of sigma `radius` is exactly 0:
+    scipy's truncation radius int(4 sigma + .5) plus the disk's own 1 pixel."""
+    return int(4.0 * radius + 0.5) + 1
 
 
 def check_mask_shape(shape):

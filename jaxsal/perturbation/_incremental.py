@@ -186,9 +186,14 @@ def incremental_apply(model, params, x_clean, x_pert, box_r0, box_c0, box_hw, im
                 dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=mod.precision)
 
             def add(st_i, dyr, a, b):
+                # y_c + dy inside the window, y_c elsewhere, as an index gather of dy: XLA fuses it
+                # into the next conv's window read (a dynamic_update_slice is a scatter, which
+                # materialises every row's whole output first)
                 yr = y_c[st_i]
-                cur = lax.dynamic_slice(yr, (a, b, 0), dyr.shape)
-                return lax.dynamic_update_slice(yr, cur + dyr.astype(yr.dtype), (a, b, 0))
+                ii, jj = jnp.arange(yr.shape[0]) - a, jnp.arange(yr.shape[1]) - b
+                inside = ((ii >= 0) & (ii < nh))[:, None, None] & ((jj >= 0) & (jj < nw))[None, :, None]
+                d = dyr.astype(yr.dtype)[jnp.clip(ii, 0, nh - 1)][:, jnp.clip(jj, 0, nw - 1)]
+                return jnp.where(inside, yr + d, yr)
 
             return jax.vmap(add)(state, dy, oh, ow)
 

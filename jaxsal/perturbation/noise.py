@@ -57,7 +57,7 @@ def disk_grid(call, *, radius, stride, perturbation, blur_sigma, fill, obs_max, 
 
     box = None
     # the mask is exactly 0 beyond scipy's truncation radius int(4 sigma + .5) + 1 (disk)
-    half = int(4.0 * radius + 0.5) + 1 if mask_shape == "gaussian" else int(radius)
+    half = D.gaussian_half(radius) if mask_shape == "gaussian" else int(radius)
     if C.use_incremental(incremental, (2 * half + 1,) * 2, (h, w)):
         box = (2 * half + 1, 2 * half + 1,
                lambda i: ((i // gx) * stride - half, (i % gx) * stride - half))
