@@ -115,8 +115,8 @@ def noise_sensitivity(apply_fn, params, obs, *, target="q_chosen", actions=None,
             value is <= 1, else 255.
         incremental (bool | None): recompute only the perturbed box's receptive field in each
             flax `nn.Conv` and run the rest of the model as is (equal to the plain path up to
-            float rounding; checked at run time, falling back to the plain path for non-local
-            ops). None (default): on when the box covers <= 1/4 of the image; True/False force it.
+            float rounding: the code between convs proven local when traced, else checked at
+            run time, falling back to the plain path for non-local ops). None (default): on when the box covers <= 1/4 of the image; True/False force it.
         return_grid (bool): return the (N, gy, gx) score grid instead of the resized map.
 
     Returns:
