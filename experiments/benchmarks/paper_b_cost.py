@@ -1,0 +1,185 @@
+"""Paper B's per-game cost at two commits, interleaved method by method: is the study cheaper now?
+
+    python -m experiments.benchmarks.paper_b_cost --before COMMIT [--after HEAD]
+
+Every method of the study (experiments.paper_b.run.METHODS, with the study's options) times its
+maps on the same 4 Breakout states (the shipped Breakout agent, real frames from
+docs/images/data/method_frames.npz and one of them mirrored) at both commits, each side in a
+persistent process of its own (its own checkout, same venv), alternating which side goes first,
+for several rounds: the steady ms per map as the study's `time_maps` measures it (the second call
+of a shape). The per-game hours follow from the re-run's counts (experiments.paper_b.rerun.estimate:
+states + draws x layers x sanity states maps per method). The maps of both sides are compared
+(the largest absolute difference per method), since a cheaper study must compute the same maps.
+Writes experiments/results/paper_b_cost/{paper_b_cost.json,paper_b_cost.md}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from experiments.benchmarks.engine_ab import ROOT, checkout_at, median
+from experiments.common.machine import machine_info
+
+WORKER = r'''
+import json, sys, time
+import numpy as np
+import jax
+import jaxsal, jaxsal_agents
+from experiments.paper_b.run import METHODS
+
+z = np.load("docs/images/data/method_frames.npz")
+obs = np.concatenate([z["breakout_obs"], z["breakout_obs"][:1, :, ::-1]])
+agent = jaxsal_agents.load("breakout")
+key = jax.random.PRNGKey(0)
+table = {label: (method, opts) for label, method, opts, _ in METHODS}
+print(json.dumps({"ready": jaxsal.__file__, "labels": list(table)}), flush=True)
+
+def call(method, opts):
+    kw = dict(opts)
+    if method in jaxsal.registry.STOCHASTIC:
+        kw["key"] = key
+    return np.asarray(jaxsal.explain(agent.apply_fn, agent.params, obs, method=method, **kw))
+
+for line in sys.stdin:
+    req = json.loads(line)
+    method, opts = table[req["label"]]
+    if req.get("warm"):
+        t0 = time.perf_counter()
+        maps = call(method, opts)
+        first = time.perf_counter() - t0
+        np.save(req["maps_to"], maps)
+        print(json.dumps({"first": first}), flush=True)
+        continue
+    t0 = time.perf_counter()
+    call(method, opts)
+    print(json.dumps({"ms_per_map": 1000 * (time.perf_counter() - t0) / len(obs)}), flush=True)
+'''
+
+
+class Side:
+    """One persistent worker process running the study's methods from one checkout."""
+
+    def __init__(self, label: str, checkout: Path, script: Path):
+        env = dict(os.environ, PYTHONPATH=str(checkout))
+        self.label = label
+        self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=checkout)
+        hello = json.loads(self.proc.stdout.readline())
+        if not hello["ready"].startswith(str(checkout)):
+            raise SystemExit(f"{label}: imported jaxsal from {hello['ready']}, not {checkout}")
+        self.labels = hello["labels"]
+
+    def ask(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"{self.label}: worker died on {req}")
+        return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def hours_per_game(ms_per_map: float) -> float:
+    """Hours of maps per game at the re-run's counts (experiments.paper_b.rerun.estimate's formula)."""
+    from experiments.paper_b import rerun
+    return (rerun.STATES + rerun.DRAWS * 5 * rerun.SANITY_STATES) * ms_per_map / 3.6e6
+
+
+def main(argv=None):
+    import numpy as np
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--before", required=True, help="commit of the earlier code")
+    ap.add_argument("--after", default="HEAD", help="commit of the later code (default HEAD)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--labels", nargs="*", default=None, help="a subset of the study's method labels")
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "paper_b_cost")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="paper_b_cost_"))
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    dirs, sides, made = [], {}, []
+    try:
+        for name, commit in (("before", args.before), ("after", args.after)):
+            d, sha = checkout_at(commit, tmp / name)
+            dirs.append(d)
+            made.append((name, sha))
+            sides[name] = Side(name, d, script)
+        labels = args.labels or sides["after"].labels
+        unknown = set(labels) - set(sides["after"].labels)
+        if unknown:
+            raise SystemExit(f"unknown labels {sorted(unknown)}; the study's: {sides['after'].labels}")
+        load_start = os.getloadavg()
+        rows = []
+        for label in labels:
+            first = {n: s.ask(label=label, warm=True, maps_to=str(tmp / f"{n}_{label}.npy"))["first"]
+                     for n, s in sides.items()}
+            for s in sides.values():
+                s.ask(label=label)                               # the second call of the shape
+            times = {"before": [], "after": []}
+            for r in range(args.rounds):
+                for n in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                    times[n].append(sides[n].ask(label=label)["ms_per_map"])
+            a, b = (np.load(tmp / f"{n}_{label}.npy") for n in ("before", "after"))
+            ratios = [x / y for x, y in zip(times["before"], times["after"])]
+            row = {"label": label, "before_ms_per_map": median(times["before"]),
+                   "after_ms_per_map": median(times["after"]), "speed_up": median(ratios),
+                   "speed_up_min": min(ratios), "speed_up_max": max(ratios),
+                   "max_abs_map_difference": float(np.max(np.abs(a.astype(np.float64) - b))),
+                   "max_abs_map": float(np.max(np.abs(a))), "first_call_s": first,
+                   "load_avg_1": os.getloadavg()[0]}
+            rows.append(row)
+            print(f"{label:28s} before {row['before_ms_per_map']:8.1f}  after {row['after_ms_per_map']:8.1f} ms/map  "
+                  f"x{row['speed_up']:.2f} [{row['speed_up_min']:.2f}-{row['speed_up_max']:.2f}]  "
+                  f"max |diff| {row['max_abs_map_difference']:.2e}  load {row['load_avg_1']:.1f}", flush=True)
+    finally:
+        for s in sides.values():
+            s.close()
+        for d in dirs:
+            subprocess.run(["git", "worktree", "remove", "--force", str(d)], cwd=ROOT, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+    total = {n: sum(r[f"{n}_ms_per_map"] for r in rows) for n in ("before", "after")}
+    res = {"commits": dict(made), "rounds": args.rounds, "states": 4, "agent": "breakout",
+           "machine": machine_info(), "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+           "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "methods": rows,
+           "total_ms_per_map": total, "hours_per_game": {n: hours_per_game(v) for n, v in total.items()},
+           "per_game_speed_up": total["before"] / total["after"]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "paper_b_cost.json").write_text(json.dumps(res, indent=1) + "\n")
+    (args.out / "paper_b_cost.md").write_text(render(res))
+    print(f"per game: {res['hours_per_game']['before']:.2f} h -> {res['hours_per_game']['after']:.2f} h "
+          f"(x{res['per_game_speed_up']:.2f}); wrote {args.out}/paper_b_cost.json, .md")
+
+
+def render(res: dict) -> str:
+    c, m = res["commits"], res["machine"]
+    la, le = res["load_avg_start"], res["load_avg_end"]
+    out = [f"# Paper B's per-game cost: {c['before'][:8]} (before) against {c['after'][:8]} (after)", "",
+           f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count', '?')} cores, jax {m.get('jax', '?')}; load (1/5/15 min) "
+           f"at start {la[0]:.1f}, {la[1]:.1f}, {la[2]:.1f}, at end {le[0]:.1f}, {le[1]:.1f}, {le[2]:.1f}. "
+           f"{res['rounds']} rounds per method, sides alternating; steady ms per map on {res['states']} Breakout "
+           f"states (the shipped agent), as the study times them. Hours per game: the re-run's maps per method "
+           f"(1,000 states + 10 draws x 5 layers x 200 sanity states) at these speeds, summed over methods.", "",
+           "| method | before (ms/map) | after (ms/map) | speed-up (median) | range over rounds | max abs map difference |",
+           "|---|---:|---:|---:|---|---:|"]
+    for r in res["methods"]:
+        out.append(f"| {r['label']} | {r['before_ms_per_map']:.1f} | {r['after_ms_per_map']:.1f} | {r['speed_up']:.2f} | "
+                   f"{r['speed_up_min']:.2f}-{r['speed_up_max']:.2f} | {r['max_abs_map_difference']:.1e} |")
+    t, h = res["total_ms_per_map"], res["hours_per_game"]
+    out += [f"| **all methods** | {t['before']:.0f} | {t['after']:.0f} | {res['per_game_speed_up']:.2f} | | |", "",
+            f"Per game: {h['before']:.2f} h before, {h['after']:.2f} h after, on this machine's 2 cores.", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
