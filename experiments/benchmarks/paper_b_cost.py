@@ -2,7 +2,8 @@
 
     python -m experiments.benchmarks.paper_b_cost --before COMMIT [--after HEAD]
 
-Every method of the study (experiments.paper_b.run.METHODS, with the study's options) times its
+Every method of the study (experiments.paper_b.run.METHODS of the checkout running this, with the
+study's options; a method an older commit cannot run is left out of both totals) times its
 maps on the same 4 Breakout states (the shipped Breakout agent, real frames from
 docs/images/data/method_frames.npz and one of them mirrored) at both commits, each side in a
 persistent process of its own (its own checkout, same venv), alternating which side goes first,
@@ -32,14 +33,12 @@ import json, sys, time
 import numpy as np
 import jax
 import jaxsal, jaxsal_agents
-from experiments.paper_b.run import METHODS
 
 z = np.load("docs/images/data/method_frames.npz")
 obs = np.concatenate([z["breakout_obs"], z["breakout_obs"][:1, :, ::-1]])
 agent = jaxsal_agents.load("breakout")
 key = jax.random.PRNGKey(0)
-table = {label: (method, opts) for label, method, opts, _ in METHODS}
-print(json.dumps({"ready": jaxsal.__file__, "labels": list(table)}), flush=True)
+print(json.dumps({"ready": jaxsal.__file__}), flush=True)
 
 def call(method, opts):
     kw = dict(opts)
@@ -49,17 +48,16 @@ def call(method, opts):
 
 for line in sys.stdin:
     req = json.loads(line)
-    method, opts = table[req["label"]]
-    if req.get("warm"):
+    try:
         t0 = time.perf_counter()
-        maps = call(method, opts)
-        first = time.perf_counter() - t0
-        np.save(req["maps_to"], maps)
-        print(json.dumps({"first": first}), flush=True)
+        maps = call(req["method"], req["options"])
+        dt = time.perf_counter() - t0
+    except Exception as e:  # an option this commit lacks: reported, the driver leaves the method out
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"[:300]}), flush=True)
         continue
-    t0 = time.perf_counter()
-    call(method, opts)
-    print(json.dumps({"ms_per_map": 1000 * (time.perf_counter() - t0) / len(obs)}), flush=True)
+    if req.get("maps_to"):
+        np.save(req["maps_to"], maps)
+    print(json.dumps({"s": dt, "ms_per_map": 1000 * dt / len(obs)}), flush=True)
 '''
 
 
@@ -74,7 +72,6 @@ class Side:
         hello = json.loads(self.proc.stdout.readline())
         if not hello["ready"].startswith(str(checkout)):
             raise SystemExit(f"{label}: imported jaxsal from {hello['ready']}, not {checkout}")
-        self.labels = hello["labels"]
 
     def ask(self, **req) -> dict:
         self.proc.stdin.write(json.dumps(req) + "\n")
@@ -115,29 +112,37 @@ def main(argv=None):
             dirs.append(d)
             made.append((name, sha))
             sides[name] = Side(name, d, script)
-        labels = args.labels or sides["after"].labels
-        unknown = set(labels) - set(sides["after"].labels)
+        from experiments.paper_b.run import METHODS          # the study as this checkout defines it
+        table = {label: (method, opts) for label, method, opts, _ in METHODS}
+        labels = args.labels or list(table)
+        unknown = set(labels) - set(table)
         if unknown:
-            raise SystemExit(f"unknown labels {sorted(unknown)}; the study's: {sides['after'].labels}")
+            raise SystemExit(f"unknown labels {sorted(unknown)}; the study's: {list(table)}")
         load_start = os.getloadavg()
-        rows = []
+        rows, skipped = [], {}
         for label in labels:
-            first = {n: s.ask(label=label, warm=True, maps_to=str(tmp / f"{n}_{label}.npy"))["first"]
-                     for n, s in sides.items()}
+            method, opts = table[label]
+            warm = {n: s.ask(method=method, options=opts, maps_to=str(tmp / f"{n}_{label}.npy"))
+                    for n, s in sides.items()}
+            errors = {n: w["error"] for n, w in warm.items() if "error" in w}
+            if errors:
+                skipped[label] = errors
+                print(f"{label:28s} left out: {errors}", flush=True)
+                continue
             for s in sides.values():
-                s.ask(label=label)                               # the second call of the shape
+                s.ask(method=method, options=opts)              # the second call of the shape
             times = {"before": [], "after": []}
             for r in range(args.rounds):
                 for n in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                    times[n].append(sides[n].ask(label=label)["ms_per_map"])
+                    times[n].append(sides[n].ask(method=method, options=opts)["ms_per_map"])
             a, b = (np.load(tmp / f"{n}_{label}.npy") for n in ("before", "after"))
             ratios = [x / y for x, y in zip(times["before"], times["after"])]
             row = {"label": label, "before_ms_per_map": median(times["before"]),
                    "after_ms_per_map": median(times["after"]), "speed_up": median(ratios),
                    "speed_up_min": min(ratios), "speed_up_max": max(ratios),
                    "max_abs_map_difference": float(np.max(np.abs(a.astype(np.float64) - b))),
-                   "max_abs_map": float(np.max(np.abs(a))), "first_call_s": first,
-                   "load_avg_1": os.getloadavg()[0]}
+                   "max_abs_map": float(np.max(np.abs(a))),
+                   "first_call_s": {n: w["s"] for n, w in warm.items()}, "load_avg_1": os.getloadavg()[0]}
             rows.append(row)
             print(f"{label:28s} before {row['before_ms_per_map']:8.1f}  after {row['after_ms_per_map']:8.1f} ms/map  "
                   f"x{row['speed_up']:.2f} [{row['speed_up_min']:.2f}-{row['speed_up_max']:.2f}]  "
@@ -152,7 +157,7 @@ def main(argv=None):
     res = {"commits": dict(made), "rounds": args.rounds, "states": 4, "agent": "breakout",
            "machine": machine_info(), "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "methods": rows,
-           "total_ms_per_map": total, "hours_per_game": {n: hours_per_game(v) for n, v in total.items()},
+           "left_out": skipped, "total_ms_per_map": total, "hours_per_game": {n: hours_per_game(v) for n, v in total.items()},
            "per_game_speed_up": total["before"] / total["after"]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "paper_b_cost.json").write_text(json.dumps(res, indent=1) + "\n")
@@ -178,6 +183,8 @@ def render(res: dict) -> str:
     t, h = res["total_ms_per_map"], res["hours_per_game"]
     out += [f"| **all methods** | {t['before']:.0f} | {t['after']:.0f} | {res['per_game_speed_up']:.2f} | | |", "",
             f"Per game: {h['before']:.2f} h before, {h['after']:.2f} h after, on this machine's 2 cores.", ""]
+    for label, errors in res.get("left_out", {}).items():
+        out.append(f"Left out of both sides' totals: {label} ({'; '.join(f'{n}: {e}' for n, e in errors.items())}).")
     return "\n".join(out)
 
 
