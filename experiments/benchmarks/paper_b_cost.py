@@ -6,7 +6,8 @@ Every method of the study (experiments.paper_b.run.METHODS of the checkout runni
 study's options; a method an older commit cannot run is left out of both totals) times its
 maps on the same 4 Breakout states (the shipped Breakout agent, real frames from
 docs/images/data/method_frames.npz and one of them mirrored) at both commits, each side in a
-persistent process of its own (its own checkout, same venv), alternating which side goes first,
+persistent process of its own (its own checkout, same venv), at the re-run's batch size or one
+given per side, alternating which side goes first,
 for several rounds: the steady ms per map as the study's `time_maps` measures it (the second call
 of a shape). The per-game hours follow from the re-run's counts (experiments.paper_b.rerun.estimate:
 states + draws x layers x sanity states maps per method). The maps of both sides are compared
@@ -40,8 +41,8 @@ agent = jaxsal_agents.load("breakout")
 key = jax.random.PRNGKey(0)
 print(json.dumps({"ready": jaxsal.__file__}), flush=True)
 
-def call(method, opts):
-    kw = dict(opts)
+def call(method, opts, batch_size):
+    kw = dict(opts, batch_size=batch_size)
     if method in jaxsal.registry.STOCHASTIC:
         kw["key"] = key
     return np.asarray(jaxsal.explain(agent.apply_fn, agent.params, obs, method=method, **kw))
@@ -50,7 +51,7 @@ for line in sys.stdin:
     req = json.loads(line)
     try:
         t0 = time.perf_counter()
-        maps = call(req["method"], req["options"])
+        maps = call(req["method"], req["options"], req["batch_size"])
         dt = time.perf_counter() - t0
     except Exception as e:  # an option this commit lacks: reported, the driver leaves the method out
         print(json.dumps({"error": f"{type(e).__name__}: {e}"[:300]}), flush=True)
@@ -99,6 +100,10 @@ def main(argv=None):
     ap.add_argument("--before", required=True, help="commit of the earlier code")
     ap.add_argument("--after", default="HEAD", help="commit of the later code (default HEAD)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch-size-before", type=int, default=None,
+                    help="rows per forward pass of the earlier side (default: the re-run's --batch-size)")
+    ap.add_argument("--batch-size-after", type=int, default=None,
+                    help="rows per forward pass of the later side (default: the re-run's --batch-size)")
     ap.add_argument("--labels", nargs="*", default=None, help="a subset of the study's method labels")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "paper_b_cost")
     args = ap.parse_args(argv)
@@ -113,6 +118,8 @@ def main(argv=None):
             made.append((name, sha))
             sides[name] = Side(name, d, script)
         from experiments.paper_b.run import METHODS          # the study as this checkout defines it
+        from experiments.paper_b.rerun import BATCH_SIZE
+        bs = {"before": args.batch_size_before or BATCH_SIZE, "after": args.batch_size_after or BATCH_SIZE}
         table = {label: (method, opts) for label, method, opts, _ in METHODS}
         labels = args.labels or list(table)
         unknown = set(labels) - set(table)
@@ -122,19 +129,19 @@ def main(argv=None):
         rows, skipped = [], {}
         for label in labels:
             method, opts = table[label]
-            warm = {n: s.ask(method=method, options=opts, maps_to=str(tmp / f"{n}_{label}.npy"))
+            warm = {n: s.ask(method=method, options=opts, batch_size=bs[n], maps_to=str(tmp / f"{n}_{label}.npy"))
                     for n, s in sides.items()}
             errors = {n: w["error"] for n, w in warm.items() if "error" in w}
             if errors:
                 skipped[label] = errors
                 print(f"{label:28s} left out: {errors}", flush=True)
                 continue
-            for s in sides.values():
-                s.ask(method=method, options=opts)              # the second call of the shape
+            for n, s in sides.items():
+                s.ask(method=method, options=opts, batch_size=bs[n])   # the second call of the shape
             times = {"before": [], "after": []}
             for r in range(args.rounds):
                 for n in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                    times[n].append(sides[n].ask(method=method, options=opts)["ms_per_map"])
+                    times[n].append(sides[n].ask(method=method, options=opts, batch_size=bs[n])["ms_per_map"])
             a, b = (np.load(tmp / f"{n}_{label}.npy") for n in ("before", "after"))
             ratios = [x / y for x, y in zip(times["before"], times["after"])]
             row = {"label": label, "before_ms_per_map": median(times["before"]),
@@ -154,7 +161,7 @@ def main(argv=None):
             subprocess.run(["git", "worktree", "remove", "--force", str(d)], cwd=ROOT, check=False)
         shutil.rmtree(tmp, ignore_errors=True)
     total = {n: sum(r[f"{n}_ms_per_map"] for r in rows) for n in ("before", "after")}
-    res = {"commits": dict(made), "rounds": args.rounds, "states": 4, "agent": "breakout",
+    res = {"commits": dict(made), "batch_size": bs, "rounds": args.rounds, "states": 4, "agent": "breakout",
            "machine": machine_info(), "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "methods": rows,
            "left_out": skipped, "total_ms_per_map": total, "hours_per_game": {n: hours_per_game(v) for n, v in total.items()},
@@ -172,6 +179,7 @@ def render(res: dict) -> str:
     out = [f"# Paper B's per-game cost: {c['before'][:8]} (before) against {c['after'][:8]} (after)", "",
            f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count', '?')} cores, jax {m.get('jax', '?')}; load (1/5/15 min) "
            f"at start {la[0]:.1f}, {la[1]:.1f}, {la[2]:.1f}, at end {le[0]:.1f}, {le[1]:.1f}, {le[2]:.1f}. "
+           f"Rows per forward pass (batch_size): {res['batch_size']['before']} before, {res['batch_size']['after']} after. "
            f"{res['rounds']} rounds per method, sides alternating; steady ms per map on {res['states']} Breakout "
            f"states (the shipped agent), as the study times them. Hours per game: the re-run's maps per method "
            f"(1,000 states + 10 draws x 5 layers x 200 sanity states) at these speeds, summed over methods.", "",

@@ -49,6 +49,7 @@ from jaxsal.metrics.sanity import _layer_names, group_norms
 OUT = RESULTS / "paper_b_rerun"
 CACHE = Path("~/jaxsal-runs/paper_b_rerun")
 EPISODES, STATES, SANITY_STATES, DRAWS = 20, 1000, 200, 10
+BATCH_SIZE = 1020
 EPSILON = 0.01                 # the shipped agents' final training epsilon
 MAX_EPISODE_STEPS = 27_000     # 108,000 frames, EnvPool's and the cards' evaluation cap
 SEED = 0
@@ -586,7 +587,7 @@ def main(argv=None):
     p.add_argument("--max-episode-steps", type=int, default=MAX_EPISODE_STEPS)
     p.add_argument("--methods", nargs="*", default=None, help=f"subset of {[m[0] for m in PB.METHODS]}")
     p.add_argument("--agent-file", default=None)
-    p.add_argument("--batch-size", type=int, default=1020)
+    p.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--cache", default=str(CACHE), help="where the resumable pieces live (outside the repo)")
     p.add_argument("--out", default=str(OUT))
