@@ -27,22 +27,26 @@ def check_batch_size(batch_size) -> int | None:
     return int(batch_size)
 
 
+WORK = {"backward": 64, "forward": 512, "forward_normalised": 128}
+"""Rows per CPU device by kind of work (see default_rows)."""
+
+
 def default_rows(work: str = "backward") -> int:
     """Model rows per compiled call when the caller gives no batch_size.
 
     work="backward" (gradients, CAMs, the incremental perturbation methods): XLA:CPU runs the
     Nature-CNN ~2x faster per row at 32-64 rows than at 256-1024 (cache-sized working set;
     measured on the 2-core dev VM: gradient 577 vs 301 maps/s, occlusion 6.2 vs 2.8).
-    work="forward" (full forward passes of perturbed inputs: RISE, LIME): 512 rows, 1.2-1.7x
-    faster than 64 on the same VM (RISE 8.1 vs 4.8 maps/s, LIME 3.8 vs 3.2, interleaved).
-    Accelerators want large batches either way.
+    work="forward" (full forward passes of perturbed inputs: RISE, LIME, Score-CAM): 512 rows,
+    1.2-1.7x faster than 64 on the same VM (RISE 8.1 vs 4.8 maps/s, LIME 3.8 vs 3.2,
+    interleaved); "forward_normalised", the same for a model that normalises its conv
+    activations (LayerNorm, GroupNorm: whole-tensor memory passes outside the fused convs): 128
+    rows (4 Breakout states, the shipped PQN agent: RISE 167 vs 194 ms per map at 512, LIME
+    felzenszwalb 189 vs 209). Accelerators want large batches either way.
     """
-    if work not in ("backward", "forward"):
-        raise ValueError(f"work must be 'backward' or 'forward', got {work!r}")
-    if jax.default_backend() == "cpu":
-        per_device = 512 if work == "forward" else 64
-    else:
-        per_device = 4096
+    if work not in WORK:
+        raise ValueError(f"work must be one of {sorted(WORK)}, got {work!r}")
+    per_device = WORK[work] if jax.default_backend() == "cpu" else 4096
     return per_device * jax.local_device_count()
 
 

@@ -22,9 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal import engine, sizing
+from jaxsal import caching, engine, sizing
 from jaxsal import targets as T
 from jaxsal.batching import is_traced
+from jaxsal.checks import _shapes_key
 from jaxsal.checks import check_positive_float, check_positive_int, to_nhwc  # noqa: F401 (the methods' C.*)
 from jaxsal.engine.spec import Prepared, Spec
 from jaxsal.errors import SaliencyInputError
@@ -136,18 +137,60 @@ def _no_states(params, consts, x, extra):
 
 
 def prepared(call, *, perturb, score, finish, n_pert: int, consts=None, states=_no_states, box=None,
-             per_state=None) -> Prepared:
+             per_state=None, model=None) -> Prepared:
     """The engine's `Prepared` of a perturbation method: n_pert indices in balanced groups of
     k <= batch_size rows (jaxsal.sizing.plan; chunks then hold batch_size // k states). With no
     batch_size, a method that runs whole forward passes (no incremental `box`) takes the
-    backend's forward-pass default rows (jaxsal.sizing.default_rows)."""
-    rows = call.rows if call.batch_size is not None or box is not None else sizing.rows(None, "forward")
+    backend's forward-pass default rows (jaxsal.sizing.default_rows), fewer for a `model`
+    (apply_fn, params) that normalises its activations."""
+    if call.batch_size is not None or box is not None:
+        rows = call.rows
+    else:
+        norm = model is not None and normalises_activations(*model, call)
+        rows = sizing.rows(None, "forward_normalised" if norm else "forward")
     sizes = sizing.plan(call.x.shape[0], rows, 1, n_pert, balanced=True)
     k = sizes.group
     # host scalars: a jnp.int32 here compiled a program of its own on a first call
     groups = tuple(np.int32(j * k) for j in range(sizes.groups))
     return Prepared(Static(perturb, score, states, finish, n_pert, k, box, sizes.groups),
                     {} if consts is None else consts, per_state or {}, groups, k, rows)
+
+
+_NORMALISES = caching.LRU("models that normalise activations", 64)
+REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+
+
+def normalises_activations(apply_fn, params, call) -> bool:
+    """Whether the model reduces an activation of rank >= 4 over some of its non-batch axes (a
+    LayerNorm or GroupNorm over conv channels, a spatial pool): such models run whole forward
+    passes faster in smaller chunks on CPU (jaxsal.sizing.default_rows). Read from the model's
+    jaxpr on one state, memoised like the model check (jaxsal.checks._shapes_key)."""
+    key = _shapes_key(apply_fn, None, call.layout, call.x.shape, call.params_sig)
+    probe = lambda: _reduces_activations(apply_fn, params, call)  # noqa: E731
+    return probe() if key is None else _NORMALISES.get_or_build(key, probe)
+
+
+def _reduces_activations(apply_fn, params, call) -> bool:
+    spec = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))  # noqa: E731
+    x = jax.ShapeDtypeStruct((1,) + tuple(call.x.shape[1:]), jnp.result_type(call.x))
+    try:
+        closed = jax.make_jaxpr(apply_fn)(jax.tree.map(spec, params), x)
+    except Exception:  # noqa: BLE001 - a model that will not trace this way keeps the plain default
+        return False
+    return _any_reduction(closed.jaxpr)
+
+
+def _any_reduction(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in REDUCTIONS and eqn.invars and len(getattr(eqn.invars[0].aval, "shape", ())) >= 4 \
+                and 0 not in eqn.params.get("axes", (0,)):
+            return True
+        for v in eqn.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns") and _any_reduction(inner):
+                    return True
+    return False
 
 
 def apply_nhwc(apply_fn, layout):

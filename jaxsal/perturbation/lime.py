@@ -267,7 +267,7 @@ def _prepare(call, apply_fn, params, *, key, segmentation, n_samples, kernel_wid
 
     return C.prepared(call, perturb=perturb, score=C.make_score("target", call.target), finish=finish,
                       n_pert=n_samples, consts={"z": lime_samples(key, n_samples, d_max), "fill": value},
-                      per_state={"seg": segs, "valid": valid})
+                      per_state={"seg": segs, "valid": valid}, model=(apply_fn, params))
 
 
 SPEC = C.perturbation_spec("lime", _prepare, C.options_of(lime), stochastic=True,

@@ -186,7 +186,7 @@ def _prepare(call, apply_fn, params, *, key, n_masks, grid, p_keep, masks, fill,
         return sal.reshape(scores.shape[0], h, w)
 
     return C.prepared(call, perturb=perturb, score=C.make_score("target", call.target), finish=finish,
-                      n_pert=m, consts={"masks": masks, "fill": value})
+                      n_pert=m, consts={"masks": masks, "fill": value}, model=(apply_fn, params))
 
 
 SPEC = C.perturbation_spec("rise", _prepare, C.options_of(rise), stochastic=True,

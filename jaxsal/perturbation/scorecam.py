@@ -146,7 +146,7 @@ def _prepare(call, apply_fn, params, *, layer, per_frame, layer_activation):
 
     consts = {"uy": jnp.asarray(align_corners_matrix(h, hw[0])), "ux": jnp.asarray(align_corners_matrix(w, hw[1]))}
     return C.prepared(call, perturb=perturb, score=C.make_score("target", call.target), finish=finish,
-                      n_pert=n_ch, consts=consts, states=states)
+                      n_pert=n_ch, consts=consts, states=states, model=(apply_fn, params))
 
 
 SPEC = C.perturbation_spec("scorecam", _prepare, C.options_of(scorecam), example={"layer": "conv2"})

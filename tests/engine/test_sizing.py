@@ -7,7 +7,9 @@ import itertools
 import math
 import re
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -228,3 +230,45 @@ def test_sanity_check_sizes_its_calls_with_the_callers_batch_size(monkeypatch):
         sanity_check(MODEL, PARAMS, obs, "gradient", layers=("q",), key=KEY, batch_size=bs,
                      similarity_batch_size=sim_bs, metrics=("spearman",))
         assert seen[0] == ("choose", want[0]) and {s for s in seen[1:]} == {("similarity", want[1])}, (bs, seen)
+
+
+class _Normed(nn.Module):
+    """A conv whose activations are normalised over their channels (LayerNorm), as the PQN agents'."""
+    group_norm: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.Conv(4, (3, 3), (2, 2), padding="VALID")(x.astype(jnp.float32) / 255.0)
+        x = nn.GroupNorm(num_groups=2)(x) if self.group_norm else nn.LayerNorm()(x)
+        return nn.Dense(3)(nn.relu(x).reshape(x.shape[0], -1))
+
+
+@pytest.mark.parametrize("model,want", [(_Normed(), True), (_Normed(group_norm=True), True), (None, False)])
+def test_models_that_normalise_activations_are_found_from_their_jaxpr(model, want):
+    from jaxsal.checks import check_call
+    from jaxsal.perturbation._common import normalises_activations
+    obs = _obs(2, seed=1)
+    apply_fn, params = (MODEL.apply, PARAMS) if model is None else (model.apply, model.init(KEY, obs[:1]))
+    call = check_call(apply_fn, params, obs, target="q_chosen", actions=None, layout=None, batch_size=None)
+    assert normalises_activations(apply_fn, params, call) is want
+
+
+def test_whole_forward_methods_size_for_normalised_models_by_default(monkeypatch):
+    """RISE with no batch_size on a LayerNorm model runs groups of sizing.default_rows("forward_normalised")
+    rows, on a model without one groups of default_rows("forward"); the maps equal one big group's."""
+    obs = _obs(3, seed=2)
+    model = _Normed()
+    params = model.init(KEY, obs[:1])
+    opts = {"n_masks": 700, "grid": 4, "key": KEY}
+    seen = []
+    real = batching.accumulate
+    monkeypatch.setattr(batching, "accumulate", lambda fn, statics, traced, first=None: seen.append(statics)
+                        or real(fn, statics, traced, first))
+    for apply_fn, p, work in ((model.apply, params, "forward_normalised"), (MODEL.apply, PARAMS, "forward")):
+        seen.clear()
+        maps = np.asarray(jaxsal.explain(apply_fn, p, obs, method="rise", **opts))
+        want_group, _ = _old_perturbation_groups(700, sizing.default_rows(work))
+        assert _group_size(seen[0]) == want_group, work
+        one = np.asarray(jaxsal.explain(apply_fn, p, obs, method="rise", batch_size=10_000, **opts))
+        np.testing.assert_allclose(maps, one, rtol=1e-5, atol=1e-6 * float(np.abs(one).max()))
+    assert sizing.default_rows("forward_normalised") < sizing.default_rows("forward")
