@@ -6,8 +6,9 @@ Every method of the study (experiments.paper_b.run.METHODS of the checkout runni
 study's options; a method an older commit cannot run is left out of both totals) times its
 maps on the same 4 Breakout states (the shipped Breakout agent, real frames from
 docs/images/data/method_frames.npz and one of them mirrored) at both commits, each side in a
-persistent process of its own (its own checkout, same venv), at the re-run's batch size or one
-given per side, alternating which side goes first,
+persistent process of its own (its own checkout, same venv), at the library's default batch size
+(as the study computes its maps and sanity checks) or one given per side, alternating which side
+goes first,
 for several rounds: the steady ms per map as the study's `time_maps` measures it (the second call
 of a shape). The per-game hours follow from the re-run's counts (experiments.paper_b.rerun.estimate:
 states + draws x layers x sanity states maps per method). The maps of both sides are compared
@@ -101,9 +102,9 @@ def main(argv=None):
     ap.add_argument("--after", default="HEAD", help="commit of the later code (default HEAD)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size-before", type=int, default=None,
-                    help="rows per forward pass of the earlier side (default: the re-run's --batch-size)")
+                    help="rows per forward pass of the earlier side (default: the library's, as the study's maps)")
     ap.add_argument("--batch-size-after", type=int, default=None,
-                    help="rows per forward pass of the later side (default: the re-run's --batch-size)")
+                    help="rows per forward pass of the later side (default: the library's, as the study's maps)")
     ap.add_argument("--labels", nargs="*", default=None, help="a subset of the study's method labels")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "paper_b_cost")
     args = ap.parse_args(argv)
@@ -118,8 +119,7 @@ def main(argv=None):
             made.append((name, sha))
             sides[name] = Side(name, d, script)
         from experiments.paper_b.run import METHODS          # the study as this checkout defines it
-        from experiments.paper_b.rerun import BATCH_SIZE
-        bs = {"before": args.batch_size_before or BATCH_SIZE, "after": args.batch_size_after or BATCH_SIZE}
+        bs = {"before": args.batch_size_before, "after": args.batch_size_after}
         table = {label: (method, opts) for label, method, opts, _ in METHODS}
         labels = args.labels or list(table)
         unknown = set(labels) - set(table)
@@ -179,7 +179,8 @@ def render(res: dict) -> str:
     out = [f"# Paper B's per-game cost: {c['before'][:8]} (before) against {c['after'][:8]} (after)", "",
            f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count', '?')} cores, jax {m.get('jax', '?')}; load (1/5/15 min) "
            f"at start {la[0]:.1f}, {la[1]:.1f}, {la[2]:.1f}, at end {le[0]:.1f}, {le[1]:.1f}, {le[2]:.1f}. "
-           f"Rows per forward pass (batch_size): {res['batch_size']['before']} before, {res['batch_size']['after']} after. "
+           f"Rows per forward pass (batch_size): {res['batch_size']['before'] or 'the library default'} before, "
+           f"{res['batch_size']['after'] or 'the library default'} after. "
            f"{res['rounds']} rounds per method, sides alternating; steady ms per map on {res['states']} Breakout "
            f"states (the shipped agent), as the study times them. Hours per game: the re-run's maps per method "
            f"(1,000 states + 10 draws x 5 layers x 200 sanity states) at these speeds, summed over methods.", "",

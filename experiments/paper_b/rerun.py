@@ -49,7 +49,7 @@ from jaxsal.metrics.sanity import _layer_names, group_norms
 OUT = RESULTS / "paper_b_rerun"
 CACHE = Path("~/jaxsal-runs/paper_b_rerun")
 EPISODES, STATES, SANITY_STATES, DRAWS = 20, 1000, 200, 10
-BATCH_SIZE = 1020
+BATCH_SIZE = 1020   # rows per forward pass of the fidelity curves (the maps run at the library's defaults)
 EPSILON = 0.01                 # the shipped agents' final training epsilon
 MAX_EPISODE_STEPS = 27_000     # 108,000 frames, EnvPool's and the cards' evaluation cap
 SEED = 0
