@@ -1,0 +1,35 @@
+"""Paper B's cost at two commits: both checkouts time the study's methods, the maps are compared,
+and the hours per game follow the re-run's counts."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments.benchmarks import paper_b_cost as PBC
+from experiments.paper_b import rerun
+from tests._support import ROOT
+
+
+def test_hours_per_game_count_the_reruns_maps():
+    maps = rerun.STATES + rerun.DRAWS * 5 * rerun.SANITY_STATES      # 1,000 + 10 x 5 x 200
+    assert maps == 11_000
+    assert PBC.hours_per_game(1000.0) == pytest.approx(maps / 3600)
+
+
+@pytest.mark.slow
+def test_paper_b_cost_runs_two_checkouts_and_compares_their_maps(tmp_path):
+    if not (ROOT / ".git").exists():
+        pytest.skip("needs the git history")
+    out = tmp_path / "cost"
+    subprocess.run([sys.executable, "-m", "experiments.benchmarks.paper_b_cost", "--before", "HEAD", "--after",
+                    "HEAD", "--rounds", "2", "--labels", "gradient", "gradcam", "--out", str(out)],
+                   cwd=ROOT, check=True, timeout=900)
+    res = json.loads((out / "paper_b_cost.json").read_text())
+    assert res["commits"]["before"] == res["commits"]["after"]
+    assert [r["label"] for r in res["methods"]] == ["gradient", "gradcam"]
+    assert all(r["max_abs_map_difference"] == 0 and r["before_ms_per_map"] > 0 for r in res["methods"])
+    assert res["hours_per_game"]["after"] == pytest.approx(PBC.hours_per_game(res["total_ms_per_map"]["after"]))
+    assert "| gradcam |" in (out / "paper_b_cost.md").read_text()
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "paper_b_cost_" not in worktrees
