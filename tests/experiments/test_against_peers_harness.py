@@ -65,3 +65,36 @@ def test_the_peak_is_the_best_measured_matmul(monkeypatch):
     ticks = iter(range(10**6))
     monkeypatch.setattr(AP.time, "perf_counter", lambda: float(next(ticks)))
     assert AP.matmul_peak(shapes=((4, 3, 2),), rounds=3)["flops"] == 2 * 4 * 3 * 2
+
+
+def test_the_roofline_counts_the_flops_jaxsal_computes():
+    """XLA's cost analysis of one compiled call: an input gradient is a forward and a backward to the
+    input (~2 forwards, not the peer's 3 with its separate action choice), Grad-CAM's backward stops at
+    conv3, and occlusion's incremental windows do a third of the plain algorithm's work."""
+    import jax
+    from jaxsal_agents.networks import NatureDQN
+    model = NatureDQN(6)
+    params = model.init(jax.random.PRNGKey(0), AP._obs(1, 0))
+    fwd = AP.nature_forward_flops(6) / 1e6
+    grad = AP.jaxsal_mflop_per_map(model.apply, params, "gradient", {"method": "gradient"})
+    cam = AP.jaxsal_mflop_per_map(model.apply, params, "gradcam", {"method": "gradcam", "layer": "conv3"})
+    assert 1.9 * fwd < grad < 2.2 * fwd
+    assert fwd < cam < grad
+    occ = AP.jaxsal_mflop_per_map(model.apply, params, "occlusion", {"method": "occlusion", "patch": 2, "stride": 2})
+    assert occ < 0.5 * AP.forward_equivalents("occlusion") * fwd
+
+
+def test_the_table_uses_the_measured_flops_where_the_results_have_them(tmp_path):
+    res = json.loads((ROOT / "experiments/results/against_peers.json").read_text())
+    res.pop("jaxsal_mflop_per_map", None)
+    AP.write(res, tmp_path / "old")
+    old = (tmp_path / "old" / "against_peers.md").read_text()
+    assert "the peer's work, not jaxsal's" in old
+    name = next(n for n, rows in res["timing"].items() if any("error" not in r for r in rows))
+    res["jaxsal_mflop_per_map"] = {name: 1.0}
+    AP.write(res, tmp_path / "new")
+    new = (tmp_path / "new" / "against_peers.md").read_text()
+    assert "XLA's cost analysis" in new
+    row = next(line for line in new.splitlines() if line.startswith(f"| {name} |") and "maps" not in line
+               and line.count("|") > 12)
+    assert "| 1 |" in row  # 1 MFLOP/map: the measured count, not the peer algorithm's
