@@ -270,9 +270,13 @@ def worker(side: str, device: str, torch_threads: int):
             else:
                 x = to_nchw(obs, device)
                 call = functools.partial(lambda x, f: (f(x), sync(device)), x, peer)
-        t = time.perf_counter()
-        call()
-        print(REPLY + json.dumps({"t": time.perf_counter() - t}), flush=True)
+        times = []
+        for _ in range(max(1, int(msg.get("burst", 1)))):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        # a burst: the calls after the first, which find the thread pools awake (a batch job's chunks)
+        print(REPLY + json.dumps({"t": times[0] if len(times) == 1 else float(np.median(times[1:]))}), flush=True)
 
 
 class Side:
@@ -300,6 +304,9 @@ class Side:
             self.proc.wait(timeout=60)
 
 
+BURST = 4
+"""Calls per side and round in the back-to-back timing: the median of the last BURST - 1 counts."""
+
 PAUSE_S = 0.2
 """Idle time between one side's call and the other's (a finished thread pool's spinning ends)."""
 
@@ -325,7 +332,17 @@ def bench_pair(sides: dict, name: str, family: str, batch: int, budget: float, r
             time.sleep(PAUSE_S)
             (tj if side is J else tt).append(side.ask(time=True))
     ratios = [b / a for a, b in zip(tj, tt)]        # jaxsal maps/s over the peer's, per round
-    return {"batch": batch, "measured_states": n, "repeats": repeats,
+    warm = {}
+    if family not in PERTURBATION:                  # back-to-back calls: the pools awake, as in a batch job
+        wj, wt = [], []
+        for r in range(repeats):
+            for side in ((J, T) if r % 2 == 0 else (T, J)):
+                time.sleep(PAUSE_S)
+                (wj if side is J else wt).append(side.ask(time=True, burst=BURST))
+        wr = [b / a for a, b in zip(wj, wt)]
+        warm = {"jaxsal_warm_maps_per_s": n / float(np.median(wj)), "peer_warm_maps_per_s": n / float(np.median(wt)),
+                "ratio_warm": float(np.median(wr)), "ratio_warm_min": min(wr), "ratio_warm_max": max(wr)}
+    return {"batch": batch, "measured_states": n, "repeats": repeats, **warm,
             "jaxsal_maps_per_s": n / float(np.median(tj)), "peer_maps_per_s": n / float(np.median(tt)),
             "jaxsal_best_maps_per_s": n / min(tj), "peer_best_maps_per_s": n / min(tt),
             "ratio": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios),
@@ -491,6 +508,17 @@ def write(res: dict, out: Path):
                      f"{_range(r)} | {r['ratio_best']:.2f} | {goal}{met} | {flops / 1e6:.0f} | "
                      f"{100 * r['jaxsal_maps_per_s'] * flops / res['peak_flops']:.1f} | "
                      f"{r.get('jaxsal_first_call_s', float('nan')):.2f} |")
+    warm = [(name, r) for name, rows in res["timing"].items() for r in rows if "ratio_warm" in r]
+    if warm:
+        L += ["", "## Back-to-back calls (thread pools awake)", "",
+              f"The table above times one call after {PAUSE_S} s idle on each side, so each call first wakes "
+              f"its framework's worker threads, as a single call in a notebook does. Here each side makes "
+              f"{BURST} calls in a row per round and the last {BURST - 1} count (median), as a batch job's "
+              "chunks run; the goals are judged on the table above.", "",
+              "| method | batch | jaxsal maps/s | peer maps/s | ratio | range |", "|---|---|---|---|---|---|"]
+        for name, r in warm:
+            L.append(f"| {name} | {r['batch']} | {r['jaxsal_warm_maps_per_s']:.1f} | {r['peer_warm_maps_per_s']:.1f} | "
+                     f"{r['ratio_warm']:.2f} | {r['ratio_warm_min']:.2f}-{r['ratio_warm_max']:.2f} |")
     if res.get("memory"):
         L += ["", "## Peak memory (fresh process per case and side)", "",
               "Peak RSS (VmHWM) of a fresh process that builds the model and explains N random "

@@ -101,6 +101,8 @@ def test_benchmark_runs_end_to_end(tmp_path):
     assert res["agreement"]["gradient"]["corr_vs_peer"] >= 0.999
     row = res["timing"]["gradient"][0]
     assert row["jaxsal_maps_per_s"] > 0 and row["peer_maps_per_s"] > 0
+    assert row["jaxsal_warm_maps_per_s"] > 0 and row["ratio_warm_min"] <= row["ratio_warm"] <= row["ratio_warm_max"]
+    assert "## Back-to-back calls" in (tmp_path / "against_peers.md").read_text()
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"against_peers.{ext}").stat().st_size > 0
     assert "| gradient |" in (tmp_path / "against_peers.md").read_text()
