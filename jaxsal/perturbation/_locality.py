@@ -24,9 +24,14 @@ ELEMENTWISE = frozenset("""
     reduce_precision rem round rsqrt select_n sign sin sinh sqrt square sub tan tanh xor
     """.split())
 REDUCE = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin".split())
-SOURCES = frozenset("iota rng_uniform rng_bit_generator axis_index".split())
-"""Primitives whose values may differ between batches of other sizes: never "independent"."""
+SOURCES = frozenset("""iota rng_uniform rng_bit_generator axis_index random_bits random_seed random_wrap
+    random_unwrap random_fold_in random_split threefry2x32""".split())
+"""Primitives whose values may differ between batches of other sizes (positions, random draws):
+never "independent"."""
 CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+CALL_PRIMITIVES = frozenset("""pjit jit closed_call core_call custom_jvp_call custom_vjp_call
+    custom_vjp_call_jaxpr remat checkpoint remat2""".split())
+"""Primitives whose body takes the equation's inputs as they are (no slicing, as scan's does)."""
 
 
 def _spatial_ok(axes, shape, out_shape) -> bool:
@@ -37,6 +42,8 @@ def _spatial_ok(axes, shape, out_shape) -> bool:
 
 
 def _sub_jaxpr(eqn):
+    if eqn.primitive.name not in CALL_PRIMITIVES:
+        return None
     for name in CALLS:
         sub = eqn.params.get(name)
         if isinstance(sub, xcore.ClosedJaxpr):
@@ -59,7 +66,8 @@ def _eqn(eqn, ins):
     name = eqn.primitive.name
     shapes = [getattr(v.aval, "shape", ()) for v in eqn.invars]
     sub = _sub_jaxpr(eqn)
-    if sub is not None and len(sub.invars) == len(ins) and len(sub.outvars) == len(outs):
+    if sub is not None and len(sub.invars) == len(ins) and len(sub.outvars) == len(outs) and all(
+            getattr(a.aval, "shape", None) == getattr(b.aval, "shape", None) for a, b in zip(sub.invars, eqn.invars)):
         return taints(sub, ins)
     if name in ELEMENTWISE and len(outs) == 1:
         out_shape = outs[0].aval.shape

@@ -37,6 +37,9 @@ NOT_LOCAL = {
     "pixel_broadcast": lambda x: x[:, :1, :1] + 0 * x,
     "pad_and_crop": lambda x: jnp.pad(x, ((0, 0), (1, 0), (0, 0), (0, 0)))[:, :8],
     "dense_over_flattened": lambda x: (x.reshape(6, -1) @ jnp.ones((192, 192))).reshape(6, 8, 8, 3),
+    "random_mask": lambda x: x * jax.random.bernoulli(jax.random.PRNGKey(0), 0.5, x.shape),
+    "map_over_rows": lambda x: jax.lax.map(lambda r: jnp.roll(r, 1, axis=0), x),
+    "scan_over_rows": lambda x: jax.lax.scan(lambda c, r: (c + r, c + r), jnp.zeros(x.shape[1:]), x)[1],
 }
 
 
