@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(os.environ.get("JAXSAL_AB_ROOT", Path(__file__).resolve().parents[2]))
+from experiments.common.checkouts import ROOT, checkout_at, median, remove
 
 # (method, options, batches): the peer benchmark's methods; the slow perturbation ones at small N
 CASES = [
@@ -106,19 +106,6 @@ class Side:
         self.proc.wait(timeout=60)
 
 
-def checkout_at(commit: str, where: Path) -> tuple[Path, str]:
-    sha = subprocess.run(["git", "rev-parse", commit], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
-    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(where), sha], cwd=ROOT, check=True)
-    return where, sha
-
-
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", required=True, help="commit of the earlier code")
@@ -172,7 +159,7 @@ def main(argv=None):
         for s in sides.values():
             s.close()
         for d in (before_dir, after_dir):
-            subprocess.run(["git", "worktree", "remove", "--force", str(d)], cwd=ROOT, check=False)
+            remove(d)
         shutil.rmtree(tmp, ignore_errors=True)
     result = {"machine": machine_info(), "before": {"ref": args.before, "commit": before_sha,
                                                     "version": sides["before"].version},

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from experiments.benchmarks import paper_b_cost as PBC
+from experiments.paper_b import cost as PBC
 from experiments.paper_b import rerun
 from tests._support import ROOT
 
@@ -22,7 +22,7 @@ def test_paper_b_cost_runs_two_checkouts_and_compares_their_maps(tmp_path):
     if not (ROOT / ".git").exists():
         pytest.skip("needs the git history")
     out = tmp_path / "cost"
-    subprocess.run([sys.executable, "-m", "experiments.benchmarks.paper_b_cost", "--before", "HEAD", "--after",
+    subprocess.run([sys.executable, "-m", "experiments.paper_b.cost", "--before", "HEAD", "--after",
                     "HEAD", "--rounds", "2", "--labels", "gradient", "gradcam", "--out", str(out)],
                    cwd=ROOT, check=True, timeout=900)
     res = json.loads((out / "paper_b_cost.json").read_text())

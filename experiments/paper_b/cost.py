@@ -1,6 +1,6 @@
 """Paper B's per-game cost at two commits, interleaved method by method: is the study cheaper now?
 
-    python -m experiments.benchmarks.paper_b_cost --before COMMIT [--after HEAD]
+    python -m experiments.paper_b.cost --before COMMIT [--after HEAD]
 
 Every method of the study (experiments.paper_b.run.METHODS of the checkout running this, with the
 study's options; a method an older commit cannot run is left out of both totals) times its
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.benchmarks.engine_ab import ROOT, checkout_at, median
+from experiments.common.checkouts import ROOT, checkout_at, median, remove
 from experiments.common.machine import machine_info
 
 WORKER = r'''
@@ -158,7 +158,7 @@ def main(argv=None):
         for s in sides.values():
             s.close()
         for d in dirs:
-            subprocess.run(["git", "worktree", "remove", "--force", str(d)], cwd=ROOT, check=False)
+            remove(d)
         shutil.rmtree(tmp, ignore_errors=True)
     total = {n: sum(r[f"{n}_ms_per_map"] for r in rows) for n in ("before", "after")}
     res = {"commits": dict(made), "batch_size": bs, "rounds": args.rounds, "states": 4, "agent": "breakout",

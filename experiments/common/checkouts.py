@@ -1,0 +1,29 @@
+"""Two commits of this repository side by side: a detached worktree per commit, for the before/after
+benchmarks (experiments.benchmarks.engine_ab, experiments.paper_b.cost)."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(os.environ.get("JAXSAL_AB_ROOT", Path(__file__).resolve().parents[2]))
+"""The repository whose commits are checked out (JAXSAL_AB_ROOT overrides it)."""
+
+
+def checkout_at(commit: str, where: Path) -> tuple[Path, str]:
+    """A detached worktree of `commit` at `where`: (its path, the commit's full hash)."""
+    sha = subprocess.run(["git", "rev-parse", commit], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(where), sha], cwd=ROOT, check=True)
+    return where, sha
+
+
+def remove(where: Path) -> None:
+    """Remove a worktree made by checkout_at (never raises: a cleanup step)."""
+    subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=False)
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
