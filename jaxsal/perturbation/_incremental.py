@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxsal.backprop.strided_conv import as_pair
+from jaxsal.caching import LRU, fn_key
 from jaxsal.perturbation import _locality
 
 
@@ -60,12 +61,26 @@ def _is_conv_call(args, ctx) -> bool:
     return ctx.method_name == "__call__" and isinstance(ctx.module, nn.Conv) and bool(args)
 
 
+_PROOFS = LRU("locality proofs", 64)
+
+
 def proven_local(model, params, x_pert, record, layout: str = "NHWC") -> list[bool]:
     """Per conv of `record` (its (input, output) on the clean states, in call order): whether its
     input is proven local (jaxsal.perturbation._locality) in the previous conv's output, or, for
-    the first, in the perturbed frames (layout NHWC or NCHW). Traced once per compile."""
+    the first, in the perturbed frames (layout NHWC or NCHW). Memoised on the model and every
+    shape it is traced with (a method's step and finalize trace it once each per compile)."""
     if x_pert.ndim != 4 or layout not in ("NHWC", "NCHW"):
         return [False] * len(record)
+    shapes = lambda t: tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(t))  # noqa: E731
+    try:
+        key = (fn_key(model), layout, shapes(x_pert), shapes(record), shapes(params), jax.tree.structure(params))
+        hash(key)
+    except TypeError:  # a model that is not hashable: proven anew each time
+        return _proofs(model, params, x_pert, record, layout)
+    return list(_PROOFS.get_or_build(key, lambda: tuple(_proofs(model, params, x_pert, record, layout))))
+
+
+def _proofs(model, params, x_pert, record, layout) -> list[bool]:
     rows = x_pert.shape[0]
     x_spec = jax.ShapeDtypeStruct(x_pert.shape, x_pert.dtype)
     proofs = []
