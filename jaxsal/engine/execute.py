@@ -53,7 +53,7 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
     check_precision(precision)
     call = check_call(apply_fn, params, obs, target=target, actions=actions, layout=layout,
                       batch_size=batch_size)
-    params = on_device(params)
+    params = batching.on_device(params)
     preps = [spec.prepare(call, apply_fn, params, **opts) for spec, opts in bound]
     specs = tuple(spec for spec, _ in bound)
     groups = preps[0].groups if preps else (None,)
@@ -98,16 +98,6 @@ def run(bound, apply_fn, params, obs, *, target="q_chosen", actions=None, layout
 
     maps, acts, out = _chunks(program, per_chunk, rows, size, traced)
     return (list(maps), {"actions": acts, "output": out}) if outputs else list(maps)
-
-
-def on_device(tree):
-    """tree with its host (numpy) arrays put on the default device once: a jitted program given a
-    numpy array transfers it on every call, so a checkpoint's numpy params were copied again by
-    each of a call's programs (the shipped agents' RISE: 80 transfers, ~15% of the call)."""
-    leaves, treedef = jax.tree.flatten(tree)
-    if not any(isinstance(v, np.ndarray) for v in leaves):
-        return tree
-    return jax.tree.unflatten(treedef, [jax.device_put(v) if isinstance(v, np.ndarray) else v for v in leaves])
 
 
 def first_index(bound) -> int:

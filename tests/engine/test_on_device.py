@@ -3,7 +3,7 @@ import jax
 import numpy as np
 
 import jaxsal
-from jaxsal.engine.execute import on_device
+from jaxsal.batching import on_device
 from tests._support.conformance import KEY, MODEL, PARAMS, _obs
 
 
