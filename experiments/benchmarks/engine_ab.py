@@ -15,13 +15,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from experiments.common.checkouts import ROOT, checkout_at, median, remove
+from experiments.common.checkouts import ROOT, Worker, checkout_at, median, remove
 
 # (method, options, batches): the peer benchmark's methods; the slow perturbation ones at small N
 CASES = [
@@ -79,31 +78,15 @@ for line in sys.stdin:
 '''
 
 
-class Side:
+class Side(Worker):
     """One persistent worker process running jaxsal from one checkout."""
 
-    def __init__(self, label: str, checkout: Path, script: Path):
-        env = dict(os.environ, PYTHONPATH=str(checkout))
-        self.label = label
-        self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env, cwd=checkout)
-        hello = json.loads(self.proc.stdout.readline())
-        if not hello["ready"].startswith(str(checkout)):
-            raise SystemExit(f"{label}: imported jaxsal from {hello['ready']}, not {checkout}")
-        self.version = hello["version"]
+    @property
+    def version(self):
+        return self.hello["version"]
 
     def time(self, method, options, batch, repeats):
-        self.proc.stdin.write(json.dumps({"method": method, "options": options, "batch": batch,
-                                          "repeats": repeats}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"{self.label}: worker died on {method} at batch {batch}")
-        return json.loads(line)
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        return self.ask(method=method, options=options, batch=batch, repeats=repeats)
 
 
 def main(argv=None):

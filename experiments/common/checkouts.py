@@ -2,8 +2,10 @@
 benchmarks (experiments.benchmarks.engine_ab, experiments.paper_b.cost)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(os.environ.get("JAXSAL_AB_ROOT", Path(__file__).resolve().parents[2]))
@@ -27,3 +29,29 @@ def median(xs):
     xs = sorted(xs)
     n = len(xs)
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+class Worker:
+    """A persistent worker process running `script` from one checkout, driven by JSON lines: its first
+    line says which jaxsal it imported ({"ready": path, ...}), each request gets one JSON line back."""
+
+    def __init__(self, label: str, checkout: Path, script: Path):
+        env = dict(os.environ, PYTHONPATH=str(checkout))
+        self.label = label
+        self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=checkout)
+        self.hello = json.loads(self.proc.stdout.readline())
+        if not self.hello["ready"].startswith(str(checkout)):
+            raise SystemExit(f"{label}: imported jaxsal from {self.hello['ready']}, not {checkout}")
+
+    def ask(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"{self.label}: worker died on {req}")
+        return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)

@@ -21,13 +21,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from experiments.common.checkouts import ROOT, checkout_at, median, remove
+from experiments.common.checkouts import ROOT, Worker, checkout_at, median, remove
 from experiments.common.machine import machine_info
 
 WORKER = r'''
@@ -63,31 +61,6 @@ for line in sys.stdin:
 '''
 
 
-class Side:
-    """One persistent worker process running the study's methods from one checkout."""
-
-    def __init__(self, label: str, checkout: Path, script: Path):
-        env = dict(os.environ, PYTHONPATH=str(checkout))
-        self.label = label
-        self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env, cwd=checkout)
-        hello = json.loads(self.proc.stdout.readline())
-        if not hello["ready"].startswith(str(checkout)):
-            raise SystemExit(f"{label}: imported jaxsal from {hello['ready']}, not {checkout}")
-
-    def ask(self, **req) -> dict:
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"{self.label}: worker died on {req}")
-        return json.loads(line)
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
 def hours_per_game(ms_per_map: float) -> float:
     """Hours of maps per game at the re-run's counts (experiments.paper_b.rerun.estimate's formula)."""
     from experiments.paper_b import rerun
@@ -117,7 +90,7 @@ def main(argv=None):
             d, sha = checkout_at(commit, tmp / name)
             dirs.append(d)
             made.append((name, sha))
-            sides[name] = Side(name, d, script)
+            sides[name] = Worker(name, d, script)
         from experiments.paper_b.run import METHODS          # the study as this checkout defines it
         bs = {"before": args.batch_size_before, "after": args.batch_size_after}
         table = {label: (method, opts) for label, method, opts, _ in METHODS}
