@@ -44,7 +44,7 @@ from experiments.paper_b import rerun_analysis as A
 from experiments.paper_b import rerun_progress as P
 from experiments.paper_b.rerun_progress import load_npz, save_npz
 from jaxsal.metrics import sanity_check
-from jaxsal.metrics.sanity import _layer_names, group_norms
+from jaxsal.metrics.sanity import _layer_names, draws_batched, group_norms
 
 OUT = RESULTS / "paper_b_rerun"
 CACHE = Path("~/jaxsal-runs/paper_b_rerun")
@@ -227,19 +227,29 @@ def method_fidelity(d: Path, label, agent, obs, maps, key, batch_size) -> dict:
     return {tuple(k.split("/")[1:]): (z[k], z["curve/" + k[4:]]) for k in z if k.startswith("auc/")}
 
 
-def method_sanity(d: Path, label, agent, obs, maps, method, opts, key, draw, layers, log=print) -> dict:
-    """{group: {metric: (n_sanity,)}} of one randomisation draw."""
-    f = d / f"sanity_d{draw:02d}.npz"
-    if not f.exists():
-        log(f"[{label}] sanity check on {len(obs)} states, draw {draw}")
-        r = sanity_check(agent.model, agent.params, obs, method=method, layers=layers, key=key, draw=draw,
-                            metrics=PB.METRICS, original=maps, **opts)
-        save_npz(f, **{f"{g}/{m}": np.asarray(v) for g, res in r.items() for m, v in res.items()})
-    z = load_npz(f)
+def method_sanity(d: Path, label, agent, obs, maps, method, opts, key, draws, layers, log=print,
+                  saved=lambda: None) -> dict:
+    """{draw: {group: {metric: (n_sanity,)}}} of the randomisation draws `draws`. The missing ones
+    are computed by one `sanity_check(draws=...)` for a method of whole forward passes (RISE, LIME:
+    the draws then share the layers a cascade step leaves trained), else draw by draw; each is
+    saved as its own piece, and `saved()` runs after each call (the progress commit)."""
+    missing = [k for k in draws if not (d / f"sanity_d{k:02d}.npz").exists()]
+    calls = [missing] if missing and draws_batched(method, opts) else [[k] for k in missing]
+    for todo in calls:
+        log(f"[{label}] sanity check on {len(obs)} states, draw{'s' if len(todo) > 1 else ''} "
+            f"{', '.join(map(str, todo))}")
+        r = sanity_check(agent.model, agent.params, obs, method=method, layers=layers, key=key, draws=todo,
+                         metrics=PB.METRICS, original=maps, **opts)
+        for k in todo:
+            save_npz(d / f"sanity_d{k:02d}.npz", **{f"{g}/{m}": np.asarray(v) for g, res in r[k].items()
+                                                     for m, v in res.items()})
+        saved()
     out = {}
-    for k, v in z.items():
-        g, m = k.split("/")
-        out.setdefault(g, {})[m] = v
+    for k in draws:
+        per = out.setdefault(k, {})
+        for name, v in load_npz(d / f"sanity_d{k:02d}.npz").items():
+            g, m = name.split("/")
+            per.setdefault(g, {})[m] = v
     return out
 
 
@@ -466,11 +476,9 @@ def run_game(game: str, args, log=print) -> Path:
             for s, (a, c) in method_fidelity(mdir, label, agent, obs, maps, key, args.batch_size).items():
                 aucs.setdefault(s, {})[label], curves.setdefault(s, {})[label] = a, c
             progress.save_method(label, mkey, fields, mdir)
-            sanity[label] = {}
-            for d in range(args.draws):
-                sanity[label][d] = method_sanity(mdir, label, agent, obs[:n_s], None if maps is None else maps[:n_s],
-                                                 method, opts, key, d, layers, log)
-                progress.save_method(label, mkey, fields, mdir)
+            sanity[label] = method_sanity(mdir, label, agent, obs[:n_s], None if maps is None else maps[:n_s],
+                                          method, opts, key, range(args.draws), layers, log,
+                                          saved=lambda: progress.save_method(label, mkey, fields, mdir))
             rechecks += method_rechecks(mdir, label, agent, obs[:n_s], method, opts, key, layers,
                                         progress.piece_makers(label, mkey), current, args.draws, log)
             progress.save_method(label, mkey, fields, mdir)

@@ -41,7 +41,7 @@ def check_maps(maps, name: str = "maps", shape: tuple | None = None):
                                  "(one (H, W) map per observation)")
     if a[0] == 0:
         raise SaliencyInputError(f"{name} is empty (N = 0)")
-    dtype = np.dtype(getattr(maps, "dtype", np.asarray(maps).dtype))
+    dtype = np.dtype(maps.dtype if hasattr(maps, "dtype") else np.asarray(maps).dtype)
     if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer) or dtype == np.bool_):
         raise SaliencyInputError(f"{name} must hold numbers, got dtype {dtype}")
     x = jnp.asarray(maps, jnp.float32)

@@ -3,6 +3,7 @@ episode-level intervals (and why states are the wrong unit), the state sampling,
 end to end on a tiny configuration."""
 import json
 from argparse import Namespace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -281,3 +282,27 @@ def test_runner_tiny_end_to_end_and_resumes(tmp_path):
     work = [line for line in logs if "maps on" in line or "sanity check" in line or "episode" in line]
     assert work == ["[gradient] sanity check on 4 states, draw 1"], work
     assert len((cache / "provenance.jsonl").read_text().splitlines()) == 2
+
+
+def test_missing_sanity_draws_of_forward_pass_methods_are_one_call(tmp_path, monkeypatch):
+    """RISE/LIME's missing draws go to one sanity_check(draws=...) (they share the trained trunk);
+    an incremental or gradient method's go draw by draw; each draw is saved as its own piece and the
+    progress is saved after every call."""
+    calls, saves = [], []
+
+    def fake(model, params, obs, *, method, draws, **kw):
+        calls.append((method, list(draws)))
+        return {k: {"q": {"spearman": np.full(len(obs), float(k))}} for k in draws}
+
+    monkeypatch.setattr(RR, "sanity_check", fake)
+    obs = np.zeros((3, 84, 84, 4), np.uint8)
+    for method, label in (("rise", "rise"), ("occlusion", "occ"), ("gradient", "grad")):
+        d = tmp_path / label
+        d.mkdir()
+        RR.save_npz(d / "sanity_d01.npz", **{"q/spearman": np.full(3, 1.0)})   # draw 1 done earlier
+        out = RR.method_sanity(d, label, SimpleNamespace(model=None, params=None), obs, None, method, {},
+                               None, range(4), ("q",), log=lambda s: None, saved=lambda: saves.append(label))
+        assert sorted(out) == [0, 1, 2, 3] and all(out[k]["q"]["spearman"][0] == k for k in out)
+    assert calls == [("rise", [0, 2, 3]), ("occlusion", [0]), ("occlusion", [2]), ("occlusion", [3]),
+                     ("gradient", [0]), ("gradient", [2]), ("gradient", [3])]
+    assert saves == ["rise"] + ["occ"] * 3 + ["grad"] * 3

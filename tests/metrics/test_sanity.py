@@ -216,3 +216,54 @@ def test_given_original_maps_are_used_as_computed(dqn):
         sanity_check(model, params, obs, original=plain["maps"]["original"][:2], **kw)
     with pytest.raises(SaliencyInputError, match="shape"):
         sanity_check(model, params, obs, original=plain["maps"]["original"][:, :40], **kw)
+
+
+@pytest.mark.parametrize("method, opts", [
+    ("rise", dict(n_masks=16, batch_size=8)),                 # whole forward passes: draws batched
+    ("lime", dict(n_samples=12, segmentation_options={"n_segments": 6})),
+    ("occlusion", dict(patch=4, stride=4)),                   # incremental pass: draw by draw
+    ("_t_grad", {}),
+])
+def test_several_draws_in_one_call_equal_draw_by_draw(ln_dqn, method, opts):
+    """draws=(...) gives, per draw, what draw=d gives (the batched path to float rounding), and
+    the draws really differ (so a mix-up of draws would show)."""
+    model, params, obs = ln_dqn
+    kw = dict(method=method, layers=("q", "fc1", "conv1"), key=jax.random.PRNGKey(8),
+              metrics=("spearman",), return_maps=True, **opts)
+    together = sanity_check(model, params, obs, draws=(2, 0, 5), **kw)
+    assert list(together) == [2, 0, 5]
+    for d in (2, 0, 5):
+        alone = sanity_check(model, params, obs, draw=d, **kw)
+        assert set(together[d]) == set(alone)
+        for label in ("q", "fc1", "conv1", "original"):
+            np.testing.assert_allclose(together[d]["maps"][label], alone["maps"][label], rtol=1e-5, atol=1e-6)
+        for label in ("random_uniform", "random_gaussian"):
+            np.testing.assert_array_equal(together[d][label]["spearman"], alone[label]["spearman"])
+    assert np.abs(np.asarray(together[2]["maps"]["fc1"]) - np.asarray(together[5]["maps"]["fc1"])).max() > 1e-3
+
+
+def test_draws_batch_the_forward_pass_methods_only(ln_dqn):
+    """Which methods run their draws as one vmapped call: whole-forward-pass perturbation methods,
+    at the cascade steps that leave some layer trained."""
+    from jaxsal.metrics.sanity import _keeps_trained, draws_batched
+    _, params, _ = ln_dqn
+    assert draws_batched("rise", {}) and draws_batched("lime", {})
+    assert not draws_batched("occlusion", {}) and not draws_batched("gradient", {})
+    assert draws_batched("occlusion", {"incremental": False})
+    assert _keeps_trained(params, ("q", ("fc1", "fc1_norm")))
+    every = tuple({str(getattr(k, "key", "")) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+                   for k in path[1:2]})
+    assert not _keeps_trained(params, every)
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(draws=(1, 1)), "repeated"),
+    (dict(draws=()), "empty"),
+    (dict(draws=3), "sequence"),
+    (dict(draws=(0, -1)), "draws"),
+    (dict(draws=(0, 1), draw=2), "either draw"),
+])
+def test_bad_draws(dqn, kwargs, msg):
+    model, params, obs = dqn
+    with pytest.raises(SaliencyInputError, match=msg):
+        sanity_check(model, params, obs[:1], method="_t_grad", key=jax.random.PRNGKey(0), **kwargs)
