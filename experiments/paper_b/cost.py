@@ -10,9 +10,14 @@ persistent process of its own (its own checkout, same venv), at the library's de
 (as the study computes its maps and sanity checks) or one given per side, alternating which side
 goes first,
 for several rounds: the steady ms per map as the study's `time_maps` measures it (the second call
-of a shape). The per-game hours follow from the re-run's counts (experiments.paper_b.rerun.estimate:
-states + draws x layers x sanity states maps per method). The maps of both sides are compared
-(the largest absolute difference per method), since a cheaper study must compute the same maps.
+of a shape). The sanity check is then timed as each side's study runs it (--sanity-rounds, default 1):
+10 draws of the 5-layer cascade on the same states with the study's four similarity metrics, draw by
+draw, or in one `sanity_check(draws=...)` where that commit's library batches the method's draws
+(jaxsal.metrics.sanity.draws_batched); its first call includes compiling the batched programs, which
+counts against the side that has them. The per-game hours follow from the re-run's counts
+(experiments.paper_b.rerun.estimate: states maps at the maps' speed + draws x layers x sanity states
+at the sanity check's speed, per method). The maps of both sides are compared (the largest absolute
+difference per method), since a cheaper study must compute the same maps.
 Writes experiments/results/paper_b_cost/{paper_b_cost.json,paper_b_cost.md}.
 """
 from __future__ import annotations
@@ -40,31 +45,59 @@ agent = jaxsal_agents.load("breakout")
 key = jax.random.PRNGKey(0)
 print(json.dumps({"ready": jaxsal.__file__}), flush=True)
 
+from jaxsal.metrics import sanity as S
+LAYERS = S.group_norms(agent.params, ("q", "fc1", "conv3", "conv2", "conv1"))
+METRICS = ("spearman", "ssim_flat", "ssim", "hog")
+original = {}
+
 def call(method, opts, batch_size):
     kw = dict(opts, batch_size=batch_size)
     if method in jaxsal.registry.STOCHASTIC:
         kw["key"] = key
-    return np.asarray(jaxsal.explain(agent.apply_fn, agent.params, obs, method=method, **kw))
+    maps = np.asarray(jaxsal.explain(agent.apply_fn, agent.params, obs, method=method, **kw))
+    original[method, json.dumps(opts, sort_keys=True)] = maps
+    return maps
+
+def sanity(method, opts, batch_size, draws):
+    """The study's sanity check of these states: the draws together where this commit batches them."""
+    kw = dict(opts, batch_size=batch_size, layers=LAYERS, metrics=METRICS, key=key,
+              original=original[method, json.dumps(opts, sort_keys=True)])
+    if hasattr(S, "draws_batched") and S.draws_batched(method, opts):
+        jax.block_until_ready(S.sanity_check(agent.model, agent.params, obs, method=method, draws=range(draws), **kw))
+    else:
+        for d in range(draws):
+            jax.block_until_ready(S.sanity_check(agent.model, agent.params, obs, method=method, draw=d, **kw))
+    return draws * len(LAYERS)
 
 for line in sys.stdin:
     req = json.loads(line)
     try:
         t0 = time.perf_counter()
-        maps = call(req["method"], req["options"], req["batch_size"])
+        if req.get("sanity_draws"):
+            n = sanity(req["method"], req["options"], req["batch_size"], req["sanity_draws"]) * len(obs)
+        else:
+            maps, n = call(req["method"], req["options"], req["batch_size"]), len(obs)
         dt = time.perf_counter() - t0
     except Exception as e:  # an option this commit lacks: reported, the driver leaves the method out
         print(json.dumps({"error": f"{type(e).__name__}: {e}"[:300]}), flush=True)
         continue
     if req.get("maps_to"):
         np.save(req["maps_to"], maps)
-    print(json.dumps({"s": dt, "ms_per_map": 1000 * dt / len(obs)}), flush=True)
+    print(json.dumps({"s": dt, "ms_per_map": 1000 * dt / n}), flush=True)
 '''
 
 
-def hours_per_game(ms_per_map: float) -> float:
-    """Hours of maps per game at the re-run's counts (experiments.paper_b.rerun.estimate's formula)."""
+def hours_per_game(ms_per_map: float, sanity_ms_per_map: float | None = None) -> float:
+    """Hours of maps per game at the re-run's counts (experiments.paper_b.rerun.estimate's formula):
+    its states at the maps' speed, its sanity maps at the sanity check's (None: the maps')."""
     from experiments.paper_b import rerun
-    return (rerun.STATES + rerun.DRAWS * 5 * rerun.SANITY_STATES) * ms_per_map / 3.6e6
+    sanity = ms_per_map if sanity_ms_per_map is None else sanity_ms_per_map
+    return (rerun.STATES * ms_per_map + rerun.DRAWS * 5 * rerun.SANITY_STATES * sanity) / 3.6e6
+
+
+def rerun_draws() -> int:
+    from experiments.paper_b import rerun
+    return rerun.DRAWS
 
 
 def main(argv=None):
@@ -79,6 +112,8 @@ def main(argv=None):
     ap.add_argument("--batch-size-after", type=int, default=None,
                     help="rows per forward pass of the later side (default: the library's, as the study's maps)")
     ap.add_argument("--labels", nargs="*", default=None, help="a subset of the study's method labels")
+    ap.add_argument("--sanity-rounds", type=int, default=1,
+                    help="sanity checks timed per method and side (10 draws each); 0: priced at the maps' speed")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "paper_b_cost")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="paper_b_cost_"))
@@ -99,7 +134,7 @@ def main(argv=None):
         if unknown:
             raise SystemExit(f"unknown labels {sorted(unknown)}; the study's: {list(table)}")
         load_start = os.getloadavg()
-        rows, skipped = [], {}
+        rows, skipped, sanity_errors = [], {}, {}
         for label in labels:
             method, opts = table[label]
             warm = {n: s.ask(method=method, options=opts, batch_size=bs[n], maps_to=str(tmp / f"{n}_{label}.npy"))
@@ -115,6 +150,17 @@ def main(argv=None):
             for r in range(args.rounds):
                 for n in (("before", "after") if r % 2 == 0 else ("after", "before")):
                     times[n].append(sides[n].ask(method=method, options=opts, batch_size=bs[n])["ms_per_map"])
+            sanity = {"before": [], "after": []}
+            for r in range(args.sanity_rounds):
+                first = ("before", "after") if (len(rows) + r) % 2 == 0 else ("after", "before")
+                for n in first:
+                    reply = sides[n].ask(method=method, options=opts, batch_size=bs[n], sanity_draws=rerun_draws())
+                    if "error" in reply:   # both sides' sanity then priced at their maps' speed, and said so
+                        sanity_errors[label] = {**sanity_errors.get(label, {}), n: reply["error"]}
+                    else:
+                        sanity[n].append(reply["ms_per_map"])
+            if label in sanity_errors:
+                sanity = {"before": [], "after": []}
             a, b = (np.load(tmp / f"{n}_{label}.npy") for n in ("before", "after"))
             ratios = [x / y for x, y in zip(times["before"], times["after"])]
             row = {"label": label, "before_ms_per_map": median(times["before"]),
@@ -123,10 +169,15 @@ def main(argv=None):
                    "max_abs_map_difference": float(np.max(np.abs(a.astype(np.float64) - b))),
                    "max_abs_map": float(np.max(np.abs(a))),
                    "first_call_s": {n: w["s"] for n, w in warm.items()}, "load_avg_1": os.getloadavg()[0]}
+            for n in sanity:
+                row[f"{n}_sanity_ms_per_map"] = median(sanity[n]) if sanity[n] else None
+            row["hours"] = {n: hours_per_game(row[f"{n}_ms_per_map"], row[f"{n}_sanity_ms_per_map"]) for n in sanity}
             rows.append(row)
             print(f"{label:28s} before {row['before_ms_per_map']:8.1f}  after {row['after_ms_per_map']:8.1f} ms/map  "
                   f"x{row['speed_up']:.2f} [{row['speed_up_min']:.2f}-{row['speed_up_max']:.2f}]  "
-                  f"max |diff| {row['max_abs_map_difference']:.2e}  load {row['load_avg_1']:.1f}", flush=True)
+                  f"max |diff| {row['max_abs_map_difference']:.2e}  load {row['load_avg_1']:.1f}"
+                  + (f"  sanity {row['before_sanity_ms_per_map']:.1f} -> {row['after_sanity_ms_per_map']:.1f} ms/map"
+                     if sanity["after"] and sanity["before"] else ""), flush=True)
     finally:
         for s in sides.values():
             s.close()
@@ -134,11 +185,13 @@ def main(argv=None):
             remove(d)
         shutil.rmtree(tmp, ignore_errors=True)
     total = {n: sum(r[f"{n}_ms_per_map"] for r in rows) for n in ("before", "after")}
+    hours = {n: sum(r["hours"][n] for r in rows) for n in ("before", "after")}
     res = {"commits": dict(made), "batch_size": bs, "rounds": args.rounds, "states": 4, "agent": "breakout",
            "machine": machine_info(), "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "methods": rows,
-           "left_out": skipped, "total_ms_per_map": total, "hours_per_game": {n: hours_per_game(v) for n, v in total.items()},
-           "per_game_speed_up": total["before"] / total["after"]}
+           "sanity_rounds": args.sanity_rounds, "sanity_draws": rerun_draws(),
+           "sanity_errors": sanity_errors, "left_out": skipped, "total_ms_per_map": total, "hours_per_game": hours,
+           "per_game_speed_up": hours["before"] / hours["after"]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "paper_b_cost.json").write_text(json.dumps(res, indent=1) + "\n")
     (args.out / "paper_b_cost.md").write_text(render(res))
@@ -155,16 +208,31 @@ def render(res: dict) -> str:
            f"Rows per forward pass (batch_size): {res['batch_size']['before'] or 'the library default'} before, "
            f"{res['batch_size']['after'] or 'the library default'} after. "
            f"{res['rounds']} rounds per method, sides alternating; steady ms per map on {res['states']} Breakout "
-           f"states (the shipped agent), as the study times them. Hours per game: the re-run's maps per method "
-           f"(1,000 states + 10 draws x 5 layers x 200 sanity states) at these speeds, summed over methods.", "",
-           "| method | before (ms/map) | after (ms/map) | speed-up (median) | range over rounds | max abs map difference |",
-           "|---|---:|---:|---:|---|---:|"]
+           f"states (the shipped agent), as the study times them. Sanity check: "
+           + (f"{res['sanity_rounds']} timed call(s) per method and side of {res['sanity_draws']} draws x 5 layers on the "
+              f"same states (the study's four similarity metrics included), each side as its study runs it (draws "
+              f"together where its library batches them; the first call's compiling included)"
+              if res.get("sanity_rounds") else "priced at the maps' speed") +
+           f". Hours per game: the re-run's 1,000 states at the maps' speed plus its 10 draws x 5 layers x 200 "
+           f"sanity states at the sanity check's, summed over methods.", "",
+           "| method | before (ms/map) | after (ms/map) | speed-up (median) | range over rounds | sanity before (ms/map) "
+           "| sanity after (ms/map) | hours before | hours after | max abs map difference |",
+           "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    ms = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     for r in res["methods"]:
+        hb, ha = (r.get("hours") or {}).get("before"), (r.get("hours") or {}).get("after")
         out.append(f"| {r['label']} | {r['before_ms_per_map']:.1f} | {r['after_ms_per_map']:.1f} | {r['speed_up']:.2f} | "
-                   f"{r['speed_up_min']:.2f}-{r['speed_up_max']:.2f} | {r['max_abs_map_difference']:.1e} |")
+                   f"{r['speed_up_min']:.2f}-{r['speed_up_max']:.2f} | {ms(r.get('before_sanity_ms_per_map'))} | "
+                   f"{ms(r.get('after_sanity_ms_per_map'))} | {'-' if hb is None else f'{hb:.2f}'} | "
+                   f"{'-' if ha is None else f'{ha:.2f}'} | {r['max_abs_map_difference']:.1e} |")
     t, h = res["total_ms_per_map"], res["hours_per_game"]
-    out += [f"| **all methods** | {t['before']:.0f} | {t['after']:.0f} | {res['per_game_speed_up']:.2f} | | |", "",
-            f"Per game: {h['before']:.2f} h before, {h['after']:.2f} h after, on this machine's 2 cores.", ""]
+    out += [f"| **all methods** | {t['before']:.0f} | {t['after']:.0f} | {t['before'] / t['after']:.2f} | | | | "
+            f"{h['before']:.2f} | {h['after']:.2f} | |", "",
+            f"Per game: {h['before']:.2f} h before, {h['after']:.2f} h after (x{res['per_game_speed_up']:.2f}), "
+            f"on this machine's 2 cores.", ""]
+    for label, errors in res.get("sanity_errors", {}).items():
+        out.append(f"Sanity check priced at the maps' speed on both sides: {label} "
+                   f"({'; '.join(f'{n}: {e}' for n, e in errors.items())}).")
     for label, errors in res.get("left_out", {}).items():
         out.append(f"Left out of both sides' totals: {label} ({'; '.join(f'{n}: {e}' for n, e in errors.items())}).")
     return "\n".join(out)

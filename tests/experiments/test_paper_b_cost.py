@@ -15,6 +15,8 @@ def test_hours_per_game_count_the_reruns_maps():
     maps = rerun.STATES + rerun.DRAWS * 5 * rerun.SANITY_STATES      # 1,000 + 10 x 5 x 200
     assert maps == 11_000
     assert PBC.hours_per_game(1000.0) == pytest.approx(maps / 3600)
+    # the sanity maps at the sanity check's own speed
+    assert PBC.hours_per_game(1000.0, 500.0) == pytest.approx((1000 + 10_000 * 0.5) / 3600)
 
 
 @pytest.mark.slow
@@ -29,7 +31,10 @@ def test_paper_b_cost_runs_two_checkouts_and_compares_their_maps(tmp_path):
     assert res["commits"]["before"] == res["commits"]["after"]
     assert [r["label"] for r in res["methods"]] == ["gradient", "gradcam"]
     assert all(r["max_abs_map_difference"] == 0 and r["before_ms_per_map"] > 0 for r in res["methods"])
-    assert res["hours_per_game"]["after"] == pytest.approx(PBC.hours_per_game(res["total_ms_per_map"]["after"]))
+    for r in res["methods"]:   # the sanity check timed on each side (10 draws x 5 layers x 4 states)
+        assert r["before_sanity_ms_per_map"] > 0 and r["after_sanity_ms_per_map"] > 0
+        assert r["hours"]["after"] == pytest.approx(PBC.hours_per_game(r["after_ms_per_map"], r["after_sanity_ms_per_map"]))
+    assert res["hours_per_game"]["after"] == pytest.approx(sum(r["hours"]["after"] for r in res["methods"]))
     assert "| gradcam |" in (out / "paper_b_cost.md").read_text()
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
     assert "paper_b_cost_" not in worktrees

@@ -221,6 +221,7 @@ def test_given_original_maps_are_used_as_computed(dqn):
 @pytest.mark.parametrize("method, opts", [
     ("rise", dict(n_masks=16, batch_size=8)),                 # whole forward passes: draws batched
     ("lime", dict(n_samples=12, segmentation_options={"n_segments": 6})),
+    ("scorecam", dict(layer="conv1")),
     ("occlusion", dict(patch=4, stride=4)),                   # incremental pass: draw by draw
     ("_t_grad", {}),
 ])
