@@ -70,8 +70,9 @@ def check_finite(x, start: int = 0, what: str = ("state", "obs")):
     if not np.issubdtype(np.dtype(x.dtype), np.floating):
         return
     x = x.astype(np.float32, copy=False) if xp is np else x.astype(jnp.float32)  # as methods see them
-    if bool(xp.isfinite(x).all()):
-        return
+    ok = xp.isfinite(x).all()
+    if isinstance(ok, jax.core.Tracer) or bool(ok):  # inside a trace (frames closed over by a jitted
+        return                                       # caller that checked them) values are unknown
     k = start + int(np.flatnonzero(~np.asarray(xp.isfinite(x.reshape(len(x), -1)).all(1)))[0])
     unit, name = what
     raise NonFinite(f"{unit} {k} of {name} holds NaN or inf values: replace them (e.g. "

@@ -12,9 +12,10 @@ goes first,
 for several rounds: the steady ms per map as the study's `time_maps` measures it (the second call
 of a shape). The sanity check is then timed as each side's study runs it (--sanity-rounds, default 1):
 10 draws of the 5-layer cascade on the same states with the study's four similarity metrics, draw by
-draw, or in one `sanity_check(draws=...)` where that commit's library batches the method's draws
-(jaxsal.metrics.sanity.draws_batched); its first call includes compiling the batched programs, which
-counts against the side that has them. The per-game hours follow from the re-run's counts
+draw, or in one `sanity_check(draws=...)` where that commit's library has it (the study's runner then
+calls it so). Its time less the time JAX spent tracing and compiling (JAX's compile events) gives
+the sanity maps' steady speed; the compiling is counted once per game and method, as the study
+makes one such call per method and game. The per-game hours follow from the re-run's counts
 (experiments.paper_b.rerun.estimate: states maps at the maps' speed + draws x layers x sanity states
 at the sanity check's speed, per method). The maps of both sides are compared (the largest absolute
 difference per method), since a cheaper study must compute the same maps.
@@ -34,7 +35,7 @@ from experiments.common.checkouts import ROOT, Worker, checkout_at, median, remo
 from experiments.common.machine import machine_info
 
 WORKER = r'''
-import json, sys, time
+import inspect, json, sys, time
 import numpy as np
 import jax
 import jaxsal, jaxsal_agents
@@ -49,6 +50,11 @@ from jaxsal.metrics import sanity as S
 LAYERS = S.group_norms(agent.params, ("q", "fc1", "conv3", "conv2", "conv1"))
 METRICS = ("spearman", "ssim_flat", "ssim", "hog")
 original = {}
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+compiling = [0.0]
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, secs, **kw: compiling.__setitem__(0, compiling[0] + secs) if event in COMPILE_EVENTS else None)
 
 def call(method, opts, batch_size):
     kw = dict(opts, batch_size=batch_size)
@@ -59,10 +65,10 @@ def call(method, opts, batch_size):
     return maps
 
 def sanity(method, opts, batch_size, draws):
-    """The study's sanity check of these states: the draws together where this commit batches them."""
+    """The study's sanity check of these states: the draws in one call where this commit can."""
     kw = dict(opts, batch_size=batch_size, layers=LAYERS, metrics=METRICS, key=key,
               original=original[method, json.dumps(opts, sort_keys=True)])
-    if hasattr(S, "draws_batched") and S.draws_batched(method, opts):
+    if "draws" in inspect.signature(S.sanity_check).parameters:
         jax.block_until_ready(S.sanity_check(agent.model, agent.params, obs, method=method, draws=range(draws), **kw))
     else:
         for d in range(draws):
@@ -72,18 +78,19 @@ def sanity(method, opts, batch_size, draws):
 for line in sys.stdin:
     req = json.loads(line)
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), compiling[0]
         if req.get("sanity_draws"):
             n = sanity(req["method"], req["options"], req["batch_size"], req["sanity_draws"]) * len(obs)
         else:
             maps, n = call(req["method"], req["options"], req["batch_size"]), len(obs)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, compiling[0] - c0
     except Exception as e:  # an option this commit lacks: reported, the driver leaves the method out
         print(json.dumps({"error": f"{type(e).__name__}: {e}"[:300]}), flush=True)
         continue
     if req.get("maps_to"):
         np.save(req["maps_to"], maps)
-    print(json.dumps({"s": dt, "ms_per_map": 1000 * dt / n}), flush=True)
+    print(json.dumps({"s": dt, "compile_s": dc, "ms_per_map": 1000 * dt / n,
+                      "steady_ms_per_map": 1000 * max(dt - dc, 0.0) / n}), flush=True)
 '''
 
 
@@ -150,7 +157,7 @@ def main(argv=None):
             for r in range(args.rounds):
                 for n in (("before", "after") if r % 2 == 0 else ("after", "before")):
                     times[n].append(sides[n].ask(method=method, options=opts, batch_size=bs[n])["ms_per_map"])
-            sanity = {"before": [], "after": []}
+            sanity, sanity_compile = {"before": [], "after": []}, {"before": [], "after": []}
             for r in range(args.sanity_rounds):
                 first = ("before", "after") if (len(rows) + r) % 2 == 0 else ("after", "before")
                 for n in first:
@@ -158,7 +165,8 @@ def main(argv=None):
                     if "error" in reply:   # both sides' sanity then priced at their maps' speed, and said so
                         sanity_errors[label] = {**sanity_errors.get(label, {}), n: reply["error"]}
                     else:
-                        sanity[n].append(reply["ms_per_map"])
+                        sanity[n].append(reply["steady_ms_per_map"])
+                        sanity_compile[n].append(reply["compile_s"])
             if label in sanity_errors:
                 sanity = {"before": [], "after": []}
             a, b = (np.load(tmp / f"{n}_{label}.npy") for n in ("before", "after"))
@@ -171,7 +179,10 @@ def main(argv=None):
                    "first_call_s": {n: w["s"] for n, w in warm.items()}, "load_avg_1": os.getloadavg()[0]}
             for n in sanity:
                 row[f"{n}_sanity_ms_per_map"] = median(sanity[n]) if sanity[n] else None
-            row["hours"] = {n: hours_per_game(row[f"{n}_ms_per_map"], row[f"{n}_sanity_ms_per_map"]) for n in sanity}
+                row[f"{n}_sanity_compile_s"] = median(sanity_compile[n]) if sanity_compile[n] else 0.0
+            # compiling once per game (the study makes one sanity call per method and game)
+            row["hours"] = {n: hours_per_game(row[f"{n}_ms_per_map"], row[f"{n}_sanity_ms_per_map"])
+                            + row[f"{n}_sanity_compile_s"] / 3600 for n in sanity}
             rows.append(row)
             print(f"{label:28s} before {row['before_ms_per_map']:8.1f}  after {row['after_ms_per_map']:8.1f} ms/map  "
                   f"x{row['speed_up']:.2f} [{row['speed_up_min']:.2f}-{row['speed_up_max']:.2f}]  "
@@ -211,7 +222,8 @@ def render(res: dict) -> str:
            f"states (the shipped agent), as the study times them. Sanity check: "
            + (f"{res['sanity_rounds']} timed call(s) per method and side of {res['sanity_draws']} draws x 5 layers on the "
               f"same states (the study's four similarity metrics included), each side as its study runs it (draws "
-              f"together where its library batches them; the first call's compiling included)"
+              f"in one call where its library has `draws=`), at its steady speed (the call's time less JAX's "
+              f"tracing and compiling, which is counted once per game and method)"
               if res.get("sanity_rounds") else "priced at the maps' speed") +
            f". Hours per game: the re-run's 1,000 states at the maps' speed plus its 10 draws x 5 layers x 200 "
            f"sanity states at the sanity check's, summed over methods.", "",

@@ -44,7 +44,7 @@ from experiments.paper_b import rerun_analysis as A
 from experiments.paper_b import rerun_progress as P
 from experiments.paper_b.rerun_progress import load_npz, save_npz
 from jaxsal.metrics import sanity_check
-from jaxsal.metrics.sanity import _layer_names, draws_batched, group_norms
+from jaxsal.metrics.sanity import _layer_names, group_norms
 
 OUT = RESULTS / "paper_b_rerun"
 CACHE = Path("~/jaxsal-runs/paper_b_rerun")
@@ -230,12 +230,10 @@ def method_fidelity(d: Path, label, agent, obs, maps, key, batch_size) -> dict:
 def method_sanity(d: Path, label, agent, obs, maps, method, opts, key, draws, layers, log=print,
                   saved=lambda: None) -> dict:
     """{draw: {group: {metric: (n_sanity,)}}} of the randomisation draws `draws`. The missing ones
-    are computed by one `sanity_check(draws=...)` for a method of whole forward passes (RISE, LIME:
-    the draws then share the layers a cascade step leaves trained), else draw by draw; each is
-    saved as its own piece, and `saved()` runs after each call (the progress commit)."""
+    are computed by one `sanity_check(draws=...)` (the draws then share the layers each cascade
+    step leaves trained), each saved as its own piece; `saved()` runs after it (the progress commit)."""
     missing = [k for k in draws if not (d / f"sanity_d{k:02d}.npz").exists()]
-    calls = [missing] if missing and draws_batched(method, opts) else [[k] for k in missing]
-    for todo in calls:
+    for todo in ([missing] if missing else []):
         log(f"[{label}] sanity check on {len(obs)} states, draw{'s' if len(todo) > 1 else ''} "
             f"{', '.join(map(str, todo))}")
         r = sanity_check(agent.model, agent.params, obs, method=method, layers=layers, key=key, draws=todo,

@@ -219,10 +219,11 @@ def test_given_original_maps_are_used_as_computed(dqn):
 
 
 @pytest.mark.parametrize("method, opts", [
-    ("rise", dict(n_masks=16, batch_size=8)),                 # whole forward passes: draws batched
+    ("rise", dict(n_masks=16, batch_size=8)),
     ("lime", dict(n_samples=12, segmentation_options={"n_segments": 6})),
     ("scorecam", dict(layer="conv1")),
-    ("occlusion", dict(patch=4, stride=4)),                   # incremental pass: draw by draw
+    ("occlusion", dict(patch=4, stride=4)),                   # the incremental pass
+    ("noise_sensitivity", dict(radius=2, stride=4)),
     ("_t_grad", {}),
 ])
 def test_several_draws_in_one_call_equal_draw_by_draw(ln_dqn, method, opts):
@@ -241,20 +242,6 @@ def test_several_draws_in_one_call_equal_draw_by_draw(ln_dqn, method, opts):
         for label in ("random_uniform", "random_gaussian"):
             np.testing.assert_array_equal(together[d][label]["spearman"], alone[label]["spearman"])
     assert np.abs(np.asarray(together[2]["maps"]["fc1"]) - np.asarray(together[5]["maps"]["fc1"])).max() > 1e-3
-
-
-def test_draws_batch_the_forward_pass_methods_only(ln_dqn):
-    """Which methods run their draws as one vmapped call: whole-forward-pass perturbation methods,
-    at the cascade steps that leave some layer trained."""
-    from jaxsal.metrics.sanity import _keeps_trained, draws_batched
-    _, params, _ = ln_dqn
-    assert draws_batched("rise", {}) and draws_batched("lime", {})
-    assert not draws_batched("occlusion", {}) and not draws_batched("gradient", {})
-    assert draws_batched("occlusion", {"incremental": False})
-    assert _keeps_trained(params, ("q", ("fc1", "fc1_norm")))
-    every = tuple({str(getattr(k, "key", "")) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
-                   for k in path[1:2]})
-    assert not _keeps_trained(params, every)
 
 
 @pytest.mark.parametrize("kwargs, msg", [
