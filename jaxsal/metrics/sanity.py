@@ -155,6 +155,19 @@ def _check_draws(draw, draws) -> tuple:
     return out
 
 
+def _vmapped(maps_of, stack):
+    """maps_of vmapped over the stacked draws' weights: the layers a cascade step leaves trained are
+    unbatched, so they run once for all draws. One compiled program where the method traces (an eager
+    vmap dispatches the incremental pass op by op, measured 8x slower); eagerly where it needs its
+    frames' values on the host (LIME's quickshift and Felzenszwalb segment them there, and cannot
+    under a trace without a `max_segments` bound)."""
+    try:
+        program = jax.jit(jax.vmap(maps_of)).lower(stack).compile()
+    except SaliencyInputError:
+        return jax.vmap(maps_of)(stack)
+    return program(stack)
+
+
 def _module_init(model):
     return model.init
 
@@ -319,10 +332,8 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
     for i, item in enumerate(layers):
         group = layers[:i + 1]
         if len(todo) > 1:
-            # every draw in one compiled program, vmapped over the re-drawn weights: the layers this
-            # step leaves trained are unbatched, so they run once for all draws
             stack = jax.tree.map(lambda *a: jnp.stack(a), *(fresh[d] for d in todo))
-            ms = jax.jit(jax.vmap(lambda f, group=group: raw_maps(randomize_layers(params, f, group))))(stack)
+            ms = _vmapped(lambda f, group=group: raw_maps(randomize_layers(params, f, group)), stack)
             per_draw = {d: check_maps(m, f"{name} maps") for d, m in zip(todo, ms)}
         else:
             per_draw = {d: maps_of(randomize_layers(params, fresh[d], group)) for d in todo}

@@ -221,6 +221,7 @@ def test_given_original_maps_are_used_as_computed(dqn):
 @pytest.mark.parametrize("method, opts", [
     ("rise", dict(n_masks=16, batch_size=8)),
     ("lime", dict(n_samples=12, segmentation_options={"n_segments": 6})),
+    ("lime", dict(n_samples=12, segmentation="felzenszwalb")),   # segments on the host: an eager vmap
     ("scorecam", dict(layer="conv1")),
     ("occlusion", dict(patch=4, stride=4)),                   # the incremental pass
     ("noise_sensitivity", dict(radius=2, stride=4)),
