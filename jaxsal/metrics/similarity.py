@@ -70,11 +70,19 @@ def _pearson(x, y):
     return jnp.where(ok, (x * y).sum() / jnp.sqrt(jnp.where(ok, sxx * syy, 1.0)), 0.0)
 
 
+def _order_key(x):
+    """int32 keys ordered as the float32 values x (finite; -0.0 counted as 0.0, as `<` does): XLA:CPU
+    sorts a lone int32 array ~6x faster than float32 (measured on 84x84 maps)."""
+    bits = jax.lax.bitcast_convert_type(jnp.where(x == 0, jnp.zeros_like(x), x), jnp.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
 def _rank(x):
-    """1-based ranks with ties averaged (scipy.stats.rankdata 'average')."""
-    s = jnp.sort(x)
-    left = jnp.searchsorted(s, x, side="left")
-    right = jnp.searchsorted(s, x, side="right")
+    """1-based ranks with ties averaged (scipy.stats.rankdata 'average'), of finite values."""
+    k = _order_key(x)
+    s = jnp.sort(k)
+    left = jnp.searchsorted(s, k, side="left")
+    right = jnp.searchsorted(s, k, side="right")
     return (left + right + 1).astype(jnp.float32) / 2.0
 
 

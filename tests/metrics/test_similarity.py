@@ -192,3 +192,20 @@ def test_normalize_false_with_the_inverted_max_is_refused():
     a = np.random.default_rng(0).random((2, 9, 9), np.float32)
     with pytest.raises(SaliencyInputError, match="normalize=False needs invert=False"):
         similarity(a, a, "spearman", normalize=False)
+
+
+def test_ranks_equal_scipy_rankdata_exactly():
+    """The int32-key sort ranks like scipy.stats.rankdata('average'): ties averaged, negative values,
+    -0.0 tied with 0.0, a constant map, values a float apart."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxsal.metrics.similarity import _rank
+    rng = np.random.default_rng(3)
+    x = (rng.random(2000) - 0.4).astype(np.float32)
+    cases = [x, np.round(x * 8) / 8, np.full(500, 0.25, np.float32),
+             np.array([0.0, -0.0, 1e-30, -1e-30, 0.0, 3.0, -3.0, -0.0], np.float32),
+             np.nextafter(np.float32(0.5), np.float32(1.0)) * np.ones(7, np.float32) - np.arange(7, dtype=np.float32) * 1e-8]
+    for c in cases:
+        np.testing.assert_array_equal(np.asarray(jax.jit(_rank)(jnp.asarray(c))),
+                                      scipy.stats.rankdata(c.astype(np.float64)).astype(np.float32))
