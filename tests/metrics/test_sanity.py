@@ -256,3 +256,17 @@ def test_bad_draws(dqn, kwargs, msg):
     model, params, obs = dqn
     with pytest.raises(SaliencyInputError, match=msg):
         sanity_check(model, params, obs[:1], method="_t_grad", key=jax.random.PRNGKey(0), **kwargs)
+
+
+def test_draws_are_vmapped_for_perturbation_methods_only(ln_dqn, monkeypatch):
+    """A perturbation method's draws of a step share one vmapped program; a gradient method's go one
+    at a time (its backward through re-drawn convolutions is slower vmapped)."""
+    from jaxsal.metrics import sanity as S
+    model, params, obs = ln_dqn
+    seen, real = [], S._vmapped
+    monkeypatch.setattr(S, "_vmapped", lambda f, stack: seen.append(1) or real(f, stack))
+    kw = dict(layers=("q", "fc1"), key=jax.random.PRNGKey(8), metrics=("spearman",), draws=(0, 1))
+    sanity_check(model, params, obs, method="gradient", **kw)
+    assert seen == []
+    sanity_check(model, params, obs, method="rise", n_masks=8, **kw)
+    assert seen == [1, 1]                              # one program per cascade step
