@@ -18,13 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal.errors import SaliencyInputError
-from jaxsal.jaxprs import CALLS, bind_eqn, jcore
+from jaxsal.jaxprs import bind_eqn, transform
 
 PRECISIONS = ("float32", "bfloat16")
 LOWERED = ("conv_general_dilated", "dot_general")
-_INLINED = {**{c: "jaxpr" for c in CALLS}, "remat": "jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr",
-            "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
-"""Primitives whose body is evaluated in place (the parameter that holds it)."""
 
 
 def check_precision(precision) -> str:
@@ -50,13 +47,7 @@ def with_precision(fn, precision: str):
     """
     if check_precision(precision) == "float32":
         return fn
-
-    def lowered(*args):
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-        outs = _eval(closed.jaxpr, closed.consts, jax.tree.leaves(args))
-        return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
-
-    return lowered
+    return transform(fn, lambda eqn: (lambda invals: _lowered(eqn, invals)) if _lowerable(eqn) else None)
 
 
 def _lowerable(eqn) -> bool:
@@ -70,44 +61,3 @@ def _lowerable(eqn) -> bool:
 def _lowered(eqn, invals) -> list:
     lhs, rhs = (v.astype(jnp.bfloat16) for v in invals)
     return bind_eqn(eqn, [lhs, rhs], {"preferred_element_type": np.dtype(np.float32)})
-
-
-def _rewritten(closed):
-    """A closed jaxpr with the same signature whose body is rewritten."""
-    args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
-    return jax.make_jaxpr(lambda *a: _eval(closed.jaxpr, closed.consts, a))(*args)
-
-
-def _bodies(eqn) -> dict:
-    """The parameters of eqn (scan, while, cond, ...) that hold closed jaxprs, rewritten."""
-    out = {}
-    for k, v in eqn.params.items():
-        if isinstance(v, jcore.ClosedJaxpr):
-            out[k] = _rewritten(v)
-        elif isinstance(v, tuple) and v and all(isinstance(b, jcore.ClosedJaxpr) for b in v):
-            out[k] = tuple(_rewritten(b) for b in v)
-    return out
-
-
-def _eval(jaxpr, consts, args) -> list:
-    env = {}
-
-    def read(v):
-        return v.val if isinstance(v, jcore.Literal) else env[v]
-
-    env.update(zip(jaxpr.constvars, consts))
-    env.update(zip(jaxpr.invars, args))
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        name = eqn.primitive.name
-        if _lowerable(eqn):
-            outs = _lowered(eqn, invals)
-        elif name in _INLINED and _INLINED[name] in eqn.params:
-            sub = eqn.params[_INLINED[name]]
-            body, sub_consts = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, ())
-            outs = _eval(body, sub_consts, invals)
-        else:
-            bodies = _bodies(eqn)
-            outs = bind_eqn(eqn, invals, bodies or None)
-        env.update(zip(eqn.outvars, outs))
-    return [read(v) for v in jaxpr.outvars]

@@ -40,7 +40,9 @@ def cnn():
     return m.apply, params, obs
 
 
-CHEAP = {"gradient": {}, "gradcam": {}, "occlusion": {"patch": 4, "stride": 4}}
+CHEAP = {"gradient": {}, "gradcam": {}, "occlusion": {"patch": 4, "stride": 4},
+         # its ridge solve is a custom_linear_solve, whose jaxprs are a named tuple with None entries
+         "lime": {"n_samples": 48, "segmentation_options": {"n_segments": 8}, "key": jax.random.PRNGKey(2)}}
 
 
 def _maps(cnn, method, **kw):
