@@ -40,10 +40,10 @@ from jaxsal.errors import SaliencyInputError
 CONFIG_TOML, CONFIG_JSON, RESULTS, CELLS = "sweep.toml", "sweep.json", "results.csv", "cells"
 CELL_RECORD, JOB = "cell.json", "job"
 TOP_KEYS = ("agents", "inputs", "methods", "metrics", "target", "seed", "chunk", "batch_size", "sanity_frames",
-            "precision")
+            "sanity_draws", "precision")
 METRICS = ("insertion", "deletion", "objects", "effects", "sanity")
 DEFAULTS = {"target": "q_chosen", "seed": 0, "chunk": 512, "batch_size": 256, "sanity_frames": 16,
-            "precision": "float32"}
+            "sanity_draws": 1, "precision": "float32"}
 AGENT_KEYS, INPUT_KEYS = ("spec", "card", "checkpoints", "name"), ("path", "limit", "play", "seed", "game")
 BASE_COLUMNS = ("agent", "checkpoint", "input", "method", "method_name", "options", "agent_spec", "model",
                 "input_spec", "target", "seed", "frames", "seconds", "status", "error")
@@ -583,10 +583,10 @@ def cell_metrics(apply_fn, params, source, job_dir, cell: Cell, metrics, sett: d
         opts = {key: v for key, v in cell.options.items() if key not in ("target", "per_frame")}  # on 2-D maps
         res = sanity_check(init_fn, params, x, method=cell.method_name, layers=sanity_layers(params),
                            key=jax.random.PRNGKey(sett["seed"]), apply_fn=apply_fn, layout=layout,
-                           target=sett["target"], **opts)
-        for layer, sims in res.items():
-            for metric, v in sorted(sims.items()):
-                out[f"sanity_{layer}_{metric}"] = _mean(v)
+                           target=sett["target"], draws=range(sett.get("sanity_draws", 1)), **opts)
+        for layer in res[0]:   # means over the frames of every draw
+            for metric in sorted(res[0][layer]):
+                out[f"sanity_{layer}_{metric}"] = _mean(np.concatenate([np.asarray(r[layer][metric]) for r in res.values()]))
     return out
 
 

@@ -469,3 +469,37 @@ gradient = {}
     shares = jaxsal.load_object_shares(next((tmp_path / "out").rglob("job")), "gradient")
     assert shares["positive"].shape[0] == 3 and "ball" in shares["classes"]
     assert 0 < t["objects_player_chance"][0] < 0.05 and t["objects_player_absolute"][0] > 0   # our paddle, from the RAM
+
+
+def test_sanity_draws_average_the_draws(tmp_path):
+    """sanity_draws = 2: each sanity column is the mean over the frames of both randomisation draws,
+    as jaxsal.metrics.sanity_check(draws=(0, 1)) gives them; the default is draw 0 alone."""
+    import jax
+    import jaxsal_agents
+
+    text = """
+agents = ["runs/tiny0.msgpack"]
+inputs = ["buf.npy"]
+metrics = ["sanity"]
+sanity_frames = 2
+seed = 3
+{draws}
+[methods]
+gradient = {{}}
+"""
+    one = _setup(tmp_path, text.format(draws=""))
+    assert _sweep(one, tmp_path / "one") == 0
+    (tmp_path / "sweep.toml").write_text(text.format(draws="sanity_draws = 2"))
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "two") == 0
+    t1, t2 = jaxsal.load_sweep(tmp_path / "one"), jaxsal.load_sweep(tmp_path / "two")
+    agent = jaxsal_agents.load(str(tmp_path / "runs" / "tiny0.json"))
+    x = np.load(tmp_path / "buf.npy")[:2]
+    res = jaxsal.metrics.sanity_check(agent.model, agent.params, x, method="gradient",
+                                      layers=sw.sanity_layers(agent.params), key=jax.random.PRNGKey(3), draws=(0, 1))
+    col = "sanity_conv1_spearman"
+    np.testing.assert_allclose(t1[col][0], np.mean(res[0]["conv1"]["spearman"]), rtol=1e-5)
+    np.testing.assert_allclose(t2[col][0], np.mean(np.concatenate([res[0]["conv1"]["spearman"],
+                                                                   res[1]["conv1"]["spearman"]])), rtol=1e-5)
+    assert t1[col][0] != t2[col][0]
+    (tmp_path / "sweep.toml").write_text(text.format(draws="sanity_draws = 0"))
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "bad") == 2
