@@ -160,10 +160,10 @@ def _vmapped(maps_of, stack):
     unbatched, so they run once for all draws. One compiled program where the method traces (an eager
     vmap dispatches the incremental pass op by op, measured 8x slower); eagerly where it needs its
     frames' values on the host (LIME's quickshift and Felzenszwalb segment them there, and cannot
-    under a trace without a `max_segments` bound)."""
+    under a trace without a `max_segments` bound) or reads a value to decide something."""
     try:
         program = jax.jit(jax.vmap(maps_of)).lower(stack).compile()
-    except SaliencyInputError:
+    except (SaliencyInputError, jax.errors.ConcretizationTypeError):  # needs values: a host step, a check
         return jax.vmap(maps_of)(stack)
     return program(stack)
 
