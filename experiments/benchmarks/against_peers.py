@@ -586,11 +586,8 @@ def docs_table(res: dict, source: str) -> str:
 
 def render_docs(res: dict, page: Path, source: str) -> str:
     """`page`'s text with the block between DOCS_BEGIN and DOCS_END replaced by docs_table(res)."""
-    text = page.read_text()
-    if DOCS_BEGIN not in text or DOCS_END not in text:
-        raise SystemExit(f"{page} has no generated-table markers ({DOCS_BEGIN!r} ... {DOCS_END!r})")
-    head, rest = text.split(DOCS_BEGIN, 1)
-    return head + DOCS_BEGIN + "\n" + docs_table(res, source) + "\n" + DOCS_END + rest.split(DOCS_END, 1)[1]
+    from experiments.common.docs import replace_block
+    return replace_block(page, DOCS_BEGIN, DOCS_END, docs_table(res, source))
 
 
 def readme_section(res: dict) -> str:

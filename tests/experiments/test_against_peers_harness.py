@@ -1,4 +1,4 @@
-"""The peer benchmark's own logic, without torch: the docs page's table is what the committed results
+"""The benchmarks' own logic, without torch: the docs page's tables are what the committed results
 file gives, and a CUDA build of torch is refused on the CPU (it would flatter jaxsal several times over)."""
 import json
 import re
@@ -98,3 +98,14 @@ def test_the_table_uses_the_measured_flops_where_the_results_have_them(tmp_path)
     row = next(line for line in new.splitlines() if line.startswith(f"| {name} |") and "maps" not in line
                and line.count("|") > 12)
     assert "| 1 |" in row  # 1 MFLOP/map: the measured count, not the peer algorithm's
+
+
+def test_the_every_method_table_is_generated_from_the_committed_throughput_results():
+    from experiments.benchmarks import throughput as TP
+    text = PAGE.read_text()
+    block = text.split(TP.DOCS_BEGIN, 1)[1].split(TP.DOCS_END, 1)[0]
+    source = re.search(r"\(`([^`]+\.json)`\)", block).group(1)
+    res = json.loads((ROOT / source).read_text())
+    assert block.strip() == TP.docs_table(res, source).strip(), \
+        "docs/benchmarks.md's Every-method table is stale: regenerate it with throughput --render RESULTS.json --docs"
+    assert len(re.findall(r"^\| .+ \| [0-9.]+ \| [0-9.]+ \|$", block, re.M)) == len(TP.CASES)   # every case timed
