@@ -224,8 +224,7 @@ def test_a_run_resumed_on_a_fresh_machine_ends_as_an_uninterrupted_one(tmp_path,
                            "[gradient] maps on 8 states",                 # the maps again, for draw 1 only
                            "[gradient] sanity check on 4 states, draw 1",
                            "[grad_x_input] maps on 8 states",
-                           "[grad_x_input] sanity check on 4 states, draw 0",
-                           "[grad_x_input] sanity check on 4 states, draw 1"], _work(logs)
+                           "[grad_x_input] sanity check on 4 states, draws 0, 1"], _work(logs)   # one call
     assert "fidelity gradient" not in printed and "fidelity random" not in printed and "fidelity grad_x_input" in printed
     got, want = _outputs(out), _outputs(whole)
     assert got.keys() == want.keys() and "sanity_per_state.csv.gz" in got
