@@ -259,9 +259,10 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
     Raises:
         jaxsal.SaliencyInputError: `key` is missing; `layers` is empty, holds non-names, names a
             layer the params tree lacks or clashes with a result key; `draw` is not a
-            non-negative int, `draws` not a non-empty sequence of distinct ones, or both are given; `per_frame=True` is asked for; `model` is neither a flax module
-            nor an init function (or is one without `apply_fn`); `init_fn` returns another tree
-            than `params`; `original` does not fit `obs`; or `obs` or the options are invalid.
+            non-negative int, `draws` not a non-empty sequence of distinct ones, or both are
+            given; `per_frame=True` is asked for; `model` is neither a flax module nor an init
+            function (or is one without `apply_fn`); `init_fn` returns another tree than
+            `params`; `original` does not fit `obs`; or `obs` or the options are invalid.
     """
     if key is None:
         raise SaliencyInputError("sanity_check needs key=jax.random.PRNGKey(seed): it seeds the "
