@@ -155,17 +155,18 @@ def _check_draws(draw, draws) -> tuple:
     return out
 
 
-def _vmapped(maps_of, stack):
-    """maps_of vmapped over the stacked draws' weights: the layers a cascade step leaves trained are
-    unbatched, so they run once for all draws. One compiled program where the method traces (an eager
-    vmap dispatches the incremental pass op by op, measured 8x slower); eagerly where it needs its
-    frames' values on the host (LIME's quickshift and Felzenszwalb segment them there, and cannot
-    under a trace without a `max_segments` bound) or reads a value to decide something."""
+def _vmapped(maps_of, stack, x):
+    """maps_of(weights, x) vmapped over the stacked draws' weights: the layers a cascade step leaves
+    trained are unbatched, so they run once for all draws. One compiled program where the method
+    traces, the frames an argument of it (closed over, they were a constant XLA spent seconds folding);
+    an eager vmap dispatches the incremental pass op by op (measured 8x slower). Eagerly where the
+    method needs the frames' values on the host (LIME's quickshift and Felzenszwalb segment them
+    there, and cannot under a trace without a `max_segments` bound) or reads a value to decide."""
     try:
-        program = jax.jit(jax.vmap(maps_of)).lower(stack).compile()
+        program = jax.jit(jax.vmap(maps_of, in_axes=(0, None))).lower(stack, x).compile()
     except (SaliencyInputError, jax.errors.ConcretizationTypeError):  # needs values: a host step, a check
-        return jax.vmap(maps_of)(stack)
-    return program(stack)
+        return jax.vmap(lambda f: maps_of(f, x))(stack)
+    return program(stack, x)
 
 
 def _module_init(model):
@@ -317,8 +318,8 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
     if "key" in accepted_options(fn):
         opts["key"] = key
 
-    def raw_maps(p):
-        return explain(apply_fn, p, x, method=method, **opts)
+    def raw_maps(p, frames=x):
+        return explain(apply_fn, p, frames, method=method, **opts)
 
     def maps_of(p):
         return check_maps(raw_maps(p), f"{name} maps")
@@ -339,7 +340,7 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
         group = layers[:i + 1]
         if len(todo) > 1 and batched:
             stack = jax.tree.map(lambda *a: jnp.stack(a), *(fresh[d] for d in todo))
-            ms = _vmapped(lambda f, group=group: raw_maps(randomize_layers(params, f, group)), stack)
+            ms = _vmapped(lambda f, frames, group=group: raw_maps(randomize_layers(params, f, group), frames), stack, x)
             per_draw = {d: check_maps(m, f"{name} maps") for d, m in zip(todo, ms)}
         else:
             per_draw = {d: maps_of(randomize_layers(params, fresh[d], group)) for d in todo}
