@@ -14,11 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "benchmarks.md"
 
 
-def test_the_docs_table_is_generated_from_the_committed_results():
+def _generated(begin: str, end: str, source_pattern: str):
+    """(the page's text, its generated block, the results file it names, that file's results)."""
     text = PAGE.read_text()
-    block = text.split(AP.DOCS_BEGIN, 1)[1].split(AP.DOCS_END, 1)[0]
-    source = re.search(r"Results: `([^`]+\.json)`", block).group(1)
-    res = json.loads((ROOT / source).read_text())
+    block = text.split(begin, 1)[1].split(end, 1)[0]
+    source = re.search(source_pattern, block).group(1)
+    return text, block, source, json.loads((ROOT / source).read_text())
+
+
+def test_the_docs_table_is_generated_from_the_committed_results():
+    text, block, source, res = _generated(AP.DOCS_BEGIN, AP.DOCS_END, r"Results: `([^`]+\.json)`")
     assert block.strip() == AP.docs_table(res, source).strip(), \
         "docs/benchmarks.md's table is stale: regenerate it with --render RESULTS.json --docs docs/benchmarks.md"
     assert AP.render_docs(res, PAGE, source) == text
@@ -102,10 +107,7 @@ def test_the_table_uses_the_measured_flops_where_the_results_have_them(tmp_path)
 
 def test_the_every_method_table_is_generated_from_the_committed_throughput_results():
     from experiments.benchmarks import throughput as TP
-    text = PAGE.read_text()
-    block = text.split(TP.DOCS_BEGIN, 1)[1].split(TP.DOCS_END, 1)[0]
-    source = re.search(r"\(`([^`]+\.json)`\)", block).group(1)
-    res = json.loads((ROOT / source).read_text())
+    _, block, source, res = _generated(TP.DOCS_BEGIN, TP.DOCS_END, r"\(`([^`]+\.json)`\)")
     assert block.strip() == TP.docs_table(res, source).strip(), \
         "docs/benchmarks.md's Every-method table is stale: regenerate it with throughput --render RESULTS.json --docs"
     assert len(re.findall(r"^\| .+ \| [0-9.]+ \| [0-9.]+ \|$", block, re.M)) == len(TP.CASES)   # every case timed
