@@ -8,8 +8,6 @@ compared on device in one call; the tests check each against the library it copi
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -182,25 +180,90 @@ def hog_pair(a, b, cell: int = 3):
 _PAIR = {"spearman": spearman_pair, "ssim_flat": ssim_flat_pair, "ssim": ssim_pair, "hog": hog_pair}
 
 
-def _inverted_max(fn, m, r):
-    """Paper B: max(sim(m, r), sim(m, 1 - r)) on min-max normalised maps (ignores sign flips)."""
-    m, r = minmax(m), minmax(r)
-    return jnp.maximum(fn(m, r), fn(m, 1.0 - r))
+# ------------------------------------------- one map's quantities, computed once per map and reused
+
+def _box_flat(v, win: int = 7):
+    return jax.lax.reduce_window(v, 0.0, jax.lax.add, (win,), (1,), "VALID") / win
+
+
+def _centred(v):
+    """(v - mean, sum of squares): one side of a Pearson correlation."""
+    c = v - v.mean()
+    return c, (c * c).sum()
+
+
+def _features(m, metrics: tuple, normalize: bool) -> dict:
+    """What the metrics read from one map, computed once however many maps it is compared with:
+    its (min-max normalised) values, centred ranks, centred HOG features and SSIM box means."""
+    a = minmax(m) if normalize else m
+    f = {"map": a}
+    if "spearman" in metrics:
+        f["rank"], f["rank_ss"] = _centred(_rank(a.ravel()))
+    if "hog" in metrics:
+        f["hog"], f["hog_ss"] = _centred(hog_features(a))
+    if "ssim" in metrics:
+        f["u2"], f["uu2"] = _box_mean(a, 7), _box_mean(a * a, 7)
+    if "ssim_flat" in metrics:
+        v = a.ravel()
+        f["u1"], f["uu1"] = _box_flat(v), _box_flat(v * v)
+    return f
+
+
+def _corr(x, sxx, y, syy):
+    """Pearson correlation from two centred sides (0 when either is constant), as `_pearson`."""
+    ok = (sxx > 0) & (syy > 0)
+    return jnp.where(ok, (x * y).sum() / jnp.sqrt(jnp.where(ok, sxx * syy, 1.0)), 0.0)
+
+
+def _ssim_mean(ux, uy, uxx, uyy, uxy, n: int, invert: bool):
+    """Mean SSIM from the box means (sample covariance over n pixels per window, data range 1);
+    with invert, the larger of it and the SSIM against 1 - y (whose box mean is 1 - uy, variance
+    the same, covariance negated)."""
+    cov_norm = n / (n - 1.0)
+    vx, vy, vxy = cov_norm * (uxx - ux * ux), cov_norm * (uyy - uy * uy), cov_norm * (uxy - ux * uy)
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+
+    def mean(uy, vxy):
+        return (((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))).mean()
+
+    return jnp.maximum(mean(uy, vxy), mean(1.0 - uy, -vxy)) if invert else mean(uy, vxy)
+
+
+def _compare(fa: dict, fb: dict, metrics: tuple, invert: bool) -> dict:
+    """The metrics of one pair from both maps' `_features`. With invert (Paper B's inverted max
+    max(sim(m, r), sim(m, 1 - r))) nothing is computed twice: 1 - r ranks in reverse, so its
+    Spearman is minus r's; its image gradients are r's negated, whose magnitudes and orientations
+    modulo 180 degrees (HOG's bins) are r's, so its HOG features are r's; its SSIM follows from
+    r's box means. Equal to computing both sides up to float rounding (tests)."""
+    out = {}
+    for name in metrics:
+        if name == "spearman":
+            s = _corr(fa["rank"], fa["rank_ss"], fb["rank"], fb["rank_ss"])
+            out[name] = jnp.abs(s) if invert else s
+        elif name == "hog":
+            out[name] = _corr(fa["hog"], fa["hog_ss"], fb["hog"], fb["hog_ss"])
+        elif name == "ssim":
+            uxy = _box_mean(fa["map"] * fb["map"], 7)
+            out[name] = _ssim_mean(fa["u2"], fb["u2"], fa["uu2"], fb["uu2"], uxy, 49, invert)
+        else:
+            uxy = _box_flat(fa["map"].ravel() * fb["map"].ravel())
+            out[name] = _ssim_mean(fa["u1"], fb["u1"], fa["uu1"], fb["uu1"], uxy, 7, invert)
+    return out
 
 
 def _build(metrics: tuple, invert: bool, normalize: bool):
-    def one(m, r):
-        out = {}
-        for name in metrics:
-            if invert:
-                out[name] = _inverted_max(_PAIR[name], m, r)
-            else:
-                a, b = (minmax(m), minmax(r)) if normalize else (m, r)
-                out[name] = _PAIR[name](a, b)
-        return out
+    """(_, maps (n, H, W), others (n, K, H, W)) -> {metric: (n, K)}: each map's features once,
+    the K others one after another (a lax.map: memory of one comparison at a time)."""
+    feats = jax.vmap(lambda m: _features(m, metrics, normalize))
 
     def batch(_, maps, others):
-        return jax.vmap(one)(maps, others)
+        fa = feats(maps)
+
+        def one_other(b):
+            return jax.vmap(lambda x, y: _compare(x, y, metrics, invert))(fa, feats(b))
+
+        out = jax.lax.map(one_other, jnp.swapaxes(others, 0, 1))       # {metric: (K, n)}
+        return {k: v.T for k, v in out.items()}
     return batch
 
 
@@ -210,11 +273,15 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
 
     Both maps of a pair are min-max normalised to [0, 1] first; with `invert` (Paper B's
     inverted max) each similarity is max(sim(m, r), sim(m, 1 - r)), so a map and its sign-flip
-    count as alike. `invert=False, normalize=False` gives the raw metric.
+    count as alike (computed without a second pass: 1 - r's ranks are r's reversed, its HOG
+    features are r's and its SSIM follows from r's box means). `invert=False, normalize=False`
+    gives the raw metric.
 
     Args:
         maps (jax.Array | numpy.ndarray): a batch of maps (N, H, W), finite.
-        others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape.
+        others (jax.Array | numpy.ndarray): the maps they are compared with, the same shape; or
+            (K, N, H, W) to compare each map with K others (each map's ranks, HOG features and box
+            means are then computed once, not K times).
         metrics (str | Sequence[str]): one or more of "spearman" (rank correlation), "ssim_flat"
             (Paper B's SSIM of the flattened maps), "ssim" (2-D SSIM, 7x7 window) and "hog"
             (Pearson correlation of HOG features). Defaults to all four.
@@ -223,7 +290,8 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
         batch_size (int | None): pairs compared at once (a memory knob).
 
     Returns:
-        dict[str, jax.Array]: `{metric: (N,)}`, one similarity per pair for each metric asked.
+        dict[str, jax.Array]: `{metric: (N,)}`, one similarity per pair for each metric asked;
+            `{metric: (K, N)}` for others of shape (K, N, H, W).
 
     Raises:
         jaxsal.SaliencyInputError: an unknown or empty `metrics`; `normalize=False` with `invert`;
@@ -238,7 +306,16 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
         raise SaliencyInputError("normalize=False needs invert=False: the inverted max compares a map with 1 - the "
                                  "other, which is defined for min-max normalised maps only")
     a = check_maps(maps, "maps")
-    b = check_maps(others, "others", shape=a.shape)
+    several = np.ndim(others) == 4
+    if several:
+        if tuple(np.shape(others)[1:]) != tuple(a.shape):
+            raise SaliencyInputError(
+                f"others has shape {tuple(np.shape(others))}: pass maps of the shape of `maps` {tuple(a.shape)}, "
+                f"or (K, {', '.join(map(str, a.shape))}) to compare each map with K others (per-frame maps "
+                "(N, H, W, C) are not accepted: sum over frames first)")
+        b = check_maps(jnp.reshape(jnp.asarray(others), (-1,) + a.shape[1:]), "others").reshape(np.shape(others))
+    else:
+        b = check_maps(others, "others", shape=a.shape)[None]
     need = 9 if "hog" in metrics else 7 if "ssim" in metrics else 1
     if min(a.shape[1:]) < need:
         raise SaliencyInputError(f"maps must be at least {need}x{need} for {', '.join(metrics)} "
@@ -247,7 +324,8 @@ def similarity(maps, others, metrics=METRICS, invert: bool = True, normalize: bo
         raise SaliencyInputError(f"maps must have at least 7 pixels for ssim_flat (1-D window of 7), "
                                  f"got {a.shape[1:]}")
     fn = cached_jit(_build, metrics, bool(invert), bool(normalize))
-    return map_batched(fn, None, a, b, batch_size=batch_size)
+    out = map_batched(fn, None, a, jnp.swapaxes(b, 0, 1), batch_size=batch_size)   # {metric: (N, K)}
+    return {k: v.T if several else v[:, 0] for k, v in out.items()}
 
 
 def spearman(maps, others, **kw):

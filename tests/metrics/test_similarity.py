@@ -209,3 +209,58 @@ def test_ranks_equal_scipy_rankdata_exactly():
     for c in cases:
         np.testing.assert_array_equal(np.asarray(jax.jit(_rank)(jnp.asarray(c))),
                                       scipy.stats.rankdata(c.astype(np.float64)).astype(np.float32))
+
+
+def _inverted_by_definition(a, b):
+    """Paper B's inverted max computed on both sides, max(sim(m, r), sim(m, 1 - r)), with the
+    single-pair kernels: what `similarity` derives from one pass over each map."""
+    import jax.numpy as jnp
+
+    from jaxsal.metrics.similarity import _PAIR, minmax
+    out = {k: [] for k in _PAIR}
+    for m, r in zip(a, b):
+        m, r = minmax(jnp.asarray(m)), minmax(jnp.asarray(r))
+        for k, fn in _PAIR.items():
+            out[k].append(float(max(fn(m, r), fn(m, 1.0 - r))))
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def test_inverted_max_from_one_pass_equals_both_sides():
+    """1 - r ranks in reverse, has r's HOG features and r's SSIM box means: the one-pass inverted
+    max equals computing sim(m, 1 - r) as well, on smooth, anti-correlated, piecewise-constant and
+    tied maps (the anti-correlated pairs are decided by the inverted side)."""
+    a, b = _pairs(n=2, seed=6)
+    rng = np.random.default_rng(6)
+    block = lambda: np.kron(rng.random((12, 12)), np.ones((7, 7)))     # noqa: E731
+    pc_a = np.stack([block(), block()]).astype(np.float32)
+    tied = np.round(a * 3) / 3
+    cases = [(a, b), (a, -b), (pc_a, 1 - pc_a + 0.3 * np.stack([block(), block()]).astype(np.float32)),
+             (tied, -tied + 0.2 * b)]
+    for x, y in cases:
+        got = similarity(x, y)
+        want = _inverted_by_definition(x, y)
+        for k in want:
+            np.testing.assert_allclose(np.asarray(got[k]), want[k], atol=2e-4, err_msg=k)
+    neg = similarity(a, -b, invert=False)
+    assert float(np.max(np.asarray(neg["spearman"]))) < -0.3       # the inverted side decided those
+
+
+def test_several_others_at_once_equal_one_call_each():
+    a, b = _pairs(n=3, seed=7)
+    others = np.stack([b, -b, np.flip(b, 1), a])
+    many = similarity(a, others, batch_size=2)
+    for k, o in enumerate(others):
+        one = similarity(a, o)
+        for m in one:
+            assert many[m].shape == (4, 3)
+            np.testing.assert_allclose(np.asarray(many[m][k]), np.asarray(one[m]), atol=1e-6)
+    raw = similarity(a, others, "spearman", invert=False, normalize=False)["spearman"]
+    np.testing.assert_allclose(np.asarray(raw[0]), np.asarray(similarity(a, b, "spearman", invert=False,
+                                                                          normalize=False)["spearman"]), atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.zeros((2, 2, 84, 84), np.float32), np.zeros((2, 3, 84, 83), np.float32)])
+def test_several_others_of_the_wrong_shape(bad):
+    a, _ = _pairs()
+    with pytest.raises(SaliencyInputError, match="compare each map with K others"):
+        similarity(a, bad)
