@@ -199,17 +199,24 @@ def _centred(v):
 
 def _features(m, metrics: tuple, normalize: bool) -> dict:
     """What the metrics read from one map, computed once however many maps it is compared with:
-    its (min-max normalised) values, centred ranks, centred HOG features and SSIM box means."""
+    its centred ranks, centred HOG features, and its values less their mean with their window means
+    (SSIM), all of the min-max normalised map (or the raw one, normalize=False)."""
     a = minmax(m) if normalize else m
-    f = {"map": a}
+    f = {}
     if "spearman" in metrics:
         f["rank"], f["rank_ss"] = _centred(_rank(a.ravel()))
     if "hog" in metrics:
         f["hog"], f["hog_ss"] = _centred(hog_features(a))
+    if "ssim" in metrics or "ssim_flat" in metrics:
+        # window statistics of the normalised map less 0.5 (variances and covariances do not change):
+        # E[y^2] - E[y]^2 then cancels on values of at most 0.5, not 1, and 0 and 1 stay exact, so a
+        # flat window still has variance 0 (nearer skimage's float64 than either alone)
+        f["c"] = jnp.float32(0.5 if normalize else 0.0)
+        f["centred"] = a - f["c"]
     if "ssim" in metrics:
-        f["u2"], f["uu2"] = _box_mean(a, 7), _box_mean(a * a, 7)
+        f["u2"], f["uu2"] = _box_mean(f["centred"], 7), _box_mean(f["centred"] * f["centred"], 7)
     if "ssim_flat" in metrics:
-        v = a.ravel()
+        v = f["centred"].ravel()
         f["u1"], f["uu1"] = _box_flat(v), _box_flat(v * v)
     return f
 
@@ -220,12 +227,16 @@ def _corr(x, sxx, y, syy):
     return jnp.where(ok, (x * y).sum() / jnp.sqrt(jnp.where(ok, sxx * syy, 1.0)), 0.0)
 
 
-def _ssim_mean(ux, uy, uxx, uyy, uxy, n: int, invert: bool):
-    """Mean SSIM from the box means (sample covariance over n pixels per window, data range 1);
-    with invert, the larger of it and the SSIM against 1 - y (whose box mean is 1 - uy, variance
+def _ssim_mean(fa, fb, k: str, uxy, n: int, invert: bool):
+    """Mean SSIM from both maps' window means of their centred values (`_features`, "u"+k and
+    "uu"+k) and of their product (uxy); sample covariance over n pixels per window, data range 1.
+    With invert, the larger of it and the SSIM against 1 - y (whose window mean is 1 - uy, variance
     the same, covariance negated)."""
     cov_norm = n / (n - 1.0)
-    vx, vy, vxy = cov_norm * (uxx - ux * ux), cov_norm * (uyy - uy * uy), cov_norm * (uxy - ux * uy)
+    sx, sy = fa["u" + k], fb["u" + k]
+    vx, vy = cov_norm * (fa["uu" + k] - sx * sx), cov_norm * (fb["uu" + k] - sy * sy)
+    vxy = cov_norm * (uxy - sx * sy)
+    ux, uy = sx + fa["c"], sy + fb["c"]
     c1, c2 = 0.01 ** 2, 0.03 ** 2
 
     def mean(uy, vxy):
@@ -248,11 +259,9 @@ def _compare(fa: dict, fb: dict, metrics: tuple, invert: bool) -> dict:
         elif name == "hog":
             out[name] = _corr(fa["hog"], fa["hog_ss"], fb["hog"], fb["hog_ss"])
         elif name == "ssim":
-            uxy = _box_mean(fa["map"] * fb["map"], 7)
-            out[name] = _ssim_mean(fa["u2"], fb["u2"], fa["uu2"], fb["uu2"], uxy, 49, invert)
+            out[name] = _ssim_mean(fa, fb, "2", _box_mean(fa["centred"] * fb["centred"], 7), 49, invert)
         else:
-            uxy = _box_flat(fa["map"].ravel() * fb["map"].ravel())
-            out[name] = _ssim_mean(fa["u1"], fb["u1"], fa["uu1"], fb["uu1"], uxy, 7, invert)
+            out[name] = _ssim_mean(fa, fb, "1", _box_flat(fa["centred"].ravel() * fb["centred"].ravel()), 7, invert)
     return out
 
 
