@@ -172,7 +172,8 @@ def normalises_activations(apply_fn, params, call) -> bool:
 
 def _reduces_activations(apply_fn, params, call) -> bool:
     spec = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))  # noqa: E731
-    x = jax.ShapeDtypeStruct((1,) + tuple(call.x.shape[1:]), jnp.result_type(call.x))
+    # float32 frames, as the engine calls the model (checks.as_float): the memo key holds no dtype
+    x = jax.ShapeDtypeStruct((1,) + tuple(call.x.shape[1:]), jnp.float32)
     try:
         closed = jax.make_jaxpr(apply_fn)(jax.tree.map(spec, params), x)
     except Exception:  # noqa: BLE001 - a model that will not trace this way keeps the plain default

@@ -253,6 +253,29 @@ def test_models_that_normalise_activations_are_found_from_their_jaxpr(model, wan
     assert normalises_activations(apply_fn, params, call) is want
 
 
+class _NormedOnFloats(nn.Module):
+    """Normalises its activations only when given float frames, as the engine always gives it."""
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Conv(4, (3, 3), (2, 2), padding="VALID")(x.astype(jnp.float32) / 255.0)
+        h = h if x.dtype == jnp.uint8 else nn.LayerNorm()(h)
+        return nn.Dense(3)(nn.relu(h).reshape(h.shape[0], -1))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_normalising_is_read_from_the_model_on_float_frames_whatever_the_frames_dtype(dtype):
+    """The engine calls the model on float32 frames (checks.as_float), and the memo's key holds no dtype:
+    uint8 frames are probed as float32 too (they were probed as uint8, here missing the LayerNorm)."""
+    from jaxsal.checks import check_call
+    from jaxsal.perturbation._common import normalises_activations
+    obs = _obs(2, seed=3).astype(dtype)
+    model = _NormedOnFloats()
+    params = model.init(KEY, obs[:1].astype(np.float32))
+    call = check_call(model.apply, params, obs, target="q_chosen", actions=None, layout=None, batch_size=None)
+    assert normalises_activations(model.apply, params, call) is True
+
+
 def test_whole_forward_methods_size_for_normalised_models_by_default(monkeypatch):
     """RISE with no batch_size on a LayerNorm model runs groups of sizing.default_rows("forward_normalised")
     rows, on a model without one groups of default_rows("forward"); the maps equal one big group's."""
