@@ -581,6 +581,22 @@ def estimate(timing_csv: Path, states=STATES, sanity_states=SANITY_STATES, draws
             "hours_maps_old": maps(*old) * ms / 3.6e6, "hours_sanity_old": old[2] * layers * old[1] * ms / 3.6e6}
 
 
+COST = Path(__file__).resolve().parents[1] / "results" / "paper_b_cost" / "paper_b_cost.json"
+
+
+def measured_cost(path: Path = COST) -> str | None:
+    """The per-game hours the last cost comparison measured (experiments.paper_b.cost: the sanity check
+    timed as the study runs it, draws together), as one line; None where there is no such result."""
+    try:
+        res = json.loads(Path(path).read_text())
+        h, c = res["hours_per_game"], res["commits"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return (f"as measured at {str(c['after'])[:8]} (experiments/results/paper_b_cost, {res.get('states', '?')} Breakout "
+            f"states, the sanity check timed as the study runs it): {h['after']:.2f} h per game, "
+            f"{h['before']:.2f} h at {str(c['before'])[:8]}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--game", choices=PB.GAMES + ("minatar-breakout",),
@@ -608,10 +624,14 @@ def main(argv=None):
     p.add_argument("--estimate", action="store_true", help="print hours per game from the committed timing")
     a = p.parse_args(argv)
     if a.estimate:
+        print("at the committed study's speed (its timing.csv; a sanity map priced as a map):")
         for g in PB.GAMES:
             e = estimate(PB.OUT / g / "timing.csv", a.states, a.sanity_states, a.draws)
-            print(f"{g}: maps {e['hours_maps']:.2f} h (sanity {e['hours_sanity']:.2f} h); committed study "
+            print(f"  {g}: maps {e['hours_maps']:.2f} h (sanity {e['hours_sanity']:.2f} h); committed study "
                   f"{e['hours_maps_old']:.2f} h (sanity {e['hours_sanity_old']:.2f} h)")
+        measured = measured_cost()
+        if measured:
+            print(measured)
         return
     if not a.game:
         p.error("--game is required (one game per call)")

@@ -307,3 +307,12 @@ def test_missing_sanity_draws_of_forward_pass_methods_are_one_call(tmp_path, mon
     RR.method_sanity(tmp_path / "rise", "rise", None, obs, None, "rise", {}, None, range(4), ("q",),
                      log=lambda s: None, saved=lambda: saves.append("again"))
     assert len(calls) == 3 and saves == ["rise", "occ", "grad"]            # all four draws recorded
+
+
+def test_estimate_names_the_measured_cost_and_is_silent_without_one(tmp_path):
+    line = RR.measured_cost()
+    res = json.loads(RR.COST.read_text())
+    assert f"{res['hours_per_game']['after']:.2f} h per game" in line and res["commits"]["after"][:8] in line
+    assert RR.measured_cost(tmp_path / "missing.json") is None
+    (tmp_path / "bad.json").write_text("{}")
+    assert RR.measured_cost(tmp_path / "bad.json") is None
