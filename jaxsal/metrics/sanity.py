@@ -155,18 +155,19 @@ def _check_draws(draw, draws) -> tuple:
     return out
 
 
-def _vmapped(maps_of, stack, x):
-    """maps_of(weights, x) vmapped over the stacked draws' weights: the layers a cascade step leaves
-    trained are unbatched, so they run once for all draws. One compiled program where the method
-    traces, the frames an argument of it (closed over, they were a constant XLA spent seconds folding);
-    an eager vmap dispatches the incremental pass op by op (measured 8x slower). Eagerly where the
-    method needs the frames' values on the host (LIME's quickshift and Felzenszwalb segment them
-    there, and cannot under a trace without a `max_segments` bound) or reads a value to decide."""
+def _vmapped(maps_of, stack, x, params):
+    """maps_of(weights, x, params) vmapped over the stacked draws' weights: the layers a cascade step
+    leaves trained are unbatched, so they run once for all draws. One compiled program where the
+    method traces, the frames and the trained parameters arguments of it (closed over, they were
+    constants XLA spent seconds folding: 9 s for one reduce-window of LIME's sanity step); an eager
+    vmap dispatches the incremental pass op by op (measured 8x slower). Eagerly where the method
+    needs the frames' values on the host (LIME's quickshift and Felzenszwalb segment them there, and
+    cannot under a trace without a `max_segments` bound) or reads a value to decide."""
     try:
-        program = jax.jit(jax.vmap(maps_of, in_axes=(0, None))).lower(stack, x).compile()
+        program = jax.jit(jax.vmap(maps_of, in_axes=(0, None, None))).lower(stack, x, params).compile()
     except (SaliencyInputError, jax.errors.ConcretizationTypeError):  # needs values: a host step, a check
-        return jax.vmap(lambda f: maps_of(f, x))(stack)
-    return program(stack, x)
+        return jax.vmap(lambda f: maps_of(f, x, params))(stack)
+    return program(stack, x, params)
 
 
 def _module_init(model):
@@ -340,7 +341,8 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
         group = layers[:i + 1]
         if len(todo) > 1 and batched:
             stack = jax.tree.map(lambda *a: jnp.stack(a), *(fresh[d] for d in todo))
-            ms = _vmapped(lambda f, frames, group=group: raw_maps(randomize_layers(params, f, group), frames), stack, x)
+            ms = _vmapped(lambda f, frames, p, group=group: raw_maps(randomize_layers(p, f, group), frames),
+                          stack, x, params)
             per_draw = {d: check_maps(m, f"{name} maps") for d, m in zip(todo, ms)}
         else:
             per_draw = {d: maps_of(randomize_layers(params, fresh[d], group)) for d in todo}

@@ -264,7 +264,7 @@ def test_draws_are_vmapped_for_perturbation_methods_only(ln_dqn, monkeypatch):
     from jaxsal.metrics import sanity as S
     model, params, obs = ln_dqn
     seen, real = [], S._vmapped
-    monkeypatch.setattr(S, "_vmapped", lambda f, stack, x: seen.append(1) or real(f, stack, x))
+    monkeypatch.setattr(S, "_vmapped", lambda f, stack, x, p: seen.append(1) or real(f, stack, x, p))
     kw = dict(layers=("q", "fc1"), key=jax.random.PRNGKey(8), metrics=("spearman",), draws=(0, 1))
     sanity_check(model, params, obs, method="gradient", **kw)
     assert seen == []
