@@ -61,9 +61,17 @@ def minmax(m):
 
 def _pearson(x, y):
     """Pearson correlation of two vectors; 0 when either is constant (undefined)."""
-    x = x - x.mean()
-    y = y - y.mean()
-    sxx, syy = (x * x).sum(), (y * y).sum()
+    return _corr(*_centred(x), *_centred(y))
+
+
+def _centred(v):
+    """(v - mean, sum of squares): one side of a Pearson correlation."""
+    c = v - v.mean()
+    return c, (c * c).sum()
+
+
+def _corr(x, sxx, y, syy):
+    """Pearson correlation from two centred sides (`_centred`); 0 when either is constant."""
     ok = (sxx > 0) & (syy > 0)
     return jnp.where(ok, (x * y).sum() / jnp.sqrt(jnp.where(ok, sxx * syy, 1.0)), 0.0)
 
@@ -94,6 +102,11 @@ def spearman_pair(a, b):
     return _pearson(_rank(a.ravel()), _rank(b.ravel()))
 
 
+def _box_flat(v, win: int = 7):
+    """Means over a 1-D window of `win` (VALID)."""
+    return jax.lax.reduce_window(v, 0.0, jax.lax.add, (win,), (1,), "VALID") / win
+
+
 def _box_mean(x, win):
     s = jax.lax.reduce_window(x, 0.0, jax.lax.add, (win, win), (1, 1), "VALID")
     return s / (win * win)
@@ -119,10 +132,7 @@ def ssim_flat_pair(a, b, data_range: float = 1.0, win_size: int = 7):
     covariance (cov_norm = 7/6), mean over the fully-inside windows. Unlike the 2-D SSIM it
     sees no vertical structure."""
     x, y = a.ravel(), b.ravel()
-
-    def box(v):
-        return jax.lax.reduce_window(v, 0.0, jax.lax.add, (win_size,), (1,), "VALID") / win_size
-
+    box = lambda v: _box_flat(v, win_size)  # noqa: E731
     cov_norm = win_size / (win_size - 1.0)
     ux, uy = box(x), box(y)
     vx, vy = cov_norm * (box(x * x) - ux * ux), cov_norm * (box(y * y) - uy * uy)
@@ -187,16 +197,6 @@ _PAIR = {"spearman": spearman_pair, "ssim_flat": ssim_flat_pair, "ssim": ssim_pa
 
 # ------------------------------------------- one map's quantities, computed once per map and reused
 
-def _box_flat(v, win: int = 7):
-    return jax.lax.reduce_window(v, 0.0, jax.lax.add, (win,), (1,), "VALID") / win
-
-
-def _centred(v):
-    """(v - mean, sum of squares): one side of a Pearson correlation."""
-    c = v - v.mean()
-    return c, (c * c).sum()
-
-
 def _features(m, metrics: tuple, normalize: bool) -> dict:
     """What the metrics read from one map, computed once however many maps it is compared with:
     its centred ranks, centred HOG features, and its values less 0.5 with their window means (SSIM),
@@ -219,12 +219,6 @@ def _features(m, metrics: tuple, normalize: bool) -> dict:
         v = f["centred"].ravel()
         f["u1"], f["uu1"] = _box_flat(v), _box_flat(v * v)
     return f
-
-
-def _corr(x, sxx, y, syy):
-    """Pearson correlation from two centred sides (0 when either is constant), as `_pearson`."""
-    ok = (sxx > 0) & (syy > 0)
-    return jnp.where(ok, (x * y).sum() / jnp.sqrt(jnp.where(ok, sxx * syy, 1.0)), 0.0)
 
 
 def _ssim_mean(fa, fb, k: str, uxy, n: int, invert: bool):
