@@ -57,10 +57,17 @@ class PQNConfig:
     run_dir: str = "runs/pqn"
     ckpt_every: int = 20         # updates between checkpoints
     time_limit: float = 0.0      # seconds; > 0 stops (after a checkpoint) when exceeded
+    stop_at_steps: int = 0       # env steps; > 0 stops (after a checkpoint) once reached, the schedules keep `steps`
     target_every: int = 0        # updates between target-network syncs; 0: no target net (PQN)
     init_from: str = ""          # shipped agent name or card .json to start from when no checkpoint
     env_threads: int = 0         # EnvPool worker threads (Atari); 0: EnvPool's default
     fast_conv: bool = True       # update's strided-conv input gradients as matmuls (jaxsal.backprop.strided_conv; same math)
+
+
+def reached_stop(cfg: PQNConfig, step: int) -> bool:
+    """True once `step` env steps reach `cfg.stop_at_steps` (> 0): training the same schedule for a
+    shorter budget, e.g. another seed to the step count a shipped card was trained for."""
+    return cfg.stop_at_steps > 0 and step >= cfg.stop_at_steps
 
 
 def epsilon_at(cfg: PQNConfig, step: int) -> float:
@@ -243,7 +250,7 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
     # wall seconds per phase, from the end of this process's first update (which compiles)
     clock, t_steady, steady_step, first_upd = {"act": 0.0, "env": 0.0, "update": 0.0}, t0, step, upd
     with StopRequest() as stop:
-        while upd < n_updates:
+        while upd < n_updates and not reached_stop(cfg, step):
             buf = {k: [] for k in ("obs", "actions", "rewards", "dones", "q_max", "greedy")}
             for _ in range(cfg.rollout):
                 key, sub = jax.random.split(key)
@@ -274,7 +281,8 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
             if callback is not None:
                 callback(step=step, update=upd, params=params, apply_fn=model.apply, returns=recent)
             out_of_time = cfg.time_limit > 0 and time.time() - t0 > cfg.time_limit
-            if upd % cfg.ckpt_every == 0 or upd == n_updates or out_of_time or stop.requested:
+            at_stop = reached_stop(cfg, step)
+            if upd % cfg.ckpt_every == 0 or upd == n_updates or at_stop or out_of_time or stop.requested:
                 csv_file.flush()
                 saved = {"params": params, "opt_state": opt_state, "key": key, "step": step, "update": upd}
                 if target is not None:
@@ -286,6 +294,10 @@ def train(cfg: PQNConfig, log=print, callback=None, env_fn=None, model=None) -> 
                     f"loss {float(loss):.4f} return(last20) {mean_ret:.2f} "
                     f"{(step - steady_step) / wall:.0f} steps/s (act {clock['act'] / wall:.0%}, "
                     f"env {clock['env'] / wall:.0%}, update {clock['update'] / wall:.0%})")
+                if at_stop:
+                    log(f"stopped at update {upd} (step {step}) with a checkpoint: --stop-at-steps "
+                        f"{cfg.stop_at_steps} reached (the schedules run to --steps {cfg.steps})")
+                    break
                 if out_of_time or stop.requested:
                     log(f"stopped at update {upd} (step {step}) with a checkpoint "
                         f"({'time limit' if out_of_time else 'signal'}); rerun the same command to resume")

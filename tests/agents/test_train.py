@@ -92,6 +92,24 @@ def test_target_network_run_checkpoints_and_resumes(tmp_path):
     assert logs[0].startswith("resumed minatar-breakout at update 16")
 
 
+def test_stop_at_steps_stops_with_a_checkpoint_on_the_full_schedule(tmp_path):
+    """--stop-at-steps ends training (with a checkpoint) once reached, epsilon still decaying over
+    --steps; the same command again trains nothing more; without it the run goes on to --steps."""
+    from jaxsal_agents.train import epsilon_at
+    cfg = PQNConfig(game="minatar-breakout", steps=4096, num_envs=16, rollout=16, ckpt_every=8,
+                    minibatches=2, epochs=1, stop_at_steps=1000, run_dir=str(tmp_path / "cut"))
+    logs = []
+    out = train(cfg, log=logs.append)
+    assert out["step"] == 1024                      # the first update at or past 1,000 env steps
+    assert "--stop-at-steps 1000 reached" in logs[-1]
+    assert epsilon_at(cfg, 256) == pytest.approx(1.0 - 256 / 409.6 * 0.99)   # decays over 10% of 4,096
+    logs = []
+    again = train(cfg, log=logs.append)
+    assert logs[0].startswith("resumed minatar-breakout at update 4") and again["step"] == 1024
+    full = train(PQNConfig(**{**cfg.__dict__, "stop_at_steps": 0}), log=lambda m: None)
+    assert full["step"] == 4096
+
+
 def test_warm_start_from_exported_params(tmp_path):
     """With no checkpoint, --init-from starts from an exported agent's params and step count."""
     import json
