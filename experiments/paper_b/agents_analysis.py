@@ -1,0 +1,264 @@
+"""Paper B across agents of one game: method effects against agent effects (registered analysis).
+
+    python -m experiments.paper_b.agents_analysis            # the registered run (agents_registration.md)
+    python -m experiments.paper_b.agents_analysis --agent shipped=DIR --agent seed1=DIR ...
+
+Each agent's re-run (`experiments.paper_b.rerun`, the registered single-agent protocol) gives its
+`summary.json` and `auc_per_state.csv.gz`. From them, for the agents together:
+
+1. every registered verdict side by side, and one cross-agent label per claim (`cross_label`);
+2. whether the agents rank the 20 methods alike: Kendall's W of the method means per fidelity setting
+   (difference to the random map) and per sanity cascade step (Spearman), with a permutation p-value
+   (each agent's ranking permuted on its own), Holm over the 13 tests (`concordance`);
+3. a descriptive split of the agent x method table of each setting into method, agent and
+   agent x method spreads, beside the sampling noise of a cell (`components`).
+
+Writes `summary.json` and `README.md` under --out. Nothing here looks at the agents' data before
+the registration is committed; the analysis is this file at the freezing commit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from experiments.common.paths import RESULTS
+
+OUT = RESULTS / "paper_b_agents"
+GAME = "breakout"
+AGENTS = {"shipped": RESULTS / "paper_b_rerun" / GAME,
+          "seed1": OUT / "seed1" / GAME,
+          "seed2": OUT / "seed2" / GAME}
+"""Registered agents (label -> the re-run's game folder): the shipped agent and two seeds."""
+SETTINGS = [f"{mode}/{sub}/{score}" for mode in ("insertion", "deletion") for sub in ("black", "random")
+            for score in ("q_value", "advantage")]
+STEPS = ("q", "fc1", "conv3", "conv2", "conv1")
+NONSIG = ("inconclusive", "none")
+"""Verdicts that decide nothing: the design could not tell, or no method had a significant lead."""
+N_PERMUTATIONS, SEED, ALPHA = 10_000, 0, 0.05
+
+
+def cross_label(verdicts: list[str]) -> str:
+    """One label for a claim's per-agent verdicts (registered):
+
+    - "same in all": every agent gives the same deciding verdict;
+    - "undecided in all": no agent's verdict decides;
+    - "agent-dependent": two agents give different deciding verdicts (e.g. agree and disagree);
+    - "k of n, undecided in the others": one deciding verdict in k agents, the rest undecided.
+    """
+    decided = [v for v in verdicts if v not in NONSIG]
+    if not decided:
+        return "undecided in all"
+    if len(set(decided)) > 1:
+        return "agent-dependent"
+    if len(decided) == len(verdicts):
+        return "same in all"
+    return f"{len(decided)} of {len(verdicts)}, undecided in the others"
+
+
+def side_by_side(summaries: dict) -> list[dict]:
+    """Every registered claim (id, finding, mapping) with each agent's verdict and the cross label.
+    A claim missing from an agent's summary is an error (the agents ran the same protocol)."""
+    keys = None
+    per_agent = {}
+    for label, s in summaries.items():
+        rows = {(v["id"], v["finding"], v["mapping"]): v for v in s["verdicts"]}
+        if len(rows) != len(s["verdicts"]):
+            raise ValueError(f"{label}: verdicts are not unique by (id, finding, mapping)")
+        per_agent[label] = rows
+        keys = list(rows) if keys is None else keys
+        if set(rows) != set(keys):
+            raise ValueError(f"{label}: its claims differ from the first agent's: "
+                             f"{sorted(set(rows) ^ set(keys))[:3]}")
+    out = []
+    for k in keys:
+        verdicts = {label: per_agent[label][k]["verdict"] for label in summaries}
+        out.append({"id": k[0], "finding": k[1], "mapping": k[2], "verdicts": verdicts,
+                    "details": {label: per_agent[label][k]["detail"] for label in summaries},
+                    "cross": cross_label(list(verdicts.values()))})
+    return out
+
+
+def kendall_w(values: np.ndarray) -> float:
+    """Kendall's coefficient of concordance of the rows' rankings of the columns: (agents, methods)."""
+    m, n = values.shape
+    ranks = np.argsort(np.argsort(values, axis=1), axis=1) + 1.0
+    s = ((ranks.sum(0) - m * (n + 1) / 2) ** 2).sum()
+    return float(12 * s / (m ** 2 * (n ** 3 - n)))
+
+
+def permutation_p(values: np.ndarray, n: int = N_PERMUTATIONS, seed: int = SEED) -> float:
+    """P(W >= observed) when each agent ranks the methods independently at random: each row's ranks
+    permuted on its own, n times; (1 + hits) / (1 + n)."""
+    m, k = values.shape
+    observed = kendall_w(values)
+    rng = np.random.default_rng(seed)
+    ranks = rng.random((n, m, k)).argsort(axis=2).argsort(axis=2) + 1.0
+    s = ((ranks.sum(1) - m * (k + 1) / 2) ** 2).sum(1)
+    w = 12 * s / (m ** 2 * (k ** 3 - k))
+    return float((1 + np.sum(w >= observed - 1e-12)) / (1 + n))
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm-adjusted p-values, in the order given."""
+    order = np.argsort(ps)
+    adj, running = np.empty(len(ps)), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - i) * ps[j]))
+        adj[j] = running
+    return adj.tolist()
+
+
+def tables(summaries: dict) -> dict:
+    """(agents, methods) tables of the method means: per fidelity setting the difference to the random
+    map, per sanity step the mean Spearman; with the method names."""
+    first = next(iter(summaries.values()))
+    methods = [m for m in first["against_random"][SETTINGS[0]] if m != "random"]
+    out = {}
+    for st in SETTINGS:
+        out[f"fidelity:{st}"] = np.array([[s["against_random"][st][m]["diff"] for m in methods]
+                                          for s in summaries.values()], float)
+    for step in STEPS:
+        out[f"sanity:{step}"] = np.array([[s["sanity"][f"{m}/{step}"]["mean"] for m in methods]
+                                          for s in summaries.values()], float)
+    return {"methods": methods, "tables": out}
+
+
+def concordance(summaries: dict, n: int = N_PERMUTATIONS, seed: int = SEED) -> list[dict]:
+    """Kendall's W per table with its permutation p, Holm over all tables (one family)."""
+    t = tables(summaries)
+    rows = [{"table": name, "w": kendall_w(v), "p": permutation_p(v, n, seed), "agents": v.shape[0],
+             "methods": v.shape[1]} for name, v in t["tables"].items()]
+    for r, p in zip(rows, holm([r["p"] for r in rows])):
+        r["p_holm"] = p
+        r["shared_ranking"] = bool(p <= ALPHA)
+    return rows
+
+
+def fidelity_noise(game_dir: Path, methods: list[str]) -> dict:
+    """Per setting and method, the sampling variance of the mean difference to the random map:
+    the variance of its 20 episode means / 20, on the states the registered analysis keeps."""
+    from experiments.paper_b.rerun_analysis import RANDOM, defined_states, episode_means, load_game
+    aucs, _, state_episode, _, _ = load_game(Path(game_dir))
+    out = {}
+    for st in SETTINGS:
+        res, ep, _ = defined_states(aucs[tuple(st.split("/"))], state_episode)
+        out[st] = {}
+        for m in methods:
+            means = episode_means(np.asarray(res[m]) - np.asarray(res[RANDOM]), ep)
+            out[st][m] = float(np.var(means, ddof=1) / len(means))
+    return out
+
+
+def components(values: np.ndarray, noise: np.ndarray) -> dict:
+    """Method, agent and agent x method spreads of an (agents, methods) table of means (moment
+    estimates of a two-way random-effects split, floored at 0), and the mean sampling variance of a
+    cell. An agent x method spread near 0 with the cells' noise explaining the interaction means the
+    method effects are the same for every agent; descriptive, no test."""
+    a, m = values.shape
+    grand = values.mean()
+    row, col = values.mean(1, keepdims=True), values.mean(0, keepdims=True)
+    ms_method = a * ((col - grand) ** 2).sum() / (m - 1)
+    ms_agent = m * ((row - grand) ** 2).sum() / (a - 1)
+    ms_inter = ((values - row - col + grand) ** 2).sum() / ((a - 1) * (m - 1))
+    cell_noise = float(np.mean(noise))
+    return {"sd_method": float(np.sqrt(max(0.0, (ms_method - ms_inter) / a))),
+            "sd_agent": float(np.sqrt(max(0.0, (ms_agent - ms_inter) / m))),
+            "sd_agent_x_method": float(np.sqrt(max(0.0, ms_inter - cell_noise))),
+            "sd_cell_noise": float(np.sqrt(cell_noise)),
+            "interaction_over_noise": float(ms_inter / cell_noise) if cell_noise > 0 else float("inf")}
+
+
+def all_components(summaries: dict, dirs: dict) -> dict:
+    t = tables(summaries)
+    methods, out = t["methods"], {}
+    noise = {label: fidelity_noise(Path(d), methods) for label, d in dirs.items()}
+    for st in SETTINGS:
+        nz = np.array([[noise[label][st][m] for m in methods] for label in summaries])
+        out[f"fidelity:{st}"] = components(t["tables"][f"fidelity:{st}"], nz)
+    for step in STEPS:
+        nz = np.array([[s["sanity"][f"{m}/{step}"]["se"] ** 2 for m in methods] for s in summaries.values()])
+        out[f"sanity:{step}"] = components(t["tables"][f"sanity:{step}"], nz)
+    return out
+
+
+def design(summaries: dict) -> dict:
+    """Each agent's design check and return, as its own summary records them."""
+    keys = ("states", "episodes", "sanity_states", "sanity_draws")
+    return {label: {"design_met": s["design_met"], **{k: s["meta"].get(k) for k in keys},
+                    "return": s["returns"], "agent": s["meta"].get("agent")} for label, s in summaries.items()}
+
+
+def analyse(dirs: dict, n: int = N_PERMUTATIONS, seed: int = SEED) -> dict:
+    summaries = {label: json.loads((Path(d) / "summary.json").read_text()) for label, d in dirs.items()}
+    return {"game": GAME, "agents": design(summaries), "claims": side_by_side(summaries),
+            "concordance": concordance(summaries, n, seed), "components": all_components(summaries, dirs),
+            "analysis": {"n_permutations": n, "seed": seed, "alpha": ALPHA, "family": "Holm over 13 tables"}}
+
+
+def markdown(res: dict) -> str:
+    labels = list(res["agents"])
+    lines = [f"# Paper B across {len(labels)} agents ({res['game']})", "",
+             "Registered in `experiments/paper_b/agents_registration.md`; N per agent: the episodes, states and "
+             "draws below. Each agent's own verdicts and intervals are in its re-run folder.", "",
+             "| agent | design met | episodes | states | sanity states x draws | return (20 episodes) |",
+             "|---|---|---:|---:|---|---|"]
+    for label, a in res["agents"].items():
+        r = a["return"]
+        lines.append(f"| {label} | {a['design_met']} | {a['episodes']} | {a['states']} | "
+                     f"{a['sanity_states']} x {a['sanity_draws']} | {r['mean']:.1f} [{r['low']:.1f}, {r['high']:.1f}] |")
+    counts = {}
+    for c in res["claims"]:
+        key = c["cross"] if not c["cross"][0].isdigit() else "some decided, others undecided"
+        counts[key] = counts.get(key, 0) + 1
+    lines += ["", "## Claims, agent by agent", "",
+              "Cross-agent labels: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + ".", "",
+              "| claim | mapping | " + " | ".join(labels) + " | across agents |",
+              "|---|---|" + "---|" * len(labels) + "---|"]
+    for c in res["claims"]:
+        lines.append(f"| {c['finding']} | {c['mapping'] or '-'} | " + " | ".join(c["verdicts"][x] for x in labels)
+                     + f" | {c['cross']} |")
+    lines += ["", "## Do the agents rank the methods alike?", "",
+              f"Kendall's W over {res['concordance'][0]['methods']} methods and {len(labels)} agents; p: each "
+              f"agent's ranking permuted on its own ({res['analysis']['n_permutations']:,} permutations), Holm over "
+              "the 13 tables.", "",
+              "| table | W | p | p (Holm) | shared ranking |", "|---|---:|---:|---:|---|"]
+    for r in res["concordance"]:
+        lines.append(f"| {r['table']} | {r['w']:.2f} | {r['p']:.4f} | {r['p_holm']:.4f} | "
+                     f"{'yes' if r['shared_ranking'] else 'not shown'} |")
+    lines += ["", "## Method, agent and agent x method spreads (descriptive)", "",
+              "Moment estimates from the agent x method table of means; cell noise: the sampling SD of a cell "
+              "mean (episodes; for the sanity check draws and episodes). Interaction/noise near 1: the method "
+              "effects differ between agents no more than sampling explains.", "",
+              "| table | SD method | SD agent | SD agent x method | SD cell noise | interaction / noise |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for name, c in res["components"].items():
+        lines.append(f"| {name} | {c['sd_method']:.3f} | {c['sd_agent']:.3f} | {c['sd_agent_x_method']:.3f} | "
+                     f"{c['sd_cell_noise']:.3f} | {c['interaction_over_noise']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--agent", action="append", default=None, metavar="LABEL=DIR",
+                   help="an agent's re-run game folder (default: the registered three)")
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--permutations", type=int, default=N_PERMUTATIONS)
+    a = p.parse_args(argv)
+    dirs = dict(x.split("=", 1) for x in a.agent) if a.agent else {k: str(v) for k, v in AGENTS.items()}
+    missing = [f"{k} ({d})" for k, d in dirs.items() if not (Path(d) / "summary.json").exists()]
+    if missing:
+        raise SystemExit("no re-run summary yet for: " + ", ".join(missing)
+                         + "\n(run `python -m experiments.paper_b.rerun --game breakout --agent-file CARD --out DIR` "
+                           "for each agent; agents_registration.md has the commands)")
+    res = analyse(dirs, a.permutations)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "summary.json").write_text(json.dumps(res, indent=1) + "\n")
+    (a.out / "README.md").write_text(markdown(res))
+    print(f"wrote {a.out}/summary.json and README.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Paper B across agents (experiments/paper_b/agents_analysis.py): the cross-agent label, Kendall's W
+against the Friedman statistic, a permutation test that holds its level and rejects shared rankings,
+and a variance split whose interaction/noise ratio is about 1 without agent x method effects."""
+import numpy as np
+import pytest
+import scipy.stats
+
+from experiments.paper_b import agents_analysis as A
+from tests._support import ROOT
+
+
+@pytest.mark.parametrize("verdicts, want", [
+    (["agree", "agree", "agree"], "same in all"),
+    (["inconclusive", "inconclusive", "inconclusive"], "undecided in all"),
+    (["none", "none", "none"], "undecided in all"),
+    (["agree", "disagree", "inconclusive"], "agent-dependent"),
+    (["passes", "fails", "passes"], "agent-dependent"),
+    (["fails", "inconclusive", "fails"], "2 of 3, undecided in the others"),
+    (["some", "none", "none"], "1 of 3, undecided in the others"),
+])
+def test_cross_label(verdicts, want):
+    assert A.cross_label(verdicts) == want
+
+
+def test_kendall_w_is_friedmans_statistic_scaled():
+    rng = np.random.default_rng(0)
+    for m, n in ((3, 20), (4, 7)):
+        v = rng.normal(size=(m, n)) + np.linspace(0, 2, n)
+        chi2 = scipy.stats.friedmanchisquare(*v.T).statistic
+        assert A.kendall_w(v) == pytest.approx(chi2 / (m * (n - 1)), rel=1e-12)
+    same = np.tile(np.arange(20.0), (3, 1))
+    assert A.kendall_w(same) == pytest.approx(1.0)
+
+
+def test_permutation_test_holds_its_level_and_rejects_shared_rankings():
+    rng = np.random.default_rng(1)
+    p_null = [A.permutation_p(rng.normal(size=(3, 20)), n=400, seed=k) for k in range(200)]
+    assert 0.02 <= np.mean(np.array(p_null) <= 0.05) <= 0.09       # independent rankings: level ~0.05
+    shared = np.linspace(0, 1, 20) + rng.normal(scale=0.05, size=(3, 20))
+    assert A.permutation_p(shared, n=2000) <= 1e-3
+
+
+def test_holm_by_hand():
+    assert A.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+
+
+def test_components_interaction_is_noise_without_agent_by_method_effects():
+    rng = np.random.default_rng(2)
+    method, agent, noise = rng.normal(size=20), rng.normal(size=(3, 1)) * 0.5, np.full((3, 20), 0.04)
+    ratios, with_inter = [], []
+    for _ in range(300):
+        y = method + agent + rng.normal(scale=0.2, size=(3, 20))
+        ratios.append(A.components(y, noise)["interaction_over_noise"])
+        with_inter.append(A.components(y + rng.normal(scale=0.6, size=(3, 20)), noise)["interaction_over_noise"])
+    assert 0.9 <= np.mean(ratios) <= 1.1
+    assert np.mean(with_inter) > 5
+    c = A.components(method + agent + 0.0 * noise, noise)
+    assert c["sd_agent_x_method"] == 0 and c["sd_method"] == pytest.approx(np.std(method, ddof=1), rel=1e-9)
+
+
+def _summary(verdicts):
+    return {"verdicts": [{"id": i, "finding": f, "mapping": "", "verdict": v, "detail": ""} for i, f, v in verdicts]}
+
+
+def test_side_by_side_lines_up_the_claims_and_refuses_other_claims():
+    a = _summary([("x", "one", "agree"), ("y", "two", "inconclusive")])
+    b = _summary([("y", "two", "disagree"), ("x", "one", "agree")])
+    rows = A.side_by_side({"a": a, "b": b})
+    assert [(r["id"], r["verdicts"]["b"], r["cross"]) for r in rows] == [
+        ("x", "agree", "same in all"), ("y", "disagree", "1 of 2, undecided in the others")]
+    with pytest.raises(ValueError, match="claims differ"):
+        A.side_by_side({"a": a, "c": _summary([("x", "one", "agree")])})
+
+
+@pytest.mark.slow  # reads a committed game three times (~10 s)
+def test_three_copies_of_one_agent_agree_everywhere(tmp_path):
+    d = str(ROOT / "experiments" / "results" / "paper_b_rerun" / "breakout")
+    A.main(["--agent", f"a={d}", "--agent", f"b={d}", "--agent", f"c={d}", "--out", str(tmp_path),
+            "--permutations", "500"])
+    import json
+    res = json.loads((tmp_path / "summary.json").read_text())
+    assert {c["cross"] for c in res["claims"]} <= {"same in all", "undecided in all"}
+    assert all(r["w"] == pytest.approx(1.0) and r["shared_ranking"] for r in res["concordance"])
+    assert all(c["sd_agent"] < 1e-6 and c["sd_agent_x_method"] < 1e-6 for c in res["components"].values())
+    assert "| a | True | 20 | 1000 | 200 x 10 |" in (tmp_path / "README.md").read_text()
