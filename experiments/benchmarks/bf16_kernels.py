@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.common.paths import ROOT, RESULTS
+from experiments.common.paths import ROOT, RESULTS, write_results
 
 OUT = RESULTS / "precision"
 SETTINGS = {"dot": "--xla_cpu_experimental_ynn_fusion_type=dot",
@@ -144,9 +144,7 @@ def main(argv=None):
         print(name, json.dumps(settings[name]["gradient_maps_per_s"]), flush=True)
     res = {"batch": args.batch, "repeats": args.repeats, "machine_at_start": start,
            "load_avg_at_end": machine_info().get("load_avg_1_5_15"), **git_state(), "settings": settings}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bf16_kernels.json").write_text(json.dumps(res, indent=1) + "\n")
-    (args.out / "bf16_kernels.md").write_text(report(res))
+    write_results(args.out, res, report(res), "bf16_kernels.json", "bf16_kernels.md")
     print(f"wrote {args.out}")
 
 

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.common.paths import ROOT, RESULTS
+from experiments.common.paths import ROOT, RESULTS, write_results
 
 OUT = RESULTS / "cold_calls"
 MODES = ("all cores", "one core", "all cores, idle-priority spinners")
@@ -129,9 +129,7 @@ def main(argv=None):
         print(mode, json.dumps({k: round(v["ms"], 1) for k, v in modes[mode].items()}), flush=True)
     res = {"batch": a.batch, "calls": a.calls, "idles": list(idles), "machine_at_start": start,
            "load_avg_at_end": machine_info().get("load_avg_1_5_15"), **git_state(), "modes": modes}
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "cold_calls.json").write_text(json.dumps(res, indent=1) + "\n")
-    (a.out / "cold_calls.md").write_text(report(res))
+    write_results(a.out, res, report(res), "cold_calls.json", "cold_calls.md")
     print(f"wrote {a.out}")
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common.paths import RESULTS
+from experiments.common.paths import RESULTS, write_results
 
 OUT = RESULTS / "paper_b_agents"
 GAME = "breakout"
@@ -254,9 +254,7 @@ def main(argv=None):
                          + "\n(run `python -m experiments.paper_b.rerun --game breakout --agent-file CARD --out DIR` "
                            "for each agent; agents_registration.md has the commands)")
     res = analyse(dirs, a.permutations)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "summary.json").write_text(json.dumps(res, indent=1) + "\n")
-    (a.out / "README.md").write_text(markdown(res))
+    write_results(a.out, res, markdown(res), "summary.json", "README.md")
     print(f"wrote {a.out}/summary.json and README.md")
 
 

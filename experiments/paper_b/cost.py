@@ -24,7 +24,6 @@ Writes experiments/results/paper_b_cost/{paper_b_cost.json,paper_b_cost.md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from experiments.common.checkouts import ROOT, Worker, checkout_at, median, remove
 from experiments.common.machine import machine_info
+from experiments.common.paths import write_results
 
 WORKER = r'''
 import inspect, json, sys, time
@@ -203,9 +203,7 @@ def main(argv=None):
            "sanity_rounds": args.sanity_rounds, "sanity_draws": rerun_draws(),
            "sanity_errors": sanity_errors, "left_out": skipped, "total_ms_per_map": total, "hours_per_game": hours,
            "per_game_speed_up": hours["before"] / hours["after"]}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "paper_b_cost.json").write_text(json.dumps(res, indent=1) + "\n")
-    (args.out / "paper_b_cost.md").write_text(render(res))
+    write_results(args.out, res, render(res), "paper_b_cost.json", "paper_b_cost.md")
     print(f"per game: {res['hours_per_game']['before']:.2f} h -> {res['hours_per_game']['after']:.2f} h "
           f"(x{res['per_game_speed_up']:.2f}); wrote {args.out}/paper_b_cost.json, .md")
 
