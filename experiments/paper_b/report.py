@@ -37,7 +37,11 @@ PAPER_B_RANDOM = 2.13
 PAPER_B_AGENT = "Nature-CNN DQN, ~5M steps, no LayerNorm"
 REANALYSIS_HEADER = "## Re-analysis (pre-declared)"   # README section kept when the README is regenerated
 # Above the tables of the committed analysis, which the re-analysis section supersedes
-SUPERSEDED = ("> **Superseded: read the [re-analysis](#re-analysis-pre-declared) first.** The findings tables below are "
+SUPERSEDED = ("> **Superseded by the registered re-run:** [`../paper_b_rerun/summary.md`](../paper_b_rerun/summary.md) "
+              "(20 episodes per game, the sanity check on 200 states x 10 randomisation draws, episodes and draws as "
+              "the replicates) is what the documentation reports; where the two differ, the re-run's verdict holds. "
+              "This page is the first study, on one trajectory per game. Within it, read the "
+              "[re-analysis](#re-analysis-pre-declared) first. The findings tables below are "
               "the committed analysis, kept as they were. Their intervals and tests treat 25-state blocks of one "
               "trajectory as independent, which they are not. The post hoc re-analysis at the end of this page "
               "([`reanalysis.md`](reanalysis.md)) changes 14 of these verdicts at its primary variant, and 28 once "

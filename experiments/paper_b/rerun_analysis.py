@@ -363,7 +363,9 @@ def write_readme(root: Path = OUT, games=R.GAMES) -> Path:
     lines = ["# Paper B re-run: episodes and randomisation draws as the replicates", "",
              "Registered before any of its data in `experiments/paper_b/rerun_registration.md`; runner "
              "`python -m experiments.paper_b.rerun --game GAME`, analysis `experiments/paper_b/rerun_analysis.py`. "
-             "One agent per game: no result here is about other agents.", ""]
+             "One agent per game: no result here is about other agents. The games side by side, with every "
+             "disagreement with Paper B and every sanity failure: [`summary.md`](summary.md) "
+             "(`python -m experiments.paper_b.rerun_summary`).", ""]
     missing = [g for g in games if not (root / g / "README.md").exists()]
     if missing:
         lines += ["Not run yet: " + ", ".join(missing), ""]
@@ -479,6 +481,9 @@ def write_analysis(game_dir: Path, root: Path) -> None:
     then the re-run's README with its deviations from the registration (rerun_deviations.md)."""
     write_game_with_versions(game_dir)
     write_readme_with_deviations(root)
+    if Path(root).resolve() == OUT.resolve():  # the committed results: the pages that quote them follow
+        from experiments.paper_b import rerun_summary
+        rerun_summary.update()
 
 
 def write_game_with_versions(game_dir: Path) -> None:

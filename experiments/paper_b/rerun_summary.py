@@ -1,0 +1,369 @@
+"""The Paper B re-run across its games: what the pages say, generated from each game's summary.json.
+
+    python -m experiments.paper_b.rerun_summary           # summary.md + the pages' generated sections
+    python -m experiments.paper_b.rerun_summary --check   # exit 1 where a page's section is out of date
+
+Nothing here tests or decides: every verdict is the registered analysis' (rerun_analysis.py, per game).
+This module counts and lists those verdicts across the games that meet the registered design, with N
+beside every interval, and writes them where users choose a method: the method pages, the methods
+index, the docs' Paper B page, the README's one sentence. A game not done yet is named as such.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from experiments.common.paths import ROOT
+from experiments.paper_b import report as R
+from experiments.paper_b.rerun_analysis import OUT
+
+GAMES = R.GAMES
+LABEL = {"mspacman": "MsPacman", "breakout": "Breakout", "spaceinvaders": "Space Invaders", "frostbite": "Frostbite"}
+STEPS = ("q", "fc1", "conv3", "conv2", "conv1")
+STEP_LABEL = {"q": "output layer (q)", "fc1": "+ fc1", "conv3": "+ conv3", "conv2": "+ conv2", "conv1": "+ conv1"}
+VARIANT = {  # method as the study names it -> (docs/methods page, how the page names it)
+    "occlusion": ("occlusion", "Occlusion"),
+    "noise_sensitivity_original": ("noise_sensitivity", 'Noise sensitivity, `score="output_l2"` (Paper B\'s score)'),
+    "noise_sensitivity": ("noise_sensitivity", 'Noise sensitivity, `score="chosen_action"` (the default)'),
+    "rise": ("rise", "RISE"),
+    "lime_slic": ("lime", "LIME, SLIC segments (the default)"),
+    "lime_quickshift": ("lime", "LIME, Quickshift segments"),
+    "lime_felzenszwalb": ("lime", "LIME, Felzenszwalb segments"),
+    "sarfa": ("sarfa", "SARFA, hard disk (the default)"),
+    "sarfa_blurred": ("sarfa", 'SARFA, blurred disk (`mask_shape="gaussian"`)'),
+    "gradient": ("gradient", "Gradient"),
+    "grad_x_input": ("grad_x_input", "Gradient x Input"),
+    "integrated_gradients": ("integrated_gradients", "Integrated Gradients"),
+    "smoothgrad": ("smoothgrad", "SmoothGrad"),
+    "guided_backprop": ("guided_backprop", "Guided Backprop"),
+    "gradcam": ("gradcam", "Grad-CAM at conv3 (the default)"),
+    "gradcam_post_relu": ("gradcam", 'Grad-CAM at conv3, `layer_activation="post_relu"`'),
+    "gradcam_pp": ("gradcam_pp", "Grad-CAM++ at conv3"),
+    "g1gradcam": ("g1gradcam", "G1Grad-CAM at conv3 (the default)"),
+    "g1gradcam_post_relu": ("g1gradcam", 'G1Grad-CAM at conv3, `layer_activation="post_relu"`'),
+    "guided_gradcam": ("guided_gradcam", "Guided Grad-CAM at conv3"),
+}
+KINDS = {  # verdict id prefix -> what Paper B claimed
+    "sanity": "its two sanity findings (the original noise score fails at q, the chosen-action fix passes)",
+    "best": "SARFA best on black / advantage; RISE best on random / Q-value",
+    "table_best": "its best method in each of the four settings",
+    "sign": "each of its seven methods above or below the random map, per setting",
+    "winner_depends": "the substrate and the score decide the winner",
+    "breakout": "Breakout's six black / Q-value AUCs, against the random map",
+}
+PRIMARY = ("", "matched")  # Paper B's noise column read as the original score (the registered primary mapping)
+RESULTS_README = "experiments/results/paper_b_rerun/README.md"
+SUMMARY_MD = "experiments/results/paper_b_rerun/summary.md"
+
+
+# ------------------------------------------------------------------ reading
+def load(root: Path = OUT) -> dict[str, dict]:
+    """game -> its summary.json, for the games whose run meets the registered design."""
+    out = {}
+    for g in GAMES:
+        p = Path(root) / g / "summary.json"
+        if p.exists():
+            s = json.loads(p.read_text())
+            if s.get("design_met"):
+                out[g] = s
+    return out
+
+
+def n_text(s: dict) -> str:
+    m = s["meta"]
+    return (f"1 agent, {m['episodes']} episodes, {m['states']:,} states; sanity {m['sanity_states']} states x "
+            f"{m['sanity_draws']} draws")
+
+
+def n_common(summaries: dict) -> str:
+    """One N for all games when they share it (the registered design), else each game's."""
+    texts = {n_text(s) for s in summaries.values()}
+    if len(texts) == 1:
+        return f"per game: {texts.pop()}"
+    return "; ".join(f"{LABEL[g]}: {n_text(s)}" for g, s in summaries.items())
+
+
+def not_done(summaries: dict) -> list[str]:
+    return [LABEL[g] for g in GAMES if g not in summaries]
+
+
+def _ci(r: dict, nd: int = 2) -> str:
+    return f"{r['mean']:.{nd}f} [{r['low']:.{nd}f}, {r['high']:.{nd}f}]"
+
+
+def _join(xs) -> str:
+    xs = list(xs)
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+
+
+def _games(gs) -> str:
+    return _join([LABEL.get(g, g) for g in gs]) if gs else "none"
+
+
+def sanity(s: dict, method: str, step: str) -> dict | None:
+    return s["sanity"].get(f"{method}/{step}")
+
+
+def sanity_cell(r: dict | None) -> str:
+    if r is None:
+        return "not run"
+    return (f"**{r['verdict']}** {_ci(r)}; draws {min(r['draw_means']):.2f}-{max(r['draw_means']):.2f}")
+
+
+def pattern(summaries: dict, method: str) -> dict[str, dict[str, list[str]]]:
+    """verdict -> step -> the games with that verdict at that step."""
+    out: dict[str, dict[str, list[str]]] = {"fails": {}, "inconclusive": {}, "passes": {}}
+    for g, s in summaries.items():
+        for step in STEPS:
+            r = sanity(s, method, step)
+            if r is not None:
+                out[r["verdict"]].setdefault(step, []).append(g)
+    return out
+
+
+def pattern_sentence(summaries: dict, method: str) -> str:
+    """Where a method fails and is inconclusive, in words; every step and game named."""
+    p, n = pattern(summaries, method), len(summaries)
+    parts = []
+    for verdict in ("fails", "inconclusive"):
+        where = [f"{'at the output layer' if st == 'q' else 'randomised down to ' + st} in "
+                 f"{'all ' + str(n) + ' games' if len(gs) == n and n > 1 else _games(gs)}"
+                 for st, gs in ((st, p[verdict].get(st, [])) for st in STEPS) if gs]
+        if where:
+            parts.append(f"{verdict} {'; '.join(where)}")
+    return "; ".join(parts) + "; passes everywhere else" if parts else "passes at every step in every game"
+
+
+# ------------------------------------------------------------------ Paper B's claims
+def claims(summaries: dict, mappings=PRIMARY) -> list[dict]:
+    """Every registered verdict on a claim of Paper B (agree / disagree / inconclusive) at these mappings."""
+    return [dict(v, game=g) for g, s in summaries.items() for v in s["verdicts"]
+            if v["verdict"] in ("agree", "disagree", "inconclusive") and v["mapping"] in mappings]
+
+
+def counts(rows: list[dict]) -> dict[str, int]:
+    return {k: sum(r["verdict"] == k for r in rows) for k in ("agree", "disagree", "inconclusive")}
+
+
+def _count_text(c: dict) -> str:
+    return f"{c['agree']} / {c['disagree']} / {c['inconclusive']}"
+
+
+def claims_table(summaries: dict) -> list[str]:
+    gs = list(summaries)
+    lines = ["| Paper B's claim | " + " | ".join(LABEL[g] for g in gs) + " | all |",
+             "|---" * (len(gs) + 2) + "|"]
+    rows = claims(summaries)
+    for kind, what in KINDS.items():
+        of = [r for r in rows if r["id"].split(":")[0] == kind]
+        if not of:
+            continue
+        cells = [_count_text(counts([r for r in of if r["game"] == g])) if any(r["game"] == g for r in of) else "-"
+                 for g in gs]
+        lines.append(f"| {what} | " + " | ".join(cells) + f" | {_count_text(counts(of))} |")
+    lines.append("| **all** | " + " | ".join(_count_text(counts([r for r in rows if r["game"] == g])) for g in gs)
+                 + f" | **{_count_text(counts(rows))}** |")
+    return lines
+
+
+def above_rise(summaries: dict) -> str:
+    """Paper B: no method significantly above RISE on random / Q-value (its seven; our 20)."""
+    parts = []
+    for g, s in summaries.items():
+        v = {x["mapping"]: x["detail"] for x in s["verdicts"] if x["id"] == "above_rise"}
+        parts.append(f"{LABEL[g]}: {v.get('matched', '?')} of Paper B's methods, {v.get('all', '?')} of all 20")
+    return "; ".join(parts)
+
+
+def disagreement_lines(summaries: dict) -> list[str]:
+    """Every significant disagreement with Paper B, at the primary mapping and then under the fix."""
+    lines = []
+    for g in summaries:
+        rows = [r for r in claims(summaries, PRIMARY + ("fix", "all")) if r["game"] == g and r["verdict"] == "disagree"]
+        if not rows:
+            lines.append(f"- **{LABEL[g]}**: none")
+            continue
+        lines.append(f"- **{LABEL[g]}** ({len(rows)}):")
+        for r in rows:
+            how = {"fix": " (noise column read as the chosen-action fix)", "all": " (all 20 methods)"}.get(r["mapping"], "")
+            lines.append(f"  - {r['finding']}{how}: {r['detail']}")
+    return lines
+
+
+# ------------------------------------------------------------------ the generated sections
+def method_section(summaries: dict, page: str) -> str:
+    """A method page's sanity section: one table per variant the study ran, every step and game."""
+    gs = list(summaries)
+    lines = [f"In the [Paper B reproduction](../reproductions/paper_b.md)'s registered re-run ({n_common(summaries)}; "
+             "draws and episodes are the replicates), the cascading-randomisation check re-draws the weights from the "
+             "output layer down and compares each map with the trained agent's (Spearman similarity; mean "
+             "[95 % interval over draws x episodes]). **fails**: significantly above 0.5, the map survives the "
+             "destruction of the weights it claims to explain; **passes**: significantly below; **inconclusive**: "
+             "neither (p adjusted by Holm within the game and x4 for the games). One agent per game: the shipped one."]
+    if not_done(summaries):
+        lines[0] += f" Not done yet: {_games(not_done(summaries))}."
+    for method, (p, label) in VARIANT.items():
+        if p != page:
+            continue
+        lines += ["", f"**{label}**: {pattern_sentence(summaries, method)}.", "",
+                  "| randomised | " + " | ".join(LABEL[g] for g in gs) + " |", "|---" * (len(gs) + 1) + "|"]
+        lines += [f"| {STEP_LABEL[st]} | " + " | ".join(sanity_cell(sanity(summaries[g], method, st)) for g in gs) + " |"
+                  for st in STEPS]
+    return "\n".join(lines)
+
+
+def index_cell(summaries: dict, method: str, game: str) -> str:
+    """Where one variant fails and is inconclusive in one game: the steps, or "passes" at every step."""
+    verdicts = {st: r["verdict"] for st in STEPS if (r := sanity(summaries[game], method, st)) is not None}
+    parts = [f"{v}: {', '.join(st for st in STEPS if verdicts.get(st) == v)}" for v in ("fails", "inconclusive")
+             if v in verdicts.values()]
+    return "; ".join(parts) if parts else "passes at every step"
+
+
+def index_section(summaries: dict, link=lambda page: f"{page}.md") -> str:
+    """The methods index's table: for every variant and game, the steps where it fails or is inconclusive."""
+    gs = list(summaries)
+    lines = [f"Registered re-run of the Paper B reproduction ({n_common(summaries)}; one agent per game, the shipped "
+             "one). A method fails where its maps stay significantly similar (Spearman above 0.5) to the trained "
+             "agent's after the weights are re-drawn; inconclusive is neither a pass nor a fail."
+             + (f" Not done yet: {_games(not_done(summaries))}." if not_done(summaries) else ""), "",
+             "| method | " + " | ".join(LABEL[g] for g in gs) + " |", "|---" * (len(gs) + 1) + "|"]
+    for method, (page, label) in VARIANT.items():
+        lines.append(f"| [{label}]({link(page)}) | " + " | ".join(index_cell(summaries, method, g) for g in gs) + " |")
+    lines += ["", "Steps: q = the output layer re-drawn; fc1, conv3, conv2, conv1 = that layer and every layer above "
+              "it re-drawn too. At the steps not named the method passes. Each method's page has the similarities, "
+              "their intervals and the range over the 10 draws."]
+    return "\n".join(lines)
+
+
+def design_lines(summaries: dict) -> list[str]:
+    lines = ["| game | episodes | states | sanity states x draws | return over the episodes (epsilon 0.01) | card (greedy, 30 games) | distinct episodes |",
+             "|---|---|---|---|---|---|---|"]
+    for g, s in summaries.items():
+        m, r = s["meta"], s["returns"]
+        lines.append(f"| {LABEL[g]} | {m['episodes']} | {m['states']:,} | {m['sanity_states']} x {m['sanity_draws']} | "
+                     f"{_ci(r, 1)} | {R.fmt_return(m.get('agent_return'))} | {m.get('distinct_episodes')} of {m['episodes']} |")
+    return lines
+
+
+def findings_section(summaries: dict, prefix: str = "../../") -> str:
+    """The docs' Paper B page: design, Paper B's claims by game, every disagreement, every sanity failure."""
+    readme = f"{prefix}{RESULTS_README}"
+    pb = claims(summaries)
+    c = counts(pb)
+    san = {g: {v["id"].split(":")[1]: v for v in s["verdicts"] if v["id"].startswith("sanity:")} for g, s in summaries.items()}
+    lines = [f"Games done: {_games(summaries)}" + (f"; not done yet: {_games(not_done(summaries))}" if not_done(summaries) else "")
+             + f". N {n_common(summaries)}. One agent per game (the shipped one): nothing here is about other agents. "
+             "Intervals: 95 %, cluster bootstrap over episodes (sanity: over draws x episodes); verdicts from paired "
+             "t-tests on episode means (sanity: against 0.5), Holm within a game and x4 for the games. Each game's "
+             f"tables: [the re-run's results]({readme}).", "",
+             *design_lines(summaries), "",
+             "**Paper B's sanity finding.** The original noise-sensitivity score at the output layer: "
+             + "; ".join(f"{LABEL[g]} {san[g]['noise_sensitivity_original']['detail'].replace('Spearman at q ', '')}"
+                         for g in summaries)
+             + ". The chosen-action fix: "
+             + "; ".join(f"{LABEL[g]} {san[g]['noise_sensitivity']['detail'].replace('Spearman at q ', '')}" for g in summaries)
+             + ".", "",
+             f"**Paper B's claims** (agree / disagree / inconclusive; its noise column read as the original score): "
+             f"{_count_text(c)} over {len(pb)} verdicts. Agree: Paper B's direction holds for this agent's play; "
+             "disagree: the opposite is significant; inconclusive: the design cannot tell, which supports neither.", "",
+             *claims_table(summaries), "",
+             f"Methods significantly above RISE on random / Q-value (Paper B: none): {above_rise(summaries)}.", "",
+             "**Every disagreement with Paper B**, with its estimate [95 % interval] or difference and adjusted p:", "",
+             *disagreement_lines(summaries), "",
+             "**Sanity failures of all 20 variants** (per step and game):", "",
+             index_section(summaries, link=lambda page: f"../methods/{page}.md")]
+    return "\n".join(lines)
+
+
+def readme_section(summaries: dict) -> str:
+    """The README's one sentence: which methods fail the sanity check at the output layer in every game."""
+    if not summaries:
+        return ("The [methods index](docs/methods/index.md#sanity-checks-on-the-shipped-agents) lists which methods "
+                "pass the randomisation sanity check on the shipped agents.")
+    n = len(summaries)
+    everywhere = ["Paper B's original noise-sensitivity score" if m == "noise_sensitivity_original" else
+                  label.split(" (")[0].split(",")[0].replace(" at conv3", "")
+                  for m, (_, label) in VARIANT.items()
+                  if m not in ("gradcam_post_relu", "g1gradcam_post_relu")
+                  and len(pattern(summaries, m)["fails"].get("q", [])) == n]
+    m = next(iter(summaries.values()))["meta"]
+    games = "four Atari games" if n == len(GAMES) else _games(summaries)
+    where = (f"On the shipped agents ({games}, one agent each, {m['episodes']} episodes and {m['sanity_draws']} "
+             "randomisation draws per game), ")
+    what = (f"{_join(everywhere)} {'fails' if len(everywhere) == 1 else 'fail'} the randomisation sanity check in "
+            "every game: their maps stay similar when the output layer is re-drawn." if everywhere else
+            "no method fails the randomisation sanity check at the output layer in every game.")
+    return (where + what + " The [methods index](docs/methods/index.md#sanity-checks-on-the-shipped-agents) lists "
+            "every method's result.")
+
+
+def summary_md(summaries: dict) -> str:
+    """experiments/results/paper_b_rerun/summary.md: the games side by side."""
+    return "\n".join(["# Paper B re-run: the games side by side", "",
+                      "Generated by `python -m experiments.paper_b.rerun_summary` from each game's `summary.json` "
+                      "(the registered analysis); nothing here is tested anew. Each game's section: "
+                      "[README.md](README.md).", "",
+                      findings_section(summaries, prefix="../../../").replace("../methods/", "../../../docs/methods/"), ""])
+
+
+# ------------------------------------------------------------------ writing the pages
+START = "<!-- paper_b_rerun {name}: generated by `python -m experiments.paper_b.rerun_summary` from the games' summary.json -->"
+END = "<!-- end of paper_b_rerun {name} -->"
+
+
+def sections(summaries: dict) -> dict[str, dict[str, str]]:
+    """page (repo path) -> section name -> its generated text."""
+    out = {f"docs/methods/{page}.md": {"sanity": method_section(summaries, page)}
+           for page in dict.fromkeys(p for p, _ in VARIANT.values())}
+    out["docs/methods/index.md"] = {"sanity": index_section(summaries)}
+    out["docs/reproductions/paper_b.md"] = {"findings": findings_section(summaries)}
+    out["README.md"] = {"sanity": readme_section(summaries)}
+    return out
+
+
+def replace_section(text: str, name: str, body: str, page: str) -> str:
+    start, end = START.format(name=name), END.format(name=name)
+    pat = re.compile(re.escape(start) + r"\n(?:.*?\n)?" + re.escape(end), re.S)
+    if not pat.search(text):
+        raise SystemExit(f"{page}: no generated section {name!r}; put the two lines\n{start}\n{end}\n"
+                         "where it belongs, then rerun")
+    return pat.sub(lambda _: f"{start}\n{body}\n{end}", text)
+
+
+def update(root: Path = ROOT, summaries: dict | None = None, check: bool = False) -> list[str]:
+    """Write (or with check, compare) every generated section and summary.md; the stale paths."""
+    summaries = load() if summaries is None else summaries
+    stale = []
+    wanted = {SUMMARY_MD: summary_md(summaries)}
+    for page, secs in sections(summaries).items():
+        text = (Path(root) / page).read_text()
+        new = text
+        for name, body in secs.items():
+            new = replace_section(new, name, body, page)
+        wanted[page] = new
+    for page, new in wanted.items():
+        p = Path(root) / page
+        if not p.exists() or p.read_text() != new:
+            stale.append(page)
+            if not check:
+                p.write_text(new)
+    return stale
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="only report the pages out of date (exit 1 if any)")
+    a = ap.parse_args(argv)
+    stale = update(check=a.check)
+    for p in stale:
+        print(("out of date: " if a.check else "wrote ") + p)
+    if a.check and stale:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The Paper B re-run across games (experiments/paper_b/rerun_summary.py): the pages that quote the
+registered verdicts are generated from the committed summary.json files and stay current; counts,
+lists and sentences follow the verdicts they are made of."""
+import copy
+import json
+import re
+
+import pytest
+
+from experiments.paper_b import rerun_summary as S
+from tests._support import ROOT
+
+
+def _sanity(mean, verdict, draws=(0.4, 0.6)):
+    return {"mean": mean, "low": mean - 0.02, "high": mean + 0.02, "draw_means": list(draws), "verdict": verdict}
+
+
+def _summary(game, fails_at_q=("guided_backprop",), verdicts=()):
+    sanity = {f"{m}/{st}": _sanity(0.9, "fails", (0.85, 0.95)) if (m in fails_at_q and st == "q")
+              else _sanity(0.2, "passes", (0.1, 0.3)) for m in S.VARIANT for st in S.STEPS}
+    base = [{"id": "sanity:noise_sensitivity_original", "finding": "original fails", "mapping": "", "verdict": "agree",
+             "detail": "Spearman at q 0.90 [0.88, 0.92] (fails)"},
+            {"id": "sanity:noise_sensitivity", "finding": "fix passes", "mapping": "", "verdict": "agree",
+             "detail": "Spearman at q 0.20 [0.18, 0.22] (passes)"},
+            {"id": "above_rise", "finding": "above RISE", "mapping": "matched", "verdict": "none", "detail": "none"},
+            {"id": "above_rise", "finding": "above RISE", "mapping": "all", "verdict": "none", "detail": "none"}]
+    return {"game": game, "design_met": True, "sanity": sanity, "verdicts": base + list(verdicts),
+            "returns": {"mean": 10.0, "low": 8.0, "high": 12.0, "episodes": 20},
+            "meta": {"episodes": 20, "states": 1000, "sanity_states": 200, "sanity_draws": 10,
+                     "agent_return": 11.0, "distinct_episodes": 20}}
+
+
+def _sign(verdict, mapping="matched", detail="ours +0.1, Holm p 0.01"):
+    return {"id": "sign:rise:black/q_value", "finding": "rise above the random map (black / q_value)",
+            "mapping": mapping, "verdict": verdict, "detail": detail}
+
+
+def test_the_committed_pages_are_generated_from_the_committed_summaries():
+    # a page that quotes a verdict differently from summary.json fails here; fix: run the module
+    assert S.update(check=True) == [], "run `python -m experiments.paper_b.rerun_summary`"
+
+
+def test_the_check_rejects_a_page_that_no_longer_matches(tmp_path):
+    summaries = S.load()
+    assert summaries, "the committed re-run has games"
+    for page in list(S.sections(summaries)) + [S.SUMMARY_MD]:
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / page).exists():
+            (tmp_path / page).write_text((ROOT / page).read_text())
+    assert S.update(tmp_path, summaries, check=True) == []
+    changed = copy.deepcopy(summaries)
+    g = next(iter(changed))
+    changed[g]["sanity"]["rise/q"]["verdict"] = "fails"
+    stale = S.update(tmp_path, changed, check=True)
+    assert "docs/methods/rise.md" in stale and "docs/methods/index.md" in stale
+    assert "docs/methods/gradient.md" not in stale
+    assert S.update(tmp_path, changed) == stale               # writes them
+    assert S.update(tmp_path, changed, check=True) == []
+    assert "**fails**" in (tmp_path / "docs/methods/rise.md").read_text()
+
+
+def test_a_page_without_its_markers_gets_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="no generated section 'sanity'.*put the two lines"):
+        S.replace_section("# a page\n", "sanity", "body", "docs/methods/x.md")
+
+
+def test_method_section_every_step_and_game_with_n_and_draws():
+    s = {"mspacman": _summary("mspacman"), "breakout": _summary("breakout")}
+    text = S.method_section(s, "guided_backprop")
+    assert "20 episodes, 1,000 states; sanity 200 states x 10 draws" in text
+    assert "Not done yet: Space Invaders and Frostbite." in text
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(S.STEPS)                       # header + one row per step
+    assert "**fails** 0.90 [0.88, 0.92]; draws 0.85-0.95" in rows[1]
+    assert "fails at the output layer in all 2 games" in text
+    lime = S.method_section(s, "lime")                          # three variants, three tables
+    assert lime.count("| randomised |") == 3
+
+
+def test_pattern_sentence_names_each_game_and_step():
+    s = {"mspacman": _summary("mspacman", fails_at_q=("rise",)), "breakout": _summary("breakout", fails_at_q=())}
+    s["breakout"]["sanity"]["rise/conv2"] = _sanity(0.5, "inconclusive")
+    assert S.pattern_sentence(s, "rise") == ("fails at the output layer in MsPacman; inconclusive randomised down to "
+                                             "conv2 in Breakout; passes everywhere else")
+    assert S.pattern_sentence(s, "gradient") == "passes at every step in every game"
+    assert S.index_cell(s, "rise", "breakout") == "inconclusive: conv2"
+    assert S.index_cell(s, "gradient", "breakout") == "passes at every step"
+
+
+def test_claim_counts_and_every_disagreement_listed():
+    s = {"mspacman": _summary("mspacman", verdicts=[_sign("disagree"), _sign("agree", mapping="fix")]),
+         "breakout": _summary("breakout", verdicts=[_sign("inconclusive"), _sign("disagree", mapping="fix")])}
+    rows = S.claims(s)                                         # the primary mapping only
+    assert S.counts(rows) == {"agree": 4, "disagree": 1, "inconclusive": 1}
+    table = "\n".join(S.claims_table(s))
+    assert "| **all** | 2 / 1 / 0 | 2 / 0 / 1 | **4 / 1 / 1** |" in table
+    lines = S.disagreement_lines(s)
+    assert "- **MsPacman** (1):" in lines and "- **Breakout** (1):" in lines
+    assert any("(noise column read as the chosen-action fix)" in x for x in lines)   # the fix's are listed, marked
+
+
+def test_readme_sentence_follows_the_verdicts():
+    s = {g: _summary(g, fails_at_q=("guided_backprop", "g1gradcam")) for g in ("mspacman", "breakout")}
+    text = S.readme_section(s)
+    assert "(MsPacman and Breakout, one agent each, 20 episodes and 10 randomisation draws per game)" in text
+    assert "Guided Backprop and G1Grad-CAM fail the randomisation sanity check in every game" in text
+    s["breakout"]["sanity"]["g1gradcam/q"] = _sanity(0.55, "inconclusive")
+    assert "Guided Backprop fails the randomisation sanity check in every game" in S.readme_section(s)
+    s["breakout"]["sanity"]["guided_backprop/q"] = _sanity(0.55, "inconclusive")
+    assert "no method fails" in S.readme_section(s)
+    s4 = {g: _summary(g) for g in S.GAMES}
+    assert "(four Atari games," in S.readme_section(s4)
+
+
+def test_load_keeps_only_games_that_meet_the_design(tmp_path):
+    for g, met in (("mspacman", True), ("breakout", False)):
+        (tmp_path / g).mkdir()
+        (tmp_path / g / "summary.json").write_text(json.dumps(dict(_summary(g), design_met=met)))
+    assert list(S.load(tmp_path)) == ["mspacman"]
+
+
+def test_the_docs_page_states_what_the_summaries_hold():
+    """The hand-written lines of the Paper B page quote figures of the generated section: they agree."""
+    summaries = S.load()
+    page = (ROOT / "docs/reproductions/paper_b.md").read_text()
+    c = S.counts(S.claims(summaries))
+    done = S._games(summaries)
+    assert f"Done: {done}" in page
+    assert re.search(rf"{c['agree']} agree, {c['disagree']} disagree and\s+{c['inconclusive']} inconclusive of "
+                     rf"{sum(c.values())} verdicts", page)
