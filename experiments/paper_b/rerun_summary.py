@@ -125,13 +125,16 @@ def pattern(summaries: dict, method: str) -> dict[str, dict[str, list[str]]]:
 
 
 def pattern_sentence(summaries: dict, method: str) -> str:
-    """Where a method fails and is inconclusive, in words; every step and game named."""
+    """Where a method fails and is inconclusive, in words; every step and game named, steps with the same games together."""
     p, n = pattern(summaries, method), len(summaries)
     parts = []
     for verdict in ("fails", "inconclusive"):
-        where = [f"{'at the output layer' if st == 'q' else 'randomised down to ' + st} in "
-                 f"{'all ' + str(n) + ' games' if len(gs) == n and n > 1 else _games(gs)}"
-                 for st, gs in ((st, p[verdict].get(st, [])) for st in STEPS) if gs]
+        by_games: dict[tuple, list[str]] = {}
+        for st in STEPS:
+            if p[verdict].get(st):
+                by_games.setdefault(tuple(p[verdict][st]), []).append(st)
+        where = [f"at {_join(steps)} in {'all ' + str(n) + ' games' if len(gs) == n and n > 1 else _games(gs)}"
+                 for gs, steps in by_games.items()]
         if where:
             parts.append(f"{verdict} {'; '.join(where)}")
     return "; ".join(parts) + "; passes everywhere else" if parts else "passes at every step in every game"
@@ -202,7 +205,8 @@ def method_section(summaries: dict, page: str) -> str:
              "output layer down and compares each map with the trained agent's (Spearman similarity; mean "
              "[95 % interval over draws x episodes]). **fails**: significantly above 0.5, the map survives the "
              "destruction of the weights it claims to explain; **passes**: significantly below; **inconclusive**: "
-             "neither (p adjusted by Holm within the game and x4 for the games). One agent per game: the shipped one."]
+             "neither (p adjusted by Holm within the game and x4 for the games). Steps: q = the output layer re-drawn; "
+             "fc1, conv3, conv2, conv1 = re-drawn from the output down to that layer. One agent per game: the shipped one."]
     if not_done(summaries):
         lines[0] += f" Not done yet: {_games(not_done(summaries))}."
     for method, (p, label) in VARIANT.items():

@@ -72,7 +72,7 @@ def test_method_section_every_step_and_game_with_n_and_draws():
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(S.STEPS)                       # header + one row per step
     assert "**fails** 0.90 [0.88, 0.92]; draws 0.85-0.95" in rows[1]
-    assert "fails at the output layer in all 2 games" in text
+    assert "fails at q in all 2 games" in text
     lime = S.method_section(s, "lime")                          # three variants, three tables
     assert lime.count("| randomised |") == 3
 
@@ -80,10 +80,12 @@ def test_method_section_every_step_and_game_with_n_and_draws():
 def test_pattern_sentence_names_each_game_and_step():
     s = {"mspacman": _summary("mspacman", fails_at_q=("rise",)), "breakout": _summary("breakout", fails_at_q=())}
     s["breakout"]["sanity"]["rise/conv2"] = _sanity(0.5, "inconclusive")
-    assert S.pattern_sentence(s, "rise") == ("fails at the output layer in MsPacman; inconclusive randomised down to "
-                                             "conv2 in Breakout; passes everywhere else")
+    s["breakout"]["sanity"]["rise/conv1"] = _sanity(0.5, "inconclusive")
+    s["mspacman"]["sanity"]["rise/fc1"] = _sanity(0.9, "fails")
+    assert S.pattern_sentence(s, "rise") == ("fails at q and fc1 in MsPacman; inconclusive at conv2 and conv1 in "
+                                             "Breakout; passes everywhere else")
     assert S.pattern_sentence(s, "gradient") == "passes at every step in every game"
-    assert S.index_cell(s, "rise", "breakout") == "inconclusive: conv2"
+    assert S.index_cell(s, "rise", "breakout") == "inconclusive: conv2, conv1"
     assert S.index_cell(s, "gradient", "breakout") == "passes at every step"
 
 
