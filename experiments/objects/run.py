@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from experiments.common.machine import provenance
 from experiments.common.paths import RESULTS
 
 OUT = RESULTS / "objects"
@@ -170,6 +171,7 @@ def study_game(game, agent_name, n_states, methods, seed=0, early_params=None, n
                        for m in grad_methods}
     summary["training_stages"] = over
     summary["seconds"] = round(time.time() - t0, 1)
+    summary["provenance"] = provenance()   # host, CPU, versions, load and the commit of the code that ran
     return summary, obs, maps, boxes, shares
 
 
@@ -279,6 +281,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(OUT))
     a = p.parse_args(argv)
+    provenance()   # pins the commit of the code this process loaded (recorded in each summary)
     jaxsal.cpu.use_fast_kernels()
     unknown = [m for m in a.methods.split(",") if m not in METHODS]
     if unknown:
