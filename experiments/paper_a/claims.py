@@ -287,6 +287,18 @@ def random_inits(model, obs, seeds):
     return [model.init(jax.random.PRNGKey(int(s)), jnp.zeros((1,) + obs.shape[1:], jnp.float32)) for s in seeds]
 
 
+def committed_setup(agent_name: str, committed: dict):
+    """(agent, obs float32, random-init params) of a committed claims.json: its probes (ale-py, seed 10,000)
+    and its random inits (seeds 1..random_inits), for the re-analyses that recompute per-state values."""
+    from jaxsal_agents.snapshots import probe_states_with_objects
+    from jaxsal_agents.zoo import load
+
+    agent = load(agent_name)
+    obs, _ = probe_states_with_objects(agent.card["game"], committed["probes"], seed=10_000)
+    obs = obs.astype(np.float32)
+    return agent, obs, random_inits(agent.model, obs, range(1, 1 + committed["random_inits"]))
+
+
 def figure_streams(streams, obs, path, state: int = 0):
     """Frames on top, one row of Guided Backprop maps per stream (white = 0; the colour scale is the
     99.5th percentile of |map| over the state's frames, so sparse ball and paddle marks show);

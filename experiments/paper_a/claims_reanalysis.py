@@ -114,15 +114,9 @@ def main(argv=None):
     p.add_argument("--agent", default="breakout-dddqn")
     p.add_argument("--out", default=str(RESULTS / "paper_a_claims"))
     a = p.parse_args(argv)
-    from jaxsal_agents.snapshots import probe_states_with_objects
-    from jaxsal_agents.zoo import load
-
     out = Path(a.out)
     committed = json.loads((out / "claims.json").read_text())
-    agent = load(a.agent)
-    obs, _ = probe_states_with_objects(agent.card["game"], committed["probes"], seed=10_000)
-    obs = obs.astype(np.float32)
-    rand = pac.random_inits(agent.model, obs, range(1, 1 + committed["random_inits"]))
+    agent, obs, rand = pac.committed_setup(a.agent, committed)
     values = per_state(agent.model.apply, agent.params, rand, obs)
     with open(out / "claim1_per_state.csv", "w", newline="") as f:
         w = csv.writer(f)
