@@ -54,7 +54,8 @@ def test_the_check_rejects_a_page_that_no_longer_matches(tmp_path):
     stale = S.update(tmp_path, changed, check=True)
     assert "docs/methods/rise.md" in stale and "docs/methods/index.md" in stale
     assert "docs/methods/gradient.md" not in stale
-    assert S.update(tmp_path, changed) == stale               # writes them
+    assert S.update(tmp_path, changed) == stale               # writes them, and draws the figure
+    assert (tmp_path / S.SANITY_PNG).stat().st_size > 10_000
     assert S.update(tmp_path, changed, check=True) == []
     assert "**fails**" in (tmp_path / "docs/methods/rise.md").read_text()
 
