@@ -1,6 +1,10 @@
 """jaxsal at two commits, interleaved call by call: is the current code slower than an earlier one?
 
     python -m experiments.benchmarks.engine_ab --before COMMIT [--after HEAD]
+    python -m experiments.benchmarks.engine_ab --before HEAD --flags-after=--xla_cpu_experimental_ynn_fusion_type=individual_dot
+
+`--flags-before=...` / `--flags-after=...` (with "=": the value starts with dashes) set a side's XLA_FLAGS (default: this process's), so one commit can be
+compared with itself under another XLA setting; the result records both.
 
 Each side runs in its own persistent process (its own checkout, same venv, same weights, same
 states). The driver asks side A to time one case, then side B the same case, alternating which
@@ -56,7 +60,9 @@ rng = np.random.default_rng(0)
 STATES = rng.integers(0, 256, (1024, 84, 84, 4), dtype=np.uint8)
 params = QNet().init(jax.random.PRNGKey(1), STATES[:1])
 apply = QNet().apply
-print(json.dumps({"ready": jaxsal.__file__, "version": jaxsal.__version__}), flush=True)
+import os
+print(json.dumps({"ready": jaxsal.__file__, "version": jaxsal.__version__, "xla_flags": os.environ.get("XLA_FLAGS")}),
+      flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     obs = STATES[:req["batch"]]
@@ -97,6 +103,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per side per round")
     ap.add_argument("--methods", nargs="*", default=None)
     ap.add_argument("--batch", type=int, default=None, help="one batch size for every case (a quick check)")
+    ap.add_argument("--flags-before", default=None, help="XLA_FLAGS of the before side (default: inherited)")
+    ap.add_argument("--flags-after", default=None, help="XLA_FLAGS of the after side (default: inherited)")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "engine_ab")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -109,7 +117,8 @@ def main(argv=None):
     script.write_text(WORKER)
     (before_dir, before_sha) = checkout_at(args.before, tmp / "before")
     (after_dir, after_sha) = checkout_at(args.after, tmp / "after")
-    sides = {"before": Side("before", before_dir, script), "after": Side("after", after_dir, script)}
+    flags = {"before": args.flags_before, "after": args.flags_after}
+    sides = {s: Side(s, d, script, flags[s]) for s, d in (("before", before_dir), ("after", after_dir))}
     load_start = os.getloadavg()
     rows = []
     try:
@@ -145,8 +154,10 @@ def main(argv=None):
             remove(d)
         shutil.rmtree(tmp, ignore_errors=True)
     result = {"machine": machine_info(), "before": {"ref": args.before, "commit": before_sha,
-                                                    "version": sides["before"].version},
-              "after": {"ref": args.after, "commit": after_sha, "version": sides["after"].version},
+                                                    "version": sides["before"].version,
+                                                    "xla_flags": sides["before"].hello.get("xla_flags")},
+              "after": {"ref": args.after, "commit": after_sha, "version": sides["after"].version,
+                        "xla_flags": sides["after"].hello.get("xla_flags")},
               "rounds": args.rounds, "repeats": args.repeats, "load_avg_start": list(load_start),
               "load_avg_end": list(os.getloadavg()), "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +166,8 @@ def main(argv=None):
              "", f"Machine: {result['machine'].get('cpu', '?')}, {result['machine']['cpu_count']} cores, "
              f"jax {result['machine']['jax']}; load (1/5/15 min) at start {', '.join(f'{x:.1f}' for x in load_start)}, "
              f"at end {', '.join(f'{x:.1f}' for x in result['load_avg_end'])}. {args.rounds} rounds x "
-             f"{args.repeats} timed calls per side; speed-up = before / after median call time per round.",
+             f"{args.repeats} timed calls per side; speed-up = before / after median call time per round."
+             + "".join(f" XLA_FLAGS {s}: `{result[s]['xla_flags']}`." for s in ("before", "after")),
              "", "| method | N | before (s) | after (s) | speed-up (median) | range over rounds | same maps |",
              "|---|---:|---:|---:|---:|---|---|"]
     for r in rows:

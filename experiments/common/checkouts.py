@@ -35,8 +35,10 @@ class Worker:
     """A persistent worker process running `script` from one checkout, driven by JSON lines: its first
     line says which jaxsal it imported ({"ready": path, ...}), each request gets one JSON line back."""
 
-    def __init__(self, label: str, checkout: Path, script: Path):
+    def __init__(self, label: str, checkout: Path, script: Path, xla_flags: str | None = None):
         env = dict(os.environ, PYTHONPATH=str(checkout))
+        if xla_flags is not None:   # this side's XLA_FLAGS (jaxsal keeps a YNN flag it finds there)
+            env["XLA_FLAGS"] = xla_flags
         self.label = label
         self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=checkout)

@@ -16,9 +16,13 @@ def test_engine_ab_runs_two_checkouts_and_checks_their_maps(tmp_path):
     out = tmp_path / "ab"
     subprocess.run([sys.executable, "-m", "experiments.benchmarks.engine_ab", "--before", "HEAD",
                     "--after", "HEAD", "--batch", "2", "--rounds", "2", "--repeats", "1",
-                    "--methods", "gradient", "gradcam", "--out", str(out)], cwd=ROOT, check=True, timeout=600)
+                    "--methods", "gradient", "gradcam", "--out", str(out),
+                    "--flags-after=--xla_cpu_experimental_ynn_fusion_type=individual_dot"],
+                   cwd=ROOT, check=True, timeout=600)
     res = json.loads((out / "engine_ab.json").read_text())
     assert res["before"]["commit"] == res["after"]["commit"]
+    assert res["after"]["xla_flags"] == "--xla_cpu_experimental_ynn_fusion_type=individual_dot"   # as the worker saw it
+    assert "ynn_fusion_type=dot" in res["before"]["xla_flags"]                                     # jaxsal's default
     assert [(r["method"], r["batch"]) for r in res["rows"]] == [("gradient", 2), ("gradcam", 2)]
     for r in res["rows"]:
         assert r["maps_equal"] and len(r["speedup_per_round"]) == 2
