@@ -235,6 +235,25 @@ OLD_INTERVAL = ("**The intervals of {games} are too short, and they cannot be re
                 "them (`shares_per_state.csv.gz`) and computes its intervals at the automatic length.")
 
 
+def _num(x) -> str:
+    return f"{x:.3f}" if np.isfinite(x) else "-"
+
+
+def block_range(s) -> str:
+    """' Block lengths: a-b states.' over a game's intervals (the automatic ones record theirs)."""
+    b = [row[c]["block_len"] for row in s["methods"].values() for c in s["classes"]
+         if np.isfinite(row[c].get("block_len", np.nan))]
+    return f" Automatic block lengths: {min(b):.0f}-{max(b):.0f} states." if b else ""
+
+
+def provenance_line(s) -> str:
+    p = s.get("provenance")
+    if not p:
+        return ""
+    return (f" Run at {str(p.get('git_commit', '?'))[:8]}{' (uncommitted changes)' if p.get('git_dirty') else ''} "
+            f"on {p.get('cpu', '?')}, {p.get('cpu_count', '?')} cores, {s['seconds']:.0f} s.")
+
+
 def write_readme(out_dir):
     """experiments/results/objects/README.md from every game's summary.json."""
     summaries = [json.loads(f.read_text()) for f in sorted(Path(out_dir).glob("*/summary.json"))]
@@ -248,14 +267,17 @@ def write_readme(out_dir):
     if old:
         lines += [OLD_INTERVAL.format(games=", ".join(old)), ""]
     for s in summaries:
-        lines += [f"## {s['game']} ({s['agent']}, {s['states']} states)", "", f"Intervals: {s['interval']}.", ""]
+        lines += [f"## {s['game']} ({s['agent']}, {s['states']} states)", "",
+                  f"N: 1 agent, {s['states']} states of one play session. Intervals: {s['interval']}."
+                  + block_range(s) + provenance_line(s), ""]
         lines += ["| method | " + " | ".join(s["classes"]) + " |", "|---|" + "---|" * len(s["classes"])]
         for m, row in s["methods"].items():
-            cells = [f"{row[c]['share']:.3f} [{row[c]['ci'][0]:.3f}, {row[c]['ci'][1]:.3f}]" for c in s["classes"]]
+            cells = [f"{row[c]['share']:.3f} [{row[c]['ci'][0]:.3f}, {row[c]['ci'][1]:.3f}]"
+                     if np.isfinite(row[c]["share"]) else "not in these states" for c in s["classes"]]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         first = next(iter(s["methods"].values()))
-        lines.append("| chance | " + " | ".join(f"{first[c]['chance']:.3f}" for c in s["classes"]) + " |")
-        lines.append("| random map | " + " | ".join(f"{first[c]['random_map_share']:.3f}" for c in s["classes"]) + " |")
+        lines.append("| chance | " + " | ".join(_num(first[c]["chance"]) for c in s["classes"]) + " |")
+        lines.append("| random map | " + " | ".join(_num(first[c]["random_map_share"]) for c in s["classes"]) + " |")
         lines += ["", "Pointing game (map maximum on any object): " + ", ".join(
             f"{m} {v['on_any_object']:.2f}" for m, v in s["pointing"].items()) +
             f" (chance {s['pointing']['random_map']['chance']:.2f}).", ""]
