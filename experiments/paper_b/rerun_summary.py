@@ -20,7 +20,7 @@ import numpy as np
 
 from experiments.common.paths import ROOT
 from experiments.paper_b import report as R
-from experiments.paper_b.rerun_analysis import OUT
+from experiments.paper_b.rerun_analysis import OUT, _ci
 
 GAMES = R.GAMES
 LABEL = {"mspacman": "MsPacman", "breakout": "Breakout", "spaceinvaders": "Space Invaders", "frostbite": "Frostbite"}
@@ -90,10 +90,6 @@ def n_common(summaries: dict) -> str:
 
 def not_done(summaries: dict) -> list[str]:
     return [LABEL[g] for g in GAMES if g not in summaries]
-
-
-def _ci(r: dict, nd: int = 2) -> str:
-    return f"{r['mean']:.{nd}f} [{r['low']:.{nd}f}, {r['high']:.{nd}f}]"
 
 
 def _join(xs) -> str:
