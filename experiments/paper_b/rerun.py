@@ -42,6 +42,7 @@ from experiments.common.paths import RESULTS
 from experiments.paper_b import run as PB
 from experiments.paper_b import rerun_analysis as A
 from experiments.paper_b import rerun_progress as P
+from experiments.paper_b import rerun_summary
 from experiments.paper_b.rerun_progress import load_npz, save_npz
 from jaxsal.metrics import sanity_check
 from jaxsal.metrics.sanity import _layer_names, group_norms
@@ -500,9 +501,17 @@ def run_game(game: str, args, log=print) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(out, game, agent_name, card, args, st, aucs, curves, sanity, timing, failed, layers,
                   [m[0] for m in chosen], cache, rechecks, piece_commits, makers)
-    A.write_analysis(out, Path(args.out))
+    analyse(out, Path(args.out))
     log(f"[{game}] wrote {out}")
     return out
+
+
+def analyse(game_dir: Path, root: Path) -> None:
+    """The registered analysis of one game; when it writes the committed results, the pages that
+    quote them follow (rerun_summary)."""
+    A.write_analysis(game_dir, root)
+    if Path(root).resolve() == A.OUT.resolve():
+        rerun_summary.update()
 
 
 def open_progress(game, agent, args, log=print) -> P.Progress:
@@ -651,7 +660,7 @@ def main(argv=None):
             refresh_reporting(game_dir, None if a.progress == "" else Path(a.progress or game_dir / "progress"))
         except P.ProgressMismatch as e:
             sys.exit(f"paper_b_rerun: {e}")
-        A.write_analysis(game_dir, Path(a.out))
+        analyse(game_dir, Path(a.out))
         return
     try:
         run_game(a.game, a, log=lambda s: print(s, flush=True))

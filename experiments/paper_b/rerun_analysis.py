@@ -481,9 +481,6 @@ def write_analysis(game_dir: Path, root: Path) -> None:
     then the re-run's README with its deviations from the registration (rerun_deviations.md)."""
     write_game_with_versions(game_dir)
     write_readme_with_deviations(root)
-    if Path(root).resolve() == OUT.resolve():  # the committed results: the pages that quote them follow
-        from experiments.paper_b import rerun_summary
-        rerun_summary.update()
 
 
 def write_game_with_versions(game_dir: Path) -> None:
