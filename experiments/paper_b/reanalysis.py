@@ -480,6 +480,7 @@ def game_markdown(res: dict, committed: dict, ch: list[dict]) -> str:
     v = res["variants"]
     bl = res["block_lengths"]
     lines = [f"# Re-analysis of Paper B on {g} (committed data, issue 33)", "",
+             R.first_study_banner("../../paper_b_rerun/summary.md"), "",
              "**Re-analysis** of the committed per-state AUCs and similarities (no map recomputed). Rules: "
              "`experiments/paper_b/reanalysis.py` and the results README's \"Re-analysis (pre-declared)\". "
              "Primary = stationary bootstrap / batch-means tests at the automatic block length; `robust` = the "
@@ -598,6 +599,7 @@ def _default(o):
 
 def overall_markdown(summary: dict) -> str:
     lines = ["# Re-analysis of Paper B's committed data (issue 33, item 1)", "",
+             R.first_study_banner("../paper_b_rerun/summary.md"), "",
              "**Re-analysis**: the committed per-state AUCs and similarities of the four games under "
              "autocorrelation-robust inference and the rules of the results README's \"Re-analysis "
              "(pre-declared)\" (`python -m experiments.paper_b.reanalysis`). Per game: `<game>/reanalysis.md`.", "",

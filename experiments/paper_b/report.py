@@ -49,6 +49,15 @@ SUPERSEDED = ("> **Superseded by the registered re-run:** [`../paper_b_rerun/sum
               "agent per game (one trajectory per game; the sanity check on 200 of them with 3 randomisation "
               "draws): it is not yet a result about the agents' play in general, or about other agents.")
 
+
+def first_study_banner(rerun: str) -> str:
+    """The banner above every page of the first study; `rerun`: the path from the page to the re-run's summary."""
+    return (f"> **First study, superseded** by the registered re-run ([`summary.md`]({rerun}): 20 episodes per game, "
+            "10 randomisation draws, episodes and draws as the replicates). These are 1,000 consecutive states of one "
+            "agent per game (one trajectory); the intervals and tests here resample states of that trajectory and the "
+            "sanity intervals ignore the 3 randomisation draws, so they are too narrow for claims about the agent or "
+            "the game: they describe these states only.")
+
 # Paper B's mean insertion AUCs per game and setting, from its code's committed tables
 # (belimmer/PerturbationSaliencyEvaluation, applications/atari/insertion_metric/results/
 # <game>_latex_table.txt; its Breakout black/Q-value row is the one shared/spec/methods.md quotes).

@@ -80,6 +80,19 @@ def n_text(s: dict) -> str:
             f"{m['sanity_draws']} draws")
 
 
+def undefined_text(summaries: dict) -> str:
+    """Where a Q-value setting leaves states out (its ratio score is undefined there), how many; "" if nowhere."""
+    parts = []
+    for g, s in summaries.items():
+        n = max((len(v) for v in s.get("undefined_states", {}).values()), default=0)
+        if n:
+            parts.append(f"{LABEL[g]} {n} of {s['meta']['states']:,}")
+    if not parts:
+        return ""
+    return (" The Q-value settings leave out the states where the ratio Q_a(x_t) / Q_a(x) is undefined (at most "
+            + ", ".join(parts) + " per setting; each game's README lists them).")
+
+
 def n_common(summaries: dict) -> str:
     """One N for all games when they share it (the registered design), else each game's."""
     texts = {n_text(s) for s in summaries.values()}
@@ -258,10 +271,10 @@ def findings_section(summaries: dict, prefix: str = "../../") -> str:
     c = counts(pb)
     san = {g: {v["id"].split(":")[1]: v for v in s["verdicts"] if v["id"].startswith("sanity:")} for g, s in summaries.items()}
     lines = [f"Games done: {_games(summaries)}" + (f"; not done yet: {_games(not_done(summaries))}" if not_done(summaries) else "")
-             + f". N {n_common(summaries)}. One agent per game (the shipped one): nothing here is about other agents. "
-             "Intervals: 95 %, cluster bootstrap over episodes (sanity: over draws x episodes); verdicts from paired "
-             "t-tests on episode means (sanity: against 0.5), Holm within a game and x4 for the games. Each game's "
-             f"tables: [the re-run's results]({readme}).", "",
+             + f". N {n_common(summaries)}.{undefined_text(summaries)} One agent per game (the shipped one): nothing "
+             "here is about other agents. Intervals: 95 %, cluster bootstrap over episodes (sanity: over draws x "
+             "episodes); verdicts from paired t-tests on episode means (sanity: against 0.5), Holm within a game and "
+             f"x4 for the games. Each game's tables: [the re-run's results]({readme}).", "",
              *design_lines(summaries), "",
              "**Paper B's sanity finding.** The original noise-sensitivity score at the output layer: "
              + "; ".join(f"{LABEL[g]} {san[g]['noise_sensitivity_original']['detail'].replace('Spearman at q ', '')}"

@@ -40,6 +40,7 @@ from jaxsal.metrics.sanity import group_norms
 
 OUT = RESULTS / "paper_b"
 GAMES = ("mspacman", "breakout", "spaceinvaders", "frostbite")
+FIRST_TO_RERUN = "../../paper_b_rerun/summary.md"  # from a game folder of the first study to the re-run's summary
 LAYERS = ("q", "fc1", "conv3", "conv2", "conv1")
 CAM = {"layer": "conv3"}
 # (label, registered method, options, family); Paper B's parameters are the methods' defaults.
@@ -202,8 +203,9 @@ def fidelity(agent, obs, maps, key, batch_size):
                 for score in ("q_value", "advantage"):
                     c = np.asarray(both[score]["curves"], np.float64)
                     out.setdefault((mode, sub, score), {})[label] = (c.mean(1), c.mean(0))
-        print(f"  fidelity {label}: insertion black/q {out['insertion', 'black', 'q_value'][label][0].mean():.3f}",
-              flush=True)
+        auc = out["insertion", "black", "q_value"][label][0]  # NaN where the ratio score is undefined
+        print(f"  fidelity {label}: insertion black/q {np.nanmean(auc):.3f} "
+              f"({int(np.isnan(auc).sum())} of {auc.size} states where the ratio score is undefined)", flush=True)
     return out
 
 
@@ -298,7 +300,7 @@ def run_game(game, args):
     write_csv(out / "curves.csv", curve_rows)
     write_csv(out / "timing.csv", timing)
     labels = list(maps)
-    sig = [f"# Which methods differ? {game}, {len(obs)} states", "",
+    sig = [f"# Which methods differ? {game}, {len(obs)} states", "", R.first_study_banner(FIRST_TO_RERUN), "",
            f"Cell (row, column): `>` row significantly better than column, `<` worse, `.` not significant "
            f"({S.TEST} over all pairs of a setting, alpha {S.ALPHA}, blocks of {args.block_len} states). "
            "Better = higher AUC for insertion, lower for deletion."]
@@ -310,7 +312,7 @@ def run_game(game, args):
     (out / "significance.md").write_text("\n".join(sig) + "\n")
 
     tag = f"{game}, agent {agent_name} (return {R.fmt_return(agent_return)})"
-    summary = [f"# Paper B on {game}: {len(obs)} states", "",
+    summary = [f"# Paper B on {game}: {len(obs)} states", "", R.first_study_banner(FIRST_TO_RERUN), "",
                f"Agent: {agent_name}, mean return {R.fmt_return(agent_return)} (its card). AUC = mean of the 85-point "
                f"curve (84 px per step), mean over states [95 % block-bootstrap CI, blocks of {args.block_len} "
                f"states, {S.N_RESAMPLES} resamples]; `*` = differs from the random map ({S.TEST}, alpha "

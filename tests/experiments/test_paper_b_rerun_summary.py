@@ -131,3 +131,12 @@ def test_the_docs_page_states_what_the_summaries_hold():
     assert f"Done: {done}" in page
     assert re.search(rf"{c['agree']} agree, {c['disagree']} disagree and\s+{c['inconclusive']} inconclusive of "
                      rf"{sum(c.values())} verdicts", page)
+
+
+def test_states_left_out_of_a_q_value_setting_are_counted_beside_n():
+    clean, some = _summary("mspacman"), _summary("breakout")
+    some["undefined_states"] = {"insertion/black/q_value": [3, 7], "deletion/black/q_value": [3]}
+    assert S.undefined_text({"mspacman": clean}) == ""
+    text = S.undefined_text({"mspacman": clean, "breakout": some})
+    assert "Breakout 2 of 1,000" in text and "MsPacman" not in text
+    assert text in S.findings_section({"mspacman": clean, "breakout": some})
