@@ -193,7 +193,8 @@ def sanity_tables(sanity, block_len):
 
 def fidelity(agent, obs, maps, key, batch_size):
     """{(mode, substrate, score): {method: (aucs (N,), mean curve (S+1,))}}: every map set into
-    the same substrates (the random substrate is the same draw for every method)."""
+    the same substrates (the random substrate is the same draw for every method). An AUC is NaN where
+    its score is undefined (a ratio score where the clean Q <= 0); the mean curve is over the other states."""
     out = {}
     for label, m in maps.items():
         for mode, fn in (("insertion", insertion), ("deletion", deletion)):
@@ -201,8 +202,10 @@ def fidelity(agent, obs, maps, key, batch_size):
                 both = fn(agent.apply_fn, agent.params, obs, m, substrate=sub, score="all",
                           key=jax.random.fold_in(key, 11), batch_size=batch_size)
                 for score in ("q_value", "advantage"):
-                    c = np.asarray(both[score]["curves"], np.float64)
-                    out.setdefault((mode, sub, score), {})[label] = (c.mean(1), c.mean(0))
+                    c = np.asarray(both[score]["curves"], np.float64)  # a NaN row: the score is undefined there
+                    ok = np.isfinite(c).all(1)
+                    mean_curve = c[ok].mean(0) if ok.any() else np.full(c.shape[1], np.nan)
+                    out.setdefault((mode, sub, score), {})[label] = (c.mean(1), mean_curve)
         auc = out["insertion", "black", "q_value"][label][0]  # NaN where the ratio score is undefined
         print(f"  fidelity {label}: insertion black/q {np.nanmean(auc):.3f} "
               f"({int(np.isnan(auc).sum())} of {auc.size} states where the ratio score is undefined)", flush=True)
