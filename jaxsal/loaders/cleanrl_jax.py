@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import flax.serialization
+import jax
 import jax.numpy as jnp
 
 from jaxsal.agent_spec import DeclaredFn, LoadedAgent
 from jaxsal.checks import ModelFails, output_shape
 from jaxsal.loaders.nets import CleanRLActor, CleanRLCritic, CleanRLNetwork, CleanRLQNetwork
-from jaxsal.loaders.errors import LoaderError, read_bytes
+from jaxsal.loaders.errors import LoaderError, check_params, read_bytes
 
 
 def _restore(path) -> dict:
@@ -28,16 +29,24 @@ def _restore(path) -> dict:
 
 
 def _as_jnp(tree):
-    import jax
     return jax.tree.map(jnp.asarray, tree)
+
+
+def _init_shapes(module, shape):
+    """The parameter shapes of `module` on one input of `shape` (abstract: nothing is computed)."""
+    return jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1,) + shape, jnp.float32))
 
 
 def _dense_out(p, name: str, path) -> int:
     try:
-        return int(p[name]["kernel"].shape[-1])
-    except (KeyError, TypeError, AttributeError):
+        n = int(p[name]["kernel"].shape[-1])
+    except (KeyError, TypeError, AttributeError, IndexError):
         raise LoaderError(f"{path}: no {name} kernel where CleanRL's network has one; is this a "
                           "dqn_atari_jax / ppo_atari_envpool_xla_jax model?") from None
+    if n < 1:
+        raise LoaderError(f"{path}: its {name} kernel gives {n} actions; the file is corrupt, get it again "
+                          "from where it was made")
+    return n
 
 
 def is_ppo_tree(tree: dict) -> bool:
@@ -62,15 +71,16 @@ def cleanrl_dqn(path, name: str | None = None) -> LoadedAgent:
     Raises:
         jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
             unreadable, is not flax msgpack, or its parameters do not fit CleanRL's Q-network on
-            (4, 84, 84) frames.
+            (4, 84, 84) frames (names, shapes, floating point) or hold NaN or infinite values.
     """
     tree = _restore(path)
     if "params" not in tree:
         raise LoaderError(f"{path}: no 'params' entry; CleanRL's dqn_atari_jax saves "
                           "to_bytes(q_state.params) = {{'params': ...}}")
-    params = _as_jnp(tree)
-    n = _dense_out(params["params"], "Dense_1", path)
+    n = _dense_out(tree["params"], "Dense_1", path)
     model = CleanRLQNetwork(action_dim=n)
+    check_params(path, tree, _init_shapes(model, (4, 84, 84)), "CleanRL's dqn_atari_jax QNetwork")
+    params = _as_jnp(tree)
     _check_apply(model.apply, params, path)
     return LoadedAgent(name=name or Path(path).stem, apply_fn=DeclaredFn(model.apply, "NCHW", "uint8"),
                        params=params, layout="NCHW", num_actions=n, pixels="uint8",
@@ -94,14 +104,18 @@ def cleanrl_ppo(path, name: str | None = None) -> LoadedAgent:
     Raises:
         jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
             unreadable, is not flax msgpack, is not CleanRL's PPO save, or its parameters do not fit
-            the network.
+            the network (names, shapes, floating point) or hold NaN or infinite values.
     """
     tree = _restore(path)
     if not is_ppo_tree(tree):
         raise LoaderError(f"{path}: expected CleanRL's PPO save [vars(args), [network, actor, critic]]")
-    net, actor, critic = (_as_jnp(tree["1"][k]) for k in ("0", "1", "2"))
-    n = _dense_out(actor.get("params", {}), "Dense_0", path)
+    net, actor, critic = (tree["1"][k] for k in ("0", "1", "2"))
+    n = _dense_out(actor.get("params", {}) if isinstance(actor, dict) else {}, "Dense_0", path)
     network, act, crit = CleanRLNetwork(), CleanRLActor(action_dim=n), CleanRLCritic()
+    check_params(path, {"network": net, "actor": actor, "critic": critic},
+                 {"network": _init_shapes(network, (4, 84, 84)), "actor": _init_shapes(act, (512,)),
+                  "critic": _init_shapes(crit, (512,))}, "CleanRL's ppo_atari_envpool_xla_jax network")
+    net, actor, critic = _as_jnp(net), _as_jnp(actor), _as_jnp(critic)
 
     def apply_fn(params, x):
         hidden = network.apply(params["network"], x)

@@ -40,3 +40,38 @@ def read_zip_member(z: zipfile.ZipFile, name: str, path, limit: int) -> bytes:
                           f"{limit} jaxsal reads from it (a model file holds far less): the file is corrupt or "
                           "crafted, get it again from where it was made")
     return data
+
+
+def check_params(path, params, expected, network: str):
+    """`params` as read from `path` against `expected` (the network's init, or its jax.eval_shape):
+    the same names and shapes, floating point where the network's are, finite; else a LoaderError
+    naming the first difference, so a file of another network never loads as a silently different one."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def flat(tree):
+        return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+    want, got = flat(expected), flat(params)
+    fix = f"is it a checkpoint of {network}? get it again from where it was made"
+    for keys, which in ((set(want) - set(got), "no parameter {}, which {} has"),
+                        (set(got) - set(want), "a parameter {}, which {} does not have")):
+        if keys:
+            raise LoaderError(f"{path}: {which.format(sorted(keys)[0], network)}; {fix}")
+    for k, w in want.items():
+        v = got[k]
+        dtype = getattr(v, "dtype", None)
+        if not hasattr(v, "shape") or dtype is None or not (jnp.issubdtype(dtype, jnp.floating)
+                                                             or jnp.issubdtype(dtype, jnp.integer)
+                                                             or dtype == bool):
+            raise LoaderError(f"{path}: parameter {k} is {type(v).__name__} {dtype}, not an array of "
+                              f"real numbers; {fix}")
+        if tuple(v.shape) != tuple(w.shape):
+            raise LoaderError(f"{path}: parameter {k} has shape {tuple(v.shape)}, {network} wants "
+                              f"{tuple(w.shape)}; {fix}")
+        if jnp.issubdtype(w.dtype, jnp.floating) and not jnp.issubdtype(dtype, jnp.floating):
+            raise LoaderError(f"{path}: parameter {k} has dtype {dtype}, not floating point; {fix}")
+        if jnp.issubdtype(dtype, jnp.floating) and not np.isfinite(np.asarray(v)).all():
+            raise LoaderError(f"{path}: parameter {k} holds NaN or infinite values (the training diverged or the "
+                              "file is corrupt): use an earlier checkpoint of the run")

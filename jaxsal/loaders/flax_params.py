@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jaxsal.agent_spec import DeclaredFn, LoadedAgent
 from jaxsal.checks import output_shape
-from jaxsal.loaders.errors import LoaderError, read_bytes
+from jaxsal.loaders.errors import LoaderError, check_params, read_bytes
 
 
 def plain_outputs(out):
@@ -49,8 +49,8 @@ def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | No
 
     Raises:
         jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
-            unreadable, is not flax msgpack, or its tree or a leaf's shape differs from
-            `module.init`'s.
+            unreadable, is not flax msgpack, or its tree, a leaf's shape or kind (floating point) differs
+            from `module.init`'s, or a leaf holds NaN or infinite values.
     """
     template = module.init(jax.random.PRNGKey(seed), jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
     data = read_bytes(path)
@@ -58,20 +58,17 @@ def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | No
         raw = flax.serialization.msgpack_restore(data)
     except Exception as e:
         raise LoaderError(f"{path}: not a flax msgpack file ({type(e).__name__})") from None
-    if isinstance(raw, dict) and "params" not in raw and "params" in template:
+    if not isinstance(raw, dict):
+        raise LoaderError(f"{path}: expected a flax parameter tree, got {type(raw).__name__}; save "
+                          "flax.serialization.to_bytes(params)")
+    if "params" not in raw and "params" in template:
         raw = {**{k: v for k, v in template.items() if k != "params"}, "params": raw}
+    check_params(path, raw, flax.serialization.to_state_dict(template), type(module).__name__)
     try:
         params = flax.serialization.from_state_dict(template, raw)
     except (ValueError, KeyError, TypeError) as e:
         raise LoaderError(f"{path}: parameters do not match {type(module).__name__}: "
                           f"{str(e).splitlines()[0]}") from None
-    bad = [(jax.tree_util.keystr(k), a.shape, b.shape) for (k, a), b in
-           zip(jax.tree_util.tree_leaves_with_path(template), jax.tree.leaves(params))
-           if tuple(a.shape) != tuple(jnp.shape(b))]
-    if bad:
-        k, want, got = bad[0]
-        raise LoaderError(f"{path}: parameter {k} has shape {tuple(got)}, {type(module).__name__} "
-                          f"wants {tuple(want)}")
     params = jax.tree.map(jnp.asarray, params)
 
     def apply_fn(p, x):

@@ -13,11 +13,12 @@ import re
 import zipfile
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsal.agent_spec import DeclaredFn, LoadedAgent
-from jaxsal.loaders.errors import LoaderError, read_bytes, read_zip_member
+from jaxsal.loaders.errors import LoaderError, check_params, read_bytes, read_zip_member
 from jaxsal.loaders.nets import TorchNatureCNN
 
 PTH_MAX = 1 << 30  # bytes of an SB3 zip's policy.pth (a Nature-CNN agent's: ~7 MB)
@@ -81,6 +82,10 @@ def load_state_dict(path) -> dict:
         raise LoaderError(_refusal(path, e)) from None
     if not isinstance(sd, dict) or not all(hasattr(v, "detach") for v in sd.values()):
         raise LoaderError(f"{path}: expected a state_dict (name -> tensor); save model.state_dict()")
+    for k, v in sd.items():  # .numpy() fails on these, and .float() drops a complex tensor's imaginary part
+        if v.layout != torch.strided or v.is_meta or v.is_complex():
+            raise LoaderError(f"{path}: tensor {k!r} is {'complex' if v.is_complex() else 'meta' if v.is_meta else v.layout}"
+                              f", not a dense real tensor; save model.state_dict() of the trained model")
     return {k: v.detach().float().cpu().numpy() for k, v in sd.items()}
 
 
@@ -93,33 +98,48 @@ def detect(sd: dict) -> str:
                       f"SB3 DQN / PPO / A2C); first keys: {', '.join(list(sd)[:6])}")
 
 
-def _conv(sd, p):
+def _ndim(sd, key, n, where):
+    if np.ndim(sd[key]) != n:
+        raise LoaderError(f"{where}: {key} has shape {tuple(np.shape(sd[key]))}, not {n}-dimensional: "
+                          "it is no Nature CNN's")
+
+
+def _conv(sd, p, where):
+    _ndim(sd, f"{p}.weight", 4, where)
     return {"kernel": jnp.asarray(np.transpose(sd[f"{p}.weight"], (2, 3, 1, 0))), "bias": jnp.asarray(sd[f"{p}.bias"])}
 
 
-def _dense(sd, p):
+def _dense(sd, p, where):
+    _ndim(sd, f"{p}.weight", 2, where)
     return {"kernel": jnp.asarray(sd[f"{p}.weight"].T), "bias": jnp.asarray(sd[f"{p}.bias"])}
 
 
-def convert(sd: dict, fmt: str | None = None) -> tuple[TorchNatureCNN, dict, str]:
-    """(flax module, flax params, format name) for a Nature-CNN state_dict."""
-    fmt = fmt or detect(sd)
+def convert(sd: dict, fmt: str | None = None, where: str = "state_dict") -> tuple[TorchNatureCNN, dict, str]:
+    """(flax module, flax params, format name) for a Nature-CNN state_dict (read from `where`)."""
+    try:
+        fmt = fmt or detect(sd)
+    except LoaderError as e:
+        raise LoaderError(f"{where}: {e}") from None
     (c1, c2, c3, fc), head = FORMATS[fmt]
     try:
-        p = {"conv1": _conv(sd, c1), "conv2": _conv(sd, c2), "conv3": _conv(sd, c3), "fc1": _dense(sd, fc)}
+        p = {"conv1": _conv(sd, c1, where), "conv2": _conv(sd, c2, where), "conv3": _conv(sd, c3, where),
+             "fc1": _dense(sd, fc, where)}
         if head[0] == "q":
-            p["q"] = _dense(sd, head[1])
+            p["q"] = _dense(sd, head[1], where)
             n = int(p["q"]["kernel"].shape[1])
             module = TorchNatureCNN(n, "q")
         else:
-            p["logits"], p["value"] = _dense(sd, head[1]), _dense(sd, head[2])
+            p["logits"], p["value"] = _dense(sd, head[1], where), _dense(sd, head[2], where)
             n = int(p["logits"]["kernel"].shape[1])
             module = TorchNatureCNN(n, "actor_critic")
     except KeyError as e:
-        raise LoaderError(f"state_dict of format {fmt!r} lacks {e.args[0]}") from None
+        raise LoaderError(f"{where}: state_dict of format {fmt!r} lacks {e.args[0]}") from None
     if p["conv1"]["kernel"].shape[:2] != (8, 8) or p["fc1"]["kernel"].shape[0] != 3136:
-        raise LoaderError(f"state_dict {fmt!r} is not a Nature CNN on 84x84 frames (conv1 "
+        raise LoaderError(f"{where}: state_dict {fmt!r} is not a Nature CNN on 84x84 frames (conv1 "
                           f"{p['conv1']['kernel'].shape}, fc1 {p['fc1']['kernel'].shape})")
+    c = int(p["conv1"]["kernel"].shape[2])
+    want = jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1, c, 84, 84), jnp.float32))
+    check_params(where, {"params": p}, want, f"the {fmt} Nature CNN")
     return module, {"params": p}, fmt
 
 
@@ -143,9 +163,10 @@ def torch_nature(path, name: str | None = None, fmt: str | None = None) -> Loade
     Raises:
         jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
             unreadable; torch is missing or older than 2.10; the file holds more than tensors and
-            plain containers; or its keys or shapes are no known Nature CNN on 84x84 frames.
+            plain containers (dense real tensors); or its keys or shapes are no known Nature CNN on 84x84
+            frames; or a weight holds NaN or infinite values.
     """
-    module, params, fmt = convert(load_state_dict(path), fmt)
+    module, params, fmt = convert(load_state_dict(path), fmt, str(path))
     c = int(params["params"]["conv1"]["kernel"].shape[2])
     return LoadedAgent(name=name or Path(path).stem, apply_fn=DeclaredFn(module.apply, "NCHW", "uint8"),
                        params=params, layout="NCHW", num_actions=module.num_actions, pixels="uint8",

@@ -94,6 +94,47 @@ def test_bad_files_are_one_clear_error(tmp_path):
         load_file(tmp_path / "x.h5")
 
 
+
+def _with(tree, path, value):
+    """A copy of the msgpack state dict `tree` with the leaf at `path` (keys) set to `value`."""
+    tree = jax.tree.map(np.asarray, flax.serialization.to_state_dict(tree))
+    node = tree
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return tree
+
+
+def test_crafted_cleanrl_and_flax_params_are_one_clear_error(tmp_path, dqn_file):
+    """Leaves of the wrong kind, NaN, an extra layer or a zero-action head: a LoaderError naming the
+    file and the parameter, never a TypeError/IndexError, and never an agent that drops a layer."""
+    path, q, params = dqn_file
+    kernel = np.asarray(params["params"]["Dense_1"]["kernel"])
+    cases = {"a string leaf": (("params", "Dense_1", "bias"), "abc", "not an array"),
+             "an int scalar leaf": (("params", "Dense_1", "kernel"), 5, "no Dense_1 kernel"),
+             "NaN weights": (("params", "Dense_1", "kernel"), np.full_like(kernel, np.nan), "NaN"),
+             "integer weights": (("params", "Dense_1", "kernel"), kernel.astype(np.int32), "not floating point"),
+             "a complex kernel": (("params", "Dense_1", "kernel"), kernel.astype(np.complex64), "real numbers"),
+             "an extra layer": (("params", "Dense_2"), {"kernel": np.zeros((4, 4), np.float32)}, "Dense_2"),
+             "zero actions": (("params", "Dense_1", "kernel"), kernel[:, :0], "0 actions")}
+    for name, (where, value, says) in cases.items():
+        bad = tmp_path / f"{name.replace(' ', '_')}.cleanrl_model"
+        bad.write_bytes(flax.serialization.msgpack_serialize(_with(params, where, value)))
+        with pytest.raises(LoaderError, match=says) as e:
+            load_file(bad)
+        assert str(bad) in str(e.value), name
+    ppo = tmp_path / "actor_array.cleanrl_model"
+    ppo.write_bytes(flax.serialization.to_bytes([{}, [{}, np.zeros(3), {}]]))
+    with pytest.raises(LoaderError, match="Dense_0 kernel"):
+        load_file(ppo)
+    module = F.PureJaxRLActorCritic(action_dim=3)
+    good = module.init(jax.random.PRNGKey(4), np.zeros((1, 10, 10, 4), np.float32))
+    for name, data, says in [("list", [1, 2], "got list"),
+                             ("extra", _with(good, ("params", "Extra"), {"k": np.zeros(3, np.float32)}), "Extra")]:
+        (tmp_path / f"{name}.msgpack").write_bytes(flax.serialization.msgpack_serialize(data))
+        with pytest.raises(LoaderError, match=says):
+            flax_msgpack(tmp_path / f"{name}.msgpack", module, (10, 10, 4))
+
 AGENT_PY = '''
 import jaxsal.loaders
 
@@ -242,3 +283,22 @@ def test_torch_refusals_never_advise_weights_only_false(tmp_path, monkeypatch):
     assert "\n" not in msg and "Unsupported global: GLOBAL __main__._NotATensor" in msg
     assert "False" not in msg and "safe_globals" not in msg and "trust" not in msg
     assert "state_dict" in msg and "weights_only=True" in msg
+
+
+def test_crafted_torch_state_dicts_are_one_clear_error(tmp_path):
+    """A weight of another shape (the network would fail deep in JAX later), a head with one axis too
+    many, a complex, sparse or NaN tensor: a LoaderError naming the file, before any agent is made."""
+    torch = pytest.importorskip("torch")
+    sd = F.torch_modules(A)["cleanrl_dqn"].state_dict()
+    cases = {"conv2 kernel": ("network.2.weight", torch.zeros(64, 32, 3, 3), r"conv2.*\(4, 4, 32, 64\)"),
+             "head 3d": ("network.9.weight", torch.zeros(A, 512, 1), "not 2-dimensional"),
+             "conv1 3d": ("network.0.weight", torch.zeros(32, 4, 8), "not 4-dimensional"),
+             "complex": ("network.9.weight", torch.zeros(A, 512, dtype=torch.complex64), "complex"),
+             "sparse": ("network.9.bias", torch.zeros(A).to_sparse(), "sparse"),
+             "nan": ("network.0.weight", torch.full((32, 4, 8, 8), float("nan")), "NaN")}
+    for name, (key, value, says) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.pth"
+        _torch_save({**sd, key: value}, path)
+        with pytest.raises(LoaderError, match=says) as e:
+            load_file(path)
+        assert str(path) in str(e.value), name
