@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
@@ -87,6 +88,14 @@ def load_params(path, template):
             f"parameter file {path} does not match the model: missing {missing}, unexpected {extra}, "
             f"wrong shape {[(k, got_paths[k], want_paths[k]) for k in wrong]}. "
             "Was it exported from a different architecture or game (action count)?")
+    for k, v in jax.tree_util.tree_flatten_with_path(raw)[0]:  # the cast below would drop an imaginary part
+        v = np.asarray(v)
+        if not (jnp.issubdtype(v.dtype, jnp.floating) or jnp.issubdtype(v.dtype, jnp.integer)):
+            raise AgentLoadError(f"parameter file {path}: {jax.tree_util.keystr(k)} has dtype {v.dtype}, not real "
+                                 "numbers; the file is corrupt, export it again (jaxsal_agents.checkpoint.export_params)")
+        if not np.isfinite(v.astype(np.float32)).all():
+            raise AgentLoadError(f"parameter file {path}: {jax.tree_util.keystr(k)} holds NaN or infinite values (the "
+                                 "training diverged or the file is corrupt): export an earlier checkpoint of the run")
     raw = jax.tree.map(lambda x: np.asarray(x, np.float32), raw)
     return serialization.from_state_dict(template, raw)
 

@@ -83,6 +83,39 @@ def available() -> list[str]:
     return sorted(manifest())
 
 
+CARD_FIELDS = {"game": "a game name, e.g. \"breakout\"", "arch": "an architecture, e.g. \"dqn\"",
+               "num_actions": "the number of actions, e.g. 4", "obs_shape": "(H, W, C) of one frame stack, e.g. [84, 84, 4]"}
+CARD_HINTS = {**CARD_FIELDS, "layer_norm": "true or false", "pixels": "\"uint8\" (0..255 frames) or left out",
+              "num_actions": "an integer from 1 to 1024, e.g. 4",
+              "obs_shape": "(H, W, C) of one frame stack, 3 integers from 1 to 1024, e.g. [84, 84, 4]"}
+
+
+def check_card(card, path) -> dict:
+    """An agent card's fields the network is built from, checked before anything is built or
+    allocated: a card with a missing or mistyped field is an AgentLoadError naming the field and the fix."""
+    if not isinstance(card, dict):
+        raise AgentLoadError(f"agent card {path} is a JSON {type(card).__name__}, not an object with "
+                             f"{', '.join(CARD_FIELDS)}")
+    missing = [k for k in CARD_FIELDS if k not in card]
+    if missing:
+        raise AgentLoadError(f"agent card {path} has no {missing[0]!r}; add {missing[0]}: {CARD_FIELDS[missing[0]]}")
+    bad = None
+    if not (isinstance(card["game"], str) and isinstance(card["arch"], str)):
+        bad = "game" if not isinstance(card["game"], str) else "arch"
+    elif type(card["num_actions"]) is not int or not 1 <= card["num_actions"] <= 1024:
+        bad = "num_actions"
+    elif not (isinstance(card["obs_shape"], list) and len(card["obs_shape"]) == 3
+              and all(type(d) is int and 1 <= d <= 1024 for d in card["obs_shape"])):
+        bad = "obs_shape"
+    elif type(card.get("layer_norm", True)) is not bool:
+        bad = "layer_norm"
+    elif card.get("pixels") not in (None, "uint8"):
+        bad = "pixels"
+    if bad:
+        raise AgentLoadError(f"agent card {path}: {bad} is {json.dumps(card[bad])[:80]}; it must be {CARD_HINTS[bad]}")
+    return card
+
+
 def model_from_card(card: dict):
     return build_model(card["game"], card["arch"], card["num_actions"], card.get("layer_norm", True))
 
@@ -104,11 +137,10 @@ def load(name: str, params_path: str | None = None) -> Agent:
         card = json.loads(card_path.read_text())
     except json.JSONDecodeError as e:
         raise AgentLoadError(f"agent card {card_path} is not valid JSON ({e})") from None
-    model = model_from_card(card)
+    model = model_from_card(check_card(card, card_path))
     obs_shape = tuple(card["obs_shape"])
-    template = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
-    template = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template)
-    params = load_params(params_path, template)
+    template = jax.eval_shape(model.init, jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1,) + obs_shape, jnp.float32))
+    params = load_params(params_path, template)  # shapes checked against the abstract template: nothing allocated
     return Agent(name=card_path.stem, model=model, params=params, card=card)
 
 

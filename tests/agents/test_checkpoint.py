@@ -43,6 +43,42 @@ def test_mismatched_checkpoint_is_clear_error(tmp_path):
         load_params(tmp_path / "p6.msgpack", params4)
 
 
+
+@pytest.mark.parametrize("change,says", [
+    (lambda c: [c], "is a JSON list"),
+    (lambda c: {k: v for k, v in c.items() if k != "obs_shape"}, "has no 'obs_shape'"),
+    (lambda c: dict(c, num_actions="3"), "num_actions is \"3\""),
+    (lambda c: dict(c, num_actions=10 ** 9), "num_actions is 1000000000"),
+    (lambda c: dict(c, obs_shape=[100000, 100000, 4]), "obs_shape is"),
+    (lambda c: dict(c, obs_shape=[10.5, 10, 4]), "obs_shape is"),
+    (lambda c: dict(c, game=3), "game is 3"),
+    (lambda c: dict(c, layer_norm="no"), "layer_norm is"),
+    (lambda c: dict(c, pixels="float"), "pixels is")])
+def test_a_crafted_card_is_one_clear_error_before_anything_is_built(tmp_path, change, says):
+    """A card with a missing or mistyped field: an AgentLoadError naming the card and the field, never a
+    KeyError, a JAX shape error or an out-of-memory allocation of a huge network."""
+    from tests._support.cli_support import make_agent_files
+
+    card = make_agent_files(tmp_path)
+    card.write_text(json.dumps(change(json.loads(card.read_text()))))
+    with pytest.raises(jaxsal_agents.AgentLoadError, match=says) as e:
+        jaxsal_agents.load(str(card))
+    assert str(card) in str(e.value)
+
+
+@pytest.mark.parametrize("value,says", [(np.nan, "NaN or infinite"), (1j, "complex64")])
+def test_nan_or_complex_weights_are_one_clear_error(tmp_path, value, says):
+    """Weights the float32 cast would silently turn into NaN maps or drop the imaginary part of."""
+    from flax import serialization
+
+    _, params = _params()
+    tree = jax.tree.map(np.asarray, serialization.to_state_dict(params))
+    tree["params"]["q"]["bias"] = (tree["params"]["q"]["bias"] + value).astype(np.complex64 if value == 1j
+                                                                              else np.float32)
+    (tmp_path / "p.msgpack").write_bytes(serialization.msgpack_serialize(tree))
+    with pytest.raises(jaxsal_agents.AgentLoadError, match=says):
+        load_params(tmp_path / "p.msgpack", params)
+
 def test_train_state_round_trip(tmp_path):
     _, params = _params()
     state = {"params": params, "opt_state": {"m": np.ones(3)}, "key": jax.random.PRNGKey(7),
