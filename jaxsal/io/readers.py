@@ -108,6 +108,9 @@ def dtype_spans(source) -> list[tuple[int, int, np.dtype]]:
 
 
 def _check_stack_shape(shape, dtype, what: str):
+    if any(d < 0 for d in shape):  # only a crafted or corrupt .npy header says so
+        raise SaliencyInputError(f"{what}: its header gives a negative shape {tuple(shape)}: the file is corrupt, "
+                                 "save the frames again with np.save")
     if len(shape) == 4 and shape[0] == 0:
         raise SaliencyInputError(f"{what} holds no states (shape {tuple(shape)}): give a buffer with at least "
                                  "one frame stack")
@@ -116,6 +119,9 @@ def _check_stack_shape(shape, dtype, what: str):
             f"{what}: expected frame stacks with shape (N, 84, 84, 4), got shape {tuple(shape)}")
     if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
         raise SaliencyInputError(f"{what}: expected uint8 frames, got dtype {dtype}")
+    if not np.dtype(dtype).isnative:  # JAX takes native byte order only
+        raise SaliencyInputError(f"{what}: frames in non-native byte order (dtype {np.dtype(dtype).str}): save them "
+                                 "as np.save(path, obs.astype(obs.dtype.newbyteorder('=')))")
 
 
 class ArraySource:

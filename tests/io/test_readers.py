@@ -188,6 +188,19 @@ def test_bad_inputs_one_clear_error(tmp_path):
         assert "\n" not in str(e.value), name
 
 
+
+def test_big_endian_frames_and_a_negative_header_shape_are_one_clear_error(tmp_path):
+    """A big-endian .npy (JAX takes native byte order only: a TypeError deep in the job before) and a
+    crafted header with a negative dimension (a ValueError from len()) are refused when opened."""
+    from tests._support.crafted_files import npy_header
+
+    np.save(tmp_path / "be.npy", _stacks(2).astype(">f4"))
+    with pytest.raises(SaliencyInputError, match="byte order.*newbyteorder"):
+        open_source(tmp_path / "be.npy")
+    (tmp_path / "neg.npy").write_bytes(npy_header((-5, 84, 84, 4), "|u1") + bytes(100))
+    with pytest.raises(SaliencyInputError, match="negative shape"):
+        open_source(tmp_path / "neg.npy")
+
 def test_truncated_gzip_stream(tmp_path):
     d = tmp_path / "dop"
     write_dopamine(d, 0, np.random.default_rng(0).integers(0, 255, (40, 84, 84), dtype=np.uint8), np.zeros(40))
