@@ -14,6 +14,7 @@ import json
 import os
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -263,18 +264,34 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
     parts: dict[str, list] = {"frame": []}
     keys = None
     for i in done:
-        with np.load(outputs_path(out, i), allow_pickle=False) as z:
-            if keys is not None and set(z.files) != keys:  # never concatenate misaligned columns
-                raise SaliencyInputError(
-                    f"{outputs_path(out, i)} holds {sorted(z.files)} but earlier chunks hold {sorted(keys)} "
-                    "(chunks of different jaxsal versions); rerun the same `jaxsal explain` command, which "
-                    "rewrites the older chunks' outputs")
-            keys = set(z.files)
-            for k in z.files:
-                if not (no_action and k == "action"):
-                    parts.setdefault(k, []).append(z[k])
+        z = _read_outputs(outputs_path(out, i), min(n, (i + 1) * chunk) - i * chunk)
+        if keys is not None and set(z) != keys:  # never concatenate misaligned columns
+            raise SaliencyInputError(
+                f"{outputs_path(out, i)} holds {sorted(z)} but earlier chunks hold {sorted(keys)} "
+                "(chunks of different jaxsal versions); rerun the same `jaxsal explain` command, which "
+                "rewrites the older chunks' outputs")
+        keys = set(z)
+        for k, v in z.items():
+            if not (no_action and k == "action"):
+                parts.setdefault(k, []).append(v)
         parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
     return {k: (np.concatenate(v) if v else np.zeros((0,), np.int64)) for k, v in parts.items()}
+
+
+def _read_outputs(path: Path, rows: int) -> dict:
+    """The arrays of one chunk's outputs file, each checked to hold one entry per frame of the chunk
+    (a truncated or replaced file is a clear error naming the fix, never outputs joined to the wrong frames)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        why = next((f"{k!r} has shape {v.shape}, not {rows} rows" for k, v in arrays.items()
+                    if v.ndim == 0 or v.shape[0] != rows), None)
+    except (zipfile.BadZipFile, ValueError, EOFError, zlib.error) as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if why is not None:
+        raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
+                                 "command, which writes it again")
+    return arrays
 
 
 def finished_frames(out, methods) -> np.ndarray:
@@ -378,15 +395,21 @@ def read_manifest(out) -> dict:
             "version", "created", ...}.
 
     Raises:
-        jaxsal.SaliencyInputError: `out` has no manifest, or it is not valid JSON.
+        jaxsal.SaliencyInputError: `out` has no manifest, or it is not valid JSON or not a job's.
     """
     path = Path(out) / MANIFEST
     if not path.exists():
         raise SaliencyInputError(f"{out} is not a jaxsal output directory (no {MANIFEST})")
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise SaliencyInputError(f"{path} is corrupt ({e}); choose a new --out directory") from None
+    cfg = manifest.get("config") if isinstance(manifest, dict) else None
+    if not (isinstance(cfg, dict) and isinstance(cfg.get("methods"), dict)
+            and type(cfg.get("chunk")) is int and cfg["chunk"] >= 1 and type(cfg.get("n")) is int and cfg["n"] >= 0):
+        raise SaliencyInputError(f"{path} is corrupt (no config with methods, chunk >= 1 and n >= 0, as "
+                                 "`jaxsal explain` writes); choose a new --out directory")
+    return manifest
 
 
 def update_manifest(out, **fields) -> None:
@@ -474,7 +497,7 @@ class MapArray:
                                      "without --store shares into a new --out for the maps")
         self.out, self.method = Path(out), method
         self.chunk = int(cfg["chunk"])
-        n = int(cfg["n"])
+        n = self.meta_n = int(cfg["n"])
         self.n_chunks = -(-n // self.chunk)
         missing = missing_chunks(out, method, self.n_chunks)
         if missing and (not allow_incomplete or len(missing) == self.n_chunks):
@@ -484,7 +507,7 @@ class MapArray:
                 + ("" if allow_incomplete else ", or pass allow_incomplete=True (missing frames are NaN)"))
         self.missing = set(missing)
         first_i = min(set(range(self.n_chunks)) - self.missing)
-        first = np.load(chunk_path(out, method, first_i), mmap_mode="r")
+        first = self._open(first_i)
         self.shape = (n,) + first.shape[1:]
         self.dtype = first.dtype
         self.ndim = len(self.shape)
@@ -501,8 +524,28 @@ class MapArray:
         if i in self.missing:
             rows = min(self.chunk, self.shape[0] - i * self.chunk)
             return np.full((rows,) + self.shape[1:], np.nan, self.dtype)
-        return _OPEN_CHUNKS.get_or_build(
-            (self._id, i), lambda: np.load(chunk_path(self.out, self.method, i), mmap_mode="r"))
+        return _OPEN_CHUNKS.get_or_build((self._id, i), lambda: self._open(i))
+
+    def _open(self, i: int) -> np.ndarray:
+        """Chunk i memory-mapped, checked to hold its rows of maps like the others: a truncated, emptied or
+        replaced file is a clear error naming the fix, not a numpy error or misaligned frames."""
+        path = chunk_path(self.out, self.method, i)
+        rows = min(self.chunk, self.meta_n - i * self.chunk)
+        want = getattr(self, "shape", None)  # None while the first chunk is opened
+        try:
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, EOFError) as e:
+            a, why = None, str(e).splitlines()[0] if str(e) else type(e).__name__
+        else:
+            why = None
+            if a.ndim not in (3, 4) or a.shape[0] != rows or (want is not None and a.shape[1:] != want[1:]):
+                why = f"shape {a.shape}, not {rows} maps" + (f" of {want[1:]}" if want is not None else "")
+            elif not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+                why = f"dtype {a.dtype}"
+        if why is not None:
+            raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
+                                     "command, which computes that chunk again")
+        return a
 
     def _rows(self, idx: np.ndarray) -> np.ndarray:
         out = np.empty((len(idx),) + self.shape[1:], self.dtype)

@@ -1,0 +1,65 @@
+"""The results a job wrote, corrupted or replaced since (a truncated copy, an emptied file, a manifest
+edited by hand): `load_maps`, `load_outputs` and `jaxsal render` refuse them in one clear error naming
+the file and the fix, never a numpy or zipfile traceback nor maps or outputs joined to the wrong frames."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import jaxsal
+from jaxsal.cli import main
+from jaxsal.errors import SaliencyInputError
+from tests._support.cli_support import frames, make_agent_files
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    d = tmp_path_factory.mktemp("job")
+    card = make_agent_files(d / "agent")
+    np.save(d / "in.npy", frames(6))
+    assert main(["explain", "--agent", str(card), "--methods", "gradient", "--input", str(d / "in.npy"),
+                 "--out", str(d / "out"), "--quiet", "--chunk", "4"]) == 0
+    return d / "out"
+
+
+def _manifest(edit):
+    def mutate(out):
+        path = out / "manifest.json"
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    return mutate
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:-20])
+
+
+CASES = {  # name -> (mutate the copied output directory, what the error says)
+    "manifest a list": (_manifest(lambda m: [m]), "manifest.json is corrupt"),
+    "manifest chunk 0": (_manifest(lambda m: m | {"config": m["config"] | {"chunk": 0}}), "manifest.json is corrupt"),
+    "truncated map chunk": (lambda o: _truncate(o / "gradient" / "chunk_0000001.npy"), "chunk_0000001.npy is corrupt"),
+    "emptied map chunk": (lambda o: (o / "gradient" / "chunk_0000001.npy").write_bytes(b""), "chunk_0000001.npy is corrupt"),
+    "map chunk of other maps": (lambda o: np.save(o / "gradient" / "chunk_0000001.npy", np.zeros((2, 12, 12), np.float32)),
+                                "not 2 maps of"),
+    "map chunk with fewer rows": (lambda o: np.save(o / "gradient" / "chunk_0000000.npy", np.zeros((2, 10, 10), np.float32)),
+                                  "not 4 maps"),
+    "truncated outputs": (lambda o: _truncate(o / "_outputs" / "chunk_0000001.npz"), "chunk_0000001.npz is corrupt"),
+    "outputs of other length": (lambda o: np.savez(o / "_outputs" / "chunk_0000001.npz", **{
+        **dict(np.load(o / "_outputs" / "chunk_0000001.npz")), "action": np.zeros(5, np.int64)}), "not 2 rows"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_corrupted_result_is_one_clear_error_naming_the_fix(job, tmp_path, capsys, name):
+    mutate, says = CASES[name]
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    mutate(out)
+    outputs = "outputs" in name
+    with pytest.raises(SaliencyInputError, match=says) as e:
+        np.asarray(jaxsal.load_outputs(out)) if outputs else np.asarray(jaxsal.load_maps(out, "gradient"))
+    assert "\n" not in str(e.value) and ("choose a new --out" in str(e.value) or "rerun" in str(e.value))
+    if not outputs:  # render needs the maps (not the outputs) and says the same in one line, exit 2
+        assert main(["render", str(out), "--video", "none", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says.split(" is ")[0] in err, err
