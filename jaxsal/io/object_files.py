@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zipfile
+import zlib
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -141,17 +143,24 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
                                      f"{', '.join(z.files) or 'nothing'}); expected {FORMAT_HELP}")
         try:
             boxes, labels, classes = z["boxes"], z["labels"], z["classes"]
-            size = tuple(int(v) for v in z["size"]) if "size" in z.files else (84, 84)
+            size = z["size"] if "size" in z.files else np.asarray([84, 84])
             file_game = str(z["game"]) if "game" in z.files else None
         except ValueError as e:  # object arrays need pickle, which we never load
             raise SaliencyInputError(f"objects file {p}: {str(e).splitlines()[0]}; store classes as a str "
                                      f"array (np.asarray(names)), not objects") from None
+        except (zipfile.BadZipFile, zlib.error, EOFError) as e:  # a member's bytes damaged (CRC, deflate)
+            raise SaliencyInputError(f"objects file {p} is corrupt ({str(e).splitlines()[0]}); copy it again or "
+                                     f"record the boxes again: {RECORD_HINT}") from None
+    if size.shape != (2,) or not np.issubdtype(size.dtype, np.integer) or not ((size >= 1) & (size <= 4096)).all():
+        raise SaliencyInputError(f"objects file {p}: size must be the frame's (height, width), 2 integers from 1 to "
+                                 f"4096, got {size.dtype} {size.tolist() if size.size <= 4 else size.shape}")
+    size = (int(size[0]), int(size[1]))
     if boxes.ndim != 4 or boxes.shape[-1] != 4 or labels.shape != boxes.shape[:3]:
         raise SaliencyInputError(f"objects file {p}: boxes must be (N, F, K, 4) and labels (N, F, K), got "
                                  f"{boxes.shape} and {labels.shape}")
-    if classes.ndim != 1 or classes.dtype.kind not in "US" or len(classes) == 0:
-        raise SaliencyInputError(f"objects file {p}: classes must be a non-empty 1-D str array, got "
-                                 f"{classes.dtype} {classes.shape}")
+    if classes.ndim != 1 or classes.dtype.kind not in "US" or not 1 <= len(classes) <= 127:
+        raise SaliencyInputError(f"objects file {p}: classes must be a 1-D str array of 1 to 127 names (labels are "
+                                 f"stored as int8), got {classes.dtype} {classes.shape}")
     if not np.issubdtype(boxes.dtype, np.integer) or not np.issubdtype(labels.dtype, np.integer):
         raise SaliencyInputError(f"objects file {p}: boxes and labels must be integer arrays, got "
                                  f"{boxes.dtype} and {labels.dtype}")

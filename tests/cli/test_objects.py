@@ -321,3 +321,32 @@ def test_a_provider_that_cannot_record_boxes_says_so():
         setattr(module, name, lambda *a, **k: None)
     with pytest.raises(AgentProviderError, match="cannot record object boxes.*--input FILE --objects BOXES"):
         AgentProvider(module, "bare").record_objects(None, 3, "pong")
+
+
+def test_crafted_objects_files_are_one_clear_error(tmp_path):
+    """A size that is not (height, width) (an IndexError or TypeError before), more classes than int8 labels
+    hold or a size beyond int16 boxes (both wrapped silently before), a damaged member (BadZipFile before)."""
+    from tests._support.cli_support import corrupt_member
+
+    boxes = np.zeros((3, 4, 2, 4), np.int64)
+    boxes[..., 2:] = 5
+    good = dict(boxes=boxes, labels=np.zeros((3, 4, 2), np.int64), classes=np.asarray(["ball"]),
+                size=np.asarray([84, 84]))
+    big = boxes.copy()
+    big[..., 2:] = 70000
+    cases = {"size of one number": (dict(size=np.asarray([84])), "size must be the frame's"),
+             "size of three numbers": (dict(size=np.asarray([84, 84, 3])), "size must be"),
+             "size beyond int16": (dict(boxes=big, size=np.asarray([100000, 100000])), "from 1 to 4096"),
+             "200 classes": (dict(labels=np.full((3, 4, 2), 150), classes=np.asarray([f"c{i}" for i in range(200)])),
+                             "1 to 127 names")}
+    for name, (change, says) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.npz"
+        np.savez(path, **dict(good, **change))
+        with pytest.raises(jaxsal.SaliencyInputError, match=says):
+            objs.read_objects(path)
+    path = tmp_path / "damaged.npz"
+    np.savez_compressed(path, **dict(good, boxes=np.zeros((200, 4, 8, 4), np.int16),
+                                     labels=np.zeros((200, 4, 8), np.int8)))
+    corrupt_member(path, "boxes.npy", nbytes=16, at=0.3)
+    with pytest.raises(jaxsal.SaliencyInputError, match="damaged.npz is corrupt"):
+        objs.read_objects(path)
