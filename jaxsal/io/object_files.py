@@ -302,6 +302,40 @@ def drop_temp_files(out, aliases):
             tmp.unlink(missing_ok=True)
 
 
+def _objects_config(out, cfg) -> dict:
+    """The manifest's objects entry, checked: a hand-edited one is a clear error, not a TypeError."""
+    from jaxsal.io.store import MANIFEST
+
+    o = cfg.get("objects")
+    if o is None:
+        return o
+    if not (isinstance(o, dict) and isinstance(o.get("classes"), list) and o["classes"]
+            and all(isinstance(c, str) for c in o["classes"]) and type(o.get("frames")) is int and o["frames"] >= 1
+            and isinstance(o.get("effects", {}), dict)):
+        raise SaliencyInputError(f"{Path(out) / MANIFEST} is corrupt (its objects entry is not classes: names, "
+                                 "frames >= 1, as `jaxsal explain --objects` writes); choose a new --out directory")
+    return o
+
+
+def _read_chunk(path: Path, rows: int, spec: dict) -> dict:
+    """The arrays of one shares or effects chunk, each checked against `spec` {key: (trailing shape,
+    dtype kinds)}: a truncated, emptied or replaced file is a clear error naming the fix, never a
+    zipfile/numpy traceback nor shares joined to the wrong frames or classes."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in spec if k not in z.files]
+            arrays = {k: z[k] for k in spec if k in z.files}
+        why = f"no {', '.join(missing)}" if missing else next(
+            (f"{k!r} has shape {v.shape} and dtype {v.dtype}, not {(rows,) + spec[k][0]} of {spec[k][1]}"
+             for k, v in arrays.items() if v.shape != (rows,) + spec[k][0] or v.dtype.kind not in spec[k][1]), None)
+    except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, IsADirectoryError) as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if why is not None:
+        raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
+                                 "command, which computes that chunk again")
+    return arrays
+
+
 def _chunks_done(out, cfg, exists, what: str, allow_incomplete: bool) -> list[int]:
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
     n_chunks = -(-n // chunk)
@@ -339,7 +373,7 @@ def load_object_effects(out, allow_incomplete: bool = False) -> dict:
 
     check_input_ok(out)
     cfg = read_manifest(out)["config"]
-    if "effects" not in cfg.get("objects", {}):
+    if "effects" not in (_objects_config(out, cfg) or {}):
         raise SaliencyInputError(f"{out} has no object effects: rerun `jaxsal explain` with --objects --effects "
                                  "into a new --out")
     return _read_effects(out, cfg, _chunks_done(out, cfg, lambda i: effects_path(out, i).exists(), "object effects",
@@ -351,17 +385,19 @@ def _read_effects(out, cfg, done) -> dict:
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
     classes = tuple(cfg["objects"]["classes"])
     c = len(classes)
+    removal_fields = "frames" in cfg["objects"]["effects"]     # jobs before frames= stored no removal fields
+    kinds = {"effect": "f", "flips": "b", "present": "b", "score": "f", "action": "iu", "overlap": "f",
+             "residue": "iu", "residue_share": "f"}
+    spec = {k: ((c,) if k not in ("score", "action") else (), kinds[k]) for k in EFFECT_KEYS
+            if k not in REMOVAL_KEYS or removal_fields}
     parts: dict = {k: [] for k in ("frame",) + EFFECT_KEYS}
     for i in done:
-        with np.load(effects_path(out, i), allow_pickle=False) as z:
-            for k in EFFECT_KEYS:
-                if k in z.files or k not in REMOVAL_KEYS:
-                    parts[k].append(z[k])
+        for k, v in _read_chunk(effects_path(out, i), min(n, (i + 1) * chunk) - i * chunk, spec).items():
+            parts[k].append(v)
         parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
     empty = {"frame": ((0,), np.int64), "effect": ((0, c), np.float32), "flips": ((0, c), bool),
              "present": ((0, c), bool), "score": ((0,), np.float32), "action": ((0,), np.int32),
              "overlap": ((0, c), np.float32), "residue": ((0, c), np.int32), "residue_share": ((0, c), np.float32)}
-    removal_fields = "frames" in cfg["objects"]["effects"]     # jobs before frames= stored no removal fields
     res = {k: np.concatenate(parts[k]) if parts[k] else np.zeros(*empty[k]) for k in empty
            if k not in REMOVAL_KEYS or removal_fields}
     res["classes"] = classes
@@ -397,6 +433,7 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
 
     check_input_ok(out)
     cfg = read_manifest(out)["config"]
+    _objects_config(out, cfg)
     if effects and "objects" in cfg and "effects" not in cfg["objects"]:
         raise SaliencyInputError(f"{out} has no object effects: rerun `jaxsal explain` with --objects --effects "
                                  "into a new --out (or load the shares without effects=True)")
@@ -410,13 +447,14 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
                         and (not effects or effects_path(out, i).exists()),
                         f"{method!r} shares" + (" or effects" if effects else ""), allow_incomplete)
     classes = tuple(cfg["objects"]["classes"])
+    c, f = len(classes), cfg["objects"]["frames"]
+    spec = {k: ((f, c) if k.startswith("per_frame") else (c,), "b" if k in ("present", "pointing") else "f")
+            for k in SHARE_KEYS}
     parts: dict = {"frame": []}
     for i in done:
-        with np.load(objects_path(out, method, i), allow_pickle=False) as z:
-            for k in SHARE_KEYS:
-                parts.setdefault(k, []).append(z[k])
+        for k, v in _read_chunk(objects_path(out, method, i), min(n, (i + 1) * chunk) - i * chunk, spec).items():
+            parts.setdefault(k, []).append(v)
         parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
-    c, f = len(classes), int(cfg["objects"]["frames"])
     empty = {"frame": (0,), **{k: (0, f, c) if k.startswith("per_frame") else (0, c) for k in SHARE_KEYS}}
     res = {k: (np.concatenate(parts[k]) if parts.get(k) else
                np.zeros(empty[k], bool if k in ("present", "pointing") else np.int64 if k == "frame" else np.float32))

@@ -2,6 +2,7 @@
 stored beside the object shares, resumable; `jaxsal render` draws them; bad flag combinations end in one
 line with nothing written."""
 import json
+import re
 import shutil
 
 import numpy as np
@@ -268,3 +269,51 @@ def test_effect_bars_flag_kept_and_residue():
     assert hit == {0, 2}, rows                          # ball (kept 60%) and bricks (residue), not paddle (1%)
     none = effect_bars(*args, height=140, overlap=[0.0, 0.0, 0.0], residue=[0, 0, 0])
     np.testing.assert_array_equal(none, plain)
+
+
+def _npz_edit(path, **arrays):
+    """Rewrite an .npz with some arrays replaced (None: dropped)."""
+    with np.load(path) as z:
+        kept = {k: z[k] for k in z.files}
+    np.savez(path, **{k: v for k, v in {**kept, **arrays}.items() if v is not None})
+
+
+def _manifest_objects(edit):
+    def mutate(out):
+        m = json.loads((out / "manifest.json").read_text())
+        m["config"]["objects"] = edit(m["config"]["objects"])
+        (out / "manifest.json").write_text(json.dumps(m))
+    return mutate
+
+
+_SHARES, _EFFECTS = "_objects/gradient/chunk_0000001.npz", "_objects/_effects/chunk_0000001.npz"
+CORRUPT = {  # name -> (mutate the copied job, what the error says); before: BadZipFile, KeyError, numpy
+    # concatenate errors, TypeError, or shares and effects of other rows joined to the frames silently
+    "truncated shares": (lambda o: (o / _SHARES).write_bytes((o / _SHARES).read_bytes()[:-20]), "BadZipFile"),
+    "emptied effects": (lambda o: (o / _EFFECTS).write_bytes(b""), "EOFError"),
+    "shares with fewer rows": (lambda o: _npz_edit(o / _SHARES, positive=np.zeros((1, 2), np.float32)), "(1, 2)"),
+    "shares of other classes": (lambda o: _npz_edit(o / _SHARES, positive=np.zeros((2, 3), np.float32)), "(2, 3)"),
+    "shares without pointing": (lambda o: _npz_edit(o / _SHARES, pointing=None), "no pointing"),
+    "effects with fewer rows": (lambda o: _npz_edit(o / _EFFECTS, effect=np.zeros((1, 2), np.float32)), "(1, 2)"),
+    "effects without flips": (lambda o: _npz_edit(o / _EFFECTS, flips=None), "no flips"),
+    "effects of fractional actions": (lambda o: _npz_edit(o / _EFFECTS, action=np.full(2, 0.5)), "'action'"),
+    "effects chunk a directory": (lambda o: ((o / _EFFECTS).unlink(), (o / _EFFECTS).mkdir()), "IsADirectoryError"),
+    "manifest classes a number": (_manifest_objects(lambda ob: ob | {"classes": 5}), "manifest.json is corrupt"),
+    "manifest frames a string": (_manifest_objects(lambda ob: ob | {"frames": "4"}), "manifest.json is corrupt"),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRUPT))
+def test_a_corrupted_shares_or_effects_file_is_one_clear_error(job, tmp_path, name):
+    mutate, says = CORRUPT[name]
+    out = tmp_path / "o"
+    shutil.copytree(job[0] / "o", out)
+    mutate(out)
+    loaders = [lambda: jaxsal.load_object_shares(out, "gradient", effects=True)]
+    if "shares" not in name:
+        loaders.append(lambda: jaxsal.load_object_effects(out))
+    for load in loaders:
+        with pytest.raises(jaxsal.SaliencyInputError, match=re.escape(says)) as e:
+            load()
+        msg = str(e.value)
+        assert "\n" not in msg and ("delete it and rerun the same `jaxsal explain`" in msg or "new --out" in msg)
