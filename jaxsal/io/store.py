@@ -286,7 +286,7 @@ def _read_outputs(path: Path, rows: int) -> dict:
             arrays = {k: z[k] for k in z.files}
         why = next((f"{k!r} has shape {v.shape}, not {rows} rows" for k, v in arrays.items()
                     if v.ndim == 0 or v.shape[0] != rows), None)
-    except (zipfile.BadZipFile, ValueError, EOFError, zlib.error) as e:
+    except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, IsADirectoryError) as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if why is not None:
         raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
@@ -363,7 +363,7 @@ def open_job(out, config: dict, meta: dict) -> dict:
             tmp.unlink()
     manifest = read_manifest(out)
     old = manifest["config"]
-    if old != json.loads(json.dumps(config)) and not any(out.glob("*/chunk_*.npy")):
+    if old != json.loads(json.dumps(config)) and not _any_chunk(out):
         # the earlier job produced nothing (e.g. it failed on a bad option): replace it
         for d in out.iterdir():
             if d.is_dir() and (d / "meta.json").exists():
@@ -384,6 +384,12 @@ def open_job(out, config: dict, meta: dict) -> dict:
     return manifest
 
 
+def _any_chunk(out: Path) -> bool:
+    """Whether a job wrote any result: maps, outputs, or (--store shares) object shares or effects."""
+    return any(next(out.glob(g), None) is not None
+               for g in ("*/chunk_*.npy", f"{OUTPUTS}/chunk_*.npz", "_objects/*/chunk_*.npz"))
+
+
 def read_manifest(out) -> dict:
     """The manifest of an output directory: what produced its maps.
 
@@ -402,14 +408,34 @@ def read_manifest(out) -> dict:
         raise SaliencyInputError(f"{out} is not a jaxsal output directory (no {MANIFEST})")
     try:
         manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SaliencyInputError(f"{path} is corrupt ({e}); choose a new --out directory") from None
+    except (ValueError, IsADirectoryError) as e:  # JSONDecodeError, UnicodeDecodeError
+        raise SaliencyInputError(f"{path} is corrupt ({type(e).__name__}: {str(e).splitlines()[0]}); choose a "
+                                 "new --out directory") from None
     cfg = manifest.get("config") if isinstance(manifest, dict) else None
     if not (isinstance(cfg, dict) and isinstance(cfg.get("methods"), dict)
             and type(cfg.get("chunk")) is int and cfg["chunk"] >= 1 and type(cfg.get("n")) is int and cfg["n"] >= 0):
         raise SaliencyInputError(f"{path} is corrupt (no config with methods, chunk >= 1 and n >= 0, as "
                                  "`jaxsal explain` writes); choose a new --out directory")
+    _check_layout(Path(out), cfg)
     return manifest
+
+
+def _check_layout(out: Path, cfg: dict) -> None:
+    """The manifest's n and chunk against each method's meta.json, written with them and never changed: one
+    edited by hand is named as such (else every chunk would be blamed for the rows it holds)."""
+    for alias in cfg["methods"]:
+        try:
+            meta = json.loads((out / alias / "meta.json").read_text())
+        except (OSError, ValueError):
+            continue  # none yet (or unreadable): nothing to compare
+        if not isinstance(meta, dict):
+            continue
+        for key in ("n", "chunk"):
+            if key in meta and meta[key] != cfg[key]:
+                raise SaliencyInputError(
+                    f"{out / MANIFEST} is corrupt: its {key} is {cfg[key]!r} but {out / alias / 'meta.json'}, written "
+                    f"with it, says {meta[key]!r} (the manifest was edited); restore {key} {meta[key]!r} or choose "
+                    "a new --out directory")
 
 
 def update_manifest(out, **fields) -> None:
@@ -534,7 +560,7 @@ class MapArray:
         want = getattr(self, "shape", None)  # None while the first chunk is opened
         try:
             a = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, EOFError) as e:
+        except (ValueError, EOFError, IsADirectoryError) as e:
             a, why = None, str(e).splitlines()[0] if str(e) else type(e).__name__
         else:
             why = None

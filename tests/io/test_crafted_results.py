@@ -44,6 +44,16 @@ CASES = {  # name -> (mutate the copied output directory, what the error says)
     "map chunk with fewer rows": (lambda o: np.save(o / "gradient" / "chunk_0000000.npy", np.zeros((2, 10, 10), np.float32)),
                                   "not 4 maps"),
     "truncated outputs": (lambda o: _truncate(o / "_outputs" / "chunk_0000001.npz"), "chunk_0000001.npz is corrupt"),
+    # before: the chunk was blamed for the rows n implies ("delete it and rerun", which cannot help)
+    "manifest n edited": (_manifest(lambda m: m | {"config": m["config"] | {"n": 5}}), "its n is 5 but"),
+    # before: IsADirectoryError / UnicodeDecodeError from the Python API
+    "manifest a directory": (lambda o: ((o / "manifest.json").unlink(), (o / "manifest.json").mkdir()),
+                             "manifest.json is corrupt"),
+    "manifest not text": (lambda o: (o / "manifest.json").write_bytes(b"\xff\xfe{"), "manifest.json is corrupt"),
+    "map chunk a directory": (lambda o: ((o / "gradient" / "chunk_0000001.npy").unlink(),
+                                         (o / "gradient" / "chunk_0000001.npy").mkdir()), "chunk_0000001.npy is corrupt"),
+    "outputs a directory": (lambda o: ((o / "_outputs" / "chunk_0000001.npz").unlink(),
+                                       (o / "_outputs" / "chunk_0000001.npz").mkdir()), "chunk_0000001.npz is corrupt"),
     "outputs of other length": (lambda o: np.savez(o / "_outputs" / "chunk_0000001.npz", **{
         **dict(np.load(o / "_outputs" / "chunk_0000001.npz")), "action": np.zeros(5, np.int64)}), "not 2 rows"),
 }
@@ -63,3 +73,26 @@ def test_a_corrupted_result_is_one_clear_error_naming_the_fix(job, tmp_path, cap
         assert main(["render", str(out), "--video", "none", "--quiet"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says.split(" is ")[0] in err, err
+
+
+def test_a_shares_only_job_is_never_resumed_as_another_job(tmp_path, capsys):
+    """`--store shares` writes no maps: a rerun with another input (here: another frame order) once took the
+    old job's shares as done and replaced its manifest (exit 0, the old input's shares under the new input's
+    name); now it is refused like any job with results of another configuration."""
+    from tests._support import object_agent
+    from tests.cli.test_objects import AGENT
+
+    obs, ob = object_agent.buffer(4)
+    np.save(tmp_path / "a.npy", obs)
+    ob.save(tmp_path / "a.objects.npz")
+    np.save(tmp_path / "b.npy", obs[::-1].copy())
+    ob.save(tmp_path / "b.objects.npz")
+    argv = ["explain", "--agent", AGENT, "--methods", "gradient", "--objects", "--store", "shares",
+            "--out", str(tmp_path / "out"), "--quiet", "--input"]
+    assert main(argv + [str(tmp_path / "a.npy")]) == 0
+    before = (tmp_path / "out" / "manifest.json").read_bytes()
+    capsys.readouterr()
+    assert main(argv + [str(tmp_path / "b.npy")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another input" in err, err
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == before
