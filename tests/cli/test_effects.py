@@ -317,3 +317,17 @@ def test_a_corrupted_shares_or_effects_file_is_one_clear_error(job, tmp_path, na
             load()
         msg = str(e.value)
         assert "\n" not in msg and ("delete it and rerun the same `jaxsal explain`" in msg or "new --out" in msg)
+
+
+@pytest.mark.parametrize("damage", ["effects chunk", "summary"])
+def test_render_refuses_a_damaged_effects_chunk_or_summary_before_drawing(job, tmp_path, capsys, damage):
+    """Before: the grid and stack PNGs were drawn first, then 'internal error BadZipFile' (effects) or
+    'internal error JSONDecodeError' (a truncated summary-p0.json), exit 1."""
+    out = tmp_path / "o"
+    shutil.copytree(job[0] / "o", out)
+    path = out / (_EFFECTS if damage == "effects chunk" else "summary-p0.json")
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+    assert main(["render", str(out), "--video", "none", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path.name} is corrupt" in err and "rerun the same `jaxsal explain`" in err, err
+    assert not (out / "gallery").exists()

@@ -70,6 +70,12 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     if scheme not in SCHEMES:
         raise SaliencyInputError(f"--scheme must be one of {SCHEMES}, got {scheme!r}")
     scales = {k: Scale(np.stack([flat_map(x) for x in m]), scheme) for k, m in maps.items()}
+    eff = None
+    if "effects" in cfg.get("objects", {}):  # read (and checked) before anything is written
+        from jaxsal.io.object_files import load_object_effects
+
+        eff = load_object_effects(out, allow_incomplete=True)
+    summaries = _summaries(out)
     gallery = Path(gallery) if gallery is not None else out / "gallery"
     gallery.mkdir(parents=True, exist_ok=True)
     idx = np.unique(np.linspace(0, len(frames) - 1, min(grid_frames, len(frames))).round().astype(int))
@@ -83,10 +89,7 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     for i in shown:
         pngs.append(stack_png(gallery / f"stack_{start + i:06d}.png", frames, maps, i, scale=scale,
                               scales=stack_scales, boxes=ob))
-    if "effects" in cfg.get("objects", {}):  # --effects: one figure per shown state, its effects beside its maps
-        from jaxsal.io.object_files import load_object_effects
-
-        eff = load_object_effects(out, allow_incomplete=True)
+    if eff is not None:  # --effects: one figure per shown state, its effects beside its maps
         where = {int(f): r for r, f in enumerate(eff["frame"])}
         for i in shown:
             if start + i in where:
@@ -97,10 +100,23 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     for ext in videos:
         vids.append(video(gallery / f"episode.{ext}", frames, maps, fps=fps, scale=2 if ext == "gif" else scale,
                           greydanus=greydanus, scales=scales, captions=captions, first=start, boxes=ob))
-    summaries = [json.loads(p.read_text()) for p in sorted(out.glob("summary-p*.json"))]
     page = gallery / "index.html"
     page.write_text(_html(manifest, names, scales, pngs, vids, start, stop, summaries))
     return {"html": page, "pngs": pngs, "videos": vids}
+
+
+def _summaries(out: Path) -> list:
+    """The job's summary-p*.json files (timings, shown on the page); a damaged one is a clear error: it only
+    records timings, and the same `jaxsal explain` writes it again once it is deleted."""
+    res = []
+    for p in sorted(out.glob("summary-p*.json")):
+        try:
+            res.append(json.loads(p.read_text()))
+        except (ValueError, IsADirectoryError) as e:
+            raise SaliencyInputError(f"{p} is corrupt ({type(e).__name__}: {str(e).splitlines()[0]}): delete it "
+                                     "and rerun the same `jaxsal explain` command, which writes it again "
+                                     "(it holds only timings)") from None
+    return res
 
 
 class _Array:
