@@ -475,8 +475,14 @@ def check_dir(out, stored: dict, config_name: str):
         return
     try:
         old = json.loads((out / CONFIG_JSON).read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
         raise SweepConfigError(f"--out {out} is not empty and holds no sweep ({CONFIG_JSON}); choose another --out")
+    except (OSError, ValueError) as e:
+        old = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if not (isinstance(old, dict) and isinstance(old.get("config"), dict)):  # edited or damaged: not resumable
+        why = old if isinstance(old, str) else "not the config and folder `jaxsal sweep` writes"
+        raise SweepConfigError(f"{out / CONFIG_JSON} is corrupt ({why}), so which sweep {out} holds is unknown; "
+                               "choose another --out")
     if old.get("config") == stored["config"] and old.get("config_dir") != stored["config_dir"]:
         raise SweepConfigError(f"{out} holds this sweep run from the config in {old.get('config_dir')} (its paths are "
                                "relative to that folder): run that file, or choose another --out")
@@ -631,10 +637,16 @@ def write_record(path, record: dict):
 
 
 def read_record(out, cell: Cell) -> dict | None:
+    """A cell's record, or None (not run, or a record damaged or edited into another shape: the cell runs
+    again, its job resuming from its finished chunks)."""
     try:
-        return json.loads((Path(out) / cell.path / CELL_RECORD).read_text())
+        rec = json.loads((Path(out) / cell.path / CELL_RECORD).read_text())
     except (OSError, ValueError):
         return None
+    if not (isinstance(rec, dict) and isinstance(rec.get("status"), str)
+            and isinstance(rec.get("metrics") or {}, dict)):
+        return None
+    return rec
 
 
 # --------------------------------------------------------------------------- the table
@@ -712,24 +724,35 @@ def load_sweep(out, as_frame: bool = False):
             "frames" and "seed" as int64 when every row has them; or the same as a DataFrame.
 
     Raises:
-        jaxsal.SaliencyInputError: `out` has no results.csv, or `as_frame=True` without pandas.
+        jaxsal.SaliencyInputError: `out` has no results.csv, it is corrupt, or `as_frame=True` without
+            pandas.
     """
     path = Path(out) / RESULTS
     if not path.exists():
         raise SaliencyInputError(f"{out} has no {RESULTS}; run `jaxsal sweep CONFIG.toml --out {out}` first")
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader)
-        values = list(reader)
-    cols = {}
-    for i, name in enumerate(header):
-        raw = [r[i] for r in values]
-        if name in STRING_COLUMNS:
-            cols[name] = np.asarray(raw, dtype=str)
-        elif name in ("frames", "seed") and raw and all(v.lstrip("-").isdigit() for v in raw):
-            cols[name] = np.asarray([int(v) for v in raw], np.int64)
-        else:
-            cols[name] = np.asarray([float(v) if v not in ("",) else np.nan for v in raw], np.float64)
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        if not rows:
+            raise ValueError("empty")
+        header, values = rows[0], rows[1:]
+        bad = next((j for j, r in enumerate(values) if len(r) != len(header)), None)
+        if bad is not None or not {"agent", "status"} <= set(header):
+            raise ValueError(f"row {bad + 1} has {len(values[bad])} of {len(header)} columns" if bad is not None
+                             else "no agent and status columns")
+        cols = {}
+        for i, name in enumerate(header):
+            raw = [r[i] for r in values]
+            if name in STRING_COLUMNS:
+                cols[name] = np.asarray(raw, dtype=str)
+            elif name in ("frames", "seed") and raw and all(v.lstrip("-").isdigit() for v in raw):
+                cols[name] = np.asarray([int(v) for v in raw], np.int64)
+            else:
+                cols[name] = np.asarray([float(v) if v not in ("",) else np.nan for v in raw], np.float64)
+    except (ValueError, IndexError, IsADirectoryError, csv.Error) as e:  # truncated, emptied, edited, not text
+        raise SaliencyInputError(f"{path} is corrupt ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}): "
+                                 "delete it and rerun the same `jaxsal sweep` command, which writes it again from "
+                                 "the cells' records") from None
     if as_frame:
         try:
             import pandas as pd

@@ -503,3 +503,29 @@ gradient = {{}}
     assert t1[col][0] != t2[col][0]
     (tmp_path / "sweep.toml").write_text(text.format(draws="sanity_draws = 0"))
     assert _sweep(tmp_path / "sweep.toml", tmp_path / "bad") == 2
+
+
+def test_damaged_sweep_state_is_rerun_or_one_clear_error(swept, tmp_path, capsys):
+    """Before: a cell.json edited into a list, or with metrics a list, and a sweep.json that is a list ended in
+    'internal error AttributeError' (exit 1); a truncated, emptied or binary results.csv gave load_sweep's
+    IndexError/StopIteration/UnicodeDecodeError."""
+    d, cfg, ref = swept
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    cells = out / "cells" / "runs" / "tiny0" / "buf"
+    (cells / "gradient" / "cell.json").write_text("[1]")                     # not a record: the cell runs again
+    rec = json.loads((cells / "gradcam" / "cell.json").read_text())
+    (cells / "gradcam" / "cell.json").write_text(json.dumps(dict(rec, metrics=[1])))
+    csv_path = out / "results.csv"
+    for damaged in (csv_path.read_bytes()[:-40], b"", b"\xff\xfe\x00"):
+        csv_path.write_bytes(damaged)
+        with pytest.raises(jaxsal.SaliencyInputError, match="results.csv is corrupt .*rerun the same `jaxsal sweep`"):
+            jaxsal.load_sweep(out)
+    assert _sweep(cfg, out) == 0                                              # rewrites the table, reruns 2 cells
+    _same(_without_seconds(out), _without_seconds(ref))
+    capsys.readouterr()
+    for text in ("[1]", '{"config": [1]}', '{"config": '):
+        (out / "sweep.json").write_text(text)
+        assert _sweep(cfg, out) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "sweep.json is corrupt" in err and "choose another --out" in err, err
