@@ -483,6 +483,8 @@ class DopamineCheckpoint:
         self.terminal_path = str(terminal_path)
         d, k = Path(obs_path).parent, DOPAMINE_OBS.match(Path(obs_path).name).group(1)
         self.k = int(k)
+        if self.k > np.iinfo(np.int64).max:  # stored per state as int64 ("checkpoint" of load_outputs)
+            raise SaliencyInputError(f"{obs_path}: checkpoint number {k} is beyond int64; {CRAFTED}")
         self.action_path = d / f"$store$_action_ckpt.{k}.gz"
         self.add_count_path = d / f"add_count_ckpt.{k}.gz"
         self.invalid_path = d / f"invalid_range_ckpt.{k}.gz"
@@ -666,11 +668,15 @@ class DopamineCheckpoint:
             if not self.action_path.exists():
                 raise SaliencyInputError(f"missing Dopamine file {self.action_path}: the buffer's actions "
                                          "are needed for --target q_action")
-            a = load_gz_array(self.action_path, self._shape[0],
-                              f"but {self.path} has {self._shape[0]} frames").reshape(-1)
-            if a.shape[0] != self._shape[0]:
-                raise SaliencyInputError(f"{self.action_path} has {a.shape[0]} entries but {self.path} has "
-                                         f"{self._shape[0]} frames")
+            a = load_gz_array(self.action_path, self._shape[0], f"but {self.path} has {self._shape[0]} frames")
+            if a.ndim != 1 or a.shape[0] != self._shape[0]:
+                raise SaliencyInputError(f"{self.action_path} has shape {a.shape} but {self.path} has "
+                                         f"{self._shape[0]} frames: one action per frame; {CRAFTED}")
+            # whole numbers that fit int32: a fraction or 2**40 must not become another action in the cast
+            if not np.issubdtype(a.dtype, np.integer) and not (np.isfinite(a).all() and (a == np.round(a)).all()) \
+                    or a.size and (a.min() < 0 or a.max() > np.iinfo(np.int32).max):
+                raise SaliencyInputError(f"{self.action_path}: actions must be whole numbers from 0 to 2**31-1, got "
+                                         f"dtype {a.dtype}, {a.min()}..{a.max()}; {CRAFTED}")
             self._actions = a[self._phys][self._keep].astype(np.int32)
         return self._actions[start:stop]
 

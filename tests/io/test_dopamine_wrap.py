@@ -64,3 +64,27 @@ def test_missing_actions_for_q_action_is_one_clear_error(tmp_path):
     (tmp_path / "$store$_action_ckpt.3.gz").unlink()
     with pytest.raises(SaliencyInputError, match="q_action"):
         open_source(tmp_path).actions(0, 2)
+
+
+@pytest.mark.parametrize("actions, says", [
+    (np.full(CAP, 2 ** 40), "whole numbers"),         # before: wrapped to action 0 in the int32 cast, silently
+    (np.full(CAP, 1.5), "whole numbers"),             # before: truncated to action 1, silently
+    (np.zeros((CAP // 2, 2), np.int32), r"shape \(10, 2\)"),  # before: flattened into one action per frame
+])
+def test_actions_that_are_no_action_indices_are_one_clear_error(tmp_path, actions, says):
+    from tests.io.test_readers import _gz_save
+
+    _wrapped_buffer(tmp_path)
+    _gz_save(tmp_path / "$store$_action_ckpt.3.gz", actions)
+    with pytest.raises(SaliencyInputError, match=says):
+        open_source(tmp_path).actions(0, 2)
+
+
+def test_a_checkpoint_number_beyond_int64_is_one_clear_error(tmp_path):
+    """Before: OverflowError when the states' checkpoint numbers were stored."""
+    frames = np.zeros((CAP, 84, 84), np.uint8)
+    write_dopamine(tmp_path, 3, frames, np.zeros(CAP, bool))
+    for p in tmp_path.iterdir():
+        p.rename(tmp_path / p.name.replace(".3.gz", f".{2 ** 64}.gz"))
+    with pytest.raises(SaliencyInputError, match="beyond int64"):
+        open_source(tmp_path).row_ids(0, 2)
