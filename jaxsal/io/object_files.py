@@ -144,7 +144,7 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
         try:
             boxes, labels, classes = z["boxes"], z["labels"], z["classes"]
             size = z["size"] if "size" in z.files else np.asarray([84, 84])
-            file_game = str(z["game"]) if "game" in z.files else None
+            file_game = z["game"] if "game" in z.files else None
         except ValueError as e:  # object arrays need pickle, which we never load
             raise SaliencyInputError(f"objects file {p}: {str(e).splitlines()[0]}; store classes as a str "
                                      f"array (np.asarray(names)), not objects") from None
@@ -154,6 +154,11 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
     if size.shape != (2,) or not np.issubdtype(size.dtype, np.integer) or not ((size >= 1) & (size <= 4096)).all():
         raise SaliencyInputError(f"objects file {p}: size must be the frame's (height, width), 2 integers from 1 to "
                                  f"4096, got {size.dtype} {size.tolist() if size.size <= 4 else size.shape}")
+    if file_game is not None:  # one name: str() of an array of names would be a name matching no agent
+        if file_game.shape != () or file_game.dtype.kind not in "US":
+            raise SaliencyInputError(f"objects file {p}: game must be one name (np.asarray('pong')), got "
+                                     f"{file_game.dtype} {file_game.shape}")
+        file_game = str(file_game)
     size = (int(size[0]), int(size[1]))
     if boxes.ndim != 4 or boxes.shape[-1] != 4 or labels.shape != boxes.shape[:3]:
         raise SaliencyInputError(f"objects file {p}: boxes must be (N, F, K, 4) and labels (N, F, K), got "

@@ -337,6 +337,8 @@ def test_crafted_objects_files_are_one_clear_error(tmp_path):
     cases = {"size of one number": (dict(size=np.asarray([84])), "size must be the frame's"),
              "size of three numbers": (dict(size=np.asarray([84, 84, 3])), "size must be"),
              "size beyond int16": (dict(boxes=big, size=np.asarray([100000, 100000])), "from 1 to 4096"),
+             "game of two names": (dict(game=np.asarray(["pong", "breakout"])), "game must be one name"),  # str()'d
+             "game a number": (dict(game=np.asarray(3)), "game must be one name"),                 # before, silently
              "200 classes": (dict(labels=np.full((3, 4, 2), 150), classes=np.asarray([f"c{i}" for i in range(200)])),
                              "1 to 127 names")}
     for name, (change, says) in cases.items():
