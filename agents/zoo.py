@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from . import networks
 from .checkpoint import load_params
 from .envs import ATARI_GAMES, MINATAR_GAMES, check_game
-from .errors import AgentLoadError
+from .errors import AgentInputError, AgentLoadError
 from .weights import SHIPPED_DIR, manifest, require
 MINATAR_SHAPES = {"minatar-breakout": (4, 3), "minatar-spaceinvaders": (6, 4),
                   "minatar-asterix": (4, 5), "minatar-freeway": (7, 3)}  # (channels, actions)
@@ -139,7 +139,12 @@ def load(name: str, params_path: str | None = None) -> Agent:
         raise AgentLoadError(f"agent card {card_path} is not valid JSON ({e})") from None
     model = model_from_card(check_card(card, card_path))
     obs_shape = tuple(card["obs_shape"])
-    template = jax.eval_shape(model.init, jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1,) + obs_shape, jnp.float32))
+    try:
+        template = jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                                  jax.ShapeDtypeStruct((1,) + obs_shape, jnp.float32))
+    except AgentInputError as e:  # the card's frames are not the ones its game's network takes
+        raise AgentLoadError(f"agent card {card_path}: obs_shape {list(obs_shape)} does not fit its {card['game']} "
+                             f"network ({str(e).splitlines()[0]}); set obs_shape to the frames it was trained on") from None
     params = load_params(params_path, template)  # shapes checked against the abstract template: nothing allocated
     return Agent(name=card_path.stem, model=model, params=params, card=card)
 

@@ -53,7 +53,8 @@ def test_mismatched_checkpoint_is_clear_error(tmp_path):
     (lambda c: dict(c, obs_shape=[10.5, 10, 4]), "obs_shape is"),
     (lambda c: dict(c, game=3), "game is 3"),
     (lambda c: dict(c, layer_norm="no"), "layer_norm is"),
-    (lambda c: dict(c, pixels="float"), "pixels is")])
+    (lambda c: dict(c, pixels="float"), "pixels is"),
+    (lambda c: dict(c, obs_shape=[84, 84, 4]), r"obs_shape \[84, 84, 4\] does not fit its minatar-breakout network")])
 def test_a_crafted_card_is_one_clear_error_before_anything_is_built(tmp_path, change, says):
     """A card with a missing or mistyped field: an AgentLoadError naming the card and the field, never a
     KeyError, a JAX shape error or an out-of-memory allocation of a huge network."""
