@@ -127,8 +127,10 @@ def test_the_docs_page_states_what_the_summaries_hold():
     summaries = S.load()
     page = (ROOT / "docs/reproductions/paper_b.md").read_text()
     c = S.counts(S.claims(summaries))
-    done = S._games(summaries)
-    assert f"Done: {done}" in page
+    if S.not_done(summaries):   # the lines name the games done; once all are, they say so
+        assert f"Done: {S._games(summaries)}" in page
+    else:
+        assert "its play under the sampling above, in all four games" in page
     assert re.search(rf"{c['agree']} agree, {c['disagree']} disagree and\s+{c['inconclusive']} inconclusive of "
                      rf"{sum(c.values())} verdicts", page)
 
