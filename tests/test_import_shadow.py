@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests._support import ROOT
 
 
@@ -28,6 +30,7 @@ def _run_in(cwd):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_a_folder_named_jaxsal_in_the_working_directory_does_not_shadow_the_package(tmp_path):
     (tmp_path / "jaxsal").symlink_to(ROOT, target_is_directory=True)  # the clone, named jaxsal
     proc = _run_in(tmp_path)
@@ -35,6 +38,7 @@ def test_a_folder_named_jaxsal_in_the_working_directory_does_not_shadow_the_pack
     assert Path(proc.stdout.strip()).name == "__init__.py"
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_a_copy_named_jaxsal_does_not_shadow_it_either(tmp_path):
     clone = tmp_path / "jaxsal"
     clone.mkdir()

@@ -137,6 +137,7 @@ def test_discovery_registers_and_ships_each_file(found):
         jaxsal.unregister("found_patch_drop")
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_the_found_methods_run_through_explain(found):
     obs = K._obs()
     f = lambda **kw: jaxsal.explain(K.MODEL.apply, K.PARAMS, obs, **kw)  # noqa: E731
@@ -171,6 +172,7 @@ _IMPORT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_import_jaxsal_finds_files_dropped_into_its_packages(tmp_path):
     """A fresh process imports a copy of jaxsal with the three files in its backprop/ and
     perturbation/ folders (no other file of the copy changed): all three are shipped methods."""

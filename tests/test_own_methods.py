@@ -144,6 +144,7 @@ def test_a_taken_name_needs_replace_and_unregister_brings_the_shipped_one_back(o
         jaxsal.register(42, name="not_a_method")
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_the_cli_reaches_them_through_jaxsal_methods(tmp_path):
     np.save(tmp_path / "x.npy", np.asarray(K._obs(4)))
     env = {**os.environ, "JAXSAL_METHODS": str(ROOT / "tests" / "_support" / "own_methods.py"),

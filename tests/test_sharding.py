@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from tests._support import ROOT
 
@@ -46,6 +47,7 @@ def _run_here(tmp_path):
     return dict(np.load(out))
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_sharded_equals_unsharded(tmp_path):
     one = _run_here(tmp_path)
     four = _run(tmp_path, 4)

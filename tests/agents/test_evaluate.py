@@ -24,6 +24,7 @@ def test_summary_ci_is_student_t_of_the_mean():
     assert summarise([2.0, 2.0, 2.0])["ci95"] == [2.0, 2.0]
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_play_games_one_game_per_env_unclipped():
     agent = jaxsal_agents.load("breakout")
     rets = play_games(agent, episodes=2, seed=5, max_steps=400)

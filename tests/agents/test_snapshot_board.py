@@ -93,6 +93,7 @@ def test_snapshots_go_to_tensorboard_with_their_steps(probe_setup, tmp_path):
     np.testing.assert_allclose((tile - 0.35 * frame) / 0.65, heat, atol=0.01)
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_tensorboard_in_pqn_training_at_the_snapshot_steps(probe_setup, tmp_path):
     from jaxsal_agents.train import train
     env, probe, model, _ = probe_setup

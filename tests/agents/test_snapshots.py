@@ -139,6 +139,7 @@ def test_resumed_run_keeps_earlier_rows_and_replaces_redone_steps(probe_setup, t
     assert [float(r["return_mean"]) for r in rows] == [1.0, 2.0, 9.0, 9.0]
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_snapshots_record_object_shares_for_games_with_a_table(tmp_path):
     pytest.importorskip("ale_py")
     import jaxsal_agents

@@ -3,6 +3,7 @@ JAXSAL_METHODS file (`jaxsal.register(jaxsal.noise_tunnel("gradcam"), name=...)`
 Backprop is `integrated_gradients` with `rule=guided`; the job's maps equal the Python call's."""
 import jax
 import numpy as np
+import pytest
 
 import jaxsal
 from jaxsal import plugins
@@ -16,6 +17,7 @@ jaxsal.register(jaxsal.noise_tunnel("gradcam", n=4, sigma=0.2), name="smooth_gra
 '''
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_smoothgrad_of_gradcam_and_ig_of_guided_backprop_from_the_cli(tmp_path, monkeypatch):
     x = np.asarray(_obs(4))
     np.save(tmp_path / "x.npy", x)

@@ -33,6 +33,7 @@ def job(tmp_path_factory):
     return d, obs, ob
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_stored_effects_are_object_effects_of_the_frames(job):
     d, obs, ob = job
     out = d / "o"
@@ -121,6 +122,7 @@ def _eff_same(out, ref):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_resume_computes_only_the_missing_effects(tmp_path):
     args = _small_job(tmp_path) + ["--effects"]
     assert main(args + ["--out", str(tmp_path / "ref")]) == 0

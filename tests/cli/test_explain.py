@@ -171,6 +171,7 @@ def test_progress_and_summary(tmp_path, agent_card, capsys):
            2 * np.asarray(jaxsal.load_maps(tmp_path / "o", "standin_grad")))
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_play_rollout_saved_and_reused(tmp_path, agent_card, capsys):
     argv = ["explain", "--agent", str(agent_card), "--methods", "standin_grad", "--play", "5",
             "--out", str(tmp_path / "o")]

@@ -271,6 +271,7 @@ def test_game_mismatch_and_the_recorded_buffer(tmp_path, capsys):
     assert "already holds a recorded buffer" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_play_with_objects_records_the_boxes_of_its_frames(tmp_path, capsys):
     """--play N --objects plays on ale-py (the frames record_objects writes at the same seed) and keeps
     each state's RAM boxes beside the rollout, where --objects finds them; a rerun reuses both; a rollout

@@ -98,6 +98,7 @@ def test_q_action_uses_the_dopamine_actions(tmp_path):
     assert jaxsal.io.read_manifest(out)["resolved"]["standin_grad"]["options"]["target"] == "q_action"
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_sigint_exits_130_resumes_and_partial_renders(tmp_path):
     card = make_agent_files(tmp_path / "agent")
     np.save(tmp_path / "buf.npy", frames(30, seed=7))

@@ -218,6 +218,7 @@ def test_the_gallery_escapes_everything_a_folder_holds(tmp_path, capsys):
     page = (out / "gallery" / "index.html").read_text()
     assert "<script" not in page and "onerror=\"" not in page and PAYLOAD not in page
     assert page.count("&lt;script&gt;") >= 8 and "&quot;&gt;&lt;script&gt;" in page
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_the_per_frame_hint_names_only_methods_that_give_per_frame_maps():
     """The stack picture suggests `--option M.per_frame=true` exactly where it works on a plain
     (not time-distributed) CNN; layer-resolution and perturbation methods refuse it."""

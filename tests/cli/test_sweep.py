@@ -60,6 +60,7 @@ def swept(tmp_path_factory):
     return d, cfg, d / "out"
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_one_row_per_cell_with_its_metrics(swept):
     d, cfg, out = swept
     t = jaxsal.load_sweep(out)
@@ -319,6 +320,7 @@ def test_plan_names_every_cell_readably(tmp_path):
     assert cells[4].input_spec == {"path": str(tmp_path / "buf.npy"), "limit": 2}
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_method_expressions_as_methods(tmp_path):
     """A [methods] entry's method (or its key) may be an expression: the cell's method_name is its
     canonical text, an unaliased one's folder its alias; the job's maps are the Python call's with

@@ -23,14 +23,10 @@ from tests._support import ROOT
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SHIPPED = ROOT / "agents" / "shipped"
 
-# the pages the fast loop runs, with their seconds (one process on a busy 2-core machine, XLA at -O0);
-# every other page is slow: together the pages take about 13 minutes of CPU
+# the pages the fast loop runs, with their seconds (one process on a busy 2-core machine, XLA at -O0):
+# the README, the front door; every other page is slow (together about 13 minutes of CPU), run by CI
 FAST = {
     "README.md": 31,
-    "docs/guides/batch.md": 32,  # two combined methods too
-    "docs/guides/jit-vmap-scan.md": 14,
-    "docs/methods/gradcam.md": 28,  # a CAM variant of your own
-    "docs/methods/index.md": 19,    # several methods at once
 }
 
 

@@ -74,6 +74,7 @@ def test_list_job_matches_single_jobs_and_the_list_call(tmp_path, nature):
                            atol=1e-3 * float(np.abs(listed["gradcam"]).max()))
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_list_job_runs_one_backward_program_per_group_and_chunk(tmp_path, nature, monkeypatch):
     card, _, _, inp = nature
     runs = _count_runs(monkeypatch)
@@ -87,6 +88,7 @@ def test_list_job_runs_one_backward_program_per_group_and_chunk(tmp_path, nature
     assert len(runs) == 9, len(runs)
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_resume_recomputes_a_partial_group_whole(tmp_path, nature, monkeypatch):
     """A chunk whose group lost one member's file (a kill between the writer's files) is computed
     whole again and only the missing file written: the same bytes as before."""
@@ -154,6 +156,7 @@ def _files(d):
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("chunk_*.np[yz]"))}
 
 
+@pytest.mark.slow  # end to end, 3-10 s: the slow stage (CI runs it)
 def test_sigkill_then_resume_with_a_method_list(tmp_path):
     card = make_agent_files(tmp_path / "agent")
     np.savez_compressed(tmp_path / "buf.npz", obs=frames(24, seed=7))

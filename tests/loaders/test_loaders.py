@@ -147,6 +147,7 @@ def pair():
 '''
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_cli_own_agent_same_maps_as_explain(tmp_path, dqn_file, frames):
     """--agent FILE.cleanrl_model, --agent file.py:FUNCTION and a tuple-returning FUNCTION with
     --layout all give jaxsal.explain's maps; the buffer may be in either layout."""

@@ -96,6 +96,7 @@ def test_only_the_read_object_has_an_effect_and_its_removal_flips_the_action():
     np.testing.assert_allclose(given.effect[1:], res.effect[1:], atol=1e-5)
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_background_is_each_frames_mode_outside_the_objects():
     obs, masks = _obs()
     apply_fn, params = _agent()
@@ -296,6 +297,7 @@ def _removed(obs, boxes, **kw):
     return np.asarray(xi), np.asarray(overlap), np.asarray(residue), np.asarray(share), np.asarray(present)
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_removing_bricks_never_erases_the_ball_inside_their_box_and_the_overlap_is_reported():
     ball = (4, 6, 6, 8)                                  # 2x2, inside the bricks' 6x12 box
     obs, ob = _scene(ball)
@@ -391,6 +393,7 @@ def test_residue_counts_a_leftover_pixel_just_outside_the_box_and_nothing_withou
     assert int(res.residue[0, 0]) == 1 and res.residue.dtype == jnp.int32
 
 
+@pytest.mark.slow  # 3-8 s (a subprocess, a game or a whole job): the slow stage, which CI runs
 def test_frames_newest_changes_only_the_newest_frame():
     obs, masks = _obs()
     boxes = _boxes()

@@ -218,11 +218,14 @@ def test_given_original_maps_are_used_as_computed(dqn):
         sanity_check(model, params, obs, original=plain["maps"]["original"][:, :40], **kw)
 
 
+SLOW = pytest.mark.slow  # 3-7 s each; the fast loop keeps one draws path of each kind below
+
+
 @pytest.mark.parametrize("method, opts", [
-    ("rise", dict(n_masks=16, batch_size=8)),
-    ("lime", dict(n_samples=12, segmentation_options={"n_segments": 6})),
+    pytest.param("rise", dict(n_masks=16, batch_size=8), marks=SLOW),
+    pytest.param("lime", dict(n_samples=12, segmentation_options={"n_segments": 6}), marks=SLOW),
     ("lime", dict(n_samples=12, segmentation="felzenszwalb")),   # segments on the host: an eager vmap
-    ("scorecam", dict(layer="conv1")),
+    pytest.param("scorecam", dict(layer="conv1"), marks=SLOW),
     ("occlusion", dict(patch=4, stride=4)),                   # the incremental pass
     ("noise_sensitivity", dict(radius=2, stride=4)),
     ("_t_grad", {}),
