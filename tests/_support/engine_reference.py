@@ -6,6 +6,8 @@ Tiny models keep it cheap: a strided-conv CNN (ReLUs for the guided rules, named
 CAMs) and a time-distributed trunk (one conv on each of 3 frames) for per-frame CAMs."""
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -30,7 +32,9 @@ class Trunk(nn.Module):
         return nn.Dense(A, name="q")(nn.relu(a).reshape(n, -1))
 
 
+@functools.cache
 def models():
+    """The two models, their params and states: built once per process, when a case first runs."""
     tiny, trunk = Tiny(), Trunk()
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.integers(0, 256, (N, H, W, C)), jnp.uint8)
@@ -49,8 +53,7 @@ LIST = ["gradcam", "gradcam_pp", "guided_backprop", "g2gradcam", "gradient", "xg
 
 def cases():
     """name -> thunk giving the maps (an array, or a dict for a method list)."""
-    (f, p, x), (ft, pt, xt) = models()
-    e = lambda **kw: (lambda: jaxsal.explain(f, p, x, **kw))  # noqa: E731
+    e = lambda **kw: (lambda: jaxsal.explain(*models()[0], **kw))  # noqa: E731
     c = {f"{m}": e(method=m) for m in SINGLE}
     c.update({
         "list": e(method=LIST),
@@ -61,9 +64,9 @@ def cases():
         "gradcam_advantage": e(method="gradcam", target="advantage"),
         "gradcam_post_relu": e(method="gradcam", layer_activation="post_relu"),
         "gradient_slow_conv": e(method="gradient", fast_conv=False),
-        "trunk_per_frame": lambda: jaxsal.explain(ft, pt, xt, method=["gradcam", "g1gradcam", "g2gradcam",
+        "trunk_per_frame": lambda: jaxsal.explain(*models()[1], method=["gradcam", "g1gradcam", "g2gradcam",
                                                                       "guided_gradcam"], per_frame=True),
-        "trunk_sum": lambda: jaxsal.explain(ft, pt, xt, method=["gradcam_pp", "g2gradcam"]),
+        "trunk_sum": lambda: jaxsal.explain(*models()[1], method=["gradcam_pp", "g2gradcam"]),
         "smoothgrad": e(method="smoothgrad", n_samples=5, key=KEY),
         "smoothgrad_groups": e(method="smoothgrad", n_samples=5, key=KEY, batch_size=4),
         "smoothgrad_sg2": e(method="smoothgrad", n_samples=5, key=KEY, variant="sg2"),
@@ -77,8 +80,8 @@ def cases():
         "ig_const": e(method="integrated_gradients", steps=4, baseline=np.full((H, W, C), 30.0, np.float32)),
         "ig_per_state": e(method="integrated_gradients", steps=4,
                           baseline=np.arange(N * H * W * C, dtype=np.float32).reshape(N, H, W, C) % 97),
-        "ig_gl": lambda: jaxsal.integrated_gradients(f, p, x, steps=4, method="gausslegendre", per_frame=True),
-        "ig_trapezoid_guided": lambda: jaxsal.integrated_gradients(f, p, x, steps=4, method="riemann_trapezoid",
+        "ig_gl": lambda: jaxsal.integrated_gradients(*models()[0], steps=4, method="gausslegendre", per_frame=True),
+        "ig_trapezoid_guided": lambda: jaxsal.integrated_gradients(*models()[0], steps=4, method="riemann_trapezoid",
                                                                    rule="guided"),
         "ig_error": e(method="integrated_gradients", steps=4, return_error=True, fast_prefix=False),
         "ig_q_action": e(method="integrated_gradients", steps=4, target="q_action", actions=ACTS),
