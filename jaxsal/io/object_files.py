@@ -326,19 +326,15 @@ def _read_chunk(path: Path, rows: int, spec: dict) -> dict:
     """The arrays of one shares or effects chunk, each checked against `spec` {key: (trailing shape,
     dtype kinds)}: a truncated, emptied or replaced file is a clear error naming the fix, never a
     zipfile/numpy traceback nor shares joined to the wrong frames or classes."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in spec if k not in z.files]
-            arrays = {k: z[k] for k in spec if k in z.files}
-        why = f"no {', '.join(missing)}" if missing else next(
+    from jaxsal.io.store import read_checked_npz
+
+    def check(arrays):
+        missing = [k for k in spec if k not in arrays]
+        return f"no {', '.join(missing)}" if missing else next(
             (f"{k!r} has shape {v.shape} and dtype {v.dtype}, not {(rows,) + spec[k][0]} of {spec[k][1]}"
              for k, v in arrays.items() if v.shape != (rows,) + spec[k][0] or v.dtype.kind not in spec[k][1]), None)
-    except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, IsADirectoryError) as e:
-        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    if why is not None:
-        raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
-                                 "command, which computes that chunk again")
-    return arrays
+
+    return read_checked_npz(path, check, keys=tuple(spec))
 
 
 def _chunks_done(out, cfg, exists, what: str, allow_incomplete: bool) -> list[int]:

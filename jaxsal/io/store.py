@@ -279,18 +279,25 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
 
 
 def _read_outputs(path: Path, rows: int) -> dict:
-    """The arrays of one chunk's outputs file, each checked to hold one entry per frame of the chunk
-    (a truncated or replaced file is a clear error naming the fix, never outputs joined to the wrong frames)."""
+    """The arrays of one chunk's outputs file, each checked to hold one entry per frame of the chunk."""
+    return read_checked_npz(path, lambda arrays: next((f"{k!r} has shape {v.shape}, not {rows} rows"
+                                                       for k, v in arrays.items() if v.ndim == 0 or v.shape[0] != rows),
+                                                      None))
+
+
+def read_checked_npz(path: Path, check, keys=None) -> dict:
+    """The arrays of one result chunk (.npz; only `keys` where given) and `check(arrays)`, which says what is
+    wrong or None: a truncated, emptied or replaced file is a clear error naming the fix, never a zipfile or
+    numpy traceback nor results joined to the wrong frames."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        why = next((f"{k!r} has shape {v.shape}, not {rows} rows" for k, v in arrays.items()
-                    if v.ndim == 0 or v.shape[0] != rows), None)
+            arrays = {k: z[k] for k in (z.files if keys is None else keys) if k in z.files}
+        why = check(arrays)
     except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, IsADirectoryError) as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if why is not None:
         raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
-                                 "command, which writes it again")
+                                 "command, which computes that chunk again")
     return arrays
 
 
