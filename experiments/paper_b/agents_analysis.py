@@ -27,6 +27,7 @@ import numpy as np
 from experiments.common.paths import RESULTS, write_results
 
 OUT = RESULTS / "paper_b_agents"
+DEVIATIONS = Path(__file__).with_name("agents_deviations.md")  # the README ends with them
 GAME = "breakout"
 AGENTS = {"shipped": RESULTS / "paper_b_rerun" / GAME,
           "seed1": OUT / "seed1" / GAME,
@@ -254,7 +255,7 @@ def main(argv=None):
                          + "\n(run `python -m experiments.paper_b.rerun --game breakout --agent-file CARD --out DIR` "
                            "for each agent; agents_registration.md has the commands)")
     res = analyse(dirs, a.permutations)
-    write_results(a.out, res, markdown(res), "summary.json", "README.md")
+    write_results(a.out, res, markdown(res) + "\n" + DEVIATIONS.read_text(), "summary.json", "README.md")
     print(f"wrote {a.out}/summary.json and README.md")
 
 

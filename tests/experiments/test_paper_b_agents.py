@@ -82,4 +82,6 @@ def test_three_copies_of_one_agent_agree_everywhere(tmp_path):
     assert {c["cross"] for c in res["claims"]} <= {"same in all", "undecided in all"}
     assert all(r["w"] == pytest.approx(1.0) and r["shared_ranking"] for r in res["concordance"])
     assert all(c["sd_agent"] < 1e-6 and c["sd_agent_x_method"] < 1e-6 for c in res["components"].values())
-    assert "| a | True | 20 | 1000 | 200 x 10 |" in (tmp_path / "README.md").read_text()
+    readme = (tmp_path / "README.md").read_text()
+    assert "| a | True | 20 | 1000 | 200 x 10 |" in readme
+    assert readme.rstrip().endswith(A.DEVIATIONS.read_text().rstrip())  # the deviations close the README
