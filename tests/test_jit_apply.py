@@ -10,6 +10,7 @@ inside a plain function, with the jit's cache warm (as after training), and on a
 from __future__ import annotations
 
 import copy
+import functools
 
 import flax.linen as nn
 import jax
@@ -32,9 +33,17 @@ class Net(nn.Module):
 
 NET = Net()
 X = np.random.default_rng(0).integers(0, 256, (3, 20, 20, 2)).astype(np.float32)
-P = jax.jit(NET.init)(jax.random.PRNGKey(0), X[:1])
 JITTED = jax.jit(NET.apply)
-JITTED(P, X)  # the jit's cache is warm, as SBX's is after training
+
+
+@functools.cache
+def params():
+    """The net's parameters, with the jit's cache made warm as SBX's is after training: once per
+    process, when a test first asks (not at collection, in every xdist worker)."""
+    p = jax.jit(NET.init)(jax.random.PRNGKey(0), X[:1])
+    JITTED(p, X)
+    return p
+
 NESTED = jax.jit(lambda p, x: JITTED(p, x) * 1.0)
 
 
@@ -59,7 +68,7 @@ CASES = {
 def _maps(fn, case):
     method = case.split("_default")[0].split("_post")[0]
     method = {"smoothgrad_guided": "smoothgrad", "ig_deconvnet": "integrated_gradients"}.get(method, method)
-    return np.asarray(jaxsal.explain(fn, P, X, method=method, **CASES[case]))
+    return np.asarray(jaxsal.explain(fn, params(), X, method=method, **CASES[case]))
 
 
 EVERY_WRAP = {"gradient", "guided_backprop", "gradcam"}
@@ -80,9 +89,9 @@ def test_maps_through_a_jitted_apply_equal_the_plain_apply(case, wrap):
 
 @pytest.mark.parametrize("wrap", list(APPLIES))
 def test_layers_are_listed_through_a_jitted_apply(wrap):
-    assert layer_calls(APPLIES[wrap], P, jnp.asarray(X[:1])) == layer_calls(NET.apply, P, jnp.asarray(X[:1]))
-    assert [c.name for c in layer_calls(APPLIES[wrap], P, jnp.asarray(X[:1]))] == \
-        ["conv1", "conv2", "conv2_norm", "fc", "q"]
+    p, x = params(), jnp.asarray(X[:1])
+    assert layer_calls(APPLIES[wrap], p, x) == layer_calls(NET.apply, p, x)
+    assert [c.name for c in layer_calls(APPLIES[wrap], p, x)] == ["conv1", "conv2", "conv2_norm", "fc", "q"]
 
 
 def test_a_copied_jit_keeps_the_affine_prefix_and_runs_the_metrics():
@@ -90,11 +99,11 @@ def test_a_copied_jit_keeps_the_affine_prefix_and_runs_the_metrics():
     affine-prefix split is still found and a fidelity curve equals the plain apply's."""
     from jaxsal.backprop.prefix import split_affine
     with pytest.raises(AttributeError):
-        jax.eval_shape(COPIED, P, X[:1])
-    assert split_affine(COPIED, P, X.shape[1:]) is not None
+        jax.eval_shape(COPIED, params(), X[:1])
+    assert split_affine(COPIED, params(), X.shape[1:]) is not None
     maps = _maps(NET.apply, "gradient")
-    want = jaxsal.metrics.deletion(NET.apply, P, X, maps, score="difference")
-    got = jaxsal.metrics.deletion(COPIED, P, X, maps, score="difference")
+    want = jaxsal.metrics.deletion(NET.apply, params(), X, maps, score="difference")
+    got = jaxsal.metrics.deletion(COPIED, params(), X, maps, score="difference")
     assert got.keys() == want.keys() and got["auc"].shape == (len(X),)
     for k in want:
         if isinstance(want[k], str):
