@@ -1,4 +1,6 @@
 """The incremental forward pass (recompute only the touched part of each conv) equals the plain path."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -29,7 +31,12 @@ class TwoConv(nn.Module):
 
 OBS = tiny_obs(3, seed=9)
 MODEL = TwoConv()
-PARAMS = jax.jit(MODEL.init)(jax.random.PRNGKey(1), OBS[:1])
+
+
+@functools.cache
+def params():
+    """The model's parameters: once per process, when a test first asks (not at collection)."""
+    return jax.jit(MODEL.init)(jax.random.PRNGKey(1), OBS[:1])
 
 
 @pytest.mark.parametrize("method,opts", [
@@ -41,8 +48,8 @@ PARAMS = jax.jit(MODEL.init)(jax.random.PRNGKey(1), OBS[:1])
                  marks=pytest.mark.slow),
 ])
 def test_incremental_equals_plain(method, opts):
-    plain = np.asarray(method(MODEL.apply, PARAMS, OBS, incremental=False, return_grid=True, **opts))
-    fast = np.asarray(method(MODEL.apply, PARAMS, OBS, incremental=True, return_grid=True,
+    plain = np.asarray(method(MODEL.apply, params(), OBS, incremental=False, return_grid=True, **opts))
+    fast = np.asarray(method(MODEL.apply, params(), OBS, incremental=True, return_grid=True,
                              batch_size=40, **opts))
     np.testing.assert_allclose(fast, plain, rtol=1e-4, atol=1e-5)
     assert np.abs(plain).max() > 1e-3
@@ -57,9 +64,9 @@ def test_incremental_apply_windows_every_conv_without_leak():
     xp = jax.vmap(lambda xi, a, b: jax.lax.dynamic_update_slice(xi, jnp.zeros((1, 1, 2)), (a, b, 0)))(
         xp, r0, c0)
     out, leaked = jax.jit(lambda p: incremental_apply(MODEL.apply, p, x, xp, r0, c0, (1, 1), (12, 12)))(
-        PARAMS)
+        params())
     assert leaked is None  # x / 255, ReLU and a per-pixel LayerNorm: proven local, nothing checked
-    want = MODEL.apply(PARAMS, xp)
+    want = MODEL.apply(params(), xp)
     np.testing.assert_allclose(np.asarray(out["q"]), np.asarray(want["q"]), rtol=1e-5, atol=1e-5)
 
 
@@ -71,10 +78,10 @@ def test_run_time_check_reports_a_change_outside_the_box(monkeypatch):
     xp = jax.vmap(lambda xi, a, b: jax.lax.dynamic_update_slice(xi, jnp.zeros((1, 1, 2)), (a, b, 0)))(
         jnp.repeat(x, 2, axis=0), r0, c0)
     run = jax.jit(lambda p, r: incremental_apply(MODEL.apply, p, x, xp, r, c0, (1, 1), (12, 12)))
-    out, leaked = run(PARAMS, r0)
+    out, leaked = run(params(), r0)
     assert not bool(leaked)
-    np.testing.assert_allclose(np.asarray(out["q"]), np.asarray(MODEL.apply(PARAMS, xp)["q"]), rtol=1e-5, atol=1e-5)
-    assert bool(run(PARAMS, (r0 + 2) % 12)[1])  # a box that does not cover the change
+    np.testing.assert_allclose(np.asarray(out["q"]), np.asarray(MODEL.apply(params(), xp)["q"]), rtol=1e-5, atol=1e-5)
+    assert bool(run(params(), (r0 + 2) % 12)[1])  # a box that does not cover the change
 
 
 class Skip(nn.Module):
