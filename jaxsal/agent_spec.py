@@ -13,7 +13,7 @@ import importlib
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxsal.errors import SaliencyInputError
+from jaxsal.errors import SaliencyInputError, brief
 
 LAYOUTS = ("NHWC", "NCHW")
 
@@ -91,8 +91,7 @@ def load_function_spec(spec: str, layout: str | None = None) -> LoadedAgent:
     except SaliencyInputError:
         raise
     except Exception as e:  # the user's module failed while importing
-        raise AgentSpecError(f"--agent {spec}: importing {head} failed: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        raise AgentSpecError(f"--agent {spec}: importing {head} failed: {brief(e)}") from None
     fn = getattr(module, fname, None)
     if not callable(fn):
         names = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
@@ -103,8 +102,7 @@ def load_function_spec(spec: str, layout: str | None = None) -> LoadedAgent:
     except SaliencyInputError:
         raise
     except Exception as e:
-        raise AgentSpecError(f"--agent {spec}: {fname}() failed: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        raise AgentSpecError(f"--agent {spec}: {fname}() failed: {brief(e)}") from None
     return as_agent(obj, default_name=fname, layout=layout, where=f"--agent {spec}")
 
 

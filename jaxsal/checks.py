@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsal import caching, sizing
-from jaxsal.errors import SaliencyInputError
+from jaxsal.errors import SaliencyInputError, brief
 from jaxsal.targets import check_actions, get_target, greedy, logits_of, q_of, require_actions
 
 LAYOUTS = ("NHWC", "NCHW")
@@ -310,7 +310,7 @@ def _probe(apply_fn, params, shape, layout):
     except SaliencyInputError:
         raise
     except Exception as e:  # noqa: BLE001 (turned into one clear error)
-        err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+        err = brief(e)[:200]
     alt = _other_reading(one, layout)
     try:
         jax.eval_shape(lambda p, o: apply_fn(p, o), params, jax.ShapeDtypeStruct(alt, jnp.float32))

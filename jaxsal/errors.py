@@ -15,6 +15,11 @@ def is_user_error(e: BaseException) -> bool:
     return isinstance(e, (CLIError, SaliencyInputError, OSError))
 
 
+def brief(e: BaseException) -> str:
+    """"Type: first line of its message": an exception named in one line of a message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 def error_line(e: BaseException, job: bool = True) -> str:
     """The one line a command prints (or a sweep cell records) for an error; `job`: the command is a
     resumable job (explain, sweep, demo), whose finished chunks a rerun resumes (else, e.g. render,
@@ -31,5 +36,4 @@ def error_line(e: BaseException, job: bool = True) -> str:
         return f"{what}{where}: {hint}{resume}"
     if is_user_error(e):
         return str(e).splitlines()[0] if str(e) else type(e).__name__
-    return f"internal error {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} " \
-           "(set JAXSAL_DEBUG=1 for the traceback)"
+    return f"internal error {brief(e)} (set JAXSAL_DEBUG=1 for the traceback)"

@@ -326,7 +326,7 @@ def _read_chunk(path: Path, rows: int, spec: dict) -> dict:
     """The arrays of one shares or effects chunk, each checked against `spec` {key: (trailing shape,
     dtype kinds)}: a truncated, emptied or replaced file is a clear error naming the fix, never a
     zipfile/numpy traceback nor shares joined to the wrong frames or classes."""
-    from jaxsal.io.store import read_checked_npz
+    from jaxsal.io.store import _read_checked_npz
 
     def check(arrays):
         missing = [k for k in spec if k not in arrays]
@@ -334,7 +334,7 @@ def _read_chunk(path: Path, rows: int, spec: dict) -> dict:
             (f"{k!r} has shape {v.shape} and dtype {v.dtype}, not {(rows,) + spec[k][0]} of {spec[k][1]}"
              for k, v in arrays.items() if v.shape != (rows,) + spec[k][0] or v.dtype.kind not in spec[k][1]), None)
 
-    return read_checked_npz(path, check, keys=tuple(spec))
+    return _read_checked_npz(path, check, keys=tuple(spec))
 
 
 def _chunks_done(out, cfg, exists, what: str, allow_incomplete: bool) -> list[int]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxsal.caching import LRU
-from jaxsal.errors import SaliencyInputError
+from jaxsal.errors import SaliencyInputError, brief
 
 MANIFEST = "manifest.json"
 OUTPUTS = "_outputs"  # per chunk: explained action and model outputs
@@ -280,12 +280,14 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
 
 def _read_outputs(path: Path, rows: int) -> dict:
     """The arrays of one chunk's outputs file, each checked to hold one entry per frame of the chunk."""
-    return read_checked_npz(path, lambda arrays: next((f"{k!r} has shape {v.shape}, not {rows} rows"
-                                                       for k, v in arrays.items() if v.ndim == 0 or v.shape[0] != rows),
-                                                      None))
+    def check(arrays):
+        return next((f"{k!r} has shape {v.shape}, not {rows} rows" for k, v in arrays.items()
+                     if v.ndim == 0 or v.shape[0] != rows), None)
+
+    return _read_checked_npz(path, check)
 
 
-def read_checked_npz(path: Path, check, keys=None) -> dict:
+def _read_checked_npz(path: Path, check, keys=None) -> dict:
     """The arrays of one result chunk (.npz; only `keys` where given) and `check(arrays)`, which says what is
     wrong or None: a truncated, emptied or replaced file is a clear error naming the fix, never a zipfile or
     numpy traceback nor results joined to the wrong frames."""
@@ -294,7 +296,7 @@ def read_checked_npz(path: Path, check, keys=None) -> dict:
             arrays = {k: z[k] for k in (z.files if keys is None else keys) if k in z.files}
         why = check(arrays)
     except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, IsADirectoryError) as e:
-        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        why = brief(e)
     if why is not None:
         raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
                                  "command, which computes that chunk again")
@@ -416,7 +418,7 @@ def read_manifest(out) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except (ValueError, IsADirectoryError) as e:  # JSONDecodeError, UnicodeDecodeError
-        raise SaliencyInputError(f"{path} is corrupt ({type(e).__name__}: {str(e).splitlines()[0]}); choose a "
+        raise SaliencyInputError(f"{path} is corrupt ({brief(e)}); choose a "
                                  "new --out directory") from None
     cfg = manifest.get("config") if isinstance(manifest, dict) else None
     if not (isinstance(cfg, dict) and isinstance(cfg.get("methods"), dict)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxsal.errors import SaliencyInputError
+from jaxsal.errors import SaliencyInputError, brief
 
 CONFIG_TOML, CONFIG_JSON, RESULTS, CELLS = "sweep.toml", "sweep.json", "results.csv", "cells"
 CELL_RECORD, JOB = "cell.json", "job"
@@ -478,7 +478,7 @@ def check_dir(out, stored: dict, config_name: str):
     except FileNotFoundError:
         raise SweepConfigError(f"--out {out} is not empty and holds no sweep ({CONFIG_JSON}); choose another --out")
     except (OSError, ValueError) as e:
-        old = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        old = brief(e)
     if not (isinstance(old, dict) and isinstance(old.get("config"), dict)):  # edited or damaged: not resumable
         why = old if isinstance(old, str) else "not the config and folder `jaxsal sweep` writes"
         raise SweepConfigError(f"{out / CONFIG_JSON} is corrupt ({why}), so which sweep {out} holds is unknown; "
@@ -750,7 +750,7 @@ def load_sweep(out, as_frame: bool = False):
             else:
                 cols[name] = np.asarray([float(v) if v not in ("",) else np.nan for v in raw], np.float64)
     except (ValueError, IndexError, IsADirectoryError, csv.Error) as e:  # truncated, emptied, edited, not text
-        raise SaliencyInputError(f"{path} is corrupt ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}): "
+        raise SaliencyInputError(f"{path} is corrupt ({brief(e)}): "
                                  "delete it and rerun the same `jaxsal sweep` command, which writes it again from "
                                  "the cells' records") from None
     if as_frame:

@@ -33,6 +33,7 @@ import numpy as np
 from jaxsal.agent_spec import DeclaredFn, LoadedAgent
 from jaxsal.io.pickled import (Call, Global, PickleFormatError, PickleLimitError, describe, parse, to_dtype,
                                tree_to_arrays)
+from jaxsal.errors import brief
 from jaxsal.loaders.errors import LoaderError, read_bytes, read_zip_member
 
 ACTIVATIONS: dict[str, Callable] = {
@@ -240,7 +241,7 @@ def read_policy(data: bytes, path="model.zip"):
     except LoaderError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, RecursionError, OverflowError) as e:  # malformed
-        raise _fail(path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise _fail(path, brief(e)) from None
 
 
 def _read_policy(data: bytes, path):
@@ -251,7 +252,7 @@ def _read_policy(data: bytes, path):
     except LoaderError:
         raise
     except (zipfile.BadZipFile, KeyError, TypeError, ValueError, binascii.Error, RecursionError) as e:
-        raise _fail(path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise _fail(path, brief(e)) from None
     try:
         root = parse(raw)
     except PickleLimitError as e:

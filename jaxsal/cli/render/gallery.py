@@ -12,7 +12,7 @@ from jaxsal.cli.render._draw import flat_map
 from jaxsal.cli.render._job import job_boxes, job_input
 from jaxsal.cli.render.pictures import check_maps, effects_png, grid_png, stack_png, video
 from jaxsal.cli.render.scale import SCHEMES, Scale
-from jaxsal.errors import SaliencyInputError
+from jaxsal.errors import SaliencyInputError, brief
 
 
 def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, stop: int | None = None,
@@ -113,7 +113,7 @@ def _summaries(out: Path) -> list:
         try:
             res.append(json.loads(p.read_text()))
         except (ValueError, IsADirectoryError) as e:
-            raise SaliencyInputError(f"{p} is corrupt ({type(e).__name__}: {str(e).splitlines()[0]}): delete it "
+            raise SaliencyInputError(f"{p} is corrupt ({brief(e)}): delete it "
                                      "and rerun the same `jaxsal explain` command, which writes it again "
                                      "(it holds only timings)") from None
     return res
