@@ -36,9 +36,20 @@ def test_demo_end_to_end_few_frames(tmp_path, capsys):
 
 def test_demo_refuses_a_non_demo_directory(tmp_path, capsys):
     (tmp_path / "job").mkdir()
-    (tmp_path / "job" / "manifest.json").write_text(json.dumps({"format": 1, "config": {}}))
+    manifest = {"format": 1, "config": {"methods": {}, "chunk": 64, "n": 0}}  # an explain job's, not a demo's
+    (tmp_path / "job" / "manifest.json").write_text(json.dumps(manifest))
     assert main(["demo", "--out", str(tmp_path / "job")]) == 2
     assert "non-demo" in capsys.readouterr().err
+    assert (tmp_path / "job" / "manifest.json").exists()  # refused, not cleared
+
+
+def test_demo_refuses_a_directory_with_a_corrupt_manifest(tmp_path, capsys):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "manifest.json").write_text(json.dumps({"format": 1, "config": {}}))
+    assert main(["demo", "--out", str(tmp_path / "job")]) == 2
+    err = capsys.readouterr().err
+    assert "corrupt" in err and "--out" in err
+    assert (tmp_path / "job" / "manifest.json").exists()
 
 
 def test_agents_lists_shipped(capsys):
