@@ -497,7 +497,7 @@ class DopamineCheckpoint:
         self._pos = 0  # next physical frame index of the open stream
         with _gz_open(obs_path) as f:
             shape, dtype, self._offset = _npy_header(f, obs_path, "a gzip'd .npy array")
-        if len(shape) != 3 or shape[0] == 0:
+        if len(shape) != 3 or 0 in shape:
             raise SaliencyInputError(f"{obs_path}: expected single frames with shape (N, 84, 84), "
                                      f"got {tuple(shape)}")
         if dtype != np.uint8:
@@ -509,7 +509,8 @@ class DopamineCheckpoint:
                 + (f"the {MAX_FRAMES} jaxsal reads from one checkpoint" if shape[0] > MAX_FRAMES
                    else f"a gzip file of {size} bytes can hold") + f": {CRAFTED}")
         terminal = load_gz_array(terminal_path, shape[0], f"but {obs_path} has {shape[0]} frames")
-        terminal = terminal.astype(bool).reshape(-1)
+        raw_terminal = terminal.reshape(-1)
+        terminal = raw_terminal.astype(bool)
         if terminal.shape[0] != shape[0]:
             raise SaliencyInputError(f"{terminal_path} has {terminal.shape[0]} entries but "
                                      f"{obs_path} has {shape[0]} frames")
@@ -525,6 +526,11 @@ class DopamineCheckpoint:
             raise SaliencyInputError(f"{obs_path}: the buffer is empty (add_count 0)")
         self.cursor = cursor = add_count % cap
         full = add_count >= cap
+        written = raw_terminal[:cap if full else add_count]  # unwritten slots hold np.empty's bytes
+        if not np.all((written == 0) | (written == 1)):  # Dopamine writes 0/1; NaN or 7 is no flag
+            raise SaliencyInputError(f"{terminal_path}: expected terminal flags of 0 or 1, got "
+                                     f"{np.unique(written[(written != 0) & (written != 1)])[:5].tolist()}; "
+                                     "use the files saved with this checkpoint")
         invalid = _counters(self.invalid_path, "buffer indices", cap + STACK,
                             f"but a buffer of {cap} frames has at most {cap + STACK} invalid indices")
         self.horizon = horizon = self._horizon(invalid, cursor, cap, add_count)

@@ -88,3 +88,23 @@ def test_a_checkpoint_number_beyond_int64_is_one_clear_error(tmp_path):
         p.rename(tmp_path / p.name.replace(".3.gz", f".{2 ** 64}.gz"))
     with pytest.raises(SaliencyInputError, match="beyond int64"):
         open_source(tmp_path).row_ids(0, 2)
+
+
+@pytest.mark.parametrize("flags", [np.full(CAP, np.nan), np.full(CAP, 7, np.uint8), np.full(CAP, -1.0)])
+def test_terminal_flags_other_than_0_or_1_are_one_clear_error(tmp_path, flags):
+    """Dopamine writes uint8 0/1; before, NaN, 7 or -1 read as True (every stack cut, 'no state Dopamine
+    would sample' later, naming no file)."""
+    from tests.io.test_readers import _gz_save
+
+    _wrapped_buffer(tmp_path)
+    _gz_save(tmp_path / "$store$_terminal_ckpt.3.gz", flags)
+    with pytest.raises(SaliencyInputError, match=r"terminal_ckpt\.3\.gz: expected terminal flags of 0 or 1"):
+        open_source(tmp_path).row_ids(0, 2)
+
+
+@pytest.mark.parametrize("shape", [(CAP, 0, 84), (CAP, 84, 0)])
+def test_frames_with_no_pixels_are_one_clear_error(tmp_path, shape):
+    """Before: a checkpoint of 0-wide frames opened, its states (N, 84, 0, 4)."""
+    write_dopamine(tmp_path, 3, np.zeros(shape, np.uint8), np.zeros(CAP, bool))
+    with pytest.raises(SaliencyInputError, match="expected single frames with shape"):
+        open_source(tmp_path).row_ids(0, 2)
