@@ -678,12 +678,13 @@ class DopamineCheckpoint:
             if a.ndim != 1 or a.shape[0] != self._shape[0]:
                 raise SaliencyInputError(f"{self.action_path} has shape {a.shape} but {self.path} has "
                                          f"{self._shape[0]} frames: one action per frame; {CRAFTED}")
+            a = a[self._phys][self._keep]  # the served states' (unwritten slots hold np.empty's bytes)
             # whole numbers that fit int32: a fraction or 2**40 must not become another action in the cast
             if not np.issubdtype(a.dtype, np.integer) and not (np.isfinite(a).all() and (a == np.round(a)).all()) \
                     or a.size and (a.min() < 0 or a.max() > np.iinfo(np.int32).max):
                 raise SaliencyInputError(f"{self.action_path}: actions must be whole numbers from 0 to 2**31-1, got "
                                          f"dtype {a.dtype}, {a.min()}..{a.max()}; {CRAFTED}")
-            self._actions = a[self._phys][self._keep].astype(np.int32)
+            self._actions = a.astype(np.int32)
         return self._actions[start:stop]
 
     def verify(self):

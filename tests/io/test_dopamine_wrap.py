@@ -108,3 +108,23 @@ def test_frames_with_no_pixels_are_one_clear_error(tmp_path, shape):
     write_dopamine(tmp_path, 3, np.zeros(shape, np.uint8), np.zeros(CAP, bool))
     with pytest.raises(SaliencyInputError, match="expected single frames with shape"):
         open_source(tmp_path).row_ids(0, 2)
+
+
+def test_unwritten_slots_may_hold_any_bytes(tmp_path):
+    """Dopamine's store is np.empty: slots a buffer that is not yet full never wrote keep whatever bytes
+    were there (its own checkpoints show terminals of 32..119 and actions of 681956080 there). They are
+    never served, so they are not judged."""
+    from tests.io.test_readers import _gz_save
+
+    frames, term, phys_step = _wrapped_buffer(tmp_path, adds=12)
+    before = open_source(tmp_path)
+    want = before.read(0, len(before))
+    actions = (phys_step % 4).astype(np.int32)
+    actions[12:] = -681956080
+    flags = term.astype(np.uint8)
+    flags[12:] = 119
+    _gz_save(tmp_path / "$store$_action_ckpt.3.gz", actions)
+    _gz_save(tmp_path / "$store$_terminal_ckpt.3.gz", flags)
+    src = open_source(tmp_path)
+    np.testing.assert_array_equal(src.read(0, len(src)), want)
+    np.testing.assert_array_equal(src.actions(0, len(src)), phys_step[src.row_ids(0, len(src))["index"]] % 4)
