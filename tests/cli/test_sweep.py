@@ -531,3 +531,18 @@ def test_damaged_sweep_state_is_rerun_or_one_clear_error(swept, tmp_path, capsys
         assert _sweep(cfg, out) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "sweep.json is corrupt" in err and "choose another --out" in err, err
+
+
+@pytest.mark.slow
+def test_a_cell_record_that_is_a_directory_is_named(swept, tmp_path, capsys):
+    """Before: the error named the record's temp file (`.cell.json.<pid>.tmp`), which the user never made."""
+    d, cfg, ref = swept
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    record = out / "cells" / "runs" / "tiny0" / "buf" / "gradient" / "cell.json"
+    record.unlink()
+    record.mkdir()
+    capsys.readouterr()
+    assert _sweep(cfg, out) != 0
+    err = capsys.readouterr().err
+    assert str(record) in err and ".tmp" not in err, err
