@@ -8,7 +8,7 @@ XLA:CPU reads its YNNPACK setting once per process, so each setting runs in a fr
 `JAXSAL_FAST_CPU=0`). In each: GFLOP/s of float32 and of bfloat16-operand (float32-accumulating)
 matmuls at the Nature CNN's shapes at batch 256 (its convolutions as space-to-depth matmuls, fc1) and at
 1024^3; then `jaxsal.explain(method="gradient")` maps/s in float32 and bfloat16 at batch 256, the
-precisions interleaved. Writes experiments/results/precision/bf16_kernels.{json,md} with the machine,
+precisions interleaved; then the ceiling of any bfloat16 path (`whole_model`: the model wholly in bfloat16). Writes experiments/results/precision/bf16_kernels.{json,md} with the machine,
 its load and the commit. Not a claim about other CPUs: a diagnosis of this one.
 """
 from __future__ import annotations
@@ -77,7 +77,37 @@ def child(batch: int, repeats: int) -> dict:
                                 repeats)
             maps[prec].append(batch / t)
     return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "dots": dots,
-            "gradient_maps_per_s": {p: float(np.median(v)) for p, v in maps.items()}}
+            "gradient_maps_per_s": {p: float(np.median(v)) for p, v in maps.items()},
+            "whole_model": whole_model(apply_fn, params, obs, repeats)}
+
+
+def whole_model(apply_fn, params, obs, repeats: int) -> dict:
+    """The ceiling of any bfloat16 path: the gradient of the model run wholly in bfloat16 (weights and
+    input cast once, every activation bfloat16, no converts between layers), with jaxsal's strided-conv
+    rule and the float32 greedy actions given, against the same construction in float32 (interleaved);
+    and the smallest per-map Pearson r of its maps against float32's."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxsal.backprop.strided_conv import fast_apply
+    fast = fast_apply(apply_fn)
+    acts = jnp.argmax(fast(params, obs), -1)
+
+    def grad_map(p, x, dtype):
+        p = jax.tree.map(lambda a: a.astype(dtype), p)
+        chosen = lambda x: jnp.take_along_axis(fast(p, x.astype(dtype)).astype(jnp.float32),  # noqa: E731
+                                               acts[:, None], 1).sum()
+        return jnp.abs(jax.grad(chosen)(x)).max(-1)
+
+    fns = {d: jax.jit(lambda p, x, d=d: grad_map(p, x, getattr(jnp, d))) for d in ("float32", "bfloat16")}
+    ts = {d: [] for d in fns}
+    for _ in range(2):
+        for d, f in fns.items():
+            ts[d].append(_median_seconds(lambda: f(params, obs), repeats))
+    a, b = (np.asarray(fns[d](params, obs)).reshape(len(obs), -1) for d in fns)
+    r = min(float(np.corrcoef(x, y)[0, 1]) for x, y in zip(a, b))
+    return {"maps_per_s": {d: len(obs) / float(np.median(t)) for d, t in ts.items()}, "min_map_r": r}
 
 
 def run_setting(flag, batch: int, repeats: int) -> dict:
@@ -119,6 +149,18 @@ def report(res: dict) -> str:
     for s in res["settings"].values():
         g = s["gradient_maps_per_s"]
         cells.append(f"{g['float32']:.0f} / {g['bfloat16']:.0f} ({g['bfloat16'] / g['float32']:.2f})")
+    lines += ["| " + " | ".join(cells) + " |", "",
+              "The ceiling of any bfloat16 path: the gradient of the model run wholly in bfloat16 (weights and "
+              "input cast once, every activation bfloat16, no converts between layers; jaxsal's strided-conv rule; "
+              "the float32 greedy actions given), float32 / bfloat16 maps/s of that same construction "
+              "(bf16/f32), and the smallest per-map Pearson r of its maps against float32's:", "",
+              "| " + " | ".join(res["settings"]) + " |", "|" + "---:|" * len(res["settings"])]
+    cells = []
+    for s in res["settings"].values():
+        w = s.get("whole_model")
+        cells.append("not run" if w is None else
+                     f"{w['maps_per_s']['float32']:.0f} / {w['maps_per_s']['bfloat16']:.0f} "
+                     f"({w['maps_per_s']['bfloat16'] / w['maps_per_s']['float32']:.2f}), r >= {w['min_map_r']:.4f}")
     lines += ["| " + " | ".join(cells) + " |", ""]
     return "\n".join(lines)
 
