@@ -208,11 +208,10 @@ if __name__ == "__main__":
         import time
 
         # Ctrl-C as a terminal delivers it, whatever the test process passed down: a SIGINT ignored
-        # (SIG_IGN is inherited across exec) or blocked there would make the job finish unasked
+        # (SIG_IGN is inherited across exec: tests started by `nohup ... &`) or blocked there would make
+        # the job finish unasked. Reset silently: the tests read the job's stderr line by line.
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler or \
                 signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
-            print(f"harness: SIGINT was {signal.getsignal(signal.SIGINT)!r}, blocked: "
-                  f"{signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])}; reset", file=sys.stderr)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
