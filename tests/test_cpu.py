@@ -67,6 +67,7 @@ _QUIET_IMPORT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh process (~3 s): the slow stage, which CI runs
 def test_import_starts_no_process_and_writes_no_file(tmp_path):
     home, cache, tmp = (tmp_path / d for d in ("home", "cache", "tmp"))
     for d in (home, cache, tmp):

@@ -161,6 +161,7 @@ def _fresh(code, **env):
     return r
 
 
+@pytest.mark.slow  # two fresh processes (~7.5 s): the slow stage, which CI runs
 def test_import_turns_on_the_fast_kernels_unless_opted_out_or_too_late(monkeypatch):
     from jaxsal import cpu
     if not cpu.flag_supported():
