@@ -18,6 +18,7 @@ the default everywhere.
 """
 import atexit
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -53,6 +54,21 @@ def pytest_configure(config):
     if fast_loop and os.environ.get("JAXSAL_TEST_XLA_OPT") != "default" \
             and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPT0}".strip()
+
+
+WHOLLY_SLOW = re.compile(r"^pytestmark = pytest\.mark\.slow\b", re.M)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The fast loop does not import a test file whose every test is slow (`pytestmark = pytest.mark.slow`):
+    it would only deselect them, after importing torch, captum or a trainer in every xdist worker."""
+    if (config.getoption("markexpr") or "").strip() == "not slow" and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_"):
+        try:
+            return True if WHOLLY_SLOW.search(collection_path.read_text()) else None
+        except OSError:
+            return None
+    return None
 
 
 @pytest.fixture(scope="session")
