@@ -48,10 +48,14 @@ _session_compile_cache()
 OPT0 = "--xla_backend_optimization_level=0"
 
 
+def _fast_loop(config) -> bool:
+    """This run is the fast loop (`-m "not slow"`, pyproject's default)."""
+    return (config.getoption("markexpr") or "").strip() == "not slow"
+
+
 def pytest_configure(config):
     """Level-0 compiles for the fast loop only; set before any backend starts (xdist workers inherit it)."""
-    fast_loop = (config.getoption("markexpr") or "").strip() == "not slow"
-    if fast_loop and os.environ.get("JAXSAL_TEST_XLA_OPT") != "default" \
+    if _fast_loop(config) and os.environ.get("JAXSAL_TEST_XLA_OPT") != "default" \
             and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPT0}".strip()
 
@@ -62,8 +66,7 @@ WHOLLY_SLOW = re.compile(r"^pytestmark = pytest\.mark\.slow\b", re.M)
 def pytest_ignore_collect(collection_path, config):
     """The fast loop does not import a test file whose every test is slow (`pytestmark = pytest.mark.slow`):
     it would only deselect them, after importing torch, captum or a trainer in every xdist worker."""
-    if (config.getoption("markexpr") or "").strip() == "not slow" and collection_path.suffix == ".py" \
-            and collection_path.name.startswith("test_"):
+    if _fast_loop(config) and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
         try:
             return True if WHOLLY_SLOW.search(collection_path.read_text()) else None
         except OSError:

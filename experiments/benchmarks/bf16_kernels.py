@@ -8,8 +8,9 @@ XLA:CPU reads its YNNPACK setting once per process, so each setting runs in a fr
 `JAXSAL_FAST_CPU=0`). In each: GFLOP/s of float32 and of bfloat16-operand (float32-accumulating)
 matmuls at the Nature CNN's shapes at batch 256 (its convolutions as space-to-depth matmuls, fc1) and at
 1024^3; then `jaxsal.explain(method="gradient")` maps/s in float32 and bfloat16 at batch 256, the
-precisions interleaved; then the ceiling of any bfloat16 path (`whole_model`: the model wholly in bfloat16). Writes experiments/results/precision/bf16_kernels.{json,md} with the machine,
-its load and the commit. Not a claim about other CPUs: a diagnosis of this one.
+precisions interleaved; then the ceiling of any bfloat16 path (`whole_model`: the model wholly in
+bfloat16). Writes experiments/results/precision/bf16_kernels.{json,md} with the machine, its load and the
+commit. Not a claim about other CPUs: a diagnosis of this one.
 """
 from __future__ import annotations
 

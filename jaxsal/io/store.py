@@ -108,8 +108,9 @@ def atomic_write(path: Path, data) -> None:
         data (bytes | Callable): the bytes, or a function `data(file)` writing to the open file.
 
     Raises:
-        OSError: the write failed (IsADirectoryError naming `path` when a directory is there); a full disk (or numpy's short "N requested and M written")
-            is reported as ENOSPC by `disk_full`. The temp file is removed either way.
+        OSError: the write failed (IsADirectoryError naming `path` when a directory is there); a full
+            disk (or numpy's short "N requested and M written") is reported as ENOSPC by `disk_full`.
+            The temp file is removed either way.
     """
     if Path(path).is_dir():  # else os.replace's error names the temp file, not this path
         raise IsADirectoryError(errno.EISDIR, "a directory is where this file is to be written; move it away",
