@@ -51,6 +51,18 @@ DESIGN = {"states": 1000, "episodes": 20, "sanity_states": 200, "sanity_draws": 
 BASELINES = ("random_uniform", "random_gaussian")
 RANDOM = "random"
 METRICS = ("spearman", "ssim_flat", "ssim", "hog")
+CLAIM_KINDS = ("sanity", "best", "table_best", "sign", "winner_depends", "breakout")
+"""Verdict id prefixes that judge a claim of Paper B; `sanity_q:` (each method's own output-layer
+check) and `above_rise` (a count) are not claims and are never counted as agree / disagree /
+inconclusive."""
+PRIMARY = ("", "matched")
+"""Mappings of the primary reading: Paper B's noise column read as the original score."""
+
+
+def claim_counts(verdicts, mappings=PRIMARY) -> dict[str, int]:
+    """Paper B's claims among `verdicts` at `mappings`: agree / disagree / inconclusive counts."""
+    rows = [v["verdict"] for v in verdicts if v["id"].split(":")[0] in CLAIM_KINDS and v["mapping"] in mappings]
+    return {k: rows.count(k) for k in ("agree", "disagree", "inconclusive")}
 
 
 # ------------------------------------------------------------------ statistics
@@ -341,10 +353,12 @@ def markdown(res: dict) -> str:
             lines.append(f"| {meth} | {_ci(r)} | {_ci(dci)} | {r['p_holm']:.3g} | {'yes' if r['significant'] else 'no'} |")
     lines += ["", "### Verdicts", "", "| finding | mapping | verdict | detail |", "|---|---|---|---|"]
     lines += [f"| {v['finding']} | {v['mapping']} | {v['verdict']} | {v['detail']} |" for v in res["verdicts"]]
-    claims = [v["verdict"] for v in res["verdicts"] if v["verdict"] in ("agree", "disagree", "inconclusive")]
-    if claims:
-        lines += ["", "Paper B's claims: " + " / ".join(f"{k} {claims.count(k)}" for k in
-                                                      ("agree", "disagree", "inconclusive"))]
+    primary, fix = claim_counts(res["verdicts"]), claim_counts(res["verdicts"], ("fix",))
+    if sum(primary.values()):
+        say = lambda c: " / ".join(f"{k} {c[k]}" for k in c)                     # noqa: E731
+        lines += ["", f"Paper B's claims (its noise column read as the original score): {say(primary)}"
+                  + (f"; the {sum(fix.values())} verdicts re-read with the chosen-action fix: {say(fix)}"
+                     if sum(fix.values()) else "") + "."]
     return "\n".join(lines) + "\n"
 
 

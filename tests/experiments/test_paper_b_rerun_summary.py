@@ -23,7 +23,12 @@ def _summary(game, fails_at_q=("guided_backprop",), verdicts=()):
             {"id": "sanity:noise_sensitivity", "finding": "fix passes", "mapping": "", "verdict": "agree",
              "detail": "Spearman at q 0.20 [0.18, 0.22] (passes)"},
             {"id": "above_rise", "finding": "above RISE", "mapping": "matched", "verdict": "none", "detail": "none"},
-            {"id": "above_rise", "finding": "above RISE", "mapping": "all", "verdict": "none", "detail": "none"}]
+            {"id": "above_rise", "finding": "above RISE", "mapping": "all", "verdict": "none", "detail": "none"},
+            # each method's own output-layer check: a verdict of the re-run, not a claim of Paper B's
+            {"id": "sanity_q:lime_slic", "finding": "lime_slic: output-layer sanity check", "mapping": "",
+             "verdict": "inconclusive", "detail": ""},
+            {"id": "sanity_q:gradient", "finding": "gradient: output-layer sanity check", "mapping": "",
+             "verdict": "passes", "detail": ""}]
     return {"game": game, "design_met": True, "sanity": sanity, "verdicts": base + list(verdicts),
             "returns": {"mean": 10.0, "low": 8.0, "high": 12.0, "episodes": 20},
             "meta": {"episodes": 20, "states": 1000, "sanity_states": 200, "sanity_draws": 10,
@@ -100,6 +105,28 @@ def test_claim_counts_and_every_disagreement_listed():
     lines = S.disagreement_lines(s)
     assert "- **MsPacman** (1):" in lines and "- **Breakout** (1):" in lines
     assert any("(noise column read as the chosen-action fix)" in x for x in lines)   # the fix's are listed, marked
+
+
+def test_a_claim_judged_twice_is_counted_once_more_without_its_repeat():
+    """Breakout's table claims judge the same comparisons as its black / Q-value sign cells: the page
+    gives the counts again without them."""
+    again = dict(_sign("agree"), id="breakout:rise")
+    s = {"breakout": _summary("breakout", verdicts=[_sign("agree"), again, _sign("disagree", mapping="fix")])}
+    rows = S.claims(s)
+    assert S.counts(rows) == {"agree": 4, "disagree": 0, "inconclusive": 0}
+    assert S.overlap_text(rows) == (" (Breakout's 1 black / Q-value AUCs are 1 of its sign cells judged again: "
+                                    "3 / 0 / 0 over 3 distinct comparisons)")
+    assert S.overlap_text(S.claims({"mspacman": _summary("mspacman", verdicts=[_sign("agree")])})) == ""
+
+
+def test_a_game_readme_counts_paper_b_claims_at_each_reading():
+    """The per-game README's count line: Paper B's claims only (not each method's own sanity verdict),
+    the primary reading and the chosen-action fix apart, no verdict counted twice."""
+    from experiments.paper_b import rerun_analysis as A
+    v = _summary("mspacman", verdicts=[_sign("disagree"), _sign("agree", mapping="fix"),
+                                       dict(_sign("agree"), mapping="all")])["verdicts"]
+    assert A.claim_counts(v) == {"agree": 2, "disagree": 1, "inconclusive": 0}
+    assert A.claim_counts(v, ("fix",)) == {"agree": 1, "disagree": 0, "inconclusive": 0}
 
 
 def test_readme_sentence_follows_the_verdicts():
