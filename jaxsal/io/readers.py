@@ -228,6 +228,13 @@ class NpzSource:
         _check_stack_shape(shape, dtype, f"{path}[{key!r}]")
         self._shape, self._dtype = tuple(shape), dtype
         self._row = int(np.prod(shape[1:])) * dtype.itemsize
+        # the member's size, from the archive (its bytes are checked against it by `verify`): a header claiming
+        # more frames would fail a job only when it reaches them, after chunks were written
+        held = (self._zip.getinfo(self._member).file_size - self._offset) // max(self._row, 1)
+        if self._row and held < self._shape[0]:
+            raise SaliencyInputError(f"{path}: member {self._member!r} is truncated: its header says {self._shape[0]} "
+                                     f"frames but it holds {held}; the file is corrupt, save the frames again with "
+                                     f"np.savez(path, {key}=frames)")
         self._actions = None
         if ACTIONS_KEY + ".npy" in members:
             self.actions = self._read_actions  # present only then: q_action checks hasattr(source, "actions")

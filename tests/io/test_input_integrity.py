@@ -179,3 +179,25 @@ def test_a_corrupt_dopamine_observation_file_is_refused_before_any_frame(tmp_pat
     assert src.read(0, 4).shape[0] == 4                       # the first frames read fine: no CRC yet
     with pytest.raises(SaliencyInputError, match=r"observation_ckpt\.0\.gz is corrupt.*download the file again"):
         verify_input(open_source(tmp_path))
+
+
+@pytest.mark.parametrize("claimed", [6, 10 ** 9])
+def test_an_npz_whose_header_claims_more_frames_than_it_holds_is_refused_before_writing(tmp_path, card, claimed,
+                                                                                         capsys):
+    """An `obs.npy` member whose header claims more frames than the member holds (its CRC intact, so the
+    verification pass accepts it): before, a job wrote the first chunks and then failed on a truncated read
+    (10^9 claimed frames: ran on for minutes, past 20 GB of memory); now refused when opened, as a .npy is."""
+    from tests._support import crafted_files as C
+
+    path = tmp_path / "lying.npz"
+    path.write_bytes(C.zip_bytes({"obs.npy": C.deflated(C.npy_header((claimed, 10, 10, 4), "|u1")
+                                                        + frames(4).tobytes())}))
+    with pytest.raises(SaliencyInputError, match=rf"lying.npz: member 'obs.npy' is truncated: its header says "
+                                                 rf"{claimed} frames but it holds 4"):
+        open_source(path)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(path), "--out",
+                 str(out), "--quiet", "--chunk", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is truncated" in err and not out.exists(), err
