@@ -165,7 +165,8 @@ def test_bad_config_one_line_exit_2_nothing_written(tmp_path, capsys, name, text
     cfg = _setup(tmp_path, text)
     (tmp_path / "lone").mkdir()
     (tmp_path / "lone" / "x.msgpack").write_bytes(b"")
-    (tmp_path / "odd.json").write_text(json.dumps({"game": 5, "arch": "dqn", "num_actions": 3, "obs_shape": [10, 10, 4]}))
+    (tmp_path / "odd.json").write_text(json.dumps({"game": 5, "arch": "dqn", "num_actions": 3,
+                                                   "obs_shape": [10, 10, 4]}))
     before = sorted(p.name for p in tmp_path.rglob("*"))
     capsys.readouterr()
     assert _sweep(cfg, tmp_path / "out") == 2
