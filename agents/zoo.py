@@ -135,8 +135,11 @@ def load(name: str, params_path: str | None = None) -> Agent:
         params_path = require(name) if shipped else card_path.with_suffix(".msgpack")
     try:
         card = json.loads(card_path.read_text())
-    except json.JSONDecodeError as e:
-        raise AgentLoadError(f"agent card {card_path} is not valid JSON ({e})") from None
+    except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError: bytes that are no JSON text
+        raise AgentLoadError(f"agent card {card_path} is not valid JSON ({str(e).splitlines()[0][:200]})") from None
+    except OSError as e:  # a directory or an unreadable file: not an error of the job, which resuming cannot fix
+        raise AgentLoadError(f"cannot read agent card {card_path} ({e.strerror or e}); give the path of the "
+                             "agent's .json card") from None
     model = model_from_card(check_card(card, card_path))
     obs_shape = tuple(card["obs_shape"])
     try:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jaxsal.errors import SaliencyInputError
+from jaxsal.errors import SaliencyInputError, brief
 
 if TYPE_CHECKING:
     from jaxsal.game_objects import ObjectBoxes
@@ -133,8 +133,10 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
                                  f"record frames with their boxes: {RECORD_HINT}")
     try:
         z = np.load(p, allow_pickle=False)
-    except (ValueError, OSError) as e:
-        raise SaliencyInputError(f"objects file {p} is not a readable .npz ({str(e).splitlines()[0]}); "
+        if not isinstance(z, np.lib.npyio.NpzFile):  # an .npy under an .npz name: one array, no members
+            raise ValueError(f"a single {type(z).__name__}, not an archive of arrays")
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:  # EOFError: empty; BadZipFile: cut off
+        raise SaliencyInputError(f"objects file {p} is not a readable .npz ({brief(e)}); "
                                  f"expected {FORMAT_HELP}") from None
     with z:
         missing = [k for k in ("boxes", "labels", "classes") if k not in z.files]
@@ -166,6 +168,9 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
     if classes.ndim != 1 or classes.dtype.kind not in "US" or not 1 <= len(classes) <= 127:
         raise SaliencyInputError(f"objects file {p}: classes must be a 1-D str array of 1 to 127 names (labels are "
                                  f"stored as int8), got {classes.dtype} {classes.shape}")
+    twice = next((str(c) for i, c in enumerate(classes) if c in classes[:i]), None)
+    if twice is not None:  # shares are reported by class name: one name for two classes would merge them
+        raise SaliencyInputError(f"objects file {p} names class {twice!r} twice; give each class one distinct name")
     if not np.issubdtype(boxes.dtype, np.integer) or not np.issubdtype(labels.dtype, np.integer):
         raise SaliencyInputError(f"objects file {p}: boxes and labels must be integer arrays, got "
                                  f"{boxes.dtype} and {labels.dtype}")

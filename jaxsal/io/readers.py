@@ -228,6 +228,13 @@ class NpzSource:
         _check_stack_shape(shape, dtype, f"{path}[{key!r}]")
         self._shape, self._dtype = tuple(shape), dtype
         self._row = int(np.prod(shape[1:])) * dtype.itemsize
+        # the member's size, from the archive (its bytes are checked against it by `verify`): a header claiming
+        # more frames would fail a job only when it reaches them, after chunks were written
+        held = (self._zip.getinfo(self._member).file_size - self._offset) // max(self._row, 1)
+        if self._row and held < self._shape[0]:
+            raise SaliencyInputError(f"{path}: member {self._member!r} is truncated: its header says {self._shape[0]} "
+                                     f"frames but it holds {held}; the file is corrupt, save the frames again with "
+                                     f"np.savez(path, {key}=frames)")
         self._actions = None
         if ACTIONS_KEY + ".npy" in members:
             self.actions = self._read_actions  # present only then: q_action checks hasattr(source, "actions")
@@ -690,18 +697,24 @@ class DopamineCheckpoint:
     def verify(self):
         """The gzip CRC-32 of the observation file, read to its end in VERIFY_BLOCK pieces (frames are
         otherwise streamed only as far as they are served, and gzip checks its CRC only at the end);
-        the checkpoint's small files are read whole, CRC included, when they are loaded."""
+        the checkpoint's small files are read whole, CRC included, when they are loaded. The frames it
+        holds are counted too: an intact gzip with fewer than its header says would fail a job mid-way."""
         st = os.stat(self.path)
         key = (str(self.path), st.st_size, st.st_mtime_ns, ("gzip",))
         if key in _VERIFIED:
             return
+        total = 0
         try:
             with gzip.open(self.path, "rb") as f:
-                while f.read(VERIFY_BLOCK):
-                    pass
+                while block := f.read(VERIFY_BLOCK):
+                    total += len(block)
         except (OSError, EOFError, zlib.error) as e:  # BadGzipFile (a CRC or length mismatch) is an OSError
             raise SaliencyInputError(f"{self.path} is corrupt ({e}); nothing was explained: copy or download the "
                                      "file again (its bytes do not match the checksum gzip stores)") from None
+        held = (total - self._offset) // self._row
+        if held < self._shape[0]:
+            raise SaliencyInputError(f"{self.path} is truncated: its header says {self._shape[0]} frames but it holds "
+                                     f"{held}; nothing was explained: {CRAFTED}")
         _VERIFIED[key] = True
 
     def fingerprint(self) -> str:

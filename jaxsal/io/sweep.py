@@ -167,9 +167,13 @@ def check_agent_spec(spec: str, model: str | None, where: str) -> str | None:
             raise SweepConfigError(f"{where}: agent card {spec} does not exist; check the path")
     if card is not None:
         try:
-            return json.loads(card.read_text()).get("game")
+            game = json.loads(card.read_text()).get("game")
         except (OSError, ValueError, AttributeError):
             raise SweepConfigError(f"{where}: agent card {card} is not a JSON object") from None
+        if game is not None and not (isinstance(game, str) and game):  # else every cell fails, or the table check
+            raise SweepConfigError(f"{where}: agent card {card}: game is {json.dumps(game)[:80]}; it must be a game "
+                                   'name, e.g. "breakout"')
+        return game
     from jaxsal.plugins import agent_provider
 
     provider = agent_provider()
@@ -325,6 +329,9 @@ def plan_inputs(raw: dict, base: Path) -> list[tuple[str, dict]]:
         else:
             if "limit" in entry:
                 raise SweepConfigError(f"{where}: limit is for path inputs; play = STEPS plays that many steps")
+            if "game" in entry and not (isinstance(entry["game"], str) and entry["game"]):  # else str()'d per cell
+                raise SweepConfigError(f"{where}: game is {entry['game']!r}; it must be a game name, e.g. "
+                                       'game = "breakout"')
             spec = {"play": entry["play"], "seed": entry.get("seed", 0),
                     **({"game": str(entry["game"])} if "game" in entry else {})}
             label = _slug(f"play{spec['play']}-seed{spec['seed']}" + (f"-{spec['game']}" if "game" in spec else ""))

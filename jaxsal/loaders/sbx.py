@@ -34,7 +34,7 @@ from jaxsal.agent_spec import DeclaredFn, LoadedAgent
 from jaxsal.io.pickled import (Call, Global, PickleFormatError, PickleLimitError, describe, parse, to_dtype,
                                tree_to_arrays)
 from jaxsal.errors import brief
-from jaxsal.loaders.errors import LoaderError, read_bytes, read_zip_member
+from jaxsal.loaders.errors import LoaderError, check_params, read_bytes, read_zip_member
 
 ACTIVATIONS: dict[str, Callable] = {
     "relu": jax.nn.relu, "tanh": jnp.tanh, "elu": jax.nn.elu, "gelu": jax.nn.gelu,
@@ -295,6 +295,8 @@ def _read_policy(data: bytes, path):
         e.shape == p.shape for e, p in zip(jax.tree.leaves(expected), jax.tree.leaves(params)))
     if not same:
         raise _fail(path, "its params do not match SBX's network of the saved settings")
+    # floating point and finite, as every loader's: NaN weights would give NaN maps without a word
+    check_params(path, params, expected, f"SBX's {kind.upper()} network of the saved settings")
     return kind, module, params, shape, dtype
 
 

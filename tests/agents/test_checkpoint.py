@@ -67,6 +67,28 @@ def test_a_crafted_card_is_one_clear_error_before_anything_is_built(tmp_path, ch
     assert str(card) in str(e.value)
 
 
+@pytest.mark.parametrize("make,says", [
+    (lambda card: card.write_bytes(b'\xff\xfe{"game": 1}'), "is not valid JSON"),   # UTF-16 or binary bytes
+    (lambda card: (card.unlink(), card.mkdir()), "cannot read agent card")])
+def test_a_card_that_is_no_text_file_is_one_clear_error(tmp_path, capsys, make, says):
+    """A card that is not UTF-8 (an internal UnicodeDecodeError before) or is a directory (an OSError whose line
+    advised resuming the job): an AgentLoadError naming the card, and one line from `jaxsal explain`, exit 2."""
+    from jaxsal.cli import main
+    from tests._support.cli_support import frames, make_agent_files
+
+    card = make_agent_files(tmp_path)
+    make(card)
+    with pytest.raises(jaxsal_agents.AgentLoadError, match=says) as e:
+        jaxsal_agents.load(str(card))
+    assert str(card) in str(e.value)
+    np.save(tmp_path / "in.npy", frames(2))
+    capsys.readouterr()
+    assert main(["explain", "--agent", str(card), "--methods", "gradient", "--input", str(tmp_path / "in.npy"),
+                 "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and says in err and "resume" not in err and not (tmp_path / "out").exists(), err
+
+
 @pytest.mark.parametrize("value,says", [(np.nan, "NaN or infinite"), (1j, "complex64")])
 def test_nan_or_complex_weights_are_one_clear_error(tmp_path, value, says):
     """Weights the float32 cast would silently turn into NaN maps or drop the imaginary part of."""

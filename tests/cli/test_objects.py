@@ -353,3 +353,24 @@ def test_crafted_objects_files_are_one_clear_error(tmp_path):
     corrupt_member(path, "boxes.npy", nbytes=16, at=0.3)
     with pytest.raises(jaxsal.SaliencyInputError, match="damaged.npz is corrupt"):
         objs.read_objects(path)
+
+
+def test_an_objects_file_that_is_no_npz_or_names_a_class_twice_is_one_clear_error(tmp_path):
+    """An emptied or cut-off objects file (EOFError, BadZipFile before), an .npy under an .npz name (a
+    TypeError before) and class names given twice (loaded, and merged by name in the summary and a sweep's
+    columns, so one class's shares silently stood for both) are refused naming the file."""
+    boxes = np.zeros((3, 4, 2, 4), np.int16)
+    good = dict(boxes=boxes, labels=np.full((3, 4, 2), -1, np.int8), classes=np.asarray(["ball"]))
+    np.savez(tmp_path / "good.npz", **good)
+    raw = (tmp_path / "good.npz").read_bytes()
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "cut.npz").write_bytes(raw[:len(raw) // 2])
+    np.save(tmp_path / "array.npy", boxes)
+    (tmp_path / "array.npy").rename(tmp_path / "array.npz")
+    np.savez(tmp_path / "twice.npz", **dict(good, classes=np.asarray(["ball", "paddle", "ball"])))
+    for name, says in {"empty.npz": "is not a readable .npz", "cut.npz": "is not a readable .npz",
+                       "array.npz": "is not a readable .npz", "twice.npz": "names class 'ball' twice"}.items():
+        with pytest.raises(jaxsal.SaliencyInputError, match=f"objects file .*{name}.*{says}") as e:
+            objs.read_objects(tmp_path / name)
+        assert "\n" not in str(e.value)
+    assert objs.read_objects(tmp_path / "good.npz").classes == ("ball",)

@@ -151,6 +151,12 @@ def _bad_cases():
         ("missing input", cfg(inputs='["nobuf.npy"]'), ["inputs[0]", "nobuf.npy", "check the path"]),
         ("input key", cfg(inputs='[{ play = 5, sed = 1 }]'), ["inputs[0]", "'sed'", "did you mean 'seed'"]),
         ("not toml", "agents = [", ["sweep.toml", "not valid TOML"]),
+        # before: an AttributeError (internal error) with objects; else each cell failed, after the sweep began
+        ("card's game a number, objects", cfg(agents='["odd.json"]', metrics='["objects"]'),
+         ["agents[0]", "odd.json", "game is 5", "game name"]),
+        ("card's game a number", cfg(agents='["odd.json"]'), ["agents[0]", "odd.json", "game is 5"]),
+        ("played game a list", cfg(inputs='[{ play = 5, game = ["x"] }]'), ["inputs[0]", "game is ['x']",
+                                                                           "game name"]),
     ]
 
 
@@ -159,6 +165,8 @@ def test_bad_config_one_line_exit_2_nothing_written(tmp_path, capsys, name, text
     cfg = _setup(tmp_path, text)
     (tmp_path / "lone").mkdir()
     (tmp_path / "lone" / "x.msgpack").write_bytes(b"")
+    (tmp_path / "odd.json").write_text(json.dumps({"game": 5, "arch": "dqn", "num_actions": 3,
+                                                   "obs_shape": [10, 10, 4]}))
     before = sorted(p.name for p in tmp_path.rglob("*"))
     capsys.readouterr()
     assert _sweep(cfg, tmp_path / "out") == 2

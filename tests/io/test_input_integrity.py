@@ -179,3 +179,50 @@ def test_a_corrupt_dopamine_observation_file_is_refused_before_any_frame(tmp_pat
     assert src.read(0, 4).shape[0] == 4                       # the first frames read fine: no CRC yet
     with pytest.raises(SaliencyInputError, match=r"observation_ckpt\.0\.gz is corrupt.*download the file again"):
         verify_input(open_source(tmp_path))
+
+
+@pytest.mark.parametrize("claimed", [6, 10 ** 9])
+def test_an_npz_whose_header_claims_more_frames_than_it_holds_is_refused_before_writing(tmp_path, card, claimed,
+                                                                                         capsys):
+    """An `obs.npy` member whose header claims more frames than the member holds (its CRC intact, so the
+    verification pass accepts it): before, a job wrote the first chunks and then failed on a truncated read
+    (10^9 claimed frames: ran on for minutes, past 20 GB of memory); now refused when opened, as a .npy is."""
+    from tests._support import crafted_files as C
+
+    path = tmp_path / "lying.npz"
+    path.write_bytes(C.zip_bytes({"obs.npy": C.deflated(C.npy_header((claimed, 10, 10, 4), "|u1")
+                                                        + frames(4).tobytes())}))
+    with pytest.raises(SaliencyInputError, match=rf"lying.npz: member 'obs.npy' is truncated: its header says "
+                                                 rf"{claimed} frames but it holds 4"):
+        open_source(path)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(path), "--out",
+                 str(out), "--quiet", "--chunk", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is truncated" in err and not out.exists(), err
+
+
+def test_a_dopamine_observation_file_shorter_than_its_header_is_refused_before_any_chunk(tmp_path, card, capsys):
+    """A well-formed gzip (its CRC intact) whose .npy header claims 64 frames and holds 40: before, a job wrote
+    the chunks of the first frames and then failed on a truncated read; now the verification pass, which reads
+    the file to its end anyway, refuses it first."""
+    import gzip
+
+    from tests._support import crafted_files as C
+    from tests.io.test_readers import write_dopamine
+
+    rng = np.random.default_rng(0)
+    write_dopamine(tmp_path / "dop", 0, rng.integers(0, 255, (64, 10, 10), dtype=np.uint8), np.zeros(64, bool))
+    with gzip.open(tmp_path / "dop" / "$store$_observation_ckpt.0.gz", "wb") as f:
+        f.write(C.npy_header((64, 10, 10), "|u1") + rng.integers(0, 255, (40, 10, 10), dtype=np.uint8).tobytes())
+    with pytest.raises(SaliencyInputError, match=r"observation_ckpt\.0\.gz is truncated: its header says 64 "
+                                                 r"frames but it holds 40; nothing was explained"):
+        verify_input(open_source(tmp_path / "dop"))
+    (tmp_path / "agent.py").write_text(C.AGENT_PY)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["explain", "--agent", f"{tmp_path / 'agent.py'}:load", "--methods", "gradient", "--input",
+                 str(tmp_path / "dop"), "--out", str(out), "--quiet", "--chunk", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is truncated" in err and not out.exists(), err

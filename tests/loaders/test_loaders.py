@@ -135,6 +135,72 @@ def test_crafted_cleanrl_and_flax_params_are_one_clear_error(tmp_path, dqn_file)
         with pytest.raises(LoaderError, match=says):
             flax_msgpack(tmp_path / f"{name}.msgpack", module, (10, 10, 4))
 
+def _sbx_dqn_zip(path, params, monkeypatch, n_units: int = 8):
+    """An SBX DQN MlpPolicy .zip on 4-vectors, 2 actions, with these params: the policy pickled as sbx's is
+    (the classes it names stand in for sbx's, which the loader never imports), without sbx installed."""
+    import base64
+    import json
+    import pickle
+    import types
+
+    class State:
+        def __init__(self, **state):
+            self.__dict__.update(state)
+
+        def __reduce__(self):
+            return type(self), (), self.__dict__
+
+    class Relu:
+        def __reduce__(self):
+            return "relu"
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        for k, v in attrs.items():
+            if isinstance(v, type):
+                v.__module__, v.__qualname__ = name, k
+            setattr(m, k, v)
+        monkeypatch.setitem(sys.modules, name, m)
+
+    cls = {k: type(k, (State,), {}) for k in ("DQNPolicy", "QNetwork", "Box", "TrainState")}
+    relu = Relu()
+    module("jax._fake_nn", relu=relu)  # a jax function, pickled by name
+    Relu.__module__ = "jax._fake_nn"
+    for parent in ("sbx", "sbx.dqn", "gymnasium", "gymnasium.spaces", "flax_fake"):  # pickle imports each
+        module(parent)
+    module("sbx.dqn.policies", DQNPolicy=cls["DQNPolicy"], QNetwork=cls["QNetwork"])
+    module("gymnasium.spaces.box", Box=cls["Box"])
+    module("flax_fake.train_state", TrainState=cls["TrainState"])
+    policy = cls["DQNPolicy"](observation_space=cls["Box"](_shape=(4,), dtype=np.dtype(np.float32)),
+                              qf=cls["QNetwork"](n_actions=2, n_units=n_units, activation_fn=relu),
+                              qf_state=cls["TrainState"](params=params))
+    data = {"policy_class": {"__module__": "sbx.dqn.policies"},
+            "policy": {":serialized:": base64.b64encode(pickle.dumps(policy, protocol=4)).decode()}}
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("data", json.dumps(data))
+    return path
+
+
+def test_crafted_sbx_params_are_one_clear_error(tmp_path, monkeypatch):
+    """NaN weights or an integer kernel in an SBX zip: checked like every other loader's params (before, the
+    agent loaded and explained NaN maps without a word)."""
+    from jaxsal.loaders.sbx import QNetwork
+
+    params = jax.tree.map(np.array, QNetwork(2, 8).init(jax.random.PRNGKey(0), jnp.zeros((1, 4))))
+    agent = load_file(_sbx_dqn_zip(tmp_path / "good.zip", params, monkeypatch))
+    assert agent.num_actions == 2 and np.isfinite(np.asarray(agent.apply_fn(agent.params, np.ones((1, 4))))).all()
+    kernel = params["params"]["Dense_2"]["kernel"]
+    nan = kernel.copy()
+    nan[0, 0] = np.nan
+    for name, value, says in [("nan", nan, "Dense_2.*kernel.* holds NaN or infinite values"),
+                              ("int", kernel.astype(np.int32), "Dense_2.*kernel.* not floating point")]:
+        bad = _sbx_dqn_zip(tmp_path / f"{name}.zip", _with(params, ("params", "Dense_2", "kernel"), value),
+                           monkeypatch)
+        with pytest.raises(LoaderError, match=says) as e:
+            load_file(bad)
+        assert str(bad) in str(e.value) and "\n" not in str(e.value), name
+
+
 AGENT_PY = '''
 import jaxsal.loaders
 
