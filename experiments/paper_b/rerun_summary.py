@@ -7,6 +7,8 @@ Nothing here tests or decides: every verdict is the registered analysis' (rerun_
 This module counts and lists those verdicts across the games that meet the registered design, with N
 beside every interval, and writes them where users choose a method: the method pages, the methods
 index, the docs' Paper B page, the README's one sentence. A game not done yet is named as such.
+Once the registered study of two more Breakout agents is analysed (`agents_analysis.py`, its
+summary.json), the pages give its cross-agent label beside each claim and sanity verdict it covers.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common.paths import ROOT
+from experiments.common.paths import RESULTS, ROOT
 from experiments.paper_b import report as R
 from experiments.paper_b.rerun_analysis import CLAIM_KINDS, OUT, PRIMARY, _ci
 
@@ -58,6 +60,9 @@ KINDS = {  # verdict id prefix -> what Paper B claimed
 }
 assert tuple(KINDS) == CLAIM_KINDS
 RESULTS_README = "experiments/results/paper_b_rerun/README.md"
+AGENTS_SUMMARY = RESULTS / "paper_b_agents" / "summary.json"
+"""The across-agents study's results (`python -m experiments.paper_b.agents_analysis`), once it has run."""
+AGENTS_README = "experiments/results/paper_b_agents/README.md"
 SUMMARY_MD = "experiments/results/paper_b_rerun/summary.md"
 
 
@@ -72,6 +77,45 @@ def load(root: Path = OUT) -> dict[str, dict]:
             if s.get("design_met"):
                 out[g] = s
     return out
+
+
+def load_agents(path: Path = AGENTS_SUMMARY) -> dict | None:
+    """The across-agents summary when every agent's re-run met the registered design, else None
+    (the pages then say one agent per game was explained)."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    a = json.loads(p.read_text())
+    return a if a.get("agents") and all(x.get("design_met") for x in a["agents"].values()) else None
+
+
+def agent_claims(agents: dict | None) -> dict[tuple[str, str], dict]:
+    """(claim id, mapping) -> its row of the across-agents study (verdicts per agent, cross label)."""
+    return {(c["id"], c["mapping"]): c for c in (agents or {}).get("claims", [])}
+
+
+def agents_text(agents: dict) -> str:
+    """'the shipped one, seed1 and seed2': the study's agents as its summary names them."""
+    return _join([x if x != "shipped" else "the shipped one" for x in agents["agents"]])
+
+
+def one_agent_text(agents: dict | None, prefix: str = "") -> str:
+    """Whose play the pages' verdicts are about (links relative to the page: `prefix` leads to the repo root)."""
+    if agents is None:
+        return "One agent per game (the shipped one): nothing here is about other agents."
+    g = LABEL.get(agents["game"], agents["game"])
+    return (f"One agent per game (the shipped one), and in {g} {len(agents['agents'])} agents ({agents_text(agents)}; "
+            f"[across agents]({prefix}{AGENTS_README})): a verdict holds for each of them only where it is labelled "
+            f"\"same in all\" there.")
+
+
+def cross_text(row: dict | None, agents: dict) -> str:
+    """One claim across the agents: each agent's verdict and the registered label; agent-dependent in bold."""
+    if row is None:
+        return ""
+    label = f"**{row['cross']}**" if row["cross"] == "agent-dependent" else row["cross"]
+    return (f"{LABEL.get(agents['game'], agents['game'])}'s {len(row['verdicts'])} agents: "
+            + ", ".join(f"{a} {v}" for a, v in row["verdicts"].items()) + f" ({label})")
 
 
 def n_text(s: dict) -> str:
@@ -205,8 +249,10 @@ def above_rise(summaries: dict) -> str:
     return "; ".join(parts)
 
 
-def disagreement_lines(summaries: dict) -> list[str]:
-    """Every significant disagreement with Paper B, at the primary mapping and then under the fix."""
+def disagreement_lines(summaries: dict, agents: dict | None = None) -> list[str]:
+    """Every significant disagreement with Paper B, at the primary mapping and then under the fix; with the
+    across-agents study, the same claim's verdicts in its game's agents beside it (in every game)."""
+    across = agent_claims(agents)
     lines = []
     for g in summaries:
         rows = [r for r in claims(summaries, PRIMARY + ("fix", "all")) if r["game"] == g and r["verdict"] == "disagree"]
@@ -216,13 +262,16 @@ def disagreement_lines(summaries: dict) -> list[str]:
         lines.append(f"- **{LABEL[g]}** ({len(rows)}):")
         for r in rows:
             how = {"fix": " (noise column read as the chosen-action fix)", "all": " (all 20 methods)"}.get(r["mapping"], "")
-            lines.append(f"  - {r['finding']}{how}: {r['detail']}")
+            row = across.get((r["id"], r["mapping"]))
+            lines.append(f"  - {r['finding']}{how}: {r['detail']}" + (f"; {cross_text(row, agents)}" if row else ""))
     return lines
 
 
 # ------------------------------------------------------------------ the generated sections
-def method_section(summaries: dict, page: str) -> str:
-    """A method page's sanity section: one table per variant the study ran, every step and game."""
+def method_section(summaries: dict, page: str, agents: dict | None = None) -> str:
+    """A method page's sanity section: one table per variant the study ran, every step and game; with the
+    across-agents study, each variant's output-layer verdict in that game's agents."""
+    across = agent_claims(agents)
     gs = list(summaries)
     lines = [f"In the [Paper B reproduction](../reproductions/paper_b.md)'s registered re-run ({n_common(summaries)}; "
              "draws and episodes are the replicates), the cascading-randomisation check re-draws the weights from the "
@@ -230,7 +279,8 @@ def method_section(summaries: dict, page: str) -> str:
              "[95 % interval over draws x episodes]). **fails**: significantly above 0.5, the map survives the "
              "destruction of the weights it claims to explain; **passes**: significantly below; **inconclusive**: "
              "neither (p adjusted by Holm within the game and x4 for the games). Steps: q = the output layer re-drawn; "
-             "fc1, conv3, conv2, conv1 = re-drawn from the output down to that layer. One agent per game: the shipped one."]
+             "fc1, conv3, conv2, conv1 = re-drawn from the output down to that layer. "
+             + one_agent_text(agents, "../../")]
     if not_done(summaries):
         lines[0] += f" Not done yet: {_games(not_done(summaries))}."
     for method, (p, label) in VARIANT.items():
@@ -240,7 +290,26 @@ def method_section(summaries: dict, page: str) -> str:
                   "| randomised | " + " | ".join(LABEL[g] for g in gs) + " |", "|---" * (len(gs) + 1) + "|"]
         lines += [f"| {STEP_LABEL[st]} | " + " | ".join(sanity_cell(sanity(summaries[g], method, st)) for g in gs) + " |"
                   for st in STEPS]
+        row = across.get((f"sanity_q:{method}", ""))
+        if row:
+            lines += ["", f"Output layer re-drawn, {cross_text(row, agents)}."
+                      + (" The agents' verdicts differ, so this method's output-layer verdict, in any game, may not "
+                         "hold for another agent." if row["cross"] == "agent-dependent" else "")]
     return "\n".join(lines)
+
+
+def across_sanity_sentence(agents: dict | None) -> str:
+    """The variants whose output-layer verdict is agent-dependent in the across-agents study; "" without it."""
+    if agents is None:
+        return ""
+    across = agent_claims(agents)
+    dep = [VARIANT[m][1] for m in VARIANT
+           if (across.get((f"sanity_q:{m}", "")) or {}).get("cross") == "agent-dependent"]
+    g = LABEL.get(agents["game"], agents["game"])
+    return (f" Output layer re-drawn, in {g}'s {len(agents['agents'])} agents: "
+            + (f"**agent-dependent** for {_join(dep)}: their verdicts may not hold for another agent in any game."
+               if dep else "no variant's verdict differs between the agents (a verdict decided in some and undecided "
+                           "in others is not a difference)."))
 
 
 def index_cell(summaries: dict, method: str, game: str) -> str:
@@ -251,13 +320,17 @@ def index_cell(summaries: dict, method: str, game: str) -> str:
     return "; ".join(parts) if parts else "passes at every step"
 
 
-def index_section(summaries: dict, link=lambda page: f"{page}.md") -> str:
-    """The methods index's table: for every variant and game, the steps where it fails or is inconclusive."""
+def index_section(summaries: dict, link=lambda page: f"{page}.md", agents: dict | None = None,
+                  prefix: str = "../../") -> str:
+    """The methods index's table: for every variant and game, the steps where it fails or is inconclusive;
+    with the across-agents study, the variants whose output-layer verdict differs between its agents."""
     gs = list(summaries)
-    lines = [f"Registered re-run of the Paper B reproduction ({n_common(summaries)}; one agent per game, the shipped "
-             "one). A method fails where its maps stay significantly similar (Spearman above 0.5) to the trained "
-             "agent's after the weights are re-drawn; inconclusive is neither a pass nor a fail."
-             + (f" Not done yet: {_games(not_done(summaries))}." if not_done(summaries) else ""), "",
+    lines = [f"Registered re-run of the Paper B reproduction ({n_common(summaries)}). "
+             + one_agent_text(agents, prefix) + " A method fails where its maps stay significantly similar (Spearman "
+             "above 0.5) to the trained agent's after the weights are re-drawn; inconclusive is neither a pass nor "
+             "a fail."
+             + (f" Not done yet: {_games(not_done(summaries))}." if not_done(summaries) else "")
+             + across_sanity_sentence(agents), "",
              "| method | " + " | ".join(LABEL[g] for g in gs) + " |", "|---" * (len(gs) + 1) + "|"]
     for method, (page, label) in VARIANT.items():
         lines.append(f"| [{label}]({link(page)}) | " + " | ".join(index_cell(summaries, method, g) for g in gs) + " |")
@@ -277,16 +350,43 @@ def design_lines(summaries: dict) -> list[str]:
     return lines
 
 
-def findings_section(summaries: dict, prefix: str = "../../") -> str:
-    """The docs' Paper B page: design, Paper B's claims by game, every disagreement, every sanity failure."""
+def across_agents_lines(agents: dict | None, prefix: str) -> list[str]:
+    """The across-agents study in a paragraph: Paper B's claims by cross-agent label, every agent-dependent
+    one with each agent's verdict, and the rankings' concordance; none without the study."""
+    if agents is None:
+        return []
+    g, n = LABEL.get(agents["game"], agents["game"]), len(agents["agents"])
+    rows = [c for c in agents["claims"] if c["id"].split(":")[0] in CLAIM_KINDS and c["mapping"] in PRIMARY]
+    by: dict[str, list[dict]] = {}
+    for c in rows:
+        key = "decided in some, undecided in the others" if c["cross"][0].isdigit() else c["cross"]
+        by.setdefault(key, []).append(c)
+    dep = by.get("agent-dependent", [])
+    shared = [r["table"] for r in agents["concordance"] if r["shared_ranking"]]
+    lines = [f"**Across agents** ({g}: {agents_text(agents)}, each through the same re-run; "
+             f"[registered study]({prefix}{AGENTS_README})). Paper B's {len(rows)} claims in {g} (its noise column "
+             "read as the original score): " + "; ".join(f"{k} {len(v)}" for k, v in sorted(by.items())) + ". "
+             + ("Agent-dependent, each agent's verdict:" if dep else "None is agent-dependent."), ""]
+    lines += [f"- {c['finding']}: " + ", ".join(f"{a} {v}" for a, v in c["verdicts"].items()) for c in dep]
+    lines += ([""] if dep else []) + [
+        f"The agents rank the 20 methods alike (Kendall's W, permutation test, Holm over "
+        f"{len(agents['concordance'])} tables) in {len(shared)} of {len(agents['concordance'])} tables"
+        + (f": {', '.join(shared)}" if shared else "") + "; in the others a shared ranking is not shown (which is "
+        "not evidence of different rankings)."]
+    return lines
+
+
+def findings_section(summaries: dict, prefix: str = "../../", agents: dict | None = None) -> str:
+    """The docs' Paper B page: design, Paper B's claims by game, every disagreement, every sanity failure;
+    with the across-agents study, its labels beside them."""
     readme = f"{prefix}{RESULTS_README}"
     pb = claims(summaries)
     c = counts(pb)
     san = {g: {v["id"].split(":")[1]: v for v in s["verdicts"] if v["id"].startswith("sanity:")} for g, s in summaries.items()}
     lines = [f"Games done: {_games(summaries)}" + (f"; not done yet: {_games(not_done(summaries))}" if not_done(summaries) else "")
-             + f". N {n_common(summaries)}.{undefined_text(summaries)} One agent per game (the shipped one): nothing "
-             "here is about other agents. Intervals: 95 %, cluster bootstrap over episodes (sanity: over draws x "
-             "episodes); verdicts from paired t-tests on episode means (sanity: against 0.5), Holm within a game and "
+             + f". N {n_common(summaries)}.{undefined_text(summaries)} {one_agent_text(agents, prefix)} "
+             "Intervals: 95 %, cluster bootstrap over episodes (sanity: over draws x episodes); verdicts"
+             " from paired t-tests on episode means (sanity: against 0.5), Holm within a game and "
              f"x4 for the games. Each game's tables: [the re-run's results]({readme}).", "",
              *design_lines(summaries), "",
              "**Paper B's sanity finding.** The original noise-sensitivity score at the output layer: "
@@ -299,25 +399,25 @@ def findings_section(summaries: dict, prefix: str = "../../") -> str:
              f"{_count_text(c)} over {len(pb)} verdicts{overlap_text(pb)}. Agree: Paper B's direction holds for this agent's play; "
              "disagree: the opposite is significant; inconclusive: the design cannot tell, which supports neither.", "",
              *claims_table(summaries), "",
+             *across_agents_lines(agents, prefix), *([""] if agents else []),
              f"Methods significantly above RISE on random / Q-value (Paper B: none): {above_rise(summaries)}.", "",
              "**Every disagreement with Paper B**, with its estimate [95 % interval] or difference and adjusted p:", "",
-             *disagreement_lines(summaries), "",
+             *disagreement_lines(summaries, agents), "",
              "**Sanity failures of all 20 variants** (per step and game):", "",
-             index_section(summaries, link=lambda page: f"../methods/{page}.md")]
+             index_section(summaries, link=lambda page: f"../methods/{page}.md", agents=agents, prefix=prefix)]
     return "\n".join(lines)
 
 
-def readme_section(summaries: dict) -> str:
-    """The README's one sentence: which methods fail the sanity check at the output layer in every game."""
+def readme_section(summaries: dict, agents: dict | None = None) -> str:
+    """The README's one sentence: which methods fail the sanity check at the output layer in every game
+    (and, with the across-agents study, how that verdict fares across its agents)."""
     if not summaries:
         return ("The [methods index](docs/methods/index.md#sanity-checks-on-the-shipped-agents) lists which methods "
                 "pass the randomisation sanity check on the shipped agents.")
     n = len(summaries)
-    everywhere = ["Paper B's original noise-sensitivity score" if m == "noise_sensitivity_original" else
-                  label.split(" (")[0].split(",")[0].replace(" at conv3", "")
-                  for m, (_, label) in VARIANT.items()
-                  if m not in ("gradcam_post_relu", "g1gradcam_post_relu")
-                  and len(pattern(summaries, m)["fails"].get("q", [])) == n]
+    failing = [m for m in VARIANT if m not in ("gradcam_post_relu", "g1gradcam_post_relu")
+               and len(pattern(summaries, m)["fails"].get("q", [])) == n]
+    everywhere = [short_name(m) for m in failing]
     m = next(iter(summaries.values()))["meta"]
     games = "four Atari games" if n == len(GAMES) else _games(summaries)
     where = (f"On the shipped agents ({games}, one agent each, {m['episodes']} episodes and {m['sanity_draws']} "
@@ -325,18 +425,32 @@ def readme_section(summaries: dict) -> str:
     what = (f"{_join(everywhere)} {'fails' if len(everywhere) == 1 else 'fail'} the randomisation sanity check in "
             "every game: their maps stay similar when the output layer is re-drawn." if everywhere else
             "no method fails the randomisation sanity check at the output layer in every game.")
+    if agents is not None and failing:
+        across = agent_claims(agents)
+        g = LABEL.get(agents["game"], agents["game"])
+        what += (f" In {g}, where {len(agents['agents'])} agents were explained: "
+                 + "; ".join(f"{short_name(m)}: {(across.get((f'sanity_q:{m}', '')) or {}).get('cross', 'not run')}"
+                             for m in failing) + ".")
     return (where + what + " The [methods index](docs/methods/index.md#sanity-checks-on-the-shipped-agents) lists "
             "every method's result.")
 
 
-def summary_md(summaries: dict) -> str:
+def short_name(method: str) -> str:
+    """A variant as a sentence names it."""
+    if method == "noise_sensitivity_original":
+        return "Paper B's original noise-sensitivity score"
+    return VARIANT[method][1].split(" (")[0].split(",")[0].replace(" at conv3", "")
+
+
+def summary_md(summaries: dict, agents: dict | None = None) -> str:
     """experiments/results/paper_b_rerun/summary.md: the games side by side."""
     return "\n".join(["# Paper B re-run: the games side by side", "",
                       "Generated by `python -m experiments.paper_b.rerun_summary` from each game's `summary.json` "
                       "(the registered analysis); nothing here is tested anew. Each game's section: "
                       "[README.md](README.md).", "",
                       "![the output-layer check, every variant and game](sanity_q.png)", "",
-                      findings_section(summaries, prefix="../../../").replace("../methods/", "../../../docs/methods/"), ""])
+                      findings_section(summaries, prefix="../../../", agents=agents)
+                      .replace("../methods/", "../../../docs/methods/"), ""])
 
 
 # ------------------------------------------------------------------ the figure
@@ -384,13 +498,13 @@ START = "<!-- paper_b_rerun {name}: generated by `python -m experiments.paper_b.
 END = "<!-- end of paper_b_rerun {name} -->"
 
 
-def sections(summaries: dict) -> dict[str, dict[str, str]]:
+def sections(summaries: dict, agents: dict | None = None) -> dict[str, dict[str, str]]:
     """page (repo path) -> section name -> its generated text."""
-    out = {f"docs/methods/{page}.md": {"sanity": method_section(summaries, page)}
+    out = {f"docs/methods/{page}.md": {"sanity": method_section(summaries, page, agents)}
            for page in dict.fromkeys(p for p, _ in VARIANT.values())}
-    out["docs/methods/index.md"] = {"sanity": index_section(summaries)}
-    out["docs/reproductions/paper_b.md"] = {"findings": findings_section(summaries)}
-    out["README.md"] = {"sanity": readme_section(summaries)}
+    out["docs/methods/index.md"] = {"sanity": index_section(summaries, agents=agents)}
+    out["docs/reproductions/paper_b.md"] = {"findings": findings_section(summaries, agents=agents)}
+    out["README.md"] = {"sanity": readme_section(summaries, agents)}
     return out
 
 
@@ -403,12 +517,15 @@ def replace_section(text: str, name: str, body: str, page: str) -> str:
     return pat.sub(lambda _: f"{start}\n{body}\n{end}", text)
 
 
-def update(root: Path = ROOT, summaries: dict | None = None, check: bool = False) -> list[str]:
-    """Write (or with check, compare) every generated section and summary.md; the stale paths."""
-    summaries = load() if summaries is None else summaries
+def update(root: Path = ROOT, summaries: dict | None = None, check: bool = False,
+           agents: dict | None = None) -> list[str]:
+    """Write (or with check, compare) every generated section and summary.md; the stale paths. With no
+    summaries given, the committed ones and the across-agents study's (where it has run)."""
+    if summaries is None:
+        summaries, agents = load(), load_agents() if agents is None else agents
     stale = []
-    wanted = {SUMMARY_MD: summary_md(summaries)}
-    for page, secs in sections(summaries).items():
+    wanted = {SUMMARY_MD: summary_md(summaries, agents)}
+    for page, secs in sections(summaries, agents).items():
         text = (Path(root) / page).read_text()
         new = text
         for name, body in secs.items():

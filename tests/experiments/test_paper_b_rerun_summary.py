@@ -169,3 +169,57 @@ def test_states_left_out_of_a_q_value_setting_are_counted_beside_n():
     text = S.undefined_text({"mspacman": clean, "breakout": some})
     assert "Breakout 2 of 1,000" in text and "MsPacman" not in text
     assert text in S.findings_section({"mspacman": clean, "breakout": some})
+
+
+def _agents(gbp=("fails", "fails", "passes"), rise=("disagree", "agree", "inconclusive"), design_met=True):
+    """An across-agents summary (agents_analysis.py's layout) of three Breakout agents."""
+    from experiments.paper_b.agents_analysis import cross_label
+    labels = ("shipped", "seed1", "seed2")
+
+    def row(id_, finding, mapping, verdicts):
+        v = dict(zip(labels, verdicts))
+        return {"id": id_, "finding": finding, "mapping": mapping, "verdicts": v,
+                "details": {a: "" for a in labels}, "cross": cross_label(list(v.values()))}
+    return {"game": "breakout",
+            "agents": {a: {"design_met": design_met, "episodes": 20} for a in labels},
+            "claims": [row("sanity_q:guided_backprop", "guided_backprop: output-layer sanity check", "", gbp),
+                       row("sign:rise:black/q_value", "rise above the random map (black / q_value)", "matched", rise),
+                       row("sanity_q:gradient", "gradient: output-layer sanity check", "", ("passes",) * 3)],
+            "concordance": [{"table": "insertion/black/q_value", "w": 0.9, "p": 1e-4, "p_holm": 1e-3,
+                             "shared_ranking": True, "methods": 20},
+                            {"table": "sanity/q", "w": 0.4, "p": 0.3, "p_holm": 0.6, "shared_ranking": False,
+                             "methods": 20}]}
+
+
+def test_the_pages_label_each_verdict_across_agents_once_the_study_has_run():
+    """Registered (agents_registration.md, "What each outcome means"): an agent-dependent finding is said
+    so on every page and game where it appears; before the study, every page says one agent per game."""
+    s = {"mspacman": _summary("mspacman", verdicts=[_sign("disagree")]),
+         "breakout": _summary("breakout", verdicts=[_sign("disagree")])}
+    ag = _agents()
+    before, after = S.findings_section(s), S.findings_section(s, agents=ag)
+    assert "One agent per game (the shipped one): nothing here is about other agents." in before
+    assert "Across agents" not in before and "Breakout's 3 agents" not in before
+    assert "in Breakout 3 agents (the shipped one, seed1 and seed2;" in after
+    assert "**Across agents**" in after and "agent-dependent 1" in after
+    assert "- rise above the random map (black / q_value): shipped disagree, seed1 agree, seed2 inconclusive" in after
+    # the disagreement is listed in both games, each time with Breakout's three verdicts beside it
+    assert after.count("Breakout's 3 agents: shipped disagree, seed1 agree, seed2 inconclusive (**agent-dependent**)") == 2
+    assert "in 1 of 2 tables: insertion/black/q_value" in after
+    page = S.method_section(s, "guided_backprop", ag)
+    assert "Output layer re-drawn, Breakout's 3 agents: shipped fails, seed1 fails, seed2 passes (**agent-dependent**)." \
+        in page and "may not hold for another agent" in page
+    assert "(same in all)." in S.method_section(s, "gradient", ag)
+    assert "may not hold" not in S.method_section(s, "gradient", ag)
+    assert "**agent-dependent** for Guided Backprop:" in S.index_section(s, agents=ag)
+    assert "no variant's verdict differs" in S.index_section(s, agents=_agents(gbp=("fails", "inconclusive", "fails")))
+    assert "In Breakout, where 3 agents were explained: Guided Backprop: agent-dependent." in S.readme_section(s, ag)
+
+
+def test_the_across_agents_study_counts_only_once_every_agent_met_the_design(tmp_path):
+    f = tmp_path / "summary.json"
+    assert S.load_agents(f) is None
+    f.write_text(json.dumps(_agents(design_met=False)))
+    assert S.load_agents(f) is None
+    f.write_text(json.dumps(_agents()))
+    assert S.load_agents(f)["game"] == "breakout"
