@@ -307,6 +307,19 @@ def _read_checked_npz(path: Path, check, keys=None) -> dict:
     return arrays
 
 
+def check_frames_held(out, n: int, holds: int, where) -> None:
+    """The manifest's n against the frames its input holds (more for a --limit job): an n edited by hand (with
+    each meta.json, so they agree) is refused before arrays or loops of n entries (10^15: 909 TiB of flags).
+
+    Raises:
+        jaxsal.SaliencyInputError: n is more than `holds`, the frames of the input `where`.
+    """
+    if n > holds:
+        raise SaliencyInputError(f"{Path(out) / MANIFEST} is corrupt: its n is {n} but its input {where} holds {holds} "
+                                 f"frames (the manifest was edited); restore its n (and each method's meta.json) or "
+                                 "choose a new --out directory")
+
+
 def finished_frames(out, methods) -> np.ndarray:
     """Which frames are finished for every method: what a partial `load_maps` holds.
 

@@ -153,3 +153,26 @@ def test_a_manifest_field_of_the_wrong_type_is_one_error_for_render_and_resume(o
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(out / "manifest.json") in err and says in err, err
         assert sorted(p for p in out.rglob("*")) == before
+
+
+@pytest.mark.parametrize("how", ["job's input", "--input", "resume"])
+def test_a_manifest_n_beyond_its_input_is_refused_before_it_is_used(job, tmp_path, capsys, how):
+    """n (and each method's meta.json, so the two agree) edited to 10^15: render allocated a flag per frame
+    (MemoryError, or a loop over 10^15 / chunk chunks); now n is bounded by the frames the input holds."""
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    for path in (out / "manifest.json", out / "gradient" / "meta.json"):
+        m = json.loads(path.read_text())
+        (m["config"] if "config" in m else m)["n"] = 10 ** 15
+        path.write_text(json.dumps(m))
+    before = sorted(out.rglob("*"))
+    frames = str(job.parent / "in.npy")
+    argv = {"job's input": ["render", str(out), "--video", "none", "--quiet"],
+            "--input": ["render", str(out), "--video", "none", "--quiet", "--input", frames],
+            "resume": ["explain", "--agent", str(next((job.parent / "agent").glob("*.json"))), "--methods", "gradient",
+                       "--input", frames, "--out", str(out), "--quiet", "--chunk", "4"]}[how]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1000000000000000" in err and ("holds 6 frames" in err or how == "resume"), err
+    assert sorted(out.rglob("*")) == before
