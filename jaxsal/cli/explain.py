@@ -35,10 +35,15 @@ def parse_methods(text: str) -> list[tuple[str, str]]:
 
 
 def parse_value(text: str):
+    """A Python literal ('500', '[1, 2]', 'True'), else the text itself; thousands of '~' or '-' overflow
+    Python's parser (RecursionError, MemoryError): a CLIError, which parse_options names the option in."""
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+    except (RecursionError, MemoryError):
+        raise CLIError(f"its value ({len(text)} characters) is nested too deeply to read; give a number, a "
+                       "string, True/False or a list, e.g. rise.n_masks=500") from None
 
 
 def parse_options(items, aliases) -> dict[str, dict]:
@@ -52,7 +57,10 @@ def parse_options(items, aliases) -> dict[str, dict]:
         if method not in opts:
             raise CLIError(f"--option {item!r} is for {method!r}, which is not in --methods "
                            f"({', '.join(aliases)})")
-        opts[method][key] = parse_value(value)
+        try:
+            opts[method][key] = parse_value(value)
+        except CLIError as e:
+            raise CLIError(f"--option {name}: {e}") from None
     return opts
 
 

@@ -83,6 +83,8 @@ def split(text: str) -> list[str]:
 
 # ------------------------------------------------------------------ reading
 def _refuse(text: str, why: str) -> SaliencyInputError:
+    if len(text) > 200:  # a crafted or pasted text of thousands of characters: its start, not all of it
+        text = f"{text[:60]}... ({len(text)} characters)"
     return SaliencyInputError(f"method {text!r}: {why}; write {FORMS}")
 
 
@@ -97,6 +99,8 @@ def _read(text):
         node = ast.parse(text, mode="eval").body
     except SyntaxError as e:
         raise _refuse(text, f"not an expression ({e.msg})") from None
+    except (RecursionError, MemoryError):  # thousands of '~' or '-' overflow Python's parser
+        raise _refuse(text, "nested too deeply to read") from None
     return _tree(node, text)
 
 

@@ -307,6 +307,19 @@ def _read_checked_npz(path: Path, check, keys=None) -> dict:
     return arrays
 
 
+def check_frames_held(out, n: int, holds: int, where) -> None:
+    """The manifest's n against the frames its input holds (more for a --limit job): an n edited by hand (with
+    each meta.json, so they agree) is refused before arrays or loops of n entries (10^15: 909 TiB of flags).
+
+    Raises:
+        jaxsal.SaliencyInputError: n is more than `holds`, the frames of the input `where`.
+    """
+    if n > holds:
+        raise SaliencyInputError(f"{Path(out) / MANIFEST} is corrupt: its n is {n} but its input {where} holds {holds} "
+                                 f"frames (the manifest was edited); restore its n (and each method's meta.json) or "
+                                 "choose a new --out directory")
+
+
 def finished_frames(out, methods) -> np.ndarray:
     """Which frames are finished for every method: what a partial `load_maps` holds.
 
@@ -429,8 +442,37 @@ def read_manifest(out) -> dict:
             and type(cfg.get("chunk")) is int and cfg["chunk"] >= 1 and type(cfg.get("n")) is int and cfg["n"] >= 0):
         raise SaliencyInputError(f"{path} is corrupt (no config with methods, chunk >= 1 and n >= 0, as "
                                  "`jaxsal explain` writes); choose a new --out directory")
+    _check_fields(path, manifest)
     _check_layout(Path(out), cfg)
     return manifest
+
+
+def _is_source(v) -> bool:
+    return isinstance(v, dict) and isinstance(v.get("path"), (str, type(None)))
+
+
+FIELDS = {  # (in config?, field) -> (what `run_job` writes there, when it is of that kind)
+    (False, "input_source"): ("an object with a path", _is_source),
+    (False, "objects_source"): ("an object with a path", _is_source),
+    (True, "input"): ("an object with a checksum string or a play entry",
+                      lambda v: isinstance(v, dict) and (isinstance(v.get("checksum"), str) or "play" in v)),
+    (True, "frame_shape"): ("a list of 3 sizes >= 1", lambda v: isinstance(v, list) and len(v) == 3
+                            and all(type(d) is int and d >= 1 for d in v)),
+    (True, "objects"): ("an object with a checksum string",
+                        lambda v: isinstance(v, dict) and isinstance(v.get("checksum"), str)),
+}
+
+
+def _check_fields(path: Path, manifest: dict) -> None:
+    """The fields render and a resume read, where present, of the kind `run_job` writes: one edited by hand is
+    named here (else an AttributeError or KeyError inside render, or a resume that keeps it)."""
+    for (in_config, key), (want, ok) in FIELDS.items():
+        where = manifest["config"] if in_config else manifest
+        if key in where and not ok(where[key]):
+            got = json.dumps(where[key])
+            got = got if len(got) <= 80 else got[:60] + "..."
+            raise SaliencyInputError(f"{path} is corrupt (its {key} is {got}, not {want}, as `jaxsal explain` "
+                                     "writes); choose a new --out directory")
 
 
 def _check_layout(out: Path, cfg: dict) -> None:

@@ -462,9 +462,22 @@ def check_objects(agents, inputs, metric: str = "objects"):
                         f"{RECORD_HINT}, and list DIR/obs.npy")
             continue
         try:
-            find_objects("auto", inp["path"], None)
+            found = find_objects("auto", inp["path"], None)
         except SaliencyInputError as e:
             raise SweepConfigError(f"metrics: '{metric}' for input {label!r}: {e}") from None
+        _check_class_columns(found.classes, f"metrics: '{metric}' for input {label!r}: {found.path}", metric)
+
+
+def _check_class_columns(classes, where: str, metric: str) -> None:
+    """A class's columns are named by its _slug: two classes of one slug ('ball!', 'ball?') would write the same
+    columns, one's means silently overwriting the other's."""
+    seen: dict = {}
+    for cls in classes:
+        if _slug(cls) in seen:
+            raise SweepConfigError(f"{where} has classes {seen[_slug(cls)]!r} and {cls!r}, which would both be the "
+                                   f"columns {metric}_{_slug(cls)}_*; rename one in the objects file (letters, digits, "
+                                   "'.', '_' and '-' are kept in column names)")
+        seen[_slug(cls)] = cls
 
 
 def stored_config(raw: dict, base) -> dict:

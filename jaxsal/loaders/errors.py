@@ -13,13 +13,21 @@ class LoaderError(SaliencyInputError):
 
 
 def read_bytes(path) -> bytes:
+    """The bytes of an agent file; a directory or an empty file is named as such (else an empty file
+    reads as some other format, and a directory as a missing file)."""
     p = Path(path)
+    if p.is_dir():
+        raise LoaderError(f"agent file {path} is a directory, give the checkpoint file inside it")
     if not p.is_file():
         raise LoaderError(f"agent file {path} does not exist")
     try:
-        return p.read_bytes()
+        data = p.read_bytes()
     except OSError as e:
         raise LoaderError(f"cannot read {path}: {e.strerror}") from None
+    if not data:
+        raise LoaderError(f"agent file {path} is empty (0 bytes): the copy or download was cut off, get it again "
+                          "from where it was made")
+    return data
 
 
 def read_zip_member(z: zipfile.ZipFile, name: str, path, limit: int) -> bytes:

@@ -115,3 +115,22 @@ def test_a_channel_first_model_with_layout_runs(bad_inputs, tmp_path):
                  "--input", str(d / "nchw.npy"), "--out", str(out), "--quiet"]) == 0
     assert jaxsal.load_maps(out, "gradient").shape == (3, 84, 84)
     assert json.loads((out / store.MANIFEST).read_text())["config"]["layout"] == "NCHW"
+
+
+DEEP = {"~": "~" * 5000 + "1", "-": "-" * 100_000 + "1", "(": "(" * 5000 + "1" + ")" * 5000}
+
+
+@pytest.mark.parametrize("flag,deep", [("--option", "~"), ("--option", "-"), ("--methods", "~"), ("--methods", "-"),
+                                       ("--methods", "(")])
+def test_a_value_nested_too_deep_is_bad_input_naming_its_flag(bad_inputs, tmp_path, capsys, flag, deep):
+    """Thousands of '~' or '-' overflow Python's parser (RecursionError, MemoryError): one short line, exit 2
+    (an --option value of thousands of '(' is no Python value, so it stays a string, as any such text)."""
+    d, card, _ = bad_inputs
+    text = DEEP[deep]
+    methods, option = ("standin_grad", ["--option", f"standin_grad.x={text}"]) if flag == "--option" else (text, [])
+    code = main(["explain", "--agent", str(card), f"--methods={methods}", *option, "--input", str(d / "ok.npy"),
+                 "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "nested" in err and len(err) < 400, err[:300]
+    assert ("--option standin_grad.x" if flag == "--option" else "method '") in err, err
+    assert not (tmp_path / "o").exists()

@@ -304,6 +304,30 @@ gradient = {{}}
     assert t["objects_target_pointing"][0] == 1
 
 
+@pytest.mark.parametrize("metric", ["objects", "effects"])
+def test_class_names_of_one_column_name_are_refused(tmp_path, capsys, metric):
+    """'ball!' and 'ball?' both make the columns objects_ball_*: one class's means overwrote the other's, without
+    a word; now the sweep is refused in one line, naming both, before anything is written."""
+    from jaxsal.game_objects import ObjectBoxes
+    from tests._support import object_agent
+
+    obs, ob = object_agent.buffer(3)
+    np.save(tmp_path / "buf.npy", obs)
+    ObjectBoxes(ob.boxes, ob.labels, ("ball!", "ball?")).save(tmp_path / "buf.objects.npz")
+    (tmp_path / "sweep.toml").write_text(f"""
+agents = ["{ROOT / 'tests' / '_support' / 'object_agent.py'}:load"]
+inputs = ["buf.npy"]
+metrics = ["{metric}"]
+[methods]
+gradient = {{}}
+""")
+    capsys.readouterr()
+    assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'ball!'" in err[0] and "'ball?'" in err[0] and f"{metric}_ball_" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
 def test_plan_names_every_cell_readably(tmp_path):
     make_agent_files(tmp_path / "runs" / "pong", seed=0)
     make_agent_files(tmp_path / "runs" / "pong", seed=1)

@@ -50,6 +50,15 @@ CASES = {  # name -> (mutate the copied output directory, what the error says)
     "manifest a directory": (lambda o: ((o / "manifest.json").unlink(), (o / "manifest.json").mkdir()),
                              "manifest.json is corrupt"),
     "manifest not text": (lambda o: (o / "manifest.json").write_bytes(b"\xff\xfe{"), "manifest.json is corrupt"),
+    # before: AttributeError / TypeError inside `jaxsal render`, and a resume kept the edited manifest
+    "manifest input_source not an object": (_manifest(lambda m: m | {"input_source": "x"}), "its input_source is"),
+    "manifest input_source path a number": (_manifest(lambda m: m | {"input_source": {"path": 5}}),
+                                            "its input_source is"),
+    "manifest input not an object": (_manifest(lambda m: m | {"config": m["config"] | {"input": "x"}}), "its input is"),
+    "manifest input checksum a number": (_manifest(lambda m: m | {"config": m["config"] | {"input": {"checksum": 5}}}),
+                                         "its input is"),
+    "manifest frame_shape not a shape": (_manifest(lambda m: m | {"config": m["config"] | {"frame_shape": "x"}}),
+                                         "its frame_shape is"),
     "map chunk a directory": (lambda o: ((o / "gradient" / "chunk_0000001.npy").unlink(),
                                          (o / "gradient" / "chunk_0000001.npy").mkdir()), "chunk_0000001.npy is corrupt"),
     "outputs a directory": (lambda o: ((o / "_outputs" / "chunk_0000001.npz").unlink(),
@@ -96,3 +105,74 @@ def test_a_shares_only_job_is_never_resumed_as_another_job(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "another input" in err, err
     assert (tmp_path / "out" / "manifest.json").read_bytes() == before
+
+
+OBJECTS_EDITS = {  # name -> (edit the manifest of a job with --objects, what the error says)
+    "objects not an object": (lambda m: m["config"].update(objects="x"), "its objects is"),
+    "objects without checksum": (lambda m: m["config"]["objects"].pop("checksum"), "its objects is"),
+    "objects checksum a number": (lambda m: m["config"]["objects"].update(checksum=5), "its objects is"),
+    "objects_source not an object": (lambda m: m.update(objects_source="x"), "its objects_source is"),
+    "frame_shape of two numbers": (lambda m: m["config"].update(frame_shape=[84, 84]), "its frame_shape is"),
+    "input removed": (lambda m: m["config"].pop("input"), "has no input entry"),
+}
+
+
+@pytest.fixture(scope="module")
+def objects_job(tmp_path_factory):
+    from tests._support import object_agent
+    from tests.cli.test_objects import AGENT
+
+    d = tmp_path_factory.mktemp("objects_job")
+    obs, ob = object_agent.buffer(4)
+    np.save(d / "a.npy", obs)
+    ob.save(d / "a.objects.npz")
+    argv = ["explain", "--agent", AGENT, "--methods", "gradient", "--objects", "--input", str(d / "a.npy"), "--quiet"]
+    assert main(argv + ["--out", str(d / "out")]) == 0
+    return d / "out", argv
+
+
+@pytest.mark.parametrize("name", list(OBJECTS_EDITS))
+def test_a_manifest_field_of_the_wrong_type_is_one_error_for_render_and_resume(objects_job, tmp_path, capsys, name):
+    """The fields render and a resume read (input, input_source, frame_shape, objects and its checksum), edited by
+    hand: one line naming the manifest, exit 2, nothing written; before, an AttributeError, TypeError or KeyError
+    traceback (or, for a resume, the edited manifest kept)."""
+    job, argv = objects_job
+    edit, says = OBJECTS_EDITS[name]
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    m = json.loads((out / "manifest.json").read_text())
+    edit(m)
+    (out / "manifest.json").write_text(json.dumps(m))
+    commands = [["render", str(out), "--video", "none", "--quiet"]]
+    if name != "input removed":  # a resume without input is refused as another input's job, as before
+        commands.append(argv + ["--out", str(out)])
+    for command in commands:
+        before = sorted(p for p in out.rglob("*"))
+        capsys.readouterr()
+        assert main(command) == 2, command[0]
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(out / "manifest.json") in err and says in err, err
+        assert sorted(p for p in out.rglob("*")) == before
+
+
+@pytest.mark.parametrize("how", ["job's input", "--input", "resume"])
+def test_a_manifest_n_beyond_its_input_is_refused_before_it_is_used(job, tmp_path, capsys, how):
+    """n (and each method's meta.json, so the two agree) edited to 10^15: render allocated a flag per frame
+    (MemoryError, or a loop over 10^15 / chunk chunks); now n is bounded by the frames the input holds."""
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    for path in (out / "manifest.json", out / "gradient" / "meta.json"):
+        m = json.loads(path.read_text())
+        (m["config"] if "config" in m else m)["n"] = 10 ** 15
+        path.write_text(json.dumps(m))
+    before = sorted(out.rglob("*"))
+    frames = str(job.parent / "in.npy")
+    argv = {"job's input": ["render", str(out), "--video", "none", "--quiet"],
+            "--input": ["render", str(out), "--video", "none", "--quiet", "--input", frames],
+            "resume": ["explain", "--agent", str(next((job.parent / "agent").glob("*.json"))), "--methods", "gradient",
+                       "--input", frames, "--out", str(out), "--quiet", "--chunk", "4"]}[how]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1000000000000000" in err and ("holds 6 frames" in err or how == "resume"), err
+    assert sorted(out.rglob("*")) == before

@@ -94,6 +94,18 @@ def test_bad_files_are_one_clear_error(tmp_path):
         load_file(tmp_path / "x.h5")
 
 
+@pytest.mark.parametrize("suffix", [".zip", ".pth", ".pt", ".cleanrl_model"])
+def test_an_empty_or_directory_agent_file_says_so(tmp_path, suffix):
+    """An empty file (a cut-off copy) said "is a torch checkpoint: install torch" or "not a flax msgpack
+    file"; a directory said "does not exist"."""
+    (tmp_path / f"empty{suffix}").touch()
+    with pytest.raises(LoaderError, match=r"is empty \(0 bytes\).*get it again"):
+        load_file(tmp_path / f"empty{suffix}")
+    (tmp_path / f"folder{suffix}").mkdir()
+    with pytest.raises(LoaderError, match="is a directory, give the checkpoint file"):
+        load_file(tmp_path / f"folder{suffix}")
+
+
 
 def _with(tree, path, value):
     """A copy of the msgpack state dict `tree` with the leaf at `path` (keys) set to `value`."""

@@ -35,7 +35,10 @@ def cmd_render(args) -> int:
         from jaxsal.io import open_source
         from jaxsal.io.readers import verify_input
 
+        from jaxsal.io.store import check_frames_held, read_manifest
+
         src = open_source(args.input)
+        check_frames_held(args.dir, read_manifest(args.dir)["config"]["n"], len(src), args.input)
         verify_input(src)  # frames of corrupt bytes would be drawn as the job's
         frames = src.read(0, min(len(src), stop or len(src)))
     videos = () if args.video == "none" else tuple(v.strip() for v in args.video.split(",") if v.strip())

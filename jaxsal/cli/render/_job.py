@@ -23,7 +23,12 @@ def job_input(out, manifest):
     (a buffer rewritten or replaced since the job is refused, never drawn under the maps)."""
     from jaxsal.io import open_source
 
+    from jaxsal.io.store import MANIFEST
+
     cfg = manifest["config"]
+    if "input" not in cfg:  # every job records it (store.read_manifest checked its kind): the frames are checked by it
+        raise SaliencyInputError(f"{Path(out) / MANIFEST} is corrupt (it has no input entry, which `jaxsal explain` "
+                                 "writes); pass the job's frames with render --input PATH")
     stored = (manifest.get("input_source") or {}).get("path")
     want = (cfg.get("input") or {}).get("checksum")
     want = want.split("[:")[0] if want else None  # a --limit job records the file's checksum[:n]

@@ -27,7 +27,7 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     Returns {"html": path, "pngs": [...], "videos": [...]}.
     """
     from jaxsal.io.layout import as_layout
-    from jaxsal.io.store import finished_frames, load_maps, load_outputs, read_manifest
+    from jaxsal.io.store import check_frames_held, finished_frames, load_maps, load_outputs, read_manifest
 
     out = Path(out)
     manifest = read_manifest(out)
@@ -45,6 +45,9 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
                 raise SaliencyInputError(f"--greydanus names {k!r}, which is not among the rendered "
                                          f"methods {names}")
     n = int(cfg["n"])
+    source = job_input(out, manifest) if frames is None else None
+    if source is not None:  # before n sizes anything: bounded by what the input holds
+        check_frames_held(out, n, len(source), source.describe().get("path"))
     stop = n if stop is None else min(stop, n)
     if not 0 <= start < stop:
         raise SaliencyInputError(f"frame range {start}:{stop} is empty (the job has {n} frames)")
@@ -59,7 +62,7 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
     if stop - start > max_video_frames:
         stop = start + max_video_frames
     if frames is None:
-        frames = as_layout(job_input(out, manifest), "NHWC").read(start, stop)
+        frames = as_layout(source, "NHWC").read(start, stop)
     else:
         frames = np.asarray(frames)
         frames = as_layout(_Array(frames), "NHWC").read(start, min(stop, len(frames)))
