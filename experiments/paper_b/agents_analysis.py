@@ -11,7 +11,8 @@ Each agent's re-run (`experiments.paper_b.rerun`, the registered single-agent pr
    (difference to the random map) and per sanity cascade step (Spearman), with a permutation p-value
    (each agent's ranking permuted on its own), Holm over the 13 tests (`concordance`);
 3. a descriptive split of the agent x method table of each setting into method, agent and
-   agent x method spreads, beside the sampling noise of a cell (`components`).
+   agent x method spreads, beside the sampling noise of a cell (`components`); for the fidelity tables
+   also against the noise of their correlated cells (`with_correlated_noise`, deviation 2).
 
 Writes `summary.json` and `README.md` under --out. Nothing here looks at the agents' data before
 the registration is committed; the analysis is this file at the freezing commit.
@@ -82,23 +83,41 @@ def side_by_side(summaries: dict) -> list[dict]:
     return out
 
 
+def ranks(values: np.ndarray) -> np.ndarray:
+    """Each row's ranks of its columns, 1..n, tied values sharing their average rank (deviation 2)."""
+    from scipy.stats import rankdata
+    return rankdata(values, method="average", axis=1)
+
+
+def _w(rank_rows: np.ndarray, ties: float) -> np.ndarray:
+    """Kendall's W of (..., agents, methods) rank rows; `ties`: the correction sum over agents of t^3 - t."""
+    m, n = rank_rows.shape[-2:]
+    s = ((rank_rows.sum(-2) - m * (n + 1) / 2) ** 2).sum(-1)
+    return 12 * s / (m ** 2 * (n ** 3 - n) - m * ties)
+
+
+def tie_sum(r: np.ndarray) -> float:
+    """Sum over rows and tie groups of t^3 - t (0 without ties)."""
+    return float(sum(((c := np.unique(row, return_counts=True)[1]) ** 3 - c).sum() for row in r))
+
+
 def kendall_w(values: np.ndarray) -> float:
-    """Kendall's coefficient of concordance of the rows' rankings of the columns: (agents, methods)."""
-    m, n = values.shape
-    ranks = np.argsort(np.argsort(values, axis=1), axis=1) + 1.0
-    s = ((ranks.sum(0) - m * (n + 1) / 2) ** 2).sum()
-    return float(12 * s / (m ** 2 * (n ** 3 - n)))
+    """Kendall's coefficient of concordance of the rows' rankings of the columns: (agents, methods);
+    tied values take their average rank and the denominator its tie correction."""
+    r = ranks(values)
+    return float(_w(r, tie_sum(r)))
 
 
 def permutation_p(values: np.ndarray, n: int = N_PERMUTATIONS, seed: int = SEED) -> float:
     """P(W >= observed) when each agent ranks the methods independently at random: each row's ranks
-    permuted on its own, n times; (1 + hits) / (1 + n)."""
+    permuted on its own, n times; (1 + hits) / (1 + n). A row's own rank values are permuted, so its
+    ties stay (without ties these are the registered draws exactly: the same uniform permutations)."""
     m, k = values.shape
-    observed = kendall_w(values)
+    r = ranks(values)
+    observed, ties = float(_w(r, tie_sum(r))), tie_sum(r)
     rng = np.random.default_rng(seed)
-    ranks = rng.random((n, m, k)).argsort(axis=2).argsort(axis=2) + 1.0
-    s = ((ranks.sum(1) - m * (k + 1) / 2) ** 2).sum(1)
-    w = 12 * s / (m ** 2 * (k ** 3 - k))
+    perm = rng.random((n, m, k)).argsort(axis=2).argsort(axis=2)       # the registered draws, 0-based ranks
+    w = _w(np.take_along_axis(np.broadcast_to(np.sort(r, axis=1), (n, m, k)), perm, axis=2), ties)
     return float((1 + np.sum(w >= observed - 1e-12)) / (1 + n))
 
 
@@ -138,19 +157,34 @@ def concordance(summaries: dict, n: int = N_PERMUTATIONS, seed: int = SEED) -> l
     return rows
 
 
-def fidelity_noise(game_dir: Path, methods: list[str]) -> dict:
+def fidelity_noise(game_dir: Path, methods: list[str], covariance: bool = False) -> dict:
     """Per setting and method, the sampling variance of the mean difference to the random map:
-    the variance of its 20 episode means / 20, on the states the registered analysis keeps."""
+    the variance of its 20 episode means / 20, on the states the registered analysis keeps. With
+    `covariance`, per setting the (methods, methods) covariance of those means / 20 instead: the
+    methods share the episodes and the random map, so their errors are correlated (deviation 2)."""
     from experiments.paper_b.rerun_analysis import RANDOM, defined_states, episode_means, load_game
     aucs, _, state_episode, _, _ = load_game(Path(game_dir))
     out = {}
     for st in SETTINGS:
         res, ep, _ = defined_states(aucs[tuple(st.split("/"))], state_episode)
         out[st] = {}
+        means = {m: episode_means(np.asarray(res[m]) - np.asarray(res[RANDOM]), ep) for m in methods}
+        if covariance:
+            e = np.stack([means[m] for m in methods], axis=1)            # (episodes, methods)
+            out[st] = np.cov(e, rowvar=False, ddof=1) / e.shape[0]
+            continue
         for m in methods:
-            means = episode_means(np.asarray(res[m]) - np.asarray(res[RANDOM]), ep)
-            out[st][m] = float(np.var(means, ddof=1) / len(means))
+            out[st][m] = float(np.var(means[m], ddof=1) / len(means[m]))
     return out
+
+
+def correlated_noise(covs: list[np.ndarray]) -> dict:
+    """What sampling alone puts into an (agents, methods) table's mean squares when each agent's cells
+    have the covariance matrix covs[i] (agents independent): E[MS agent x method] =
+    sum_i (tr C_i - 1'C_i1 / m) / (a (m - 1)) and E[MS agent] = mean_i 1'C_i1 / m (deviation 2)."""
+    a, m = len(covs), covs[0].shape[0]
+    return {"inter": float(sum(np.trace(c) - c.sum() / m for c in covs) / (a * (m - 1))),
+            "agent": float(np.mean([c.sum() / m for c in covs]))}
 
 
 def components(values: np.ndarray, noise: np.ndarray) -> dict:
@@ -172,13 +206,31 @@ def components(values: np.ndarray, noise: np.ndarray) -> dict:
             "interaction_over_noise": float(ms_inter / cell_noise) if cell_noise > 0 else float("inf")}
 
 
+def with_correlated_noise(c: dict, values: np.ndarray, noise: dict) -> dict:
+    """The registered split `c` of a fidelity table, and beside it the same split against the noise
+    its correlated cells put into the mean squares (deviation 2): `null_ratio` is what the registered
+    interaction / noise reads with no agent x method effect at all (1 only for independent cells)."""
+    a, m = values.shape
+    row, col, grand = values.mean(1, keepdims=True), values.mean(0, keepdims=True), values.mean()
+    ms_agent = m * ((row - grand) ** 2).sum() / (a - 1)
+    ms_inter = ((values - row - col + grand) ** 2).sum() / ((a - 1) * (m - 1))
+    agent_sq = (ms_agent - ms_inter - (noise["agent"] - noise["inter"])) / m
+    return {**c, "null_ratio": noise["inter"] / c["sd_cell_noise"] ** 2 if c["sd_cell_noise"] > 0 else float("nan"),
+            "sd_agent_corr": float(np.sqrt(max(0.0, agent_sq))),
+            "sd_agent_x_method_corr": float(np.sqrt(max(0.0, ms_inter - noise["inter"]))),
+            "interaction_over_noise_corr": float(ms_inter / noise["inter"]) if noise["inter"] > 0 else float("inf")}
+
+
 def all_components(summaries: dict, dirs: dict) -> dict:
     t = tables(summaries)
     methods, out = t["methods"], {}
     noise = {label: fidelity_noise(Path(d), methods) for label, d in dirs.items()}
+    covs = {label: fidelity_noise(Path(d), methods, covariance=True) for label, d in dirs.items()}
     for st in SETTINGS:
         nz = np.array([[noise[label][st][m] for m in methods] for label in summaries])
-        out[f"fidelity:{st}"] = components(t["tables"][f"fidelity:{st}"], nz)
+        v = t["tables"][f"fidelity:{st}"]
+        out[f"fidelity:{st}"] = with_correlated_noise(components(v, nz), v,
+                                                      correlated_noise([covs[label][st] for label in summaries]))
     for step in STEPS:
         nz = np.array([[s["sanity"][f"{m}/{step}"]["se"] ** 2 for m in methods] for s in summaries.values()])
         out[f"sanity:{step}"] = components(t["tables"][f"sanity:{step}"], nz)
@@ -210,12 +262,21 @@ def markdown(res: dict) -> str:
         r = a["return"]
         lines.append(f"| {label} | {a['design_met']} | {a['episodes']} | {a['states']} | "
                      f"{a['sanity_states']} x {a['sanity_draws']} | {r['mean']:.1f} [{r['low']:.1f}, {r['high']:.1f}] |")
-    counts = {}
-    for c in res["claims"]:
-        key = c["cross"] if not c["cross"][0].isdigit() else "some decided, others undecided"
-        counts[key] = counts.get(key, 0) + 1
+    from experiments.paper_b.rerun_analysis import CLAIM_KINDS, PRIMARY
+
+    def label_counts(rows):
+        counts = {}
+        for c in rows:
+            key = c["cross"] if not c["cross"][0].isdigit() else "some decided, others undecided"
+            counts[key] = counts.get(key, 0) + 1
+        return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
+    claims = [c for c in res["claims"] if c["id"].split(":")[0] in CLAIM_KINDS and c["mapping"] in PRIMARY]
+    own = [c for c in res["claims"] if c["id"].startswith("sanity_q:")]
     lines += ["", "## Claims, agent by agent", "",
-              "Cross-agent labels: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + ".", "",
+              f"Cross-agent labels (deviation 3): Paper B's {len(claims)} claims, its noise column read as the "
+              f"original score: {label_counts(claims)}. The {len(own)} variants' own output-layer sanity verdicts: "
+              f"{label_counts(own)}. The table lists every verdict: the other readings of Paper B's noise column "
+              "and the counts of methods above RISE too.", "",
               "| claim | mapping | " + " | ".join(labels) + " | across agents |",
               "|---|---|" + "---|" * len(labels) + "---|"]
     for c in res["claims"]:
@@ -232,12 +293,22 @@ def markdown(res: dict) -> str:
     lines += ["", "## Method, agent and agent x method spreads (descriptive)", "",
               "Moment estimates from the agent x method table of means; cell noise: the sampling SD of a cell "
               "mean (episodes; for the sanity check draws and episodes). Interaction/noise near 1: the method "
-              "effects differ between agents no more than sampling explains.", "",
+              "effects differ between agents no more than sampling explains (for independent cells).", "",
               "| table | SD method | SD agent | SD agent x method | SD cell noise | interaction / noise |",
               "|---|---:|---:|---:|---:|---:|"]
     for name, c in res["components"].items():
         lines.append(f"| {name} | {c['sd_method']:.3f} | {c['sd_agent']:.3f} | {c['sd_agent_x_method']:.3f} | "
                      f"{c['sd_cell_noise']:.3f} | {c['interaction_over_noise']:.2f} |")
+    corr = {k: c for k, c in res["components"].items() if "null_ratio" in c}
+    if corr:
+        lines += ["", "The fidelity tables' cells are not independent: an agent's 20 method means share its 20 "
+                  "episodes and the random map, so sampling alone gives the interaction / noise above the value in "
+                  "`null ratio`, not 1, and lifts the agent spread (deviation 2). The same split against the noise "
+                  "of correlated cells (each agent's covariance of its methods' episode means / 20):", "",
+                  "| table | null ratio | SD agent | SD agent x method | interaction / correlated noise |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {name} | {c['null_ratio']:.2f} | {c['sd_agent_corr']:.3f} | {c['sd_agent_x_method_corr']:.3f} "
+                  f"| {c['interaction_over_noise_corr']:.2f} |" for name, c in corr.items()]
     return "\n".join(lines) + "\n"
 
 

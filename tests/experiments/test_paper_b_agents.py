@@ -58,6 +58,46 @@ def test_components_interaction_is_noise_without_agent_by_method_effects():
     assert c["sd_agent_x_method"] == 0 and c["sd_method"] == pytest.approx(np.std(method, ddof=1), rel=1e-9)
 
 
+def test_tied_values_share_their_average_rank():
+    """Ties broken by column order would make agents that tie the same methods look concordant: each
+    agent here ranks one different method first and ties the other 19 (deviation 2)."""
+    one_hot = np.eye(3, 20)
+    w = A.kendall_w(one_hot)
+    assert w == pytest.approx(12 * 255 / (9 * (20 ** 3 - 20) - 3 * 3 * (19 ** 3 - 19)))   # 0.298, by hand
+    assert A.kendall_w(np.tile([1.0, 1.0, 2.0, 3.0], (3, 1))) == pytest.approx(1.0)
+    assert A.permutation_p(one_hot, n=2000) > 0.2
+    rng = np.random.default_rng(1)
+    ties = rng.integers(0, 4, size=(3, 20)).astype(float)
+    p_null = [A.permutation_p(rng.integers(0, 4, size=(3, 20)).astype(float), n=300, seed=k) for k in range(150)]
+    assert np.mean(np.array(p_null) <= 0.05) <= 0.10                      # the level holds with ties
+    assert A.kendall_w(ties) <= 1.0
+
+
+def test_correlated_cells_noise_is_what_sampling_puts_into_the_mean_squares():
+    """An agent's methods share its episodes, so its cells' errors are correlated: with no agent or
+    agent x method effect the mean squares average the correlated noise terms, not the mean variance."""
+    rng = np.random.default_rng(0)
+    a, m = 3, 20
+    covs = []
+    for _ in range(a):   # equicorrelated (rho 0.6: the shared episodes), methods of unequal noise
+        d = np.diag(rng.uniform(0.5, 1.5, m))
+        covs.append(d @ (0.4 * np.eye(m) + 0.6 * np.ones((m, m))) @ d)
+    noise = A.correlated_noise(covs)
+    method = rng.normal(size=(1, m))
+    ms_int, ms_agent = [], []
+    diag = np.array([np.diag(c) for c in covs])
+    for _ in range(3000):
+        y = method + np.stack([rng.multivariate_normal(np.zeros(m), c) for c in covs])
+        row, col, g = y.mean(1, keepdims=True), y.mean(0, keepdims=True), y.mean()
+        ms_int.append(((y - row - col + g) ** 2).sum() / ((a - 1) * (m - 1)))
+        ms_agent.append(m * ((row - g) ** 2).sum() / (a - 1))
+    assert np.mean(ms_int) == pytest.approx(noise["inter"], rel=0.05)
+    assert np.mean(ms_agent) == pytest.approx(noise["agent"], rel=0.1)
+    assert np.mean(ms_int) < 0.6 * diag.mean()   # the registered noise (mean variance) overstates it: ~1 - rho
+    c = A.with_correlated_noise(A.components(y, diag), y, noise)
+    assert c["null_ratio"] == pytest.approx(noise["inter"] / diag.mean())
+
+
 def _summary(verdicts):
     return {"verdicts": [{"id": i, "finding": f, "mapping": "", "verdict": v, "detail": ""} for i, f, v in verdicts]}
 
@@ -82,6 +122,8 @@ def test_three_copies_of_one_agent_agree_everywhere(tmp_path):
     assert {c["cross"] for c in res["claims"]} <= {"same in all", "undecided in all"}
     assert all(r["w"] == pytest.approx(1.0) and r["shared_ranking"] for r in res["concordance"])
     assert all(c["sd_agent"] < 1e-6 and c["sd_agent_x_method"] < 1e-6 for c in res["components"].values())
+    assert all(c["sd_agent_x_method_corr"] < 1e-6 for k, c in res["components"].items() if k.startswith("fidelity"))
+    assert all(0 < c["null_ratio"] < 1.2 for k, c in res["components"].items() if k.startswith("fidelity"))
     readme = (tmp_path / "README.md").read_text()
     assert "| a | True | 20 | 1000 | 200 x 10 |" in readme
     assert readme.rstrip().endswith(A.DEVIATIONS.read_text().rstrip())  # the deviations close the README
