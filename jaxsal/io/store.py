@@ -311,6 +311,12 @@ def check_frames_held(out, n: int, holds: int, where) -> None:
     """The manifest's n against the frames its input holds (more for a --limit job): an n edited by hand (with
     each meta.json, so they agree) is refused before arrays or loops of n entries (10^15: 909 TiB of flags).
 
+    Args:
+        out (str | os.PathLike): the job's output directory (named in the error).
+        n (int): the manifest's number of frames.
+        holds (int): the frames the job's input holds.
+        where (str | None): the input's path, named in the error.
+
     Raises:
         jaxsal.SaliencyInputError: n is more than `holds`, the frames of the input `where`.
     """
