@@ -199,7 +199,9 @@ def test_paper_b_claims_on_all_20_methods():
     assert by["best:rise", "matched"] == "disagree"
     assert by["winner_depends", "all"] == "disagree"                   # one winner everywhere
     assert by["above_rise", "all"] == "some"
-    assert "Paper B's claims: agree" in A.markdown(res)
+    c = A.claim_counts(res["verdicts"])
+    assert (f"Paper B's claims (its noise column read as the original score): agree {c['agree']} / disagree "
+            f"{c['disagree']} / inconclusive {c['inconclusive']}") in A.markdown(res)
 
 
 def test_game_files_round_trip(tmp_path):
