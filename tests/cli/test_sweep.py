@@ -278,19 +278,26 @@ gradient = { per_frame = true }
     assert (tmp_path / "out" / "cells" / "tiny" / "tiny1" / "play3-seed2" / "_rollout" / "input" / "obs.npy").exists()
 
 
-def test_objects_metric_shares_per_class(tmp_path, capsys):
+def _object_sweep(tmp_path, n, metric):
+    """A buffer of n states of the object test agent (tmp_path/buf.npy) and a sweep.toml explaining it with
+    the gradient under `metric`; (the config's text, the states, their ObjectBoxes), the boxes not yet saved."""
     from tests._support import object_agent
 
-    obs, ob = object_agent.buffer(3)
+    obs, ob = object_agent.buffer(n)
     np.save(tmp_path / "buf.npy", obs)
     text = f"""
 agents = ["{ROOT / 'tests' / '_support' / 'object_agent.py'}:load"]
 inputs = ["buf.npy"]
-metrics = ["objects"]
+metrics = ["{metric}"]
 [methods]
 gradient = {{}}
 """
     (tmp_path / "sweep.toml").write_text(text)
+    return text, obs, ob
+
+
+def test_objects_metric_shares_per_class(tmp_path, capsys):
+    text, _, ob = _object_sweep(tmp_path, 3, "objects")
     capsys.readouterr()
     assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 2            # no boxes beside the buffer yet
     err = capsys.readouterr().err.strip().splitlines()
@@ -309,18 +316,9 @@ def test_class_names_of_one_column_name_are_refused(tmp_path, capsys, metric):
     """'ball!' and 'ball?' both make the columns objects_ball_*: one class's means overwrote the other's, without
     a word; now the sweep is refused in one line, naming both, before anything is written."""
     from jaxsal.game_objects import ObjectBoxes
-    from tests._support import object_agent
 
-    obs, ob = object_agent.buffer(3)
-    np.save(tmp_path / "buf.npy", obs)
+    _, _, ob = _object_sweep(tmp_path, 3, metric)
     ObjectBoxes(ob.boxes, ob.labels, ("ball!", "ball?")).save(tmp_path / "buf.objects.npz")
-    (tmp_path / "sweep.toml").write_text(f"""
-agents = ["{ROOT / 'tests' / '_support' / 'object_agent.py'}:load"]
-inputs = ["buf.npy"]
-metrics = ["{metric}"]
-[methods]
-gradient = {{}}
-""")
     capsys.readouterr()
     assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -443,16 +441,8 @@ def test_effects_metric_removes_each_class_and_scores_agreement(tmp_path):
     object changes nothing, and per class and method the table says so (issue 47 item 3)."""
     from tests._support import object_agent
 
-    obs, ob = object_agent.buffer(4)
-    np.save(tmp_path / "buf.npy", obs)
+    _, obs, ob = _object_sweep(tmp_path, 4, "effects")
     ob.save(tmp_path / "buf.objects.npz")
-    (tmp_path / "sweep.toml").write_text(f"""
-agents = ["{ROOT / 'tests' / '_support' / 'object_agent.py'}:load"]
-inputs = ["buf.npy"]
-metrics = ["effects"]
-[methods]
-gradient = {{}}
-""")
     assert _sweep(tmp_path / "sweep.toml", tmp_path / "out") == 0
     t = jaxsal.load_sweep(tmp_path / "out")
     assert list(t["status"]) == ["ok"]
