@@ -327,7 +327,7 @@ def _objects_config(out, cfg) -> dict:
     return o
 
 
-def _read_chunk(path: Path, rows: int, spec: dict) -> dict:
+def _read_chunk(path: Path, rows: int, spec: dict, layout) -> dict:
     """The arrays of one shares or effects chunk, each checked against `spec` {key: (trailing shape,
     dtype kinds)}: a truncated, emptied or replaced file is a clear error naming the fix, never a
     zipfile/numpy traceback nor shares joined to the wrong frames or classes."""
@@ -339,13 +339,16 @@ def _read_chunk(path: Path, rows: int, spec: dict) -> dict:
             (f"{k!r} has shape {v.shape} and dtype {v.dtype}, not {(rows,) + spec[k][0]} of {spec[k][1]}"
              for k, v in arrays.items() if v.shape != (rows,) + spec[k][0] or v.dtype.kind not in spec[k][1]), None)
 
-    return _read_checked_npz(path, check, keys=tuple(spec))
+    return _read_checked_npz(path, check, keys=tuple(spec), layout=layout + (rows,))
 
 
-def _chunks_done(out, cfg, exists, what: str, allow_incomplete: bool) -> list[int]:
+def _chunks_done(out, cfg, paths, what: str, allow_incomplete: bool) -> list[int]:
+    """The chunks with every file of `paths` (chunk index -> path) written, refused if incomplete unless allowed."""
+    from jaxsal.io.store import chunks_on_disk
+
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
     n_chunks = -(-n // chunk)
-    done = [i for i in range(n_chunks) if exists(i)]
+    done = sorted(set.intersection(*(set(chunks_on_disk(p, n_chunks)) for p in paths)))
     if len(done) < n_chunks and not allow_incomplete:
         raise SaliencyInputError(
             f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks of {what} missing); "
@@ -382,7 +385,7 @@ def load_object_effects(out, allow_incomplete: bool = False) -> dict:
     if "effects" not in (_objects_config(out, cfg) or {}):
         raise SaliencyInputError(f"{out} has no object effects: rerun `jaxsal explain` with --objects --effects "
                                  "into a new --out")
-    return _read_effects(out, cfg, _chunks_done(out, cfg, lambda i: effects_path(out, i).exists(), "object effects",
+    return _read_effects(out, cfg, _chunks_done(out, cfg, [lambda i: effects_path(out, i)], "object effects",
                                                 allow_incomplete))
 
 
@@ -398,7 +401,7 @@ def _read_effects(out, cfg, done) -> dict:
             if k not in REMOVAL_KEYS or removal_fields}
     parts: dict = {k: [] for k in ("frame",) + EFFECT_KEYS}
     for i in done:
-        for k, v in _read_chunk(effects_path(out, i), min(n, (i + 1) * chunk) - i * chunk, spec).items():
+        for k, v in _read_chunk(effects_path(out, i), min(n, (i + 1) * chunk) - i * chunk, spec, (out, n, chunk)).items():
             parts[k].append(v)
         parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
     empty = {"frame": ((0,), np.int64), "effect": ((0, c), np.float32), "flips": ((0, c), bool),
@@ -449,8 +452,8 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
         raise SaliencyInputError(f"{out} has no object shares for method {method!r}; it holds "
                                  f"{', '.join(cfg['methods'])}")
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
-    done = _chunks_done(out, cfg, lambda i: objects_path(out, method, i).exists()
-                        and (not effects or effects_path(out, i).exists()),
+    done = _chunks_done(out, cfg, [lambda i: objects_path(out, method, i)] + ([lambda i: effects_path(out, i)]
+                                                                                if effects else []),
                         f"{method!r} shares" + (" or effects" if effects else ""), allow_incomplete)
     classes = tuple(cfg["objects"]["classes"])
     c, f = len(classes), cfg["objects"]["frames"]
@@ -458,7 +461,8 @@ def load_object_shares(out, method: str, allow_incomplete: bool = False, effects
             for k in SHARE_KEYS}
     parts: dict = {"frame": []}
     for i in done:
-        for k, v in _read_chunk(objects_path(out, method, i), min(n, (i + 1) * chunk) - i * chunk, spec).items():
+        for k, v in _read_chunk(objects_path(out, method, i), min(n, (i + 1) * chunk) - i * chunk, spec,
+                                 (out, n, chunk)).items():
             parts.setdefault(k, []).append(v)
         parts["frame"].append(np.arange(i * chunk, min(n, (i + 1) * chunk)))
     empty = {"frame": (0,), **{k: (0, f, c) if k.startswith("per_frame") else (0, c) for k in SHARE_KEYS}}

@@ -260,7 +260,7 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
     no_action = cfg.get("target") in TARGET_NAMES and not explains_action(cfg["target"])
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
     n_chunks = -(-n // chunk)
-    done = [i for i in range(n_chunks) if outputs_path(out, i).exists()]
+    done = chunks_on_disk(lambda i: outputs_path(out, i), n_chunks)
     if len(done) < n_chunks and not allow_incomplete:
         raise SaliencyInputError(
             f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks missing); rerun the same "
@@ -268,7 +268,7 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
     parts: dict[str, list] = {"frame": []}
     keys = None
     for i in done:
-        z = _read_outputs(outputs_path(out, i), min(n, (i + 1) * chunk) - i * chunk)
+        z = _read_outputs(outputs_path(out, i), min(n, (i + 1) * chunk) - i * chunk, (out, n, chunk))
         if keys is not None and set(z) != keys:  # never concatenate misaligned columns
             raise SaliencyInputError(
                 f"{outputs_path(out, i)} holds {sorted(z)} but earlier chunks hold {sorted(keys)} "
@@ -282,25 +282,50 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
     return {k: (np.concatenate(v) if v else np.zeros((0,), np.int64)) for k, v in parts.items()}
 
 
-def _read_outputs(path: Path, rows: int) -> dict:
+def _read_outputs(path: Path, rows: int, layout) -> dict:
     """The arrays of one chunk's outputs file, each checked to hold one entry per frame of the chunk."""
     def check(arrays):
         return next((f"{k!r} has shape {v.shape}, not {rows} rows" for k, v in arrays.items()
                      if v.ndim == 0 or v.shape[0] != rows), None)
 
-    return _read_checked_npz(path, check)
+    return _read_checked_npz(path, check, layout=layout + (rows,))
 
 
-def _read_checked_npz(path: Path, check, keys=None) -> dict:
+def check_short_chunk(path: Path, out, n: int, chunk: int, held: set, rows: int) -> None:
+    """A chunk holding fewer rows than a full chunk where the manifest's n puts a full one: only a job's last chunk
+    is short, so its n (with each meta.json) was edited, or the file replaced; the error names both fixes.
+
+    Args:
+        path (pathlib.Path): the chunk file.
+        out (str | os.PathLike): the output directory.
+        n (int): the manifest's number of frames.
+        chunk (int): the manifest's chunk size.
+        held (set[int]): the first sizes of the file's arrays.
+        rows (int): the rows n puts in this chunk.
+
+    Raises:
+        jaxsal.SaliencyInputError: the file holds one number of rows, fewer than a full chunk that n puts there.
+    """
+    if len(held) == 1 and 0 < min(held) < rows == chunk:
+        raise SaliencyInputError(
+            f"{path} holds {min(held)} rows, as only a job's last chunk does, but {Path(out) / MANIFEST} says n is {n} "
+            f"(so {rows} there): restore the manifest's n and each meta.json if they were edited, else delete the "
+            "chunk and rerun the same `jaxsal explain` command")
+
+
+def _read_checked_npz(path: Path, check, keys=None, layout=None) -> dict:
     """The arrays of one result chunk (.npz; only `keys` where given) and `check(arrays)`, which says what is
     wrong or None: a truncated, emptied or replaced file is a clear error naming the fix, never a zipfile or
-    numpy traceback nor results joined to the wrong frames."""
+    numpy traceback nor results joined to the wrong frames. `layout` (out, n, chunk, rows) names an edited n."""
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in (z.files if keys is None else keys) if k in z.files}
         why = check(arrays)
     except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, IsADirectoryError) as e:
-        why = brief(e)
+        why, arrays = brief(e), {}
+    if why is not None and layout is not None and arrays:
+        out, n, chunk, rows = layout
+        check_short_chunk(path, out, n, chunk, {v.shape[0] for v in arrays.values() if v.ndim}, rows)
     if why is not None:
         raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
                                  "command, which computes that chunk again")
@@ -342,10 +367,17 @@ def finished_frames(out, methods) -> np.ndarray:
     check_input_ok(out)
     cfg = read_manifest(out)["config"]
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
-    ok = np.zeros(n, bool)
-    for i in range(-(-n // chunk)):
-        if all(chunk_path(out, m, i).exists() for m in methods):
-            ok[i * chunk:(i + 1) * chunk] = True
+    try:
+        ok = np.zeros(n, bool)
+    except MemoryError:
+        raise SaliencyInputError(f"{Path(out) / MANIFEST} says the job has {n} frames, more than memory can flag "
+                                 "(was it edited?); restore its n (and each method's meta.json)") from None
+    if not methods:  # every frame is finished for no method
+        ok[:] = True
+        return ok
+    per_method = [set(chunks_on_disk(lambda i, m=m: chunk_path(out, m, i), -(-n // chunk))) for m in methods]
+    for i in set.intersection(*per_method):
+        ok[i * chunk:(i + 1) * chunk] = True
     return ok
 
 
@@ -550,6 +582,29 @@ def missing_chunks(out, method: str, n_chunks: int) -> list[int]:
     return [i for i in range(n_chunks) if not chunk_path(out, method, i).exists()]
 
 
+def chunks_on_disk(path_of, n_chunks: int) -> list[int]:
+    """The chunk indices below `n_chunks` whose file `path_of(i)` exists, from one listing of its folder: the
+    readers' work follows the files written, never a manifest's n (one edited to 10^15 looped over 10^12 chunks).
+
+    Args:
+        path_of (Callable[[int], pathlib.Path]): chunk index -> its file (`chunk_path`, `outputs_path`, ...).
+        n_chunks (int): the job's number of chunks.
+
+    Returns:
+        list[int]: the indices, ascending.
+    """
+    folder, found = path_of(0).parent, []
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for name in names:
+        digits = name.removeprefix("chunk_").partition(".")[0]
+        if digits.isdigit() and digits.isascii() and int(digits) < n_chunks and path_of(int(digits)).name == name:
+            found.append(int(digits))
+    return sorted(found)
+
+
 _OPEN_CHUNKS = LRU("open map chunks", 64)  # (MapArray number, chunk) -> its memory-mapped chunk file
 _MAP_ARRAYS = itertools.count()  # numbers MapArrays: a number is never reused, so no view reads another's chunks
 
@@ -586,14 +641,14 @@ class MapArray:
         self.chunk = int(cfg["chunk"])
         n = self.meta_n = int(cfg["n"])
         self.n_chunks = -(-n // self.chunk)
-        missing = missing_chunks(out, method, self.n_chunks)
-        if missing and (not allow_incomplete or len(missing) == self.n_chunks):
+        self.present = set(chunks_on_disk(lambda i: chunk_path(out, method, i), self.n_chunks))
+        missing = self.n_chunks - len(self.present)
+        if missing and (not allow_incomplete or not self.present):
             raise SaliencyInputError(
-                f"{out}: job is incomplete ({len(missing)} of {self.n_chunks} chunks of {method!r} "
+                f"{out}: job is incomplete ({missing} of {self.n_chunks} chunks of {method!r} "
                 "missing); rerun the same `jaxsal explain` command to finish it"
                 + ("" if allow_incomplete else ", or pass allow_incomplete=True (missing frames are NaN)"))
-        self.missing = set(missing)
-        first_i = min(set(range(self.n_chunks)) - self.missing)
+        first_i = min(self.present)
         first = self._open(first_i)
         self.shape = (n,) + first.shape[1:]
         self.dtype = first.dtype
@@ -601,14 +656,14 @@ class MapArray:
         self.meta = manifest
         self._id = next(_MAP_ARRAYS)
         _OPEN_CHUNKS[(self._id, first_i)] = first
-        if self.missing and not np.issubdtype(self.dtype, np.floating):
+        if missing and not np.issubdtype(self.dtype, np.floating):
             self.dtype = np.dtype(np.float32)
 
     def __len__(self):
         return self.shape[0]
 
     def _chunk(self, i: int) -> np.ndarray:
-        if i in self.missing:
+        if i not in self.present:
             rows = min(self.chunk, self.shape[0] - i * self.chunk)
             return np.full((rows,) + self.shape[1:], np.nan, self.dtype)
         return _OPEN_CHUNKS.get_or_build((self._id, i), lambda: self._open(i))
@@ -629,6 +684,8 @@ class MapArray:
                 why = f"shape {a.shape}, not {rows} maps" + (f" of {want[1:]}" if want is not None else "")
             elif not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
                 why = f"dtype {a.dtype}"
+        if why is not None and a is not None and a.ndim in (3, 4):
+            check_short_chunk(path, self.out, self.meta_n, self.chunk, {a.shape[0]}, rows)
         if why is not None:
             raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
                                      "command, which computes that chunk again")
@@ -652,8 +709,9 @@ class MapArray:
                 raise IndexError(f"index {key} out of range for {len(self)} maps")
             res = self._chunk(k // self.chunk)[k % self.chunk]
             return np.asarray(res[rest]) if rest else np.asarray(res)
-        if isinstance(key, slice):
-            idx = np.arange(len(self))[key]
+        if isinstance(key, slice):  # the slice's own indices, not a slice of all N
+            r = range(len(self))[key]
+            idx = np.arange(r.start, r.stop, r.step, dtype=np.int64)
         else:
             idx = np.arange(len(self))[np.asarray(key)]
         res = self._rows(idx)

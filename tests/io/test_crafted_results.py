@@ -42,7 +42,7 @@ CASES = {  # name -> (mutate the copied output directory, what the error says)
     "map chunk of other maps": (lambda o: np.save(o / "gradient" / "chunk_0000001.npy", np.zeros((2, 12, 12), np.float32)),
                                 "not 2 maps of"),
     "map chunk with fewer rows": (lambda o: np.save(o / "gradient" / "chunk_0000000.npy", np.zeros((2, 10, 10), np.float32)),
-                                  "not 4 maps"),
+                                  "holds 2 rows, as only a job's last chunk does"),
     "truncated outputs": (lambda o: _truncate(o / "_outputs" / "chunk_0000001.npz"), "chunk_0000001.npz is corrupt"),
     # before: the chunk was blamed for the rows n implies ("delete it and rerun", which cannot help)
     "manifest n edited": (_manifest(lambda m: m | {"config": m["config"] | {"n": 5}}), "its n is 5 but"),
@@ -176,3 +176,28 @@ def test_a_manifest_n_beyond_its_input_is_refused_before_it_is_used(job, tmp_pat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "1000000000000000" in err and ("holds 6 frames" in err or how == "resume"), err
     assert sorted(out.rglob("*")) == before
+
+
+def test_the_python_api_on_a_manifest_n_edited_far_beyond_its_chunks_answers_at_once(job, tmp_path):
+    """n (and meta.json) edited to 10^15: load_maps, load_outputs and finished_frames looped over its 10^15 / chunk
+    chunks (hours) or allocated n flags; now their work follows the chunk files present."""
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    for path in (out / "manifest.json", out / "gradient" / "meta.json"):
+        m = json.loads(path.read_text())
+        (m["config"] if "config" in m else m)["n"] = 10 ** 15
+        path.write_text(json.dumps(m))
+    chunks = 10 ** 15 // 4
+    for load in (lambda: jaxsal.load_maps(out, "gradient"), lambda: jaxsal.load_outputs(out)):
+        with pytest.raises(SaliencyInputError, match=f"{chunks - 2} of {chunks} chunks"):
+            load()
+    maps = jaxsal.load_maps(out, "gradient", allow_incomplete=True)  # lazy: the files written read as they are
+    np.testing.assert_array_equal(maps[:4], jaxsal.load_maps(job, "gradient")[:4])
+    assert np.isnan(maps[10 ** 15 - 1]).all()
+    with pytest.raises(SaliencyInputError, match="holds 2 rows, as only a job's last chunk does, .* n is 10+ "):
+        maps[4]  # the job's short last chunk where n puts a full one
+    with pytest.raises(SaliencyInputError, match="_outputs/chunk_0000001.npz holds 2 rows, as only a job's last"):
+        jaxsal.load_outputs(out, allow_incomplete=True)
+    with pytest.raises(SaliencyInputError, match="1000000000000000 frames"):
+        from jaxsal.io.store import finished_frames
+        finished_frames(out, ["gradient"])
