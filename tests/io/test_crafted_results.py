@@ -155,16 +155,22 @@ def test_a_manifest_field_of_the_wrong_type_is_one_error_for_render_and_resume(o
         assert sorted(p for p in out.rglob("*")) == before
 
 
-@pytest.mark.parametrize("how", ["job's input", "--input", "resume"])
-def test_a_manifest_n_beyond_its_input_is_refused_before_it_is_used(job, tmp_path, capsys, how):
-    """n (and each method's meta.json, so the two agree) edited to 10^15: render allocated a flag per frame
-    (MemoryError, or a loop over 10^15 / chunk chunks); now n is bounded by the frames the input holds."""
+def _n_edited_copy(job, tmp_path):
+    """A copy of the job whose manifest n and meta.json n (so the two agree) say 10^15 frames."""
     out = tmp_path / "out"
     shutil.copytree(job, out)
     for path in (out / "manifest.json", out / "gradient" / "meta.json"):
         m = json.loads(path.read_text())
         (m["config"] if "config" in m else m)["n"] = 10 ** 15
         path.write_text(json.dumps(m))
+    return out
+
+
+@pytest.mark.parametrize("how", ["job's input", "--input", "resume"])
+def test_a_manifest_n_beyond_its_input_is_refused_before_it_is_used(job, tmp_path, capsys, how):
+    """n (and each method's meta.json, so the two agree) edited to 10^15: render allocated a flag per frame
+    (MemoryError, or a loop over 10^15 / chunk chunks); now n is bounded by the frames the input holds."""
+    out = _n_edited_copy(job, tmp_path)
     before = sorted(out.rglob("*"))
     frames = str(job.parent / "in.npy")
     argv = {"job's input": ["render", str(out), "--video", "none", "--quiet"],
@@ -181,12 +187,7 @@ def test_a_manifest_n_beyond_its_input_is_refused_before_it_is_used(job, tmp_pat
 def test_the_python_api_on_a_manifest_n_edited_far_beyond_its_chunks_answers_at_once(job, tmp_path):
     """n (and meta.json) edited to 10^15: load_maps, load_outputs and finished_frames looped over its 10^15 / chunk
     chunks (hours) or allocated n flags; now their work follows the chunk files present."""
-    out = tmp_path / "out"
-    shutil.copytree(job, out)
-    for path in (out / "manifest.json", out / "gradient" / "meta.json"):
-        m = json.loads(path.read_text())
-        (m["config"] if "config" in m else m)["n"] = 10 ** 15
-        path.write_text(json.dumps(m))
+    out = _n_edited_copy(job, tmp_path)
     chunks = 10 ** 15 // 4
     for load in (lambda: jaxsal.load_maps(out, "gradient"), lambda: jaxsal.load_outputs(out)):
         with pytest.raises(SaliencyInputError, match=f"{chunks - 2} of {chunks} chunks"):
