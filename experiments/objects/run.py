@@ -254,6 +254,25 @@ def provenance_line(s) -> str:
             f"on {p.get('cpu', '?')}, {p.get('cpu_count', '?')} cores, {s['seconds']:.0f} s.")
 
 
+STAGES = ("Other training stages of the same network, explained on the same states (`training_stages`): mean "
+          "shares only, no intervals, occlusion not computed; `random_init` is one draw of the initial weights "
+          "(`PRNGKey(seed + 1)`), no training. A share as large at random init as after training is a property "
+          "of the method and the screen, not something the agent learned.")
+
+
+def stages_table(s) -> list[str]:
+    """The shares of the stages before training (random init, an early snapshot) beside the table, or []."""
+    stages = {k: v for k, v in s.get("training_stages", {}).items() if k != "trained"}
+    if not stages:
+        return []
+    lines = ["", STAGES, "", "| stage | method | " + " | ".join(s["classes"]) + " |",
+             "|---|---|" + "---|" * len(s["classes"])]
+    for stage, rows in stages.items():
+        for m, row in rows.items():
+            lines.append(f"| {stage} | {m} | " + " | ".join(_num(row[c]) for c in s["classes"]) + " |")
+    return lines
+
+
 def write_readme(out_dir):
     """experiments/results/objects/README.md from every game's summary.json."""
     summaries = [json.loads(f.read_text()) for f in sorted(Path(out_dir).glob("*/summary.json"))]
@@ -278,11 +297,18 @@ def write_readme(out_dir):
         first = next(iter(s["methods"].values()))
         lines.append("| chance | " + " | ".join(_num(first[c]["chance"]) for c in s["classes"]) + " |")
         lines.append("| random map | " + " | ".join(_num(first[c]["random_map_share"]) for c in s["classes"]) + " |")
+        if all("states" in first[c] for c in s["classes"]):
+            lines.append("| states showing the class (N of each mean) | "
+                         + " | ".join(str(first[c]["states"]) for c in s["classes"]) + " |")
+        lines += stages_table(s)
         lines += ["", "Pointing game (map maximum on any object): " + ", ".join(
             f"{m} {v['on_any_object']:.2f}" for m, v in s["pointing"].items()) +
             f" (chance {s['pointing']['random_map']['chance']:.2f}).", ""]
         if "agreement_with_occlusion" in s:
-            lines += ["Agreement with occlusion (top class per state / Spearman of mean shares): " + ", ".join(
+            k = sum(np.isfinite(s["methods"][REFERENCE][c]["share"]) for c in s["classes"]) \
+                if REFERENCE in s["methods"] else len(s["classes"])
+            lines += [f"Agreement with occlusion (top class per state / Spearman of the {k} classes' mean shares, "
+                      "no interval): " + ", ".join(
                 f"{m} {v['top_class_agreement']:.2f}/{v['spearman_mean_shares']:.2f}"
                 for m, v in s["agreement_with_occlusion"].items()) + ".", ""]
         lines += [f"![{s['game']}]({s['game']}/shares.png)", ""]

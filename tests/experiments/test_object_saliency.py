@@ -73,6 +73,29 @@ def test_the_readme_labels_intervals_over_25_state_blocks_as_too_short(tmp_path)
     assert f"Intervals: {INTERVAL}." in text
 
 
+def test_the_readme_gives_each_class_s_n_and_the_shares_before_training(tmp_path):
+    s = _summary("breakout", INTERVAL)
+    s["training_stages"] = {"random_init": {"gradient": {"ball": 0.25}}, "trained": {"gradient": {"ball": 0.1}}}
+    (tmp_path / "breakout").mkdir()
+    (tmp_path / "breakout" / "summary.json").write_text(json.dumps(s))
+    write_readme(tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert "| states showing the class (N of each mean) | 10 |" in text
+    assert "| random_init | gradient | 0.250 |" in text and "| trained |" not in text
+    assert "not something the agent learned" in text
+
+
+def test_the_committed_readme_is_what_write_readme_gives(tmp_path):
+    """experiments/results/objects/README.md is generated: edit `write_readme`, not the page."""
+    from experiments.objects.run import OUT
+    for f in OUT.glob("*/summary.json"):
+        (tmp_path / f.parent.name).mkdir()
+        (tmp_path / f.parent.name / "summary.json").write_text(f.read_text())
+    write_readme(tmp_path)
+    assert (tmp_path / "README.md").read_text() == (OUT / "README.md").read_text(), (
+        "experiments/results/objects/README.md differs from write_readme's output: regenerate it")
+
+
 def test_per_state_shares_are_written_in_play_order(tmp_path):
     b = np.zeros((3, 1, 1, 4), np.int16)
     b[:, 0, 0] = (0, 0, 42, 84)
