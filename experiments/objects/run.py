@@ -256,8 +256,8 @@ def provenance_line(s) -> str:
 
 STAGES = ("Other training stages of the same network, explained on the same states (`training_stages`): mean "
           "shares only, no intervals, occlusion not computed; `random_init` is one draw of the initial weights "
-          "(`PRNGKey(seed + 1)`), no training. A share as large at random init as after training is a property "
-          "of the method and the screen, not something the agent learned.")
+          "(`PRNGKey(seed + 1)`), no training. Where that draw reaches a share as large as the trained agent's, the "
+          "share does not show what the agent learned (one draw: not how much random weights give in general).")
 
 
 def stages_table(s) -> list[str]:

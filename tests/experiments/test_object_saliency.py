@@ -82,7 +82,7 @@ def test_the_readme_gives_each_class_s_n_and_the_shares_before_training(tmp_path
     text = (tmp_path / "README.md").read_text()
     assert "| states showing the class (N of each mean) | 10 |" in text
     assert "| random_init | gradient | 0.250 |" in text and "| trained |" not in text
-    assert "not something the agent learned" in text
+    assert "does not show what the agent learned" in text
 
 
 def test_the_committed_readme_is_what_write_readme_gives(tmp_path):
