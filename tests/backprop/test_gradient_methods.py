@@ -127,6 +127,22 @@ def test_integrated_gradients_completeness_and_baselines():
         jaxsal.integrated_gradients(m.apply, p, x, baseline=np.zeros((3, 3)))
 
 
+@pytest.mark.parametrize("sigma", [1.0, 2.0])
+def test_integrated_gradients_blur_baseline_blurs_each_frame_alone(sigma):
+    """On a linear model IG is (x - x0) W_a for any path; with baseline="blur" x0 is each stacked frame
+    blurred on its own (scipy's gaussian_filter, edge mode, 3 sigma), never mixed across frames."""
+    import scipy.ndimage
+
+    a = np.asarray(linear(WL, X)).argmax(-1)
+    got = np.asarray(jaxsal.integrated_gradients(linear, WL, X, steps=2, baseline="blur", blur_sigma=sigma,
+                                                 per_frame=True))
+    x0 = scipy.ndimage.gaussian_filter(np.asarray(X, np.float64), (0, sigma, sigma, 0), mode="nearest",
+                                       truncate=3.0)
+    want = np.stack([(X[n] - x0[n]) * WL[..., a[n]] for n in range(len(X))])
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
 def test_ig_step_chunking_matches_unchunked():
     a = jaxsal.integrated_gradients(cubic, WL, X, steps=20)
     b = jaxsal.integrated_gradients(cubic, WL, X, steps=20, batch_size=7)   # 7-step groups
