@@ -6,7 +6,6 @@ import pytest
 
 import jaxsal
 from jaxsal.errors import SaliencyInputError
-from jaxsal.engine.combinators import quadrature as ig_alphas
 from tests._support.gradient_models import ConvHead, init, obs
 
 H, W_, C, A = 5, 6, 2, 3
@@ -81,19 +80,26 @@ def test_smoothgrad_noise_scale_and_determinism():
     assert not np.allclose(other, mean)
 
 
-@pytest.mark.parametrize("rule", ["riemann_right", "riemann_middle", "gausslegendre"])
+S = 16
+CUBIC_SUMS = {"riemann_right": (S + 1) * (2 * S + 1) / (2 * S ** 2),
+              "riemann_left": (S - 1) * (2 * S - 1) / (2 * S ** 2),
+              "riemann_middle": 1 - 1 / (4 * S ** 2),
+              "riemann_trapezoid": 1 + 1 / (2 * (S - 1) ** 2),
+              "gausslegendre": 1.0}
+"""sum_k w_k 3 a_k^2 of each quadrature of S points, in closed form from the rule's definition (right
+a_k = k/S, k = 1..S; left k = 0..S-1; middle (k + 1/2)/S; trapezoid S points with halved end weights;
+Gauss-Legendre exact), not read from jaxsal's quadrature: a wrong point or weight changes it."""
+
+
+@pytest.mark.parametrize("rule", sorted(CUBIC_SUMS))
 def test_integrated_gradients_cubic_reference(rule):
+    """IG of Q_a = sum p x^3 from a black baseline is (x - 0) sum_k w_k 3 p (a_k x)^2 = c p x^3, c the
+    rule's sum of 3 a_k^2 (CUBIC_SUMS): checks the path points, the weights and the (x - x0) factor."""
     a = np.asarray(cubic(WL, X)).argmax(-1)
-    alphas, weights = ig_alphas(16, rule)
-    got = np.asarray(jaxsal.integrated_gradients(cubic, WL, X, steps=16, method=rule,
+    got = np.asarray(jaxsal.integrated_gradients(cubic, WL, X, steps=S, method=rule,
                                                  per_frame=True))
-    for n in range(len(X)):
-        # (x - 0) * sum_k w_k 3 p (a_k x)^2
-        want = X[n] * (weights * 3 * alphas ** 2).sum() * WL[..., a[n]] * X[n] ** 2
-        np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-6)
-    if rule == "gausslegendre":  # exact for a cubic: p x^3
-        want = np.stack([WL[..., a[n]] * X[n] ** 3 for n in range(len(X))])
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    want = np.stack([CUBIC_SUMS[rule] * WL[..., a[n]] * X[n] ** 3 for n in range(len(X))])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_integrated_gradients_completeness_and_baselines():
@@ -119,6 +125,22 @@ def test_integrated_gradients_completeness_and_baselines():
         jaxsal.integrated_gradients(m.apply, p, x, baseline="uniform")
     with pytest.raises(SaliencyInputError, match="broadcast"):
         jaxsal.integrated_gradients(m.apply, p, x, baseline=np.zeros((3, 3)))
+
+
+@pytest.mark.parametrize("sigma", [1.0, 2.0])
+def test_integrated_gradients_blur_baseline_blurs_each_frame_alone(sigma):
+    """On a linear model IG is (x - x0) W_a for any path; with baseline="blur" x0 is each stacked frame
+    blurred on its own (scipy's gaussian_filter, edge mode, 3 sigma), never mixed across frames."""
+    import scipy.ndimage
+
+    a = np.asarray(linear(WL, X)).argmax(-1)
+    got = np.asarray(jaxsal.integrated_gradients(linear, WL, X, steps=2, baseline="blur", blur_sigma=sigma,
+                                                 per_frame=True))
+    x0 = scipy.ndimage.gaussian_filter(np.asarray(X, np.float64), (0, sigma, sigma, 0), mode="nearest",
+                                       truncate=3.0)
+    want = np.stack([(X[n] - x0[n]) * WL[..., a[n]] for n in range(len(X))])
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
 def test_ig_step_chunking_matches_unchunked():

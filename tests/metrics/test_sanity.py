@@ -200,6 +200,27 @@ def test_sanity_norms_option_and_draws(ln_dqn):
         sanity_check(model, params, obs, layers=("q",), draw=-1, **kw)
 
 
+def test_each_step_explains_the_cumulative_top_down_cascade(ln_dqn):
+    """sanity_check's map at step i is the method on `cascade`'s model i (layers[0..i] re-drawn, each
+    with its norm), with the original action: a step randomising only its own layer, or the layers
+    below it, gives other maps. `model` is an init_fn returning fixed fresh weights, so no key matters."""
+    from jaxsal.metrics import group_norms
+    model, params, obs = ln_dqn
+    fresh = model.init(jax.random.PRNGKey(5), jnp.zeros((1, 12, 12, 2)))
+    fresh = jax.tree.map(lambda v: np.asarray(v) + 0.3, fresh)   # norms away from identity too
+    layers = ("q", "fc1", "conv1")
+    r = sanity_check(lambda k: fresh, params, obs, method="_t_grad", layers=layers, key=jax.random.PRNGKey(3),
+                     apply_fn=model.apply, metrics=("spearman",), return_maps=True)
+    a = np.asarray(jnp.argmax(model.apply(params, obs), -1))
+    steps = cascade(params, fresh, group_norms(params, layers))
+    assert [label for label, _ in steps] == list(layers)
+    for label, p in steps:
+        np.testing.assert_allclose(r["maps"][label], _grad_map(model.apply, p, obs, actions=a), rtol=1e-5,
+                                   atol=1e-7, err_msg=label)
+    for x, y in (("original", "q"), ("q", "fc1"), ("fc1", "conv1")):   # each step changes the maps
+        assert np.abs(np.asarray(r["maps"][x]) - np.asarray(r["maps"][y])).max() > 1e-4, (x, y)
+
+
 def test_given_original_maps_are_used_as_computed(dqn):
     """original= (the caller's maps of the same states) gives the same result as recomputing them;
     maps of other states are refused."""
