@@ -126,8 +126,12 @@ def cascade(params, fresh, layers) -> list:
         list[tuple[str, PyTree]]: `(label, params)` per entry of `layers`, where `params` has
             this entry and all earlier ones randomised; a tuple entry is labelled by its first name.
     """
-    return [(_label(item), randomize_layers(params, fresh, layers[:i + 1]))
-            for i, item in enumerate(layers)]
+    return [(label, randomize_layers(params, fresh, group)) for label, group in _steps(layers)]
+
+
+def _steps(layers) -> list:
+    """(label, layers randomised) of each cascade step: step i re-draws layers[0..i] (cumulative, in order)."""
+    return [(_label(item), tuple(layers[:i + 1])) for i, item in enumerate(layers)]
 
 
 def _draw_keys(key, draw: int):
@@ -337,8 +341,7 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
     batched = getattr(method if not isinstance(method, str) else registry.SPECS.get(method), "kind", None) \
         == "perturbation"
     all_maps = {d: {"original": original} for d in todo}
-    for i, item in enumerate(layers):
-        group = layers[:i + 1]
+    for label, group in _steps(layers):
         if len(todo) > 1 and batched:
             stack = jax.tree.map(lambda *a: jnp.stack(a), *(fresh[d] for d in todo))
             ms = _vmapped(lambda f, frames, p, group=group: raw_maps(randomize_layers(p, f, group), frames),
@@ -350,7 +353,7 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
             if m.shape != original.shape:
                 raise SaliencyInputError(f"original maps have shape {tuple(original.shape)}, but {name} "
                                          f"gives {tuple(m.shape)} on these states: pass the maps of `obs` itself")
-            all_maps[d][_label(item)] = m
+            all_maps[d][label] = m
     results = {}
     for d in todo:
         _, k_uni, k_gauss = keys[d]
