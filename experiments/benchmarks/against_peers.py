@@ -581,7 +581,22 @@ def docs_table(res: dict, source: str) -> str:
     L += ["", "Each cell: jaxsal's maps/s over the peer's, the median over rounds of the per-round ratio" + (
           ", with its range over rounds in brackets" if ranged else " (this run recorded no per-round range)")
           + "; \"(below)\" marks a cell under the goal."]
+    fewer = _fewer_states(res)
+    if fewer:
+        L += ["", "Timed on fewer states than the batch, to fit the time budget (both sides on the same states; "
+              "states timed at batch " + " / ".join(str(b) for b in batches) + "): " + "; ".join(fewer) + "."]
     return "\n".join(L)
+
+
+def _fewer_states(res: dict) -> list[str]:
+    """'method a / b / c' for each method with a batch timed on fewer states than the batch."""
+    out = []
+    for name, rows in res["timing"].items():
+        by = {r["batch"]: r for r in rows if "error" not in r}
+        got = [by[b].get("measured_states", b) if b in by else None for b in res["batches"]]
+        if any(g is not None and g < b for g, b in zip(got, res["batches"])):
+            out.append(f"{name} " + " / ".join("-" if g is None else str(g) for g in got))
+    return out
 
 
 def render_docs(res: dict, page: Path, source: str) -> str:
