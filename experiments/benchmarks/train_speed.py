@@ -11,7 +11,7 @@ the update, the trainer's FLOP/s (XLA's cost analysis of the compiled act and up
 the float32 matmul peak measured in the same run, and the machine and its load. Writes
 experiments/results/training/speed.{json,md}. Run it on a quiet machine: no other work.
 
-The reference must run torch's CPU build: a CUDA build's CPU convolutions run 4-10x slower (an
+The reference must run torch's CPU build: a CUDA build's CPU convolutions can run several times slower (an
 earlier run of this benchmark timed torch 2.14.1+cu130 on the CPU), which flatters jaxsal several
 times over. The script records torch's version and build with every result and refuses a CUDA
 build unless --allow-cuda-build-on-cpu, and then the results say so in bold.
@@ -85,7 +85,7 @@ def torch_child(updates: int) -> dict:
     return dict(res, torch_cuda=torch.version.cuda, torch_build=build_note(torch.__version__, torch.version.cuda))
 
 
-CUDA_ON_CPU = ("a CUDA build of torch timed on the CPU: its CPU convolutions run 4-10x slower than the CPU "
+CUDA_ON_CPU = ("a CUDA build of torch timed on the CPU: its CPU convolutions can run several times slower than the CPU "
                "build's, so the ratio overstates jaxsal")
 
 
@@ -109,7 +109,7 @@ def check_torch_build(info: dict, allow_cuda_build: bool):
     if info["torch_cuda"] is not None and not allow_cuda_build:
         raise SystemExit(
             f"torch {info['torch']} is a CUDA build (CUDA {info['torch_cuda']}); timed on the CPU its convolutions "
-            "run 4-10x slower than torch's CPU build and the ratio would flatter jaxsal. Install the CPU build "
+            "can run several times slower than torch's CPU build and the ratio would flatter jaxsal. Install the CPU build "
             "(pip install torch --index-url https://download.pytorch.org/whl/cpu, or a +cpu wheel you have), "
             "or pass --allow-cuda-build-on-cpu to time it anyway with the results flagged.")
 
@@ -232,7 +232,7 @@ def main(argv=None):
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--report", action="store_true", help="rewrite speed.md from speed.json (no timing)")
     p.add_argument("--allow-cuda-build-on-cpu", action="store_true",
-                   help="time a CUDA build of torch anyway (refused otherwise: its CPU convolutions run 4-10x "
+                   help="time a CUDA build of torch anyway (refused otherwise: its CPU convolutions can run several times "
                         "slower than the CPU build's), with the results flagged")
     a = p.parse_args(argv)
     if a.report:
