@@ -43,7 +43,8 @@ def test_snapshots_every_k_updates_with_maps_and_frame_shares(probe_setup, tmp_p
     assert row["return_mean"] == 2.0
     assert row["newest_share"] == pytest.approx(arr["frame_shares"][0, :, -1].mean(), rel=1e-5)
     gxi = jaxsal.explain(model.apply, params, probe, method="grad_x_input", per_frame=True)
-    np.testing.assert_allclose(arr["frame_shares"][0], frame_shares(gxi, 4), rtol=1e-5)
+    want = frame_shares(gxi, 4)     # of maps from another program: a share near 0, to 1e-5 of the largest
+    np.testing.assert_allclose(arr["frame_shares"][0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     with open(tmp_path / "snaps" / "stats.csv") as f:
         assert len(list(csv.DictReader(f))) == 3
     png = render_strips(tmp_path / "snaps", tmp_path / "strip.png")
@@ -117,7 +118,8 @@ def test_snapshots_on_the_split_attention_agent_in_pqn_training(tmp_path):
     ref = jaxsal.explain(model.apply, out["params"], probe, method=["gradcam", "g1gradcam"],
                          layer="conv2", per_frame=True)                      # the final params
     np.testing.assert_allclose(last["gradcam"], np.asarray(ref["gradcam"]).sum(-1), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(last["frame_shares"][1], frame_shares(ref["g1gradcam"], 4), rtol=1e-5)
+    want = frame_shares(ref["g1gradcam"], 4)
+    np.testing.assert_allclose(last["frame_shares"][1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     # every stacked frame reaches the Q-values through the shared trunk: no slot has zero share
     assert np.all(last["frame_shares"] > 0)
 

@@ -456,7 +456,8 @@ def test_effects_metric_removes_each_class_and_scores_agreement(tmp_path):
     ref = object_effects(apply_fn, params, obs, ob)
     np.testing.assert_allclose(t["effects_target_effect"][0], np.asarray(ref.effect)[:, 0].mean(), rtol=1e-5)
     assert abs(t["effects_target_effect"][0]) > 1e-3 and t["effects_other_effect"][0] == 0.0
-    np.testing.assert_allclose(e["effect"], np.asarray(ref.effect), rtol=1e-5)
+    want = np.asarray(ref.effect)     # Q-value differences of another program (the job's chunks): near 0 possible
+    np.testing.assert_allclose(e["effect"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert t["effects_other_flips"][0] == 0.0
     # within-state agreement by hand: with two classes each state's Spearman rho is the sign of
     # (share difference) x (effect difference); the gradient's share is all on the target
