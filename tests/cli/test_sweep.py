@@ -272,8 +272,13 @@ gradient = { per_frame = true }
     assert list(t["agent"]) == ["tiny", "tiny"] and list(t["checkpoint"]) == ["tiny0", "tiny1"]
     assert list(t["input"]) == ["play3-seed2"] * 2 and (t["frames"] == 3).all()
     assert np.isfinite(t["sanity_conv1_spearman"]).all() and np.isfinite(t["deletion_auc"]).all()
-    np.testing.assert_allclose(t["newest_share"] + 0, t["newest_share"])
-    assert np.isfinite(t["newest_share"]).all()             # per-frame maps: frame shares
+    for row, ckpt in enumerate(t["checkpoint"]):             # per-frame maps: the newest frame's share of each map
+        maps = np.asarray(jaxsal.load_maps(tmp_path / "out" / "cells" / "tiny" / ckpt / "play3-seed2" / "gradient"
+                                           / "job", "gradient"))
+        assert maps.ndim == 4
+        want = jaxsal.metrics.newest_share(jaxsal.metrics.frame_shares(maps, maps.shape[-1])).mean()
+        assert 0 <= want <= 1
+        np.testing.assert_allclose(t["newest_share"][row], want, rtol=1e-6)
     assert json.loads(t["input_spec"][0]) == {"play": 3, "seed": 2}
     assert (tmp_path / "out" / "cells" / "tiny" / "tiny1" / "play3-seed2" / "_rollout" / "input" / "obs.npy").exists()
 
