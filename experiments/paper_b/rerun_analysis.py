@@ -376,11 +376,19 @@ def write_readme(root: Path = OUT, games=R.GAMES) -> Path:
     root = Path(root)
     lines = ["# Paper B re-run: episodes and randomisation draws as the replicates", "",
              "Registered before any of its data in `experiments/paper_b/rerun_registration.md`; runner "
-             "`python -m experiments.paper_b.rerun --game GAME`, analysis `experiments/paper_b/rerun_analysis.py`. "
-             "One agent per game: no result here is about other agents. The games side by side, with every "
-             "disagreement with Paper B and every sanity failure: [`summary.md`](summary.md) "
-             "(`python -m experiments.paper_b.rerun_summary`).", ""]
-    missing = [g for g in games if not (root / g / "README.md").exists()]
+             "`python -m experiments.paper_b.rerun --game GAME`, analysis `experiments/paper_b/rerun_analysis.py`. "]
+    if root.resolve() == OUT.resolve():
+        lines[-1] += ("One agent per game: no result here is about other agents. The games side by side, with every "
+                      "disagreement with Paper B and every sanity failure: [`summary.md`](summary.md) "
+                      "(`python -m experiments.paper_b.rerun_summary`).")
+        missing = [g for g in games if not (root / g / "README.md").exists()]
+    else:  # another agent's re-run (the across-agents study's seeds): its own games only
+        missing = []
+        games = [g for g in games if (root / g / "README.md").exists()]
+        lines[-1] += ("This folder is the re-run on one more agent (the agent file named in each game's section): "
+                      "no result here is about other agents. The readings across agents come from the registered "
+                      "`python -m experiments.paper_b.agents_analysis` once every agent's re-run is done.")
+    lines.append("")
     if missing:
         lines += ["Not run yet: " + ", ".join(missing), ""]
     for g in games:
@@ -509,7 +517,14 @@ def write_game_with_versions(game_dir: Path) -> None:
 def write_readme_with_deviations(root: Path) -> None:
     """The re-run's README, ending with the deviations from the registration."""
     readme = write_readme(root)
-    readme.write_text(readme.read_text().rstrip("\n") + "\n\n" + DEVIATIONS.read_text())
+    if Path(root).resolve() == OUT.resolve():
+        tail = DEVIATIONS.read_text()
+    else:  # another agent's re-run: the deviations it shares are the runner's and the across-agents study's
+        tail = ("## Deviations\n\nThis re-run uses the registered runner and analysis: their deviations are listed in "
+                "`experiments/paper_b/rerun_deviations.md` (those about the four shipped agents' data apply to them "
+                "only), and the across-agents study's own in `experiments/paper_b/agents_deviations.md`. This folder's "
+                "rechecks and code versions are in each game's section above.\n")
+    readme.write_text(readme.read_text().rstrip("\n") + "\n\n" + tail)
 
 
 def main(argv=None):
