@@ -28,8 +28,9 @@ def test_list_shares_work_and_equals_single_calls(head):
     assert set(many) == set(ALL + ["smoothgrad"])
     for name in ALL:
         kw = {"layer": "conv"} if "cam" in name else {}
-        one = jaxsal.explain(m.apply, p, x, method=name, **kw)
-        np.testing.assert_allclose(many[name], one, rtol=1e-5, atol=1e-9, err_msg=name)
+        one = np.asarray(jaxsal.explain(m.apply, p, x, method=name, **kw))
+        # the list is another program: a pixel near 0 is compared to 1e-5 of the map's largest value
+        np.testing.assert_allclose(many[name], one, rtol=1e-5, atol=1e-5 * np.abs(one).max(), err_msg=name)
 
 
 def test_second_call_does_not_retrace(head):
@@ -67,8 +68,8 @@ def test_chunking_equals_unchunked(head):
     x5 = np.concatenate([x, x[:2] * 0.5])
     for method in ("gradcam", "gradient", "g2gradcam"):
         a = jaxsal.explain(m.apply, p, x5, method=method)
-        b = jaxsal.explain(m.apply, p, x5, method=method, batch_size=2)
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9)
+        b = np.asarray(jaxsal.explain(m.apply, p, x5, method=method, batch_size=2))
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
 
 
 def test_cleanrl_channel_first_model():
@@ -109,7 +110,8 @@ def test_dueling_targets_and_callable():
            for t in ("q_chosen", "advantage", "value", "softmax_chosen")}
     assert not np.allclose(out["value"], out["q_chosen"])
     call = jaxsal.explain(m.apply, p, x, method="gradient", target=lambda o: o["value"])
-    np.testing.assert_allclose(call, out["value"], rtol=1e-5, atol=1e-12)
+    want = np.asarray(out["value"])     # a named and a callable target: two programs
+    np.testing.assert_allclose(call, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("case, match", [

@@ -35,10 +35,11 @@ def test_snapshots_every_k_updates_with_maps_and_frame_shares(probe_setup, tmp_p
         assert arr[m].shape == (6, 10, 10) and np.all(np.isfinite(arr[m]))
     assert arr["frame_shares"].shape == (3, 6, 4)
     np.testing.assert_allclose(arr["frame_shares"].sum(-1), 1.0, rtol=1e-5)
-    # the saved maps are exactly what jaxsal.explain gives for the same params and probes
+    # the saved maps are exactly what jaxsal.explain gives for the same params and probes (the
+    # snapshot makes this very call: one program, so bit for bit)
     ref = jaxsal.explain(model.apply, params, probe, method=list(METHODS))
     for m in METHODS:
-        np.testing.assert_allclose(arr[m], np.asarray(ref[m]), rtol=1e-5, atol=1e-7)
+        np.testing.assert_array_equal(arr[m], np.asarray(ref[m], np.float32))
     row = snaps.rows[0]
     assert row["return_mean"] == 2.0
     assert row["newest_share"] == pytest.approx(arr["frame_shares"][0, :, -1].mean(), rel=1e-5)
@@ -65,8 +66,9 @@ def test_callback_in_pqn_training_records_at_the_right_updates(probe_setup, tmp_
     assert [r["update"] for r in snaps.rows] == [1, 2, 4, 6]
     assert [r["step"] for r in snaps.rows] == [16, 32, 64, 96]
     last = load_snapshots(tmp_path / "with" / "snapshots")[-1][1]
-    ref = jaxsal.explain(model.apply, out["params"], probe, method="gradcam")   # the final params
-    np.testing.assert_allclose(last["gradcam"], np.asarray(ref), rtol=1e-5, atol=1e-7)
+    ref = np.asarray(jaxsal.explain(model.apply, out["params"], probe, method="gradcam"))  # the final params
+    # the snapshot's method list is another program than gradcam alone
+    np.testing.assert_allclose(last["gradcam"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     s, r = read_returns(tmp_path / "with" / "returns.csv")
     assert s.shape == r.shape and s.size > 0
 
@@ -117,7 +119,8 @@ def test_snapshots_on_the_split_attention_agent_in_pqn_training(tmp_path):
     np.testing.assert_allclose(last["frame_shares"].sum(-1), 1.0, rtol=1e-5)
     ref = jaxsal.explain(model.apply, out["params"], probe, method=["gradcam", "g1gradcam"],
                          layer="conv2", per_frame=True)                      # the final params
-    np.testing.assert_allclose(last["gradcam"], np.asarray(ref["gradcam"]).sum(-1), rtol=1e-5, atol=1e-7)
+    want = np.asarray(ref["gradcam"]).sum(-1)     # the snapshot's frame sum is another program's
+    np.testing.assert_allclose(last["gradcam"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     want = frame_shares(ref["g1gradcam"], 4)
     np.testing.assert_allclose(last["frame_shares"][1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     # every stacked frame reaches the Q-values through the shared trunk: no slot has zero share

@@ -106,6 +106,8 @@ def test_g1_g2_guided_gradcam_reference(head):
     got = jaxsal.explain(m.apply, p, x, method=["g1gradcam", "g2gradcam", "guided_gradcam",
                                                  "guided_backprop"], layer="conv")
     np.testing.assert_allclose(got["guided_backprop"], gb.sum(-1), rtol=1e-4, atol=1e-6)
+    # a state's map may be (nearly) all 0: atol is 1e-4 of the batch's largest value
+    atol = {k: 1e-4 * np.abs(np.asarray(got[k])).max() for k in ("guided_gradcam", "g2gradcam")}
     for n in range(len(x)):
         g1 = bilinear_ref(np.maximum((A[n] * gg[n].mean(axis=(0, 1))).sum(-1), 0), 8, 8)
         g1 = g1 / g1.max() if g1.max() > 0 else g1
@@ -113,13 +115,14 @@ def test_g1_g2_guided_gradcam_reference(head):
         gc = bilinear_ref(np.maximum((A[n] * g[n].mean(axis=(0, 1))).sum(-1), 0), 8, 8)
         np.testing.assert_allclose(got["guided_gradcam"][n],
                                    (gc[..., None] * np.maximum(gb[n], 0)).sum(-1),
-                                   rtol=1e-4, atol=1e-8)
+                                   rtol=1e-4, atol=atol["guided_gradcam"])
         np.testing.assert_allclose(got["g2gradcam"][n],
                                    (g1[..., None] * np.maximum(gb[n], 0)).sum(-1),
-                                   rtol=1e-4, atol=1e-8)
+                                   rtol=1e-4, atol=atol["g2gradcam"])
     per = jaxsal.guided_gradcam(m.apply, p, x, layer="conv", per_frame=True)
     assert per.shape == (4, 8, 8, 2)
-    np.testing.assert_allclose(per.sum(-1), got["guided_gradcam"], rtol=1e-5, atol=1e-9)
+    want = np.asarray(got["guided_gradcam"])     # summed in the program: another program
+    np.testing.assert_allclose(per.sum(-1), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_layer_activation_relu(head):
@@ -245,6 +248,7 @@ def test_time_distributed_g1_g2_guided_reference(td):
     summed = jaxsal.explain(m.apply, p, x, method=meths, layer="conv")
     np.testing.assert_allclose(got["guided_backprop"], gb, rtol=1e-4, atol=1e-6)
     assert got["g1gradcam"].shape == (4, 8, 8, 3) and got["g2gradcam"].shape == (4, 8, 8, 6)
+    atol = {k: 1e-4 * np.abs(np.asarray(got[k])).max() for k in ("guided_gradcam", "g2gradcam")}
     for n in range(len(x)):
         g1 = np.stack([bilinear_ref(np.maximum((A[n, j] * gg[n, j].mean(axis=(0, 1))).sum(-1), 0), 8, 8)
                        for j in range(3)], -1)
@@ -257,11 +261,12 @@ def test_time_distributed_g1_g2_guided_reference(td):
                                    rtol=1e-4, atol=1e-6)
         # channel ch of the frame-major stack belongs to frame ch // 2
         np.testing.assert_allclose(got["g2gradcam"][n], np.repeat(g1 / g1.max(), 2, -1)
-                                   * np.maximum(gb[n], 0), rtol=1e-4, atol=1e-8)
+                                   * np.maximum(gb[n], 0), rtol=1e-4, atol=atol["g2gradcam"])
         np.testing.assert_allclose(got["guided_gradcam"][n], np.repeat(gc, 2, -1) * np.maximum(gb[n], 0),
-                                   rtol=1e-4, atol=1e-8)
+                                   rtol=1e-4, atol=atol["guided_gradcam"])
     for k in ("g2gradcam", "guided_gradcam"):
-        np.testing.assert_allclose(summed[k], np.asarray(got[k]).sum(-1), rtol=1e-5, atol=1e-8)
+        want = np.asarray(got[k]).sum(-1)
+        np.testing.assert_allclose(summed[k], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_time_distributed_batched_equals_per_example(td):
@@ -277,10 +282,10 @@ def test_time_distributed_batched_equals_per_example(td):
             for k in meths:
                 np.testing.assert_allclose(batched[k][n:n + 1], one[k], rtol=1e-5, atol=1e-7)
     # the single-method entry points agree with the shared pass and pick the layer by default
-    np.testing.assert_allclose(jaxsal.gradcam(m.apply, p, x5, per_frame=True),
-                               jaxsal.explain(m.apply, p, x5, method=["gradcam", "g1gradcam"],
-                                              layer="conv", per_frame=True)["gradcam"],
-                               rtol=1e-6, atol=1e-8)
+    want = np.asarray(jaxsal.explain(m.apply, p, x5, method=["gradcam", "g1gradcam"], layer="conv",
+                                     per_frame=True)["gradcam"])
+    np.testing.assert_allclose(jaxsal.gradcam(m.apply, p, x5, per_frame=True), want, rtol=1e-6,
+                               atol=1e-6 * np.abs(want).max())
 
 
 def test_time_distributed_errors(td):

@@ -42,11 +42,13 @@ def test_per_sample_actions_batched_equals_per_example():
         x = obs((4, 8, 8, 2), seed=9)
         p = init(m, x.shape, seed=4)
         kw = {"layer": "conv"} if method == "gradcam" else {}
-        batched = jaxsal.explain(m.apply, p, x, method=method, target="q_action", actions=acts, **kw)
+        batched = np.asarray(jaxsal.explain(m.apply, p, x, method=method, target="q_action", actions=acts,
+                                            **kw))
+        atol = 1e-5 * np.abs(batched).max()   # of the batch: a state's map may be all 0 (guided)
         for n in range(4):
             one = jaxsal.explain(m.apply, p, x[n:n + 1], method=method, target="q_action",
                                  actions=acts[n:n + 1], **kw)
-            np.testing.assert_allclose(batched[n], one[0], rtol=1e-5, atol=1e-8)
+            np.testing.assert_allclose(batched[n], one[0], rtol=1e-5, atol=atol)
 
 
 def test_smoothgrad_linear_is_exact():

@@ -98,7 +98,8 @@ def test_fast_apply_equals_plain_forward_and_gradient(which):
 
     ga, gb = np.asarray(g(apply_fn)), np.asarray(g(fast))
     assert np.abs(ga).max() > 0
-    np.testing.assert_allclose(gb, ga, rtol=1e-3, atol=1e-4 * np.abs(ga).max())
+    # the matmul backward sums in another order: ~2e-7 of the largest value seen (level 0 and default)
+    np.testing.assert_allclose(gb, ga, rtol=1e-5, atol=1e-5 * np.abs(ga).max())
 
 
 def _compiled_convs(fn, x):
@@ -168,7 +169,8 @@ def test_conv_eligible_rejects_what_it_cannot_do():
 def test_methods_through_fast_apply_equal_plain(method, kw):
     apply_fn, params, x = _nature()
     x = x[:3]
-    plain = np.asarray(jaxsal.explain(apply_fn, params, x, method=method, **kw))
+    slow = {} if method == "occlusion" else {"fast_conv": False}   # the plain side with no strided-conv rewrite
+    plain = np.asarray(jaxsal.explain(apply_fn, params, x, method=method, **kw, **slow))
     fast = np.asarray(jaxsal.explain(fast_apply(apply_fn), params, x, method=method, **kw))
     assert np.abs(plain).max() > 0
-    np.testing.assert_allclose(fast, plain, rtol=1e-3, atol=1e-3 * np.abs(plain).max())
+    np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5 * np.abs(plain).max())

@@ -253,8 +253,8 @@ def test_method_list_equals_single_calls(head):
     m, p, x, _ = head
     many = jaxsal.explain(m.apply, p, x, method=["gradcam", "xgradcam", "scorecam"], layer="conv")
     for name in many:
-        np.testing.assert_allclose(many[name], jaxsal.explain(m.apply, p, x, method=name, layer="conv"),
-                                   rtol=1e-5, atol=1e-9, err_msg=name)
+        one = np.asarray(jaxsal.explain(m.apply, p, x, method=name, layer="conv"))   # another program
+        np.testing.assert_allclose(many[name], one, rtol=1e-5, atol=1e-5 * np.abs(one).max(), err_msg=name)
 
 
 def test_listed_with_their_options():
