@@ -84,6 +84,64 @@ def test_sign_flip_matches_brute_force_and_monte_carlo():
     assert A.sign_flip_p(w) == pytest.approx(A.sign_flip_p(w, exact_up_to=0, n_mc=200_000), abs=0.005)
 
 
+def test_monte_carlo_sign_flips_carry_the_plus_one():
+    """Beyond the exact range, p = (1 + hits) / (1 + patterns): never 0. 30 equal positive values are
+    reached only by the all-plus pattern (chance 2^-30), so none of 1,000 random patterns hits."""
+    assert A.sign_flip_p(np.full(30, 0.2), exact_up_to=0, n_mc=1000) == 1 / 1001
+
+
+def test_cluster_interval_is_the_percentile_interval_of_resampled_episodes():
+    v = np.random.default_rng(6).normal(0.2, 1.0, 20)
+    v[[3, 11]] = np.nan                                             # episodes without a value: left out
+    r = A.cluster_ci(v, n_resamples=400, seed=2)
+    kept = v[np.isfinite(v)]
+    pick = np.random.default_rng(2).integers(0, 18, (400, 18))
+    ref = [np.mean([kept[j] for j in row]) for row in pick]
+    assert r["episodes"] == 18 and r["mean"] == pytest.approx(kept.mean())
+    assert (r["low"], r["high"]) == pytest.approx(tuple(np.quantile(ref, [0.025, 0.975])))
+
+
+def _t(mean, low, high, p_holm, episodes=P.EPISODES):
+    return {"mean": mean, "low": low, "high": high, "p_holm": p_holm, "episodes": episodes}
+
+
+@pytest.mark.parametrize("test, reading", [
+    (_t(0.3, 0.1, 0.5, 1e-4), "supported"),
+    (_t(0.3, 0.1, 0.5, 0.03), "not shown"),                  # Holm p between 0.05 / 3 and 0.05
+    (_t(-0.01, -0.02, 0.0, 1e-4), "not shown"),              # supported needs a mean above 0
+    (_t(-0.3, -0.5, -0.1, 1.0), "contradicted"),             # the whole interval below 0
+    (_t(-0.1, -0.3, 0.1, 0.9), "not shown"),                 # an interval reaching above 0 contradicts nothing
+    (_t(0.3, 0.1, 0.5, 1e-4, episodes=P.MIN_EPISODES_PER_TEST - 1), "not estimable"),
+    (_t(0.3, 0.1, 0.5, float("nan")), "not estimable"),
+])
+def test_the_registered_reading_of_one_test(test, reading):
+    """registration.md: supported when Holm p < 0.05 / 3 and mean > 0; contradicted when the 95 %
+    interval lies below 0; not estimable under 12 episodes; else not shown."""
+    ok = _t(0.3, 0.1, 0.5, 1e-4)
+    v = A.verdict({"removal": test, "displacement": ok, "follow": ok}, P.ALPHA / 3)
+    assert v["readings"]["removal"] == reading
+    assert v["story"] == {"supported": "holds", "not estimable": "not estimable"}.get(reading, "partly holds")
+
+
+def test_stories_from_the_readings():
+    a = P.ALPHA / 3
+    yes, no, neg = _t(0.3, 0.1, 0.5, 1e-4), _t(0.0, -0.2, 0.2, 0.5), _t(-0.3, -0.5, -0.1, 1.0)
+    assert A.verdict({"removal": no, "displacement": neg, "follow": no}, a)["story"] == "contradicted"
+    assert A.verdict({"removal": no, "displacement": no, "follow": no}, a)["story"] == "not shown"
+    assert A.verdict({"removal": neg, "displacement": yes, "follow": no}, a)["story"] == "partly holds"
+
+
+def test_the_game_s_alpha_is_the_registered_0_05_over_3(monkeypatch):
+    """Every raw p 0.005: Holm over the game's 2 x 3 tests gives 0.03, which 0.05 would support and the
+    registered per-game 0.05 / 3 does not."""
+    monkeypatch.setattr(A, "sign_flip_p", lambda v: 0.005)
+    res = A.analyse(planted(), "breakout", n_resamples=200)
+    assert res["alpha_game"] == pytest.approx(0.05 / 3) and res["family_tests"] == 6
+    story = res["methods"]["story"]
+    assert all(t["p_holm"] == pytest.approx(0.03) and t["mean"] > 0 for t in story["tests"].values())
+    assert story["story"] == "not shown", story["readings"]
+
+
 def test_rowwise_spearman_equals_scipy_per_row():
     from scipy.stats import spearmanr
 

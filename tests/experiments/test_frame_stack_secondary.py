@@ -2,6 +2,7 @@
 planted answers (a bug the maps see before the returns, a CAM shift on the bug's runs, a CAM rise
 before the return rises), and the refusal to compute anything while runs are missing."""
 import dataclasses
+import itertools
 import json
 
 import numpy as np
@@ -16,6 +17,17 @@ from tests._support import ROOT
 STUDY = dataclasses.replace(plan.ATARI, seeds=tuple(range(100, 105)))
 CKPTS = STUDY.checkpoints
 NEVER = CKPTS[-1] + 16_384
+
+
+@pytest.mark.parametrize("alternative", ["greater", "less", "two-sided"])
+def test_sign_flip_p_counts_every_pattern_ties_included(alternative):
+    """Against all 2^6 sign patterns by a loop; integers, so the patterns that flip both 1 and -1 tie
+    the observed mean exactly and count as at least as extreme."""
+    x = np.array([1.0, -2.0, 4.0, 2.0, -1.0, 3.0])
+    obs = x.mean()
+    means = np.array([np.dot(s, x) / 6 for s in itertools.product((1, -1), repeat=6)])
+    want = {"greater": means >= obs, "less": means <= obs, "two-sided": np.abs(means) >= abs(obs)}[alternative]
+    assert sec.sign_flip_p(x, alternative) == want.mean()
 
 
 def test_sign_flip_p_is_exact():

@@ -40,6 +40,22 @@ def test_permutation_test_holds_its_level_and_rejects_shared_rankings():
     assert A.permutation_p(shared, n=2000) <= 1e-3
 
 
+def test_permutation_p_counts_the_registered_draws():
+    """Without ties, the reference distribution is W of the registered draws, by a loop: draw i gives
+    each agent the uniformly random ranking argsort(argsort(rng.random((n, agents, methods))[i])) + 1
+    (seed SEED); W from scipy's Friedman statistic; p = (1 + #{W_i >= W}) / (1 + n)."""
+    rng = np.random.default_rng(3)
+    v = rng.normal(size=(3, 8)) + np.linspace(0, 1, 8)
+    n, seed = 300, 5
+    observed = A.kendall_w(v)
+    hits = 0
+    for d in np.random.default_rng(seed).random((n, 3, 8)):
+        ranking = np.argsort(np.argsort(d, axis=1), axis=1) + 1.0
+        hits += scipy.stats.friedmanchisquare(*ranking.T).statistic / (3 * 7) >= observed - 1e-12
+    assert 0.01 < (1 + hits) / (1 + n) < 0.99                       # a comparison, not a floor or ceiling
+    assert A.permutation_p(v, n=n, seed=seed) == pytest.approx((1 + hits) / (1 + n))
+
+
 def test_holm_by_hand():
     assert A.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
 
@@ -56,6 +72,22 @@ def test_components_interaction_is_noise_without_agent_by_method_effects():
     assert np.mean(with_inter) > 5
     c = A.components(method + agent + 0.0 * noise, noise)
     assert c["sd_agent_x_method"] == 0 and c["sd_method"] == pytest.approx(np.std(method, ddof=1), rel=1e-9)
+
+
+def test_an_additive_table_s_spreads_are_the_sds_of_its_effects():
+    """Table = method effect + agent effect, no interaction: the method and agent spreads are the SDs
+    (ddof 1) of the planted effects, the interaction spread 0; against correlated noise of 0 the agent
+    spread is the same."""
+    rng = np.random.default_rng(4)
+    method, agent = rng.normal(size=(1, 20)), rng.normal(size=(3, 1))
+    y = method + agent
+    c = A.components(y, np.full((3, 20), 0.01))
+    assert c["sd_method"] == pytest.approx(np.std(method, ddof=1), rel=1e-9)
+    assert c["sd_agent"] == pytest.approx(np.std(agent, ddof=1), rel=1e-9)
+    assert c["sd_agent_x_method"] == 0 and c["sd_cell_noise"] == pytest.approx(0.1)
+    corr = A.with_correlated_noise(c, y, {"inter": 0.0, "agent": 0.0})
+    assert corr["sd_agent_corr"] == pytest.approx(np.std(agent, ddof=1), rel=1e-9)
+    assert corr["sd_agent_x_method_corr"] == pytest.approx(0, abs=1e-12)
 
 
 def test_tied_values_share_their_average_rank():

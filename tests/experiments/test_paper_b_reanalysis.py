@@ -42,6 +42,15 @@ def test_best_needs_the_random_map_and_loses_to_a_significant_rival():
     assert RA.declared_best(rows, pool) == "b"
 
 
+@pytest.mark.parametrize("low, high, want", [
+    (0.55, 0.9, "fails"), (0.1, 0.45, "passes"),             # the whole interval above / below 0.5
+    (0.4, 0.7, "inconclusive"), (0.3, 0.55, "inconclusive"),  # one end on each side
+    (0.7, 0.7, "inconclusive"),                               # a collapsed interval (one block) decides nothing
+])
+def test_sanity_rule_needs_the_whole_interval_on_one_side(low, high, want):
+    assert RA.sanity_verdict({"mean": (low + high) / 2, "low": low, "high": high}) == want
+
+
 def _four(n, means_by_setting, noise, rho, seed):
     rng = np.random.default_rng(seed)
     return {s: _setting(n, means_by_setting[i], noise[i], rho, rng) for i, s in enumerate(RA.INSERTION)}

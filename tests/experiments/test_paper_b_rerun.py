@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from scipy import stats
 from scipy.signal import lfilter
 
 from experiments.paper_b import run as PB
@@ -77,6 +78,60 @@ def test_twoway_sanity_test_holds_its_size_and_finds_a_real_difference():
     cov = np.mean([(lambda r: r["low"] <= 0.5 <= r["high"])(A.twoway_ci(cells(0.5), n_resamples=500, seed=i))
                    for i in range(150)])
     assert cov >= 0.85, cov
+
+
+def _uneven_episodes(rng, E=12):
+    """Per-state values of E episodes of unequal length, ids not 0..E-1 and states interleaved."""
+    sizes = rng.integers(5, 40, E)
+    ids = rng.choice(1000, E, replace=False)
+    ep = np.repeat(ids, sizes)
+    x = np.repeat(rng.normal(size=E), sizes) + rng.normal(size=len(ep))
+    order = rng.permutation(len(ep))
+    return x[order], ep[order]
+
+
+def test_cluster_interval_is_the_percentile_interval_of_resampled_episode_means():
+    """The definition by a loop: each resample draws E episodes with replacement, its value is the mean
+    of their episode means (every episode weighs the same), the interval the 2.5 / 97.5 % quantiles."""
+    rng = np.random.default_rng(8)
+    x, ep = _uneven_episodes(rng)
+    means = np.array([x[ep == e].mean() for e in np.unique(ep)])
+    r = A.cluster_ci(x, ep, n_resamples=400, seed=5)
+    pick = np.random.default_rng(5).integers(0, len(means), (400, len(means)))
+    ref = [np.mean([means[j] for j in row]) for row in pick]
+    assert r["mean"] == pytest.approx(means.mean()) and r["episodes"] == len(means)
+    assert (r["low"], r["high"]) == pytest.approx(tuple(np.quantile(ref, [0.025, 0.975])))
+    assert r["mean"] != pytest.approx(x.mean())          # not the mean over states (episodes differ in length)
+
+
+def test_episode_test_is_scipy_s_paired_t_test_on_episode_means():
+    rng = np.random.default_rng(9)
+    y, ep = _uneven_episodes(rng)
+    x = y + 0.15 + 0.5 * rng.normal(size=len(y))
+    mx, my = ([v[ep == e].mean() for e in np.unique(ep)] for v in (x, y))
+    want = stats.ttest_rel(mx, my)                       # two-sided, df = episodes - 1
+    r = A.episode_test(x, y, ep)
+    assert r["p"] == pytest.approx(want.pvalue, rel=1e-10) and r["df"] == len(mx) - 1 == want.df
+    assert r["diff"] == pytest.approx(np.mean(np.subtract(mx, my)))
+    assert A.episode_test(y, x, ep)["p"] == pytest.approx(r["p"], rel=1e-10)     # two-sided: symmetric
+
+
+def test_twoway_test_is_welch_s_t_test_on_an_additive_table():
+    """Cells c[d, e] = 0.5 + a_d - b_e: the draw means vary as a, the episode means as b, and
+    mean(c) - 0.5 = mean(a) - mean(b), so the registered two-way test (SE^2 = var(draw means) / D +
+    var(episode means) / E, Welch-Satterthwaite df) is exactly Welch's two-sample t-test of a against b.
+    With no episode variation it is the one-sample t-test of the draw means (df = D - 1)."""
+    rng = np.random.default_rng(10)
+    a, b = 0.3 * rng.normal(size=10) + 0.1, 0.1 * rng.normal(size=20)
+    r = A.twoway_test(0.5 + a[:, None] - b[None, :])
+    want = stats.ttest_ind(a, b, equal_var=False)
+    assert r["p"] == pytest.approx(want.pvalue, rel=1e-9) and r["df"] == pytest.approx(want.df, rel=1e-9)
+    assert r["mean"] == pytest.approx(0.5 + a.mean() - b.mean())
+    r = A.twoway_test(np.tile(0.5 + a[:, None], (1, 20)))
+    want = stats.ttest_1samp(0.5 + a, 0.5)
+    assert r["p"] == pytest.approx(want.pvalue, rel=1e-9) and r["df"] == pytest.approx(9)
+    r = A.twoway_test(np.tile(0.4 - b[None, :], (10, 1)))
+    assert r["p"] == pytest.approx(stats.ttest_1samp(0.4 - b, 0.5).pvalue, rel=1e-9) and r["df"] == pytest.approx(19)
 
 
 def _planted(rng, draws=10, E=20, K=50, k_s=10, sanity_means=None):

@@ -140,9 +140,17 @@ def test_automatic_block_length_grows_with_rho_and_tracks_the_ar1_target():
     assert optimal_block_length(np.ones(50)) == 1.0
 
 
-def test_automatic_block_length_matches_its_formula_on_a_hand_case():
-    # x alternates in runs: strong lag-1 dependence that dies out; recompute b from the definition
-    x = _ar1_stationary(400, 0.6, 5)
+def _ma_lag4(n, seed):
+    """x_t = e_t + e_{t-4}: autocorrelation 0.5 at lag 4 only, none at lags 1-3."""
+    e = np.random.default_rng(seed).normal(size=n + 4)
+    return e[4:] + e[:-4]
+
+
+@pytest.mark.parametrize("series", ["ar1", "lag4"])
+def test_automatic_block_length_matches_its_formula_on_a_hand_case(series):
+    # ar1: strong lag-1 dependence that dies out. lag4: dependence first seen at lag 4, which the
+    # K_n = 5 lags of the band check catch (m = 4, not 0). Recompute b from the definition
+    x = _ar1_stationary(400, 0.6, 5) if series == "ar1" else _ma_lag4(400, 5)
     n, eps = len(x), x - x.mean()
     acv = [eps[k:] @ eps[:n - k] / n for k in range(40)]
     band = 2 * np.sqrt(np.log10(n) / n)
@@ -152,6 +160,18 @@ def test_automatic_block_length_matches_its_formula_on_a_hand_case():
     g = sum(2 * lam(k / big_m) * k * acv[k] for k in range(1, big_m + 1))
     g0 = acv[0] + sum(2 * lam(k / big_m) * acv[k] for k in range(1, big_m + 1))
     assert optimal_block_length(x) == pytest.approx((g * g / (g0 * g0)) ** (1 / 3) * n ** (1 / 3))
+    assert m == (3 if series == "ar1" else 4)
+
+
+@pytest.mark.parametrize("n, period", [(1000, 60), (60, 20), (1000, 50), (60, 12)])
+def test_automatic_block_length_is_capped_at_b_max(n, period):
+    """b_max = ceil(min(3 sqrt(n), n / 3)): 95 for 1,000 states (3 sqrt(n) binds), 20 for 60 (n / 3).
+    Noisy sines, both ways of reaching it: periods 60 (n = 1,000) and 20 (n = 60) give g(0) > 0 and a
+    formula value above b_max (~160 and ~26); periods 50 and 12 give g(0) < 0 (negative
+    autocorrelations at the longer lags of the window)."""
+    t = np.arange(n)
+    x = np.sin(2 * np.pi * t / period) + 0.1 * np.random.default_rng(2).normal(size=n)
+    assert optimal_block_length(x) == {60: 20.0, 1000: 95.0}[n]
 
 
 def test_stationary_blocks_follow_the_definition():
@@ -168,6 +188,10 @@ def test_stationary_blocks_follow_the_definition():
     ref = [y[np.concatenate([(a + np.arange(k)) % 103 for a, k in zip(sr, lr) if k > 0])].mean()
            for sr, lr in zip(st, ln)]
     np.testing.assert_allclose(fast, ref)
+    # a block starts at any of the n states with equal probability (the last one included)
+    st5, ln5 = stationary_blocks(5, 2.0, 4000, np.random.default_rng(4))
+    freq = np.bincount(st5[ln5 > 0], minlength=5) / (ln5 > 0).sum()
+    np.testing.assert_allclose(freq, 0.2, atol=0.02)
     # mean block 1: every position a new block = the i.i.d. bootstrap
     _, l1 = stationary_blocks(50, 1.0, 20, rng)
     assert np.all(l1[:, :50] == 1) and np.all(l1[:, 50:] == 0)
