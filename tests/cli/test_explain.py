@@ -136,6 +136,21 @@ def test_rerun_resumes_and_different_options_refused(tmp_path, agent_card, capsy
     assert {p.name: p.read_bytes() for p in (tmp_path / "o" / "standin_grad").iterdir()} == before
 
 
+def test_a_rerun_with_other_weights_is_refused(tmp_path, agent_card, capsys):
+    """The same card and options with another parameter file (--model) is another job: its params checksum
+    differs, so the rerun is refused instead of resuming, and no map of the other weights joins the old ones."""
+    other = make_agent_files(tmp_path / "other", seed=1).with_suffix(".msgpack")
+    np.save(tmp_path / "x.npy", frames(6))
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 4) == 0
+    (tmp_path / "o" / "standin_grad" / "chunk_0000001.npy").unlink()
+    before = sorted((tmp_path / "o").rglob("*"))
+    capsys.readouterr()
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 4, "--model", other) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "different job" in err and "params_checksum" in err, err
+    assert sorted((tmp_path / "o").rglob("*")) == before
+
+
 def test_failed_start_does_not_block_a_corrected_rerun(tmp_path, agent_card, capsys):
     np.save(tmp_path / "x.npy", frames(4))
     assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--target", "no_such_target") == 2
