@@ -151,6 +151,40 @@ def test_a_rerun_with_other_weights_is_refused(tmp_path, agent_card, capsys):
     assert sorted((tmp_path / "o").rglob("*")) == before
 
 
+CHANNEL_FIRST_AGENT = """
+import jaxsal_agents
+
+
+def load():
+    agent = jaxsal_agents.load({card!r})
+    return (lambda params, x: agent.apply_fn(params, x.transpose(0, 2, 3, 1))), agent.params
+"""
+
+
+@pytest.mark.parametrize("model", ["NHWC", "NCHW"])
+def test_a_buffer_in_either_layout_gives_the_same_maps(tmp_path, agent_card, model):
+    """Frames saved channel-last (N, H, W, 4) and channel-first (N, 4, H, W) reach the model in its own layout,
+    transposed per chunk: the maps and outputs of both files are the same, for a channel-last model and for a
+    channel-first one (square frames: a transpose that also swapped H and W would keep every shape)."""
+    x = frames(6, seed=3)
+    x[:, 0, :, :] = 255  # rows and columns differ: a swap of H and W changes the frames
+    np.save(tmp_path / "nhwc.npy", x)
+    np.save(tmp_path / "nchw.npy", x.transpose(0, 3, 1, 2))
+    agent, extra = agent_card, []
+    if model == "NCHW":
+        (tmp_path / "nchw_agent.py").write_text(CHANNEL_FIRST_AGENT.format(card=str(agent_card)))
+        agent, extra = f"{tmp_path}/nchw_agent.py:load", ["--layout", "NCHW"]
+    for name in ("nhwc", "nchw"):
+        assert _explain(agent, tmp_path / f"{name}.npy", tmp_path / name, "--chunk", 4, *extra,
+                        methods="gradient") == 0
+    want = jaxsal.load_maps(tmp_path / "nhwc", "gradient")
+    assert want.shape == (6, 10, 10)
+    np.testing.assert_array_equal(np.asarray(jaxsal.load_maps(tmp_path / "nchw", "gradient")), np.asarray(want))
+    got, want = jaxsal.load_outputs(tmp_path / "nchw"), jaxsal.load_outputs(tmp_path / "nhwc")
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
 def test_failed_start_does_not_block_a_corrected_rerun(tmp_path, agent_card, capsys):
     np.save(tmp_path / "x.npy", frames(4))
     assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--target", "no_such_target") == 2
