@@ -330,6 +330,34 @@ def test_disk_full_keeps_finished_chunks(tmp_path, agent_card, monkeypatch, caps
     assert jaxsal.load_maps(tmp_path / "o", "standin_grad").shape == (8, 10, 10)
 
 
+def test_a_chunk_cut_off_mid_write_is_never_left_as_done(tmp_path, agent_card, monkeypatch, capsys):
+    """The disk fills in the middle of chunk 1's bytes: chunks are written to a temp file and renamed only when
+    complete, so neither a partial chunk_0000001.npy (which a rerun would take as done) nor the temp file is
+    left, and the rerun computes the chunk and ends with the maps of an uninterrupted run."""
+    import io
+
+    np.save(tmp_path / "x.npy", frames(6))
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "ref", "--chunk", 2) == 0
+    real, calls = np.save, []
+
+    def cut_off(file, arr, *args, **kwargs):  # write_chunk's np.save: half the bytes of the second chunk land
+        calls.append(1)
+        if len(calls) != 2:
+            return real(file, arr, *args, **kwargs)
+        whole = io.BytesIO()
+        real(whole, arr, *args, **kwargs)
+        file.write(whole.getvalue()[:len(whole.getvalue()) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", cut_off)
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 2) == 2
+    monkeypatch.undo()
+    assert "no space left" in capsys.readouterr().err.lower()
+    assert sorted(p.name for p in (tmp_path / "o" / "standin_grad").iterdir()) == ["chunk_0000000.npy", "meta.json"]
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 2) == 0
+    np.testing.assert_array_equal(np.asarray(jaxsal.load_maps(tmp_path / "o", "standin_grad")),
+                                  np.asarray(jaxsal.load_maps(tmp_path / "ref", "standin_grad")))
+
 def test_incomplete_job_load_maps_says_rerun(tmp_path, agent_card):
     np.save(tmp_path / "x.npy", frames(4))
     assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 2) == 0
