@@ -106,17 +106,21 @@ def test_rerun_after_lost_cells_gives_the_same_table(swept, tmp_path):
     assert (out / "results.csv").read_bytes() == before
 
 
-def test_another_config_into_the_same_dir_is_refused(swept, tmp_path, capsys):
+@pytest.mark.parametrize("edit,key", [(("chunk = 2", "chunk = 3"), "chunk"),
+                                      (("patch = 2, stride = 5", "patch = 3, stride = 5"), "methods")])
+def test_another_config_into_the_same_dir_is_refused(swept, tmp_path, capsys, edit, key):
+    """Another chunk, or only another option of one method (whose cells would otherwise keep the old option's
+    results under the new config), is another sweep: refused in one line naming what differs."""
     d, cfg, ref = swept
     out = tmp_path / "out"
     shutil.copytree(ref, out)
     before = sorted(str(p) for p in out.rglob("*"))
     other = d / "other.toml"
-    other.write_text(CONFIG.replace("chunk = 2", "chunk = 3"))
+    other.write_text(CONFIG.replace(*edit))
     capsys.readouterr()
     assert _sweep(other, out) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "another config" in err[0] and "chunk differs" in err[0] and "--out" in err[0]
+    assert len(err) == 1 and "another config" in err[0] and f"{key} differs" in err[0] and "--out" in err[0]
     assert sorted(str(p) for p in out.rglob("*")) == before
 
 
