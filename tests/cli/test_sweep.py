@@ -124,6 +124,23 @@ def test_another_config_into_the_same_dir_is_refused(swept, tmp_path, capsys, ed
     assert sorted(str(p) for p in out.rglob("*")) == before
 
 
+def test_a_rerun_retries_the_failed_cells_only(swept, tmp_path):
+    """Cells recorded as failed (here: a worker that died) run again on a rerun of the same command and end as an
+    uninterrupted sweep's; the cells that finished are not run again."""
+    d, cfg, ref = swept
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    cells = out / "cells" / "runs"
+    failed = [cells / "tiny0" / "buf" / "gradcam" / "cell.json", cells / "tiny1" / "buf" / "occlusion" / "cell.json"]
+    for record in failed:
+        sw.write_record(record, {"cell": str(record.parent.relative_to(out)), "status": "error", "frames": None,
+                                 "metrics": {}, "seconds": None, "error": "worker exited with code -9"})
+    kept = {p: p.stat().st_mtime_ns for p in cells.rglob("cell.json") if p not in failed}
+    assert _sweep(cfg, out) == 0
+    _same(_without_seconds(out), _without_seconds(ref))
+    assert all(p.stat().st_mtime_ns == t for p, t in kept.items())
+
+
 def _bad_cases():
     """(name, config text, words the one-line error must contain)."""
     base = dict(agents='["runs/*.msgpack"]', inputs='["buf.npy"]', metrics='["insertion"]',
