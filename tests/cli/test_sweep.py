@@ -141,6 +141,21 @@ def test_a_rerun_retries_the_failed_cells_only(swept, tmp_path):
     assert all(p.stat().st_mtime_ns == t for p, t in kept.items())
 
 
+def test_each_row_of_the_table_is_its_own_cells_record(swept):
+    """load_sweep's row i holds cell i's own record (status, frames, seconds, every metric), in every column."""
+    d, cfg, out = swept
+    t = jaxsal.load_sweep(out)
+    assert len(t["agent"]) == 6
+    for i in range(6):
+        cell = out / sw.CELLS / t["agent"][i] / t["checkpoint"][i] / t["input"][i] / t["method"][i]
+        rec = json.loads((cell / sw.CELL_RECORD).read_text())
+        assert t["status"][i] == rec["status"] and t["frames"][i] == rec["frames"], i
+        np.testing.assert_allclose(t["seconds"][i], rec["seconds"], rtol=1e-9)
+        assert set(rec["metrics"]) >= {"insertion_auc", "map_mass"}
+        for k, v in rec["metrics"].items():
+            np.testing.assert_allclose(t[k][i], v, rtol=1e-9, err_msg=f"row {i} {k}")
+
+
 def _bad_cases():
     """(name, config text, words the one-line error must contain)."""
     base = dict(agents='["runs/*.msgpack"]', inputs='["buf.npy"]', metrics='["insertion"]',
