@@ -284,6 +284,51 @@ def test_sbx_ppo_actor_and_critic_params_drive_their_own_heads(tmp_path, monkeyp
     _close(out["logits"], mlp(actor_p))
     _close(out["value"], mlp(critic_p)[:, 0])
 
+
+def _torch_reference(sd, trunk, heads, x):
+    """A Nature CNN as torch computes it, from the state_dict's own arrays: channel-first activations, OIHW
+    kernels, a (C, H, W) flatten, y = x W^T + b, frames / 255 first."""
+    h = jnp.asarray(x, jnp.float32) / 255.0
+    for prefix, stride in zip(trunk[:3], (4, 2, 1)):
+        h = jax.lax.conv_general_dilated(h, jnp.asarray(sd[f"{prefix}.weight"]), (stride, stride), "VALID",
+                                         dimension_numbers=("NCHW", "OIHW", "NCHW"), precision="highest")
+        h = jax.nn.relu(h + jnp.asarray(sd[f"{prefix}.bias"])[None, :, None, None])
+    h = np.asarray(h, np.float64).reshape(len(x), -1)
+
+    def linear(prefix, v):
+        return v @ sd[f"{prefix}.weight"].T.astype(np.float64) + sd[f"{prefix}.bias"]
+
+    h = np.maximum(linear(trunk[3], h), 0)
+    return [linear(prefix, h) for prefix in heads]
+
+
+@pytest.mark.parametrize("fmt", ["cleanrl dqn_atari", "cleanrl ppo_atari", "sb3 dqn", "sb3 actor-critic"])
+def test_torch_state_dicts_convert_with_torchs_conventions_without_torch(frames, fmt):
+    """The conversion itself, with torch absent (test_torch_state_dicts_same_outputs needs it): a state_dict of
+    arrays under each format's names gives the outputs of torch's own conventions computed from the same arrays
+    (OIHW kernels, a (C, H, W) flatten, input / 255), so a transpose or flatten of the wrong order is caught."""
+    from jaxsal.loaders.torch_nature import FORMATS, convert
+
+    rng = np.random.default_rng(7)
+    trunk, head = FORMATS[fmt]
+    shapes = dict(zip(trunk, [(32, 4, 8, 8), (64, 32, 4, 4), (64, 64, 3, 3), (512, 3136)]))
+    heads = [head[1]] if head[0] == "q" else list(head[1:])
+    shapes.update(zip(heads, [(A, 512), (1, 512)]))
+    sd = {}
+    for prefix, shape in shapes.items():
+        bound = 1 / np.sqrt(np.prod(shape[1:]))  # torch's default initialisation range
+        sd[f"{prefix}.weight"] = rng.uniform(-bound, bound, shape).astype(np.float32)
+        sd[f"{prefix}.bias"] = rng.uniform(-bound, bound, shape[0]).astype(np.float32)
+    module, params, got_fmt = convert(sd)
+    assert got_fmt == fmt
+    out = module.apply(params, frames)
+    want = _torch_reference(sd, trunk, heads, frames)
+    if head[0] == "q":
+        _close(out, want[0])
+    else:
+        _close(out["logits"], want[0])
+        _close(out["value"], want[1][:, 0])
+
 AGENT_PY = '''
 import jaxsal.loaders
 
