@@ -136,6 +136,55 @@ def test_rerun_resumes_and_different_options_refused(tmp_path, agent_card, capsy
     assert {p.name: p.read_bytes() for p in (tmp_path / "o" / "standin_grad").iterdir()} == before
 
 
+def test_a_rerun_with_other_weights_is_refused(tmp_path, agent_card, capsys):
+    """The same card and options with another parameter file (--model) is another job: its params checksum
+    differs, so the rerun is refused instead of resuming, and no map of the other weights joins the old ones."""
+    other = make_agent_files(tmp_path / "other", seed=1).with_suffix(".msgpack")
+    np.save(tmp_path / "x.npy", frames(6))
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 4) == 0
+    (tmp_path / "o" / "standin_grad" / "chunk_0000001.npy").unlink()
+    before = sorted((tmp_path / "o").rglob("*"))
+    capsys.readouterr()
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 4, "--model", other) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "different job" in err and "params_checksum" in err, err
+    assert sorted((tmp_path / "o").rglob("*")) == before
+
+
+CHANNEL_FIRST_AGENT = """
+import jaxsal_agents
+
+
+def load():
+    agent = jaxsal_agents.load({card!r})
+    return (lambda params, x: agent.apply_fn(params, x.transpose(0, 2, 3, 1))), agent.params
+"""
+
+
+@pytest.mark.parametrize("model", ["NHWC", "NCHW"])
+def test_a_buffer_in_either_layout_gives_the_same_maps(tmp_path, agent_card, model):
+    """Frames saved channel-last (N, H, W, 4) and channel-first (N, 4, H, W) reach the model in its own layout,
+    transposed per chunk: the maps and outputs of both files are the same, for a channel-last model and for a
+    channel-first one (square frames: a transpose that also swapped H and W would keep every shape)."""
+    x = frames(6, seed=3)
+    x[:, 0, :, :] = 255  # rows and columns differ: a swap of H and W changes the frames
+    np.save(tmp_path / "nhwc.npy", x)
+    np.save(tmp_path / "nchw.npy", x.transpose(0, 3, 1, 2))
+    agent, extra = agent_card, []
+    if model == "NCHW":
+        (tmp_path / "nchw_agent.py").write_text(CHANNEL_FIRST_AGENT.format(card=str(agent_card)))
+        agent, extra = f"{tmp_path}/nchw_agent.py:load", ["--layout", "NCHW"]
+    for name in ("nhwc", "nchw"):
+        assert _explain(agent, tmp_path / f"{name}.npy", tmp_path / name, "--chunk", 4, *extra,
+                        methods="gradient") == 0
+    want = jaxsal.load_maps(tmp_path / "nhwc", "gradient")
+    assert want.shape == (6, 10, 10)
+    np.testing.assert_array_equal(np.asarray(jaxsal.load_maps(tmp_path / "nchw", "gradient")), np.asarray(want))
+    got, want = jaxsal.load_outputs(tmp_path / "nchw"), jaxsal.load_outputs(tmp_path / "nhwc")
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
 def test_failed_start_does_not_block_a_corrected_rerun(tmp_path, agent_card, capsys):
     np.save(tmp_path / "x.npy", frames(4))
     assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--target", "no_such_target") == 2
@@ -280,6 +329,34 @@ def test_disk_full_keeps_finished_chunks(tmp_path, agent_card, monkeypatch, caps
     assert (tmp_path / "o" / "standin_grad" / "chunk_0000000.npy").read_bytes() == first
     assert jaxsal.load_maps(tmp_path / "o", "standin_grad").shape == (8, 10, 10)
 
+
+def test_a_chunk_cut_off_mid_write_is_never_left_as_done(tmp_path, agent_card, monkeypatch, capsys):
+    """The disk fills in the middle of chunk 1's bytes: chunks are written to a temp file and renamed only when
+    complete, so neither a partial chunk_0000001.npy (which a rerun would take as done) nor the temp file is
+    left, and the rerun computes the chunk and ends with the maps of an uninterrupted run."""
+    import io
+
+    np.save(tmp_path / "x.npy", frames(6))
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "ref", "--chunk", 2) == 0
+    real, calls = np.save, []
+
+    def cut_off(file, arr, *args, **kwargs):  # write_chunk's np.save: half the bytes of the second chunk land
+        calls.append(1)
+        if len(calls) != 2:
+            return real(file, arr, *args, **kwargs)
+        whole = io.BytesIO()
+        real(whole, arr, *args, **kwargs)
+        file.write(whole.getvalue()[:len(whole.getvalue()) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", cut_off)
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 2) == 2
+    monkeypatch.undo()
+    assert "no space left" in capsys.readouterr().err.lower()
+    assert sorted(p.name for p in (tmp_path / "o" / "standin_grad").iterdir()) == ["chunk_0000000.npy", "meta.json"]
+    assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 2) == 0
+    np.testing.assert_array_equal(np.asarray(jaxsal.load_maps(tmp_path / "o", "standin_grad")),
+                                  np.asarray(jaxsal.load_maps(tmp_path / "ref", "standin_grad")))
 
 def test_incomplete_job_load_maps_says_rerun(tmp_path, agent_card):
     np.save(tmp_path / "x.npy", frames(4))

@@ -37,6 +37,25 @@ def test_q_action_uses_the_npz_actions(tmp_path, card):
     assert not np.allclose(np.asarray(want), np.asarray(greedy))   # the buffer's actions, not the argmax
 
 
+def test_q_action_with_limit_explains_the_first_frames_actions(tmp_path, card):
+    """--limit 6 (chunks 4 + 2) explains frames 0..5 with actions 0..5: each chunk's actions are those of its
+    own frames, the last chunk's cut at the limit like its frames."""
+    import jaxsal_agents
+
+    x = frames(9, seed=4)
+    np.savez(tmp_path / "buf.npz", obs=x, actions=ACTIONS)
+    assert main(["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(tmp_path / "buf.npz"),
+                 "--out", str(tmp_path / "out"), "--quiet", "--target", "q_action", "--chunk", "4",
+                 "--limit", "6"]) == 0
+    agent = jaxsal_agents.load(str(card))
+    want = jaxsal.explain(agent.apply_fn, agent.params, x[:6], method="standin_grad", target="q_action",
+                          actions=ACTIONS[:6])
+    np.testing.assert_allclose(np.asarray(jaxsal.load_maps(tmp_path / "out", "standin_grad")), np.asarray(want),
+                               rtol=0, atol=1e-5 * float(np.abs(want).max()))
+    o = jaxsal.load_outputs(tmp_path / "out")
+    np.testing.assert_array_equal(o["action"], ACTIONS[:6])
+    np.testing.assert_array_equal(o["index"], np.arange(6))
+
 def test_npz_shards_with_actions_concatenate(tmp_path):
     d = tmp_path / "shards"
     d.mkdir()

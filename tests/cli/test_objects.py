@@ -115,6 +115,34 @@ def _same(a, b):
             np.testing.assert_array_equal(a[2][m][k], b[2][m][k], err_msg=(m, k))
 
 
+def test_each_chunk_uses_its_own_states_boxes(tmp_path):
+    """Boxes that move from state to state (the fixture's stay put): each chunk's shares and effects use its own
+    states' boxes, and --limit keeps the boxes of the first states with the first frames, so the stored arrays
+    are object_attribution / object_pointing / object_effects of frames 0..6 with boxes 0..6."""
+    import jaxsal_agents
+    from jaxsal.metrics import object_effects
+
+    _small_job(tmp_path)                          # 12 frames of a tiny agent, boxes of every state beside them
+    out = tmp_path / "o"
+    assert main(["explain", "--agent", str(tmp_path / "agent" / "tiny0.json"), "--methods", "standin_grad",
+                 "--input", str(tmp_path / "x.npy"), "--objects", "--effects", "--chunk", "3", "--limit", "7",
+                 "--out", str(out), "--quiet"]) == 0
+    ob = objs.read_objects(tmp_path / "x.objects.npz").boxes[:7]
+    x = np.load(tmp_path / "x.npy")[:7]
+    maps = np.asarray(jaxsal.load_maps(out, "standin_grad"))
+    s = jaxsal.load_object_shares(out, "standin_grad")
+    ref = object_attribution(maps, ob)
+    for k in ("positive", "absolute", "chance"):
+        np.testing.assert_allclose(s[k], np.asarray(getattr(ref, k)), rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_array_equal(s["pointing"], np.asarray(object_pointing(maps, ob)[0]))
+    for f in range(4):  # a map of the stack on stacked frame f's own boxes
+        want = np.asarray(object_attribution(maps, ob, frame=f).positive)
+        np.testing.assert_allclose(s["per_frame_positive"][:, f], want, rtol=1e-5, atol=1e-6)
+    agent = jaxsal_agents.load(str(tmp_path / "agent" / "tiny0.json"))
+    e, want = jaxsal.load_object_effects(out), object_effects(agent.apply_fn, agent.params, x, ob)
+    np.testing.assert_allclose(e["effect"], np.asarray(want.effect), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(e["present"], np.asarray(want.present))
+
 def test_resume_computes_only_what_is_missing(tmp_path):
     args = _small_job(tmp_path)
     assert main(args + ["--out", str(tmp_path / "ref")]) == 0

@@ -106,18 +106,54 @@ def test_rerun_after_lost_cells_gives_the_same_table(swept, tmp_path):
     assert (out / "results.csv").read_bytes() == before
 
 
-def test_another_config_into_the_same_dir_is_refused(swept, tmp_path, capsys):
+@pytest.mark.parametrize("edit,key", [(("chunk = 2", "chunk = 3"), "chunk"),
+                                      (("patch = 2, stride = 5", "patch = 3, stride = 5"), "methods")])
+def test_another_config_into_the_same_dir_is_refused(swept, tmp_path, capsys, edit, key):
+    """Another chunk, or only another option of one method (whose cells would otherwise keep the old option's
+    results under the new config), is another sweep: refused in one line naming what differs."""
     d, cfg, ref = swept
     out = tmp_path / "out"
     shutil.copytree(ref, out)
     before = sorted(str(p) for p in out.rglob("*"))
     other = d / "other.toml"
-    other.write_text(CONFIG.replace("chunk = 2", "chunk = 3"))
+    other.write_text(CONFIG.replace(*edit))
     capsys.readouterr()
     assert _sweep(other, out) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "another config" in err[0] and "chunk differs" in err[0] and "--out" in err[0]
+    assert len(err) == 1 and "another config" in err[0] and f"{key} differs" in err[0] and "--out" in err[0]
     assert sorted(str(p) for p in out.rglob("*")) == before
+
+
+def test_a_rerun_retries_the_failed_cells_only(swept, tmp_path):
+    """Cells recorded as failed (here: a worker that died) run again on a rerun of the same command and end as an
+    uninterrupted sweep's; the cells that finished are not run again."""
+    d, cfg, ref = swept
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    cells = out / "cells" / "runs"
+    failed = [cells / "tiny0" / "buf" / "gradcam" / "cell.json", cells / "tiny1" / "buf" / "occlusion" / "cell.json"]
+    for record in failed:
+        sw.write_record(record, {"cell": str(record.parent.relative_to(out)), "status": "error", "frames": None,
+                                 "metrics": {}, "seconds": None, "error": "worker exited with code -9"})
+    kept = {p: p.stat().st_mtime_ns for p in cells.rglob("cell.json") if p not in failed}
+    assert _sweep(cfg, out) == 0
+    _same(_without_seconds(out), _without_seconds(ref))
+    assert all(p.stat().st_mtime_ns == t for p, t in kept.items())
+
+
+def test_each_row_of_the_table_is_its_own_cells_record(swept):
+    """load_sweep's row i holds cell i's own record (status, frames, seconds, every metric), in every column."""
+    d, cfg, out = swept
+    t = jaxsal.load_sweep(out)
+    assert len(t["agent"]) == 6
+    for i in range(6):
+        cell = out / sw.CELLS / t["agent"][i] / t["checkpoint"][i] / t["input"][i] / t["method"][i]
+        rec = json.loads((cell / sw.CELL_RECORD).read_text())
+        assert t["status"][i] == rec["status"] and t["frames"][i] == rec["frames"], i
+        np.testing.assert_allclose(t["seconds"][i], rec["seconds"], rtol=1e-9)
+        assert set(rec["metrics"]) >= {"insertion_auc", "map_mass"}
+        for k, v in rec["metrics"].items():
+            np.testing.assert_allclose(t[k][i], v, rtol=1e-9, err_msg=f"row {i} {k}")
 
 
 def _bad_cases():

@@ -202,3 +202,28 @@ def test_the_python_api_on_a_manifest_n_edited_far_beyond_its_chunks_answers_at_
     with pytest.raises(SaliencyInputError, match="1000000000000000 frames"):
         from jaxsal.io.store import finished_frames
         finished_frames(out, ["gradient"])
+
+
+def test_only_a_jobs_own_chunk_names_count_as_finished(job, tmp_path):
+    """A chunk is finished only under its exact name and below the manifest's chunk count: a leftover
+    `chunk_0000001.npy.tmp` or a stray `chunk_0000002.npy` (one past the last) never stands in for the missing
+    chunk 1, so the job reads as incomplete and chunk 1's frames as unfinished, not as NaN maps of a done job."""
+    from jaxsal.io.store import chunk_path, chunks_on_disk, finished_frames, missing_chunks, outputs_path
+
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    for folder, suffix in ((out / "gradient", "npy"), (out / "_outputs", "npz")):
+        chunk1 = folder / f"chunk_0000001.{suffix}"
+        shutil.copy(chunk1, folder / f"chunk_0000001.{suffix}.tmp")
+        chunk1.rename(folder / f"chunk_0000002.{suffix}")
+    assert chunks_on_disk(lambda i: chunk_path(out, "gradient", i), 2) == [0]
+    assert chunks_on_disk(lambda i: outputs_path(out, i), 2) == [0]
+    assert missing_chunks(out, "gradient", 2) == [1]
+    np.testing.assert_array_equal(finished_frames(out, ["gradient"]), [True] * 4 + [False] * 2)
+    for load in (lambda: jaxsal.load_maps(out, "gradient"), lambda: jaxsal.load_outputs(out)):
+        with pytest.raises(SaliencyInputError, match="1 of 2 chunks"):
+            load()
+    maps = np.asarray(jaxsal.load_maps(out, "gradient", allow_incomplete=True))
+    np.testing.assert_array_equal(maps[:4], np.asarray(jaxsal.load_maps(job, "gradient"))[:4])
+    assert np.isnan(maps[4:]).all()
+    np.testing.assert_array_equal(jaxsal.load_outputs(out, allow_incomplete=True)["frame"], np.arange(4))

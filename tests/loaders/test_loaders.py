@@ -147,12 +147,10 @@ def test_crafted_cleanrl_and_flax_params_are_one_clear_error(tmp_path, dqn_file)
         with pytest.raises(LoaderError, match=says):
             flax_msgpack(tmp_path / f"{name}.msgpack", module, (10, 10, 4))
 
-def _sbx_dqn_zip(path, params, monkeypatch, n_units: int = 8):
-    """An SBX DQN MlpPolicy .zip on 4-vectors, 2 actions, with these params: the policy pickled as sbx's is
-    (the classes it names stand in for sbx's, which the loader never imports), without sbx installed."""
-    import base64
-    import json
-    import pickle
+def _fake_sbx(monkeypatch):
+    """Stand-ins for the classes an SBX policy pickle names (sbx's policies, gymnasium's Box, a train state, a
+    jax activation and sbx's NatureCNN), registered under those modules' names so that pickle writes them as it
+    writes sbx's (the loader never imports them): (classes by name, the relu activation)."""
     import types
 
     class State:
@@ -174,24 +172,44 @@ def _sbx_dqn_zip(path, params, monkeypatch, n_units: int = 8):
             setattr(m, k, v)
         monkeypatch.setitem(sys.modules, name, m)
 
-    cls = {k: type(k, (State,), {}) for k in ("DQNPolicy", "QNetwork", "Box", "TrainState")}
+    names = ("DQNPolicy", "QNetwork", "CnnQNetwork", "PPOPolicy", "Actor", "Critic", "Box", "TrainState")
+    cls = {k: type(k, (State,), {}) for k in names}
+    cls["NatureCNN"] = type("NatureCNN", (), {})  # pickled by reference, as the features extractor class
     relu = Relu()
     module("jax._fake_nn", relu=relu)  # a jax function, pickled by name
     Relu.__module__ = "jax._fake_nn"
-    for parent in ("sbx", "sbx.dqn", "gymnasium", "gymnasium.spaces", "flax_fake"):  # pickle imports each
-        module(parent)
-    module("sbx.dqn.policies", DQNPolicy=cls["DQNPolicy"], QNetwork=cls["QNetwork"])
+    for parent in ("sbx", "sbx.dqn", "sbx.ppo", "sbx.common", "gymnasium", "gymnasium.spaces", "flax_fake"):
+        module(parent)  # pickle imports each
+    module("sbx.dqn.policies", **{k: cls[k] for k in ("DQNPolicy", "QNetwork", "CnnQNetwork")})
+    module("sbx.ppo.policies", **{k: cls[k] for k in ("PPOPolicy", "Actor", "Critic")})
+    module("sbx.common.jax_layers", NatureCNN=cls["NatureCNN"])
     module("gymnasium.spaces.box", Box=cls["Box"])
     module("flax_fake.train_state", TrainState=cls["TrainState"])
-    policy = cls["DQNPolicy"](observation_space=cls["Box"](_shape=(4,), dtype=np.dtype(np.float32)),
-                              qf=cls["QNetwork"](n_actions=2, n_units=n_units, activation_fn=relu),
-                              qf_state=cls["TrainState"](params=params))
-    data = {"policy_class": {"__module__": "sbx.dqn.policies"},
+    return cls, relu
+
+
+def _sbx_zip(path, policy, policy_module: str):
+    """`policy` pickled into an SB3-format .zip's `data` as SBX saves it."""
+    import base64
+    import json
+    import pickle
+
+    data = {"policy_class": {"__module__": policy_module},
             "policy": {":serialized:": base64.b64encode(pickle.dumps(policy, protocol=4)).decode()}}
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("data", json.dumps(data))
     return path
 
+
+def _sbx_dqn_zip(path, params, monkeypatch, n_units: int = 8, cnn: bool = False, n_actions: int = 2):
+    """An SBX DQN .zip with these params: MlpPolicy on 4-vectors, or (cnn) CnnPolicy on (4, 84, 84) uint8 frames,
+    pickled as sbx pickles it, without sbx installed."""
+    cls, relu = _fake_sbx(monkeypatch)
+    shape, dtype = ((4, 84, 84), np.uint8) if cnn else ((4,), np.float32)
+    qf = cls["CnnQNetwork" if cnn else "QNetwork"](n_actions=n_actions, n_units=n_units, activation_fn=relu)
+    policy = cls["DQNPolicy"](observation_space=cls["Box"](_shape=shape, dtype=np.dtype(dtype)), qf=qf,
+                              qf_state=cls["TrainState"](params=params))
+    return _sbx_zip(path, policy, "sbx.dqn.policies")
 
 def test_crafted_sbx_params_are_one_clear_error(tmp_path, monkeypatch):
     """NaN weights or an integer kernel in an SBX zip: checked like every other loader's params (before, the
@@ -212,6 +230,104 @@ def test_crafted_sbx_params_are_one_clear_error(tmp_path, monkeypatch):
             load_file(bad)
         assert str(bad) in str(e.value) and "\n" not in str(e.value), name
 
+
+
+def _dense(p, x):
+    return x @ np.asarray(p["kernel"], np.float64) + np.asarray(p["bias"], np.float64)
+
+
+def _conv_nhwc(x, p, stride):
+    return jax.lax.conv_general_dilated(jnp.asarray(x, jnp.float32), jnp.asarray(p["kernel"]), (stride, stride),
+                                        "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        precision="highest") + jnp.asarray(p["bias"])
+
+
+def test_sbx_cnn_policy_scales_frames_as_sbx_does(tmp_path, frames, monkeypatch):
+    """An SBX DQN CnnPolicy takes SB3's channel-first uint8 frames and divides by 255 inside its NatureCNN: the
+    loaded agent's Q-values equal SBX's network written out here from the params (transpose to channel-last,
+    / 255, three VALID convs, a channel-last flatten, two dense layers)."""
+    from jaxsal.loaders.sbx import CnnQNetwork
+
+    params = jax.tree.map(np.array, CnnQNetwork(3, 16).init(jax.random.PRNGKey(5), jnp.zeros((1, 4, 84, 84))))
+    agent = load_file(_sbx_dqn_zip(tmp_path / "cnn.zip", params, monkeypatch, n_units=16, cnn=True, n_actions=3))
+    assert agent.layout == "NCHW" and agent.pixels == "uint8" and agent.num_actions == 3
+    p = params["params"]
+    h = frames.transpose(0, 2, 3, 1).astype(np.float32) / 255.0
+    for name, stride in (("Conv_0", 4), ("Conv_1", 2), ("Conv_2", 1)):
+        h = jax.nn.relu(_conv_nhwc(h, p["NatureCNN_0"][name], stride))
+    h = np.maximum(_dense(p["NatureCNN_0"]["Dense_0"], np.asarray(h).reshape(len(frames), -1)), 0)
+    _close(agent.apply_fn(agent.params, frames), _dense(p["Dense_0"], h))
+
+
+def test_sbx_ppo_actor_and_critic_params_drive_their_own_heads(tmp_path, monkeypatch):
+    """An SBX PPO policy saves its actor's and its critic's params in two train states: the logits come from the
+    actor's, the value from the critic's (each an MLP of the saved net_arch, written out here)."""
+    from jaxsal.loaders.sbx import Mlp
+
+    cls, relu = _fake_sbx(monkeypatch)
+    x = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    actor_p, critic_p = (jax.tree.map(np.array, Mlp((8,), out, jax.nn.relu).init(jax.random.PRNGKey(k), x))
+                         for k, out in ((1, 3), (2, 1)))
+    box = cls["Box"](_shape=(4,), dtype=np.dtype(np.float32))
+    policy = cls["PPOPolicy"](
+        observation_space=box,
+        actor=cls["Actor"](net_arch=[8], num_discrete_choices=3, action_dim=3, activation_fn=relu),
+        vf=cls["Critic"](net_arch=[8], activation_fn=relu),
+        actor_state=cls["TrainState"](params=actor_p), vf_state=cls["TrainState"](params=critic_p))
+    agent = load_file(_sbx_zip(tmp_path / "ppo.zip", policy, "sbx.ppo.policies"))
+    assert agent.num_actions == 3
+    out = agent.apply_fn(agent.params, x)
+
+    def mlp(p):
+        return _dense(p["params"]["Dense_1"], np.maximum(_dense(p["params"]["Dense_0"], x), 0))
+
+    _close(out["logits"], mlp(actor_p))
+    _close(out["value"], mlp(critic_p)[:, 0])
+
+
+def _torch_reference(sd, trunk, heads, x):
+    """A Nature CNN as torch computes it, from the state_dict's own arrays: channel-first activations, OIHW
+    kernels, a (C, H, W) flatten, y = x W^T + b, frames / 255 first."""
+    h = jnp.asarray(x, jnp.float32) / 255.0
+    for prefix, stride in zip(trunk[:3], (4, 2, 1)):
+        h = jax.lax.conv_general_dilated(h, jnp.asarray(sd[f"{prefix}.weight"]), (stride, stride), "VALID",
+                                         dimension_numbers=("NCHW", "OIHW", "NCHW"), precision="highest")
+        h = jax.nn.relu(h + jnp.asarray(sd[f"{prefix}.bias"])[None, :, None, None])
+    h = np.asarray(h, np.float64).reshape(len(x), -1)
+
+    def linear(prefix, v):
+        return v @ sd[f"{prefix}.weight"].T.astype(np.float64) + sd[f"{prefix}.bias"]
+
+    h = np.maximum(linear(trunk[3], h), 0)
+    return [linear(prefix, h) for prefix in heads]
+
+
+@pytest.mark.parametrize("fmt", ["cleanrl dqn_atari", "cleanrl ppo_atari", "sb3 dqn", "sb3 actor-critic"])
+def test_torch_state_dicts_convert_with_torchs_conventions_without_torch(frames, fmt):
+    """The conversion itself, with torch absent (test_torch_state_dicts_same_outputs needs it): a state_dict of
+    arrays under each format's names gives the outputs of torch's own conventions computed from the same arrays
+    (OIHW kernels, a (C, H, W) flatten, input / 255), so a transpose or flatten of the wrong order is caught."""
+    from jaxsal.loaders.torch_nature import FORMATS, convert
+
+    rng = np.random.default_rng(7)
+    trunk, head = FORMATS[fmt]
+    shapes = dict(zip(trunk, [(32, 4, 8, 8), (64, 32, 4, 4), (64, 64, 3, 3), (512, 3136)]))
+    heads = [head[1]] if head[0] == "q" else list(head[1:])
+    shapes.update(zip(heads, [(A, 512), (1, 512)]))
+    sd = {}
+    for prefix, shape in shapes.items():
+        bound = 1 / np.sqrt(np.prod(shape[1:]))  # torch's default initialisation range
+        sd[f"{prefix}.weight"] = rng.uniform(-bound, bound, shape).astype(np.float32)
+        sd[f"{prefix}.bias"] = rng.uniform(-bound, bound, shape[0]).astype(np.float32)
+    module, params, got_fmt = convert(sd)
+    assert got_fmt == fmt
+    out = module.apply(params, frames)
+    want = _torch_reference(sd, trunk, heads, frames)
+    if head[0] == "q":
+        _close(out, want[0])
+    else:
+        _close(out["logits"], want[0])
+        _close(out["value"], want[1][:, 0])
 
 AGENT_PY = '''
 import jaxsal.loaders
