@@ -358,6 +358,7 @@ def test_a_chunk_cut_off_mid_write_is_never_left_as_done(tmp_path, agent_card, m
     np.testing.assert_array_equal(np.asarray(jaxsal.load_maps(tmp_path / "o", "standin_grad")),
                                   np.asarray(jaxsal.load_maps(tmp_path / "ref", "standin_grad")))
 
+
 def test_incomplete_job_load_maps_says_rerun(tmp_path, agent_card):
     np.save(tmp_path / "x.npy", frames(4))
     assert _explain(agent_card, tmp_path / "x.npy", tmp_path / "o", "--chunk", 2) == 0
