@@ -344,16 +344,9 @@ def _read_chunk(path: Path, rows: int, spec: dict, layout) -> dict:
 
 def _chunks_done(out, cfg, paths, what: str, allow_incomplete: bool) -> list[int]:
     """The chunks with every file of `paths` (chunk index -> path) written, refused if incomplete unless allowed."""
-    from jaxsal.io.store import chunks_on_disk
+    from jaxsal.io.store import finished_chunks
 
-    n, chunk = int(cfg["n"]), int(cfg["chunk"])
-    n_chunks = -(-n // chunk)
-    done = sorted(set.intersection(*(set(chunks_on_disk(p, n_chunks)) for p in paths)))
-    if len(done) < n_chunks and not allow_incomplete:
-        raise SaliencyInputError(
-            f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks of {what} missing); "
-            "rerun the same `jaxsal explain` command, or pass allow_incomplete=True for the finished chunks")
-    return done
+    return finished_chunks(out, paths, -(-int(cfg["n"]) // int(cfg["chunk"])), what, allow_incomplete)
 
 
 def load_object_effects(out, allow_incomplete: bool = False) -> dict:

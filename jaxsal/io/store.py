@@ -259,12 +259,7 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
     cfg = read_manifest(out)["config"]
     no_action = cfg.get("target") in TARGET_NAMES and not explains_action(cfg["target"])
     n, chunk = int(cfg["n"]), int(cfg["chunk"])
-    n_chunks = -(-n // chunk)
-    done = chunks_on_disk(lambda i: outputs_path(out, i), n_chunks)
-    if len(done) < n_chunks and not allow_incomplete:
-        raise SaliencyInputError(
-            f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks missing); rerun the same "
-            "`jaxsal explain` command, or pass allow_incomplete=True for the finished chunks")
+    done = finished_chunks(out, [lambda i: outputs_path(out, i)], -(-n // chunk), None, allow_incomplete)
     parts: dict[str, list] = {"frame": []}
     keys = None
     for i in done:
@@ -375,8 +370,7 @@ def finished_frames(out, methods) -> np.ndarray:
     if not methods:  # every frame is finished for no method
         ok[:] = True
         return ok
-    per_method = [set(chunks_on_disk(lambda i, m=m: chunk_path(out, m, i), -(-n // chunk))) for m in methods]
-    for i in set.intersection(*per_method):
+    for i in finished_chunks(out, [lambda i, m=m: chunk_path(out, m, i) for m in methods], -(-n // chunk), None, True):
         ok[i * chunk:(i + 1) * chunk] = True
     return ok
 
@@ -579,7 +573,8 @@ def missing_chunks(out, method: str, n_chunks: int) -> list[int]:
     Returns:
         list[int]: the missing chunk indices, ascending.
     """
-    return [i for i in range(n_chunks) if not chunk_path(out, method, i).exists()]
+    present = set(chunks_on_disk(lambda i: chunk_path(out, method, i), n_chunks))
+    return [i for i in range(n_chunks) if i not in present]
 
 
 def chunks_on_disk(path_of, n_chunks: int) -> list[int]:
@@ -603,6 +598,31 @@ def chunks_on_disk(path_of, n_chunks: int) -> list[int]:
         if digits.isdigit() and digits.isascii() and int(digits) < n_chunks and path_of(int(digits)).name == name:
             found.append(int(digits))
     return sorted(found)
+
+
+def finished_chunks(out, paths, n_chunks: int, what: str | None, allow_incomplete: bool) -> list[int]:
+    """The chunks with every file of `paths` written (`chunks_on_disk` of each), refused when some are missing
+    unless `allow_incomplete`.
+
+    Args:
+        out (str | os.PathLike): the output directory (named in the error).
+        paths (Sequence[Callable[[int], pathlib.Path]]): chunk index -> file, one per kind of file a chunk needs.
+        n_chunks (int): the job's number of chunks.
+        what (str | None): what the files hold, named in the error ("object effects"); None: the job's outputs.
+        allow_incomplete (bool): give the finished chunks of an unfinished job instead of refusing it.
+
+    Returns:
+        list[int]: the finished chunk indices, ascending.
+
+    Raises:
+        jaxsal.SaliencyInputError: chunks are missing and `allow_incomplete` is False.
+    """
+    done = sorted(set.intersection(*(set(chunks_on_disk(p, n_chunks)) for p in paths)))
+    if len(done) < n_chunks and not allow_incomplete:
+        raise SaliencyInputError(
+            f"{out}: job is incomplete ({n_chunks - len(done)} of {n_chunks} chunks{f' of {what}' if what else ''} "
+            "missing); rerun the same `jaxsal explain` command, or pass allow_incomplete=True for the finished chunks")
+    return done
 
 
 _OPEN_CHUNKS = LRU("open map chunks", 64)  # (MapArray number, chunk) -> its memory-mapped chunk file
