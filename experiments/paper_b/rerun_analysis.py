@@ -371,13 +371,21 @@ def write_game(d: Path, n_resamples: int = N_RESAMPLES) -> dict:
     return res
 
 
+def shipped_agents(root: Path) -> bool:
+    """Whether root holds the re-run of the shipped agents (each game's meta.json names its game as the
+    agent, as the runner does without --agent-file), not another agent's (an agent file named)."""
+    metas = [json.loads(m.read_text()) for m in sorted(Path(root).glob("*/meta.json"))]
+    return all(m.get("agent") == m.get("game") for m in metas)
+
+
 def write_readme(root: Path = OUT, games=R.GAMES) -> Path:
-    """root/README.md: the registration's pointer and each game's section (games not run yet listed)."""
+    """root/README.md: the registration's pointer and each game's section (for the shipped agents'
+    re-run, the games not run yet listed; for another agent's, its own games only)."""
     root = Path(root)
     lines = ["# Paper B re-run: episodes and randomisation draws as the replicates", "",
              "Registered before any of its data in `experiments/paper_b/rerun_registration.md`; runner "
              "`python -m experiments.paper_b.rerun --game GAME`, analysis `experiments/paper_b/rerun_analysis.py`. "]
-    if root.resolve() == OUT.resolve():
+    if shipped_agents(root):
         lines[-1] += ("One agent per game: no result here is about other agents. The games side by side, with every "
                       "disagreement with Paper B and every sanity failure: [`summary.md`](summary.md) "
                       "(`python -m experiments.paper_b.rerun_summary`).")
@@ -517,7 +525,7 @@ def write_game_with_versions(game_dir: Path) -> None:
 def write_readme_with_deviations(root: Path) -> None:
     """The re-run's README, ending with the deviations from the registration."""
     readme = write_readme(root)
-    if Path(root).resolve() == OUT.resolve():
+    if shipped_agents(root):
         tail = DEVIATIONS.read_text()
     else:  # another agent's re-run: the deviations it shares are the runner's and the across-agents study's
         tail = ("## Deviations\n\nThis re-run uses the registered runner and analysis: their deviations are listed in "

@@ -259,7 +259,7 @@ def test_paper_b_claims_on_all_20_methods():
             f"{c['disagree']} / inconclusive {c['inconclusive']}") in A.markdown(res)
 
 
-def test_game_files_round_trip(tmp_path, monkeypatch):
+def test_game_files_round_trip(tmp_path):
     """The runner's file layout in, summary.json and the README sections out, the same statistics."""
     aucs, sanity, ep, ep_s, meta = _game(np.random.default_rng(5), ["sarfa", "noise_sensitivity_original"],
                                          ("q", "random_uniform"))
@@ -291,14 +291,18 @@ def test_game_files_round_trip(tmp_path, monkeypatch):
     A.write_game(d, n_resamples=200)
     assert "The sampled play is weaker than the card's evaluation." in (d / "README.md").read_text()
     readme = (d / "README.md").read_text()
-    monkeypatch.setattr(A, "OUT", tmp_path)     # the shipped agents' re-run: every game, the pages of all four
-    overall = A.write_readme(tmp_path).read_text()
+    overall = A.write_readme(tmp_path).read_text()    # the shipped agent (named as its game): all four games
     assert readme in overall and "Not run yet: breakout, spaceinvaders, frostbite" in overall
     assert "[`summary.md`](summary.md)" in overall
-    monkeypatch.undo()                          # another agent's re-run (a seed's folder): its own games only
+    A.write_readme_with_deviations(tmp_path)
+    assert "## Deviations from the registration" in (tmp_path / "README.md").read_text()
+    (d / "meta.json").write_text(json.dumps({**meta, "agent": "agents/mspacman-seed1.json"}))   # another agent
     other = A.write_readme(tmp_path).read_text()
-    assert readme in other and "Not run yet" not in other and "summary.md" not in other
+    assert "Not run yet" not in other and "summary.md" not in other
     assert "re-run on one more agent" in other and "agents_analysis" in other
+    A.write_readme_with_deviations(tmp_path)
+    tail = (tmp_path / "README.md").read_text()
+    assert "agents_deviations.md" in tail and "## Deviations from the registration" not in tail
 
 
 # ------------------------------------------------------------------ cost
