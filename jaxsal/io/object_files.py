@@ -153,6 +153,13 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
         except (zipfile.BadZipFile, zlib.error, EOFError) as e:  # a member's bytes damaged (CRC, deflate)
             raise SaliencyInputError(f"objects file {p} is corrupt ({str(e).splitlines()[0]}); copy it again or "
                                      f"record the boxes again: {RECORD_HINT}") from None
+        from jaxsal.io.store import bytes_after
+
+        arrays = {"boxes": boxes, "labels": labels, "classes": classes, "size": size}
+        extra = bytes_after(z.zip, {k: a for k, a in arrays.items() if k in z.files})
+        if extra:  # np.load reads the header's array and drops the rest: boxes of frames appended, silently
+            raise SaliencyInputError(f"objects file {p} is corrupt ({extra}, past the shape its header declares); "
+                                     f"copy it again or record the boxes again: {RECORD_HINT}")
     if size.shape != (2,) or not np.issubdtype(size.dtype, np.integer) or not ((size >= 1) & (size <= 4096)).all():
         raise SaliencyInputError(f"objects file {p}: size must be the frame's (height, width), 2 integers from 1 to "
                                  f"4096, got {size.dtype} {size.tolist() if size.size <= 4 else size.shape}")

@@ -170,8 +170,11 @@ class NpySource:
         _check_stack_shape(shape, dtype, str(path))
         self._shape, self._dtype = tuple(shape), dtype
         self._row = int(np.prod(shape[1:])) * dtype.itemsize
-        if Path(path).stat().st_size < self._offset + self._shape[0] * self._row:
+        size, want = Path(path).stat().st_size, self._offset + self._shape[0] * self._row
+        if size < want:
             raise SaliencyInputError(f"{path}: file is truncated (header says {self._shape[0]} frames)")
+        if size > want:  # frames appended without a new header (np.load would drop them silently)
+            raise SaliencyInputError(_after_frames(path, size - want, self._shape, "np.save(path, frames)"))
 
     def __len__(self):
         return self._shape[0]
@@ -197,6 +200,12 @@ class NpySource:
 
     def describe(self) -> dict:
         return {"kind": "npy", "path": self.path}
+
+
+def _after_frames(what, extra: int, shape, fix: str) -> str:
+    """The error for bytes past the frames a header declares: appended frames would be dropped silently."""
+    return (f"{what}: {extra} bytes after the {shape[0]} frames its header declares (shape {tuple(shape)}): frames "
+            f"appended without a new header, or a corrupt file; save the frames again with {fix}")
 
 
 def _open_npy(path: Path) -> NpySource:
@@ -235,6 +244,10 @@ class NpzSource:
             raise SaliencyInputError(f"{path}: member {self._member!r} is truncated: its header says {self._shape[0]} "
                                      f"frames but it holds {held}; the file is corrupt, save the frames again with "
                                      f"np.savez(path, {key}=frames)")
+        extra = self._zip.getinfo(self._member).file_size - self._offset - self._shape[0] * self._row
+        if extra > 0:
+            raise SaliencyInputError(_after_frames(f"{path}[{key!r}]", extra, self._shape,
+                                                   f"np.savez(path, {key}=frames)"))
         self._actions = None
         if ACTIONS_KEY + ".npy" in members:
             self.actions = self._read_actions  # present only then: q_action checks hasattr(source, "actions")
@@ -254,6 +267,7 @@ class NpzSource:
                 shape, dtype, _ = _npy_header(f, what)
                 # the data are read only for the shape wanted: a header can claim any size
                 raw = f.read(n * dtype.itemsize) if tuple(shape) == (n,) else None
+                extra = raw is not None and len(raw) == n * dtype.itemsize and f.read(1)
         except SaliencyInputError:
             raise
         except Exception as e:
@@ -262,6 +276,8 @@ class NpzSource:
             raise SaliencyInputError(f"{what} has shape {tuple(shape)} but {self.key!r} has {n} frame stacks: {fix}")
         if len(raw) != n * dtype.itemsize:
             raise SaliencyInputError(f"{what}: file is truncated; {fix}")
+        if extra:
+            raise SaliencyInputError(f"{what}: data after its {n} actions (the header and the bytes disagree); {fix}")
         a = np.frombuffer(raw, dtype)
         if not np.issubdtype(a.dtype, np.integer):
             raise SaliencyInputError(f"{what} has dtype {a.dtype}, not integers: {fix}")
@@ -715,6 +731,10 @@ class DopamineCheckpoint:
         if held < self._shape[0]:
             raise SaliencyInputError(f"{self.path} is truncated: its header says {self._shape[0]} frames but it holds "
                                      f"{held}; nothing was explained: {CRAFTED}")
+        extra = total - self._offset - self._shape[0] * self._row
+        if extra:
+            raise SaliencyInputError(f"{self.path}: {extra} bytes after the {self._shape[0]} frames its header "
+                                     f"declares; nothing was explained: {CRAFTED}")
         _VERIFIED[key] = True
 
     def fingerprint(self) -> str:

@@ -308,6 +308,19 @@ def check_short_chunk(path: Path, out, n: int, chunk: int, held: set, rows: int)
             "chunk and rerun the same `jaxsal explain` command")
 
 
+def bytes_after(zf: zipfile.ZipFile, arrays: dict) -> str | None:
+    """What is wrong when a member holds bytes past the array its header declares (np.load ignores them),
+    or None."""
+    for k, a in arrays.items():
+        with zf.open(f"{k}.npy") as f:
+            version = np.lib.format.read_magic(f)
+            (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)
+            extra = zf.getinfo(f"{k}.npy").file_size - f.tell() - a.nbytes
+        if extra > 0:
+            return f"{extra} bytes after array {k!r}"
+    return None
+
+
 def _read_checked_npz(path: Path, check, keys=None, layout=None) -> dict:
     """The arrays of one result chunk (.npz; only `keys` where given) and `check(arrays)`, which says what is
     wrong or None: a truncated, emptied or replaced file is a clear error naming the fix, never a zipfile or
@@ -315,7 +328,7 @@ def _read_checked_npz(path: Path, check, keys=None, layout=None) -> dict:
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in (z.files if keys is None else keys) if k in z.files}
-        why = check(arrays)
+            why = bytes_after(z.zip, arrays) or check(arrays)
     except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, IsADirectoryError) as e:
         why, arrays = brief(e), {}
     if why is not None and layout is not None and arrays:
@@ -700,7 +713,10 @@ class MapArray:
             a, why = None, str(e).splitlines()[0] if str(e) else type(e).__name__
         else:
             why = None
-            if a.ndim not in (3, 4) or a.shape[0] != rows or (want is not None and a.shape[1:] != want[1:]):
+            extra = os.path.getsize(path) - a.offset - a.nbytes
+            if extra > 0:  # np.load maps the header's array and ignores the rest
+                why = f"{extra} bytes after its maps"
+            elif a.ndim not in (3, 4) or a.shape[0] != rows or (want is not None and a.shape[1:] != want[1:]):
                 why = f"shape {a.shape}, not {rows} maps" + (f" of {want[1:]}" if want is not None else "")
             elif not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
                 why = f"dtype {a.dtype}"

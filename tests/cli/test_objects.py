@@ -381,6 +381,17 @@ def test_crafted_objects_files_are_one_clear_error(tmp_path):
     corrupt_member(path, "boxes.npy", nbytes=16, at=0.3)
     with pytest.raises(jaxsal.SaliencyInputError, match="damaged.npz is corrupt"):
         objs.read_objects(path)
+    import zipfile                       # boxes of one more frame after the array its header declares
+    np.savez(path, **good)
+    with zipfile.ZipFile(path) as z:
+        members = {name: z.read(name) for name in z.namelist()}
+    members["boxes.npy"] += np.zeros((1, 4, 2, 4), np.int16).tobytes()
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    assert np.load(path)["boxes"].shape == good["boxes"].shape          # numpy drops them without a word
+    with pytest.raises(jaxsal.SaliencyInputError, match=r"damaged.npz is corrupt \(64 bytes after array 'boxes'"):
+        objs.read_objects(path)
 
 
 def test_an_objects_file_that_is_no_npz_or_names_a_class_twice_is_one_clear_error(tmp_path):

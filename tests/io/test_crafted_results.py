@@ -65,7 +65,29 @@ CASES = {  # name -> (mutate the copied output directory, what the error says)
                                        (o / "_outputs" / "chunk_0000001.npz").mkdir()), "chunk_0000001.npz is corrupt"),
     "outputs of other length": (lambda o: np.savez(o / "_outputs" / "chunk_0000001.npz", **{
         **dict(np.load(o / "_outputs" / "chunk_0000001.npz")), "action": np.zeros(5, np.int64)}), "not 2 rows"),
+    # before: np.load read the header's array and ignored the rest, without a word
+    "map chunk with bytes appended": (lambda o: _append(o / "gradient" / "chunk_0000001.npy"),
+                                      r"chunk_0000001.npy is corrupt \(8 bytes after its maps\)"),
+    "outputs with bytes appended to a member": (lambda o: _append_member(o / "_outputs" / "chunk_0000001.npz"),
+                                                r"chunk_0000001.npz is corrupt \(8 bytes after array"),
 }
+
+
+def _append(path):
+    with open(path, "ab") as f:
+        f.write(bytes(8))
+
+
+def _append_member(path):
+    """The archive rewritten with 8 bytes after the array of its first member (its CRC made to match)."""
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        members = {name: z.read(name) for name in z.namelist()}
+    first = next(iter(members))
+    members[first] += bytes(8)
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -226,3 +226,78 @@ def test_a_dopamine_observation_file_shorter_than_its_header_is_refused_before_a
                  str(tmp_path / "dop"), "--out", str(out), "--quiet", "--chunk", "8"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "is truncated" in err and not out.exists(), err
+
+
+def test_a_dopamine_observation_file_longer_than_its_header_is_refused_before_any_chunk(tmp_path):
+    """Frames past the header's 64 in a well-formed gzip: refused by the verification pass that reads it whole."""
+    import gzip
+
+    from tests._support import crafted_files as C
+    from tests.io.test_readers import write_dopamine
+
+    rng = np.random.default_rng(0)
+    write_dopamine(tmp_path / "dop", 0, rng.integers(0, 255, (64, 10, 10), dtype=np.uint8), np.zeros(64, bool))
+    verify_input(open_source(tmp_path / "dop"))   # as Dopamine writes it: accepted
+    with gzip.open(tmp_path / "dop" / "$store$_observation_ckpt.0.gz", "ab") as f:
+        f.write(rng.integers(0, 255, (3, 10, 10), dtype=np.uint8).tobytes())
+    with pytest.raises(SaliencyInputError, match=r"observation_ckpt\.0\.gz: 300 bytes after the 64 frames its header "
+                                                 r"declares; nothing was explained"):
+        verify_input(open_source(tmp_path / "dop"))
+
+
+def _appended_npy(path, n_declared: int, n_held: int):
+    """A .npy whose header declares n_declared frames followed by n_held frames (a writer that appended
+    frames and never rewrote its header)."""
+    from tests._support.crafted_files import npy_header
+
+    path.write_bytes(npy_header((n_declared, 10, 10, 4), "|u1") + frames(n_held).tobytes())
+    return path
+
+
+@pytest.mark.parametrize("kind", ["npy", "npz", "npz actions"])
+def test_bytes_after_the_declared_frames_are_refused_before_writing(tmp_path, card, kind, capsys):
+    """Frames appended after the header's count: np.load reads the first n_declared and drops the rest
+    without a word; jaxsal refuses the file when it opens it, naming the bytes, before a job writes anything."""
+    from tests._support import crafted_files as C
+
+    if kind == "npy":
+        path = _appended_npy(tmp_path / "appended.npy", 4, 6)
+        assert np.load(path).shape[0] == 4          # what numpy makes of it: two frames gone, silently
+        match = r"appended.npy: 800 bytes after the 4 frames its header declares \(shape \(4, 10, 10, 4\)\)"
+    elif kind == "npz":
+        path = tmp_path / "appended.npz"
+        path.write_bytes(C.zip_bytes({"obs.npy": C.deflated(C.npy_header((4, 10, 10, 4), "|u1")
+                                                            + frames(6).tobytes())}))
+        match = r"appended.npz\['obs'\]: 800 bytes after the 4 frames"
+    else:
+        path = tmp_path / "appended.npz"
+        acts = C.npy_header((4,), "<i8") + np.arange(5, dtype="<i8").tobytes()
+        path.write_bytes(C.zip_bytes({"obs.npy": C.deflated(C.npy_header((4, 10, 10, 4), "|u1")
+                                                            + frames(4).tobytes()),
+                                      "actions.npy": C.deflated(acts)}))
+        match = r"appended.npz\['actions'\]: data after its 4 actions"
+    target = ["--target", "q_action"] if kind == "npz actions" else []
+    if kind != "npz actions":
+        with pytest.raises(SaliencyInputError, match=match):
+            open_source(path)
+    else:
+        with pytest.raises(SaliencyInputError, match=match):
+            open_source(path).actions(0, 4)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["explain", "--agent", str(card), "--methods", "standin_grad", "--input", str(path), "--out",
+                 str(out), "--quiet", "--chunk", "2", *target]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and ("bytes after" in err or "data after" in err) and not out.exists(), err
+
+
+def test_a_file_np_save_wrote_has_nothing_after_its_frames(tmp_path):
+    """The check refuses only bytes past the data: files numpy writes (.npy, .npz stored and deflated,
+    with actions) open as before."""
+    np.save(tmp_path / "a.npy", frames(5))
+    np.savez(tmp_path / "b.npz", obs=frames(5), actions=np.arange(5))
+    np.savez_compressed(tmp_path / "c.npz", obs=frames(5), actions=np.arange(5))
+    for name in ("a.npy", "b.npz", "c.npz"):
+        src = open_source(tmp_path / name)
+        assert np.array_equal(src.read(0, 5), frames(5)), name
+    assert np.array_equal(open_source(tmp_path / "c.npz").actions(0, 5), np.arange(5))
