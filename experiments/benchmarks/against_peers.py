@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsal  # before any JAX computation: turns on XLA:CPU's YNNPACK kernels (library default)
+from experiments.benchmarks.peers.torch_build import CUDA_ON_CPU, build_note, refuse_cuda_on_cpu
 from experiments.common.paths import RESULTS
 
 # the goals of the performance work (issue 45): jaxsal/peer maps/s at every batch
@@ -404,28 +405,18 @@ def machine(torch_threads: int, device: str = "cpu") -> dict:
     return info
 
 
-CUDA_ON_CPU = ("a CUDA build of torch timed on the CPU: its CPU convolutions can run several times slower than the CPU "
-               "build's, so these ratios overstate jaxsal")
-
-
 def torch_build_note(device: str) -> str:
     """'CPU build', 'CUDA x.y build' or, for a CUDA build timed on the CPU, the warning."""
     import torch
-    if torch.version.cuda is None:
-        return "CPU build"
-    return f"CUDA {torch.version.cuda} build" + (f": {CUDA_ON_CPU}" if device == "cpu" else "")
+    return build_note(torch.version.cuda, on_cpu=device == "cpu")
 
 
 def check_torch_build(device: str, allow_cuda_build: bool):
     """Refuse to time a CUDA build of torch on the CPU (the peers would look several times slower
     than they are) unless asked to, in which case every table says so."""
     import torch
-    if device == "cpu" and torch.version.cuda is not None and not allow_cuda_build:
-        raise SystemExit(
-            f"torch {torch.__version__} is a CUDA build (CUDA {torch.version.cuda}); timed on the CPU its "
-            "convolutions can run several times slower than torch's CPU build and the ratios would flatter jaxsal. Install "
-            "the CPU build (pip install torch --index-url https://download.pytorch.org/whl/cpu, or a +cpu wheel "
-            "you have), or pass --allow-cuda-build-on-cpu to time it anyway with every table flagged.")
+    if device == "cpu":
+        refuse_cuda_on_cpu(torch.__version__, torch.version.cuda, allow_cuda_build)
 
 
 def load_note(res: dict) -> str:

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from experiments.benchmarks.peers.torch_build import CUDA_ON_CPU, build_note, refuse_cuda_on_cpu
 from experiments.common.paths import ROOT, RESULTS
 
 OUT = RESULTS / "training"
@@ -82,16 +83,7 @@ def torch_child(updates: int) -> dict:
     s = SETTINGS
     res = run(s["game"], num_envs=s["num_envs"], num_steps=s["rollout"], minibatches=s["minibatches"],
               epochs=s["epochs"], updates=updates)
-    return dict(res, torch_cuda=torch.version.cuda, torch_build=build_note(torch.__version__, torch.version.cuda))
-
-
-CUDA_ON_CPU = ("a CUDA build of torch timed on the CPU: its CPU convolutions can run several times slower than the CPU "
-               "build's, so the ratio overstates jaxsal")
-
-
-def build_note(version: str, cuda) -> str:
-    """'CPU build', or for a CUDA build (timed on the CPU here) the warning."""
-    return "CPU build" if cuda is None else f"CUDA {cuda} build: {CUDA_ON_CPU}"
+    return dict(res, torch_cuda=torch.version.cuda, torch_build=build_note(torch.version.cuda))
 
 
 def torch_build() -> dict:
@@ -101,17 +93,12 @@ def torch_build() -> dict:
     if r.returncode:
         raise SystemExit(f"torch does not import (the reference needs the bench extra):\n{r.stderr[-2000:]}")
     version, cuda = json.loads(r.stdout.strip().splitlines()[-1])
-    return {"torch": version, "torch_cuda": cuda, "torch_build": build_note(version, cuda)}
+    return {"torch": version, "torch_cuda": cuda, "torch_build": build_note(cuda)}
 
 
 def check_torch_build(info: dict, allow_cuda_build: bool):
     """Refuse to time a CUDA build of torch on the CPU unless asked to (then every table says so)."""
-    if info["torch_cuda"] is not None and not allow_cuda_build:
-        raise SystemExit(
-            f"torch {info['torch']} is a CUDA build (CUDA {info['torch_cuda']}); timed on the CPU its convolutions "
-            "can run several times slower than torch's CPU build and the ratio would flatter jaxsal. Install the CPU build "
-            "(pip install torch --index-url https://download.pytorch.org/whl/cpu, or a +cpu wheel you have), "
-            "or pass --allow-cuda-build-on-cpu to time it anyway with the results flagged.")
+    refuse_cuda_on_cpu(info["torch"], info["torch_cuda"], allow_cuda_build)
 
 
 def matmul_peak() -> float:

@@ -15,3 +15,16 @@ def test_only_pqn_agents_with_the_timed_settings_enter():
     assert {"breakout", "pong", "breakout-dddqn"} <= names
     assert not any(n.startswith("minatar") for n in names)      # other network and batch layout
     assert "breakout-split-attention" not in names               # distilled, not trained by PQN
+
+
+def test_a_cuda_build_of_torch_is_refused_and_flagged():
+    """The trainer's reference on a CUDA build of torch (its CPU convolutions several times slower) is refused
+    unless asked for; then its build note and the table's bold warning say so."""
+    import pytest
+
+    with pytest.raises(SystemExit, match=r"torch 2.14.1\+cu130 is a CUDA build.*--allow-cuda-build-on-cpu"):
+        train_speed.check_torch_build({"torch": "2.14.1+cu130", "torch_cuda": "13.0"}, allow_cuda_build=False)
+    train_speed.check_torch_build({"torch": "2.14.1+cu130", "torch_cuda": "13.0"}, allow_cuda_build=True)
+    train_speed.check_torch_build({"torch": "2.13.0+cpu", "torch_cuda": None}, allow_cuda_build=False)
+    assert train_speed.build_note(None) == "CPU build"
+    assert train_speed.build_note("13.0") == f"CUDA 13.0 build: {train_speed.CUDA_ON_CPU}"
