@@ -40,6 +40,9 @@ def write(d):
     np.save(d / "unit.npy", frames(3, size=84).astype(np.float32) / 255.0)
     np.save(d / "complex.npy", frames(3).astype(np.complex64))
     np.save(d / "empty.npy", np.zeros((0, 10, 10, 4), np.uint8))
+    np.save(d / "cut.npy", frames(6))                         # a copy cut off in frame 5
+    (d / "cut.npy").write_bytes((d / "cut.npy").read_bytes()[:-300])
+    (d / "appended.npy").write_bytes(crafted.npy_header((6, 10, 10, 4), "|u1") + frames(8).tobytes())
     np.save(d / "nchw.npy", F.atari_nchw(3))
     np.save(d / "nhwc84.npy", F.atari_nchw(3).transpose(0, 2, 3, 1))
     np.savez_compressed(d / "deflated.npz", obs=frames(48))   # 64 corrupt bytes a third into the member
@@ -90,6 +93,10 @@ def cases(d, card, atari):
                               "--input", str(d / "unit.npy")], "[0, 1]", "* 255"),
         "complex frames": (base + ["--input", str(d / "complex.npy")], "dtype complex64", "uint8"),
         "no states": (base + ["--input", str(d / "empty.npy")], "holds no states", "at least one frame stack"),
+        "truncated frames file": (base + ["--input", str(d / "cut.npy")], "file is truncated",
+                                  "header says 6 frames"),
+        "frames appended after the header": (base + ["--input", str(d / "appended.npy")],
+                                             "800 bytes after the 6 frames its header declares", "np.save"),
         "unknown layer": (base[:4] + ["gradcam", "--quiet", "--option", "gradcam.layer=nosuch"] + ok,
                           "unknown layer 'nosuch'", "available layers: ['conv1'"),
         "layer of another method's name": (base[:4] + ["gradcam", "--quiet", "--option", "gradcam.layer=q"] + ok,
