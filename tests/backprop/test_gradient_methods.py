@@ -104,6 +104,22 @@ def test_integrated_gradients_cubic_reference(rule):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+def test_given_actions_hold_in_every_group_of_the_inner_loop():
+    """target="q_action" with actions that are not the greedy ones: IG (cubic: the closed form above) and
+    SmoothGrad (linear: W_a exactly) explain the given action in every group of steps or samples
+    (batch_size 4 splits 16 steps and 6 samples), never the greedy choice."""
+    greedy = np.asarray(cubic(WL, X)).argmax(-1)
+    acts = (greedy + 1) % A
+    for bs in (None, 4):
+        ig = np.asarray(jaxsal.integrated_gradients(cubic, WL, X, steps=S, target="q_action", actions=acts,
+                                                    batch_size=bs, per_frame=True))
+        want = np.stack([CUBIC_SUMS["riemann_right"] * WL[..., acts[n]] * X[n] ** 3 for n in range(len(X))])
+        np.testing.assert_allclose(ig, want, rtol=1e-4, atol=1e-6)
+        sg = np.asarray(jaxsal.smoothgrad(linear, WL, X, key=jax.random.PRNGKey(0), n_samples=6, target="q_action",
+                                          actions=acts, batch_size=bs, per_frame=True))
+        np.testing.assert_allclose(sg, np.stack([WL[..., k] for k in acts]), rtol=1e-5, atol=1e-6)
+
+
 def test_integrated_gradients_completeness_and_baselines():
     m = ConvHead(kernel=2, stride=2)
     x = obs((3, 8, 8, 2), seed=11, lo=0, hi=1)
