@@ -103,6 +103,7 @@ def test_gaussian_disk_is_zero_outside_its_incremental_box(radius):
     mask's definition (scipy's blur of Greydanus' 5-pixel disk) must be exactly 0 beyond it, or the
     windowed convs would miss part of the perturbation."""
     from scipy.ndimage import gaussian_filter
+
     from jaxsal.perturbation._disk import gaussian_half
 
     n, c = 41, 20
