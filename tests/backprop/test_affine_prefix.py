@@ -89,6 +89,16 @@ def test_no_split_without_a_useful_affine_prefix():
     assert split_affine(lambda q, x: fn(q, x).sum(), p, (H, W, C)) is None  # no batch axis out
 
 
+def test_a_product_or_quotient_of_the_input_ends_the_prefix():
+    """x * x and c / x are not affine in x (only a product with one input-dependent factor, or a quotient
+    by a constant, is): a conv after them is no prefix to split, however affine the rest looks."""
+    fn, p = _flax(Scaled())
+    assert split_affine(lambda q, x: fn(q, x * x / 255.0), p, (H, W, C)) is None
+    assert split_affine(lambda q, x: fn(q, 255.0 / (x + 1.0)), p, (H, W, C)) is None
+    sp = split_affine(lambda q, x: fn(q, x * 2.0 / 3.0), p, (H, W, C))  # constant factors keep it
+    assert sp is not None and sp.costly == 1
+
+
 IG = ("integrated_gradients", {"steps": 5, "baseline": np.full((H, W, C), 40.0, np.float32)})
 IG_GUIDED = ("integrated_gradients", {"steps": 5, "rule": "guided", "baseline": "uniform",
                                       "key": jax.random.PRNGKey(3)})

@@ -104,6 +104,22 @@ def test_integrated_gradients_cubic_reference(rule):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+def test_given_actions_hold_in_every_group_of_the_inner_loop():
+    """target="q_action" with actions that are not the greedy ones: IG (cubic: the closed form above) and
+    SmoothGrad (linear: W_a exactly) explain the given action in every group of steps or samples
+    (batch_size 4 splits 16 steps and 6 samples), never the greedy choice."""
+    greedy = np.asarray(cubic(WL, X)).argmax(-1)
+    acts = (greedy + 1) % A
+    for bs in (None, 4):
+        ig = np.asarray(jaxsal.integrated_gradients(cubic, WL, X, steps=S, target="q_action", actions=acts,
+                                                    batch_size=bs, per_frame=True))
+        want = np.stack([CUBIC_SUMS["riemann_right"] * WL[..., acts[n]] * X[n] ** 3 for n in range(len(X))])
+        np.testing.assert_allclose(ig, want, rtol=1e-4, atol=1e-6)
+        sg = np.asarray(jaxsal.smoothgrad(linear, WL, X, key=jax.random.PRNGKey(0), n_samples=6, target="q_action",
+                                          actions=acts, batch_size=bs, per_frame=True))
+        np.testing.assert_allclose(sg, np.stack([WL[..., k] for k in acts]), rtol=1e-5, atol=1e-6)
+
+
 def test_integrated_gradients_completeness_and_baselines():
     m = ConvHead(kernel=2, stride=2)
     x = obs((3, 8, 8, 2), seed=11, lo=0, hi=1)
@@ -143,6 +159,39 @@ def test_integrated_gradients_blur_baseline_blurs_each_frame_alone(sigma):
     want = np.stack([(X[n] - x0[n]) * WL[..., a[n]] for n in range(len(X))])
     assert np.abs(want).max() > 0
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_integrated_gradients_blur_baseline_of_channel_first_frames():
+    """baseline="blur" on NCHW frames blurs each frame over its own H and W axes, as on NHWC frames (scipy's
+    gaussian_filter, edge mode, 3 sigma): never along the channel axis. Linear model: IG is (x - x0) W_a."""
+    import scipy.ndimage
+
+    def linear_nchw(p, x):
+        return jnp.einsum("nchw,hwca->na", x, p)
+
+    a = np.asarray(linear(WL, X)).argmax(-1)
+    got = np.asarray(jaxsal.integrated_gradients(linear_nchw, WL, np.transpose(X, (0, 3, 1, 2)), layout="NCHW",
+                                                 steps=2, baseline="blur", blur_sigma=1.0, per_frame=True))
+    x0 = scipy.ndimage.gaussian_filter(np.asarray(X, np.float64), (0, 1.0, 1.0, 0), mode="nearest", truncate=3.0)
+    want = np.stack([(X[n] - x0[n]) * WL[..., a[n]] for n in range(len(X))])  # per_frame maps are NHWC
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_integrated_gradients_uniform_baseline_spans_each_states_own_range():
+    """baseline="uniform": x0 = min x + U (max x - min x) per state, U ~ U(0, 1) drawn from
+    fold_in(key, first_index + i) (the combinators' documented draw). Linear model: IG is (x - x0) W_a, so
+    the maps give x0 back; frames in [60, 200] tell min + U (max - min) from U max."""
+    key = jax.random.PRNGKey(11)
+    x = np.random.default_rng(3).uniform(60.0, 200.0, (3, H, W_, C)).astype(np.float32)
+    a = np.asarray(linear(WL, x)).argmax(-1)
+    got = np.asarray(jaxsal.integrated_gradients(linear, WL, x, steps=2, baseline="uniform", key=key,
+                                                 first_index=5, per_frame=True))
+    for n in range(len(x)):
+        u = np.asarray(jax.random.uniform(jax.random.fold_in(key, 5 + n), x.shape[1:]), np.float64)
+        x0 = x[n].min() + u * (x[n].max() - x[n].min())
+        np.testing.assert_allclose(got[n], (x[n] - x0) * WL[..., a[n]], rtol=1e-4,
+                                   atol=1e-5 * np.abs(x[n] * WL[..., a[n]]).max())
 
 
 def test_ig_step_chunking_matches_unchunked():

@@ -24,6 +24,11 @@ def net_flax_relu(x):
     return nn.relu(x @ W1.T) @ W2
 
 
+def net_bare_max_zero_first(x):
+    """max(0, z), the zero as the first operand (a literal there, as jnp.maximum(0.0, z) traces)."""
+    return jnp.maximum(0.0, x @ W1.T) @ W2
+
+
 def reference(x, rule):
     """Backward by hand: R at the hidden ReLU output is W2; rule; then W1^T."""
     z = W1 @ x
@@ -40,7 +45,7 @@ def reference(x, rule):
 X = np.array([[1.0, 0.5, -0.5], [-1.0, 1.0, 0.3], [0.2, -0.7, 1.0]], np.float32)
 
 
-@pytest.mark.parametrize("net", [net_jax_relu, net_bare_max, net_flax_relu])
+@pytest.mark.parametrize("net", [net_jax_relu, net_bare_max, net_bare_max_zero_first, net_flax_relu])
 @pytest.mark.parametrize("rule", ["plain", "guided", "deconvnet"])
 def test_rule_matches_hand_derived_backward(net, rule):
     f = with_rule(net, rule)

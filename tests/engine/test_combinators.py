@@ -31,8 +31,8 @@ def _noisy(x, i, j, sigma):
     return xi + sigma * (xi.max() - xi.min()) * e
 
 
-def _tunnel_reference(method, x, n, sigma, **kw):
-    acts = _greedy(x)
+def _tunnel_reference(method, x, n, sigma, acts=None, **kw):
+    acts = _greedy(x) if acts is None else acts
     out = []
     for i in range(len(x)):
         m = np.stack([np.asarray(getattr(jaxsal, method)(F, PARAMS, _noisy(x, i, j, sigma)[None],
@@ -53,6 +53,19 @@ def test_smoothgrad_of_gradcam_equals_the_loop_over_noise_draws():
     got = jaxsal.explain(F, PARAMS, x, method=jaxsal.noise_tunnel("gradcam", n=5, sigma=0.2), layer="conv2",
                          key=KEY, batch_size=3)
     _close(got, draws.mean(1))
+
+
+def test_each_state_explains_its_own_given_action_in_every_group():
+    """Given actions that differ between states (target q_action), every noisy copy of state i explains
+    action i, in each group of samples (batch_size 2: the clean forward, then a program per group)."""
+    x = _obs()
+    acts = np.array([2, 0, 1])
+    assert (acts != _greedy(x)).any()
+    draws = _tunnel_reference("gradcam", x, 3, 0.2, acts=acts, layer="conv2", target="q_action")
+    for batch_size in (None, 2):
+        got = jaxsal.explain(F, PARAMS, x, method=jaxsal.noise_tunnel("gradcam", n=3, sigma=0.2), layer="conv2",
+                             key=KEY, target="q_action", actions=acts, batch_size=batch_size)
+        _close(got, draws.mean(1))
 
 
 def test_noise_tunnel_of_guided_backprop_squares_each_input_element():

@@ -129,6 +129,19 @@ def test_the_whole_traced_call_is_bfloat16_but_the_greedy_choice(cnn, method):
         assert upsample and all(ins == ("float32", "float32") for _, ins, _ in upsample)
 
 
+def test_an_inner_loop_call_is_bfloat16_in_every_program_but_the_greedy_choice(cnn):
+    """Occlusion in rows of 8 (several groups of patches: the clean forward, a per-chunk program, a step per
+    group, the finalize): the per-chunk program's forward (the clean output every group's scores compare
+    with) is bfloat16 too, as in the one-program call; only the greedy choice's forward is float32."""
+    apply_fn, params, obs = cnn
+    x = jnp.asarray(obs, jnp.float32)
+    low = _products(jax.make_jaxpr(lambda o: jaxsal.explain(apply_fn, params, o, method="occlusion", batch_size=8,
+                                                            precision="bfloat16", **CHEAP["occlusion"]))(x).jaxpr)
+    plain = [p for p in low if p[1] == ("float32", "float32")]
+    assert len(plain) == 4, low  # the greedy choice: 2 convs, 2 matmuls
+    assert len(low) >= 12 and sum(ins == ("bfloat16", "bfloat16") for _, ins, _ in low) == len(low) - 4
+
+
 @pytest.mark.parametrize("method", sorted(CHEAP))
 def test_bfloat16_maps_are_float32_differ_and_correlate(cnn, method):
     a = np.asarray(_maps(cnn, method))

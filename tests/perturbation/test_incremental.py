@@ -84,6 +84,39 @@ def test_run_time_check_reports_a_change_outside_the_box(monkeypatch):
     assert bool(run(params(), (r0 + 2) % 12)[1])  # a box that does not cover the change
 
 
+def test_run_time_check_sees_a_change_one_pixel_past_the_box(monkeypatch):
+    """The box is [r0, r0 + bh) x [c0, c0 + bw): a change on its last row and column is no leak, one a
+    pixel past any of its four sides is."""
+    from jaxsal.perturbation import _incremental
+    monkeypatch.setattr(_incremental, "proven_local", lambda *a, **k: [False, False])
+    x = jnp.asarray(OBS[:1], jnp.float32)
+    r0, c0 = jnp.array([4]), jnp.array([5])
+    run = jax.jit(lambda p, xp: incremental_apply(MODEL.apply, p, x, xp, r0, c0, (2, 2), (12, 12))[1])
+    for (i, j), leak in [((5, 6), False), ((4, 5), False), ((6, 6), True), ((5, 7), True), ((3, 5), True),
+                         ((4, 4), True)]:
+        assert bool(run(params(), x.at[0, i, j, 0].add(80.0))) == leak, (i, j)
+
+
+@pytest.mark.parametrize("radius", [0.5, 1.0, 2.0, 3.0])
+def test_gaussian_disk_is_zero_outside_its_incremental_box(radius):
+    """Noise sensitivity's incremental box spans gaussian_half(radius) pixels each side of the centre: the
+    mask's definition (scipy's blur of Greydanus' 5-pixel disk) must be exactly 0 beyond it, or the
+    windowed convs would miss part of the perturbation."""
+    from scipy.ndimage import gaussian_filter
+
+    from jaxsal.perturbation._disk import gaussian_half
+
+    n, c = 41, 20
+    disk = np.zeros((n, n))
+    for di, dj in ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)):
+        disk[c + di, c + dj] = 1.0
+    mask = gaussian_filter(disk, radius, mode="reflect")
+    half = gaussian_half(radius)
+    inside = np.zeros((n, n), bool)
+    inside[c - half:c + half + 1, c - half:c + half + 1] = True
+    assert np.all(mask[~inside] == 0) and mask[inside].min() >= 0 and mask[c, c] > 0
+
+
 class Skip(nn.Module):
     """Local everywhere except an input mean added after the first conv (proven at conv 1 only
     when `skip` is off)."""

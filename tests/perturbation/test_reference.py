@@ -50,6 +50,40 @@ def test_occlusion_matches_reference(patch, stride, fill, score):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
 
 
+def test_occlusion_mean_fill_is_each_states_mean_per_stacked_frame():
+    """fill="mean": the patch takes the state's own mean of each stacked frame (one value per channel),
+    not a mean over the frames together or over the batch."""
+    obs = tiny_obs(2, seed=6)
+    obs[1, ..., 1] //= 4  # frames of different brightness, states of different means
+    got = np.asarray(occlusion(tiny_apply, P, obs, patch=3, stride=3, fill="mean", score="drop", return_grid=True))
+    for i, x in enumerate(obs.astype(np.float64)):
+        want = ref_occlusion(x[None], 3, 3, x.mean((0, 1)), "drop")[0]
+        np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_output_l2_sums_every_output_leaf():
+    """score="output_l2" is 1/2 ||f(x) - f(x')||^2 over the whole output: every leaf of a dict output."""
+    def two_heads(p, x):
+        q = tiny_apply(p, x)
+        return {"q": q, "value": jax.numpy.tanh(q).sum(-1) * 5.0}
+
+    def heads(x):
+        qq = q(x)
+        return np.concatenate([qq, [np.tanh(qq).sum() * 5.0]])
+
+    obs = tiny_obs(2, seed=1)
+    got = np.asarray(occlusion(two_heads, P, obs, patch=4, stride=4, score="output_l2", return_grid=True))
+    for i, x in enumerate(obs.astype(np.float64)):
+        h0 = heads(x)
+        want = np.zeros((3, 3))
+        for gi in range(3):
+            for gj in range(3):
+                xp = x.copy()
+                xp[4 * gi:4 * gi + 4, 4 * gj:4 * gj + 4] = 0.0
+                want[gi, gj] = 0.5 * np.sum((h0 - heads(xp)) ** 2)
+        np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-6)
+
+
 def test_grid_upsampling_is_bilinear_half_pixel():
     g = np.random.default_rng(1).random((2, 6, 6)).astype(np.float32)
     got = np.asarray(upsample_grid(g, (12, 12)))
