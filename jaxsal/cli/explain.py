@@ -188,20 +188,23 @@ def _take_back(out: Path, before):
     """After a failed start: remove what this run created under `out` (the directory too when this run
     created it), unless the run finished a chunk (then everything stays, and a rerun resumes).
     Nothing that was there before is touched."""
+    from jaxsal.io import store
+
     if not out.is_dir():
         return
-    new = [p for p in out.rglob("*") if before is None or p not in before]
-    if any(p.name.startswith("chunk_") and p.is_file() for p in new):
-        return
     try:
-        for p in sorted(new, key=lambda q: len(q.parts), reverse=True):
-            if p.is_dir() and not p.is_symlink():
-                p.rmdir()  # only empty directories: everything in them is new too
-            else:
-                p.unlink()
-        if before is None:
-            out.rmdir()
-    except OSError:
+        with store.job_lock(out):  # another job writing here now: what is new may be its files
+            new = [p for p in out.rglob("*") if before is None or p not in before]
+            if any(p.name.startswith("chunk_") and p.is_file() for p in new):
+                return
+            for p in sorted(new, key=lambda q: len(q.parts), reverse=True):
+                if p.is_dir() and not p.is_symlink():
+                    p.rmdir()  # only empty directories: everything in them is new too
+                else:
+                    p.unlink()
+            if before is None:
+                out.rmdir()
+    except (OSError, store.JobBusyError):
         pass  # best effort: the error being reported matters more
 
 

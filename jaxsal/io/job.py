@@ -237,192 +237,194 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             for a in range(a0, b0 if whole else min(b0, a0 + chunk), chunk):
                 b = min(b0, a + chunk)
                 _check_values(np.asarray(source.read(a, b)), pixels, a, b, prefix_nan=False)
-    manifest = store.open_job(out, config, meta)
-    for s in specs:  # each method's directory describes itself too
-        store.write_method_meta(out, s.alias, manifest)
-    if objects is not None:
-        from jaxsal.io import object_files as objs
-
-        objs.write_meta(out, objects, store_maps)
-
-    def method_done(alias, i):
-        """A method's chunk is done when everything it stores for the chunk exists."""
-        return ((not store_maps or store.chunk_path(out, alias, i).exists())
-                and (objects is None or objs.objects_path(out, alias, i).exists()))
-
-    effects = objects is not None and objects.effects
-
-    def effects_done(i):
-        return not effects or objs.effects_path(out, i).exists()
-
-    if num_processes == 1:  # nobody else writes here: drop temp files left by a killed run
-        for s in specs:
-            for tmp in (out / s.alias).glob(".chunk_*.tmp") if (out / s.alias).exists() else ():
-                tmp.unlink(missing_ok=True)
+    with store.job_lock(out, shared=num_processes > 1):  # one job writes here at a time (its processes together)
+        manifest = store.open_job(out, config, meta)
+        for s in specs:  # each method's directory describes itself too
+            store.write_method_meta(out, s.alias, manifest)
         if objects is not None:
-            objs.drop_temp_files(out, [s.alias for s in specs])
-    n_chunks = -(-n // chunk)
-    mine = [i for i in range(n_chunks) if i % num_processes == process_id]
-    rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
-    todo = [i for i in mine if any(not method_done(s.alias, i) for s in specs)
-            or not store.outputs_done(out, i) or not effects_done(i)]
-    total = sum(rows(i) for i in mine)
-    done_before = total - sum(rows(i) for i in todo)
+            from jaxsal.io import object_files as objs
 
-    key = jax.random.PRNGKey(seed)
-    use_actions = target == "q_action"
-    base = {s.alias: _explain_args(s, target, layout, key, batch_size, precision) for s in specs}
+            objs.write_meta(out, objects, store_maps)
 
-    # every chunk is padded to the same rows (one compiled executable for all), a multiple of
-    # the local devices, and lands on them already split along the batch axis
-    pad_to = sizing.device_multiple(min(chunk, n))
-    sharding = batch_sharding()
+        def method_done(alias, i):
+            """A method's chunk is done when everything it stores for the chunk exists."""
+            return ((not store_maps or store.chunk_path(out, alias, i).exists())
+                    and (objects is None or objs.objects_path(out, alias, i).exists()))
 
-    def load(i):
-        x = np.asarray(source.read(i * chunk, i * chunk + rows(i)))
-        if i * chunk + rows(i) > scanned:  # beyond the up-front scan: checked before its outputs exist
-            _check_values(x, pixels, i * chunk, i * chunk + rows(i))
-        x = pad_rows(x, pad_to)
-        acts = pad_rows(np.asarray(source.actions(i * chunk, i * chunk + rows(i))), pad_to) if use_actions else None
-        return i, rows(i), (jax.device_put(x) if sharding is None else jax.device_put(x, sharding)), acts
+        effects = objects is not None and objects.effects
 
-    def save(item):
-        i, results, outputs, chunk_effects = item
-        if chunk_effects is not None and not objs.effects_path(out, i).exists():
-            objs.write_effects(out, i, chunk_effects)
-        for alias, maps, shares in results:
-            if maps is not None and not store.chunk_path(out, alias, i).exists():
-                store.write_chunk(out, alias, i, maps)
-            if shares is not None and not objs.objects_path(out, alias, i).exists():
-                objs.write_shares(out, alias, i, shares)
-        if not store.outputs_done(out, i):  # also rewrites a chunk an older jaxsal wrote without "index"
-            store.write_outputs(out, i, outputs)
+        def effects_done(i):
+            return not effects or objs.effects_path(out, i).exists()
 
-    seconds = {s.alias: 0.0 for s in specs}
-    shared: dict = {}  # alias -> the aliases computed together with it (one backward per chunk)
-    first_chunk_s: dict = {}
-    reader_q: queue.Queue = queue.Queue(maxsize=2)
-    reader_err: list = []
+        if num_processes == 1:  # nobody else writes here: drop temp files left by a killed run
+            for s in specs:
+                for tmp in (out / s.alias).glob(".chunk_*.tmp") if (out / s.alias).exists() else ():
+                    tmp.unlink(missing_ok=True)
+            if objects is not None:
+                objs.drop_temp_files(out, [s.alias for s in specs])
+        n_chunks = -(-n // chunk)
+        mine = [i for i in range(n_chunks) if i % num_processes == process_id]
+        rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
+        todo = [i for i in mine if any(not method_done(s.alias, i) for s in specs)
+                or not store.outputs_done(out, i) or not effects_done(i)]
+        total = sum(rows(i) for i in mine)
+        done_before = total - sum(rows(i) for i in todo)
 
-    stop = threading.Event()
+        key = jax.random.PRNGKey(seed)
+        use_actions = target == "q_action"
+        base = {s.alias: _explain_args(s, target, layout, key, batch_size, precision) for s in specs}
 
-    def offer(item):
-        while not stop.is_set():
-            try:
-                reader_q.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+        # every chunk is padded to the same rows (one compiled executable for all), a multiple of
+        # the local devices, and lands on them already split along the batch axis
+        pad_to = sizing.device_multiple(min(chunk, n))
+        sharding = batch_sharding()
 
-    def reader():
-        try:
-            for i in todo:
-                if not offer(load(i)):
-                    return
-        except BaseException as e:
-            reader_err.append(e)
-        offer(None)
+        def load(i):
+            x = np.asarray(source.read(i * chunk, i * chunk + rows(i)))
+            if i * chunk + rows(i) > scanned:  # beyond the up-front scan: checked before its outputs exist
+                _check_values(x, pixels, i * chunk, i * chunk + rows(i))
+            x = pad_rows(x, pad_to)
+            acts = pad_rows(np.asarray(source.actions(i * chunk, i * chunk + rows(i))), pad_to) if use_actions else None
+            return i, rows(i), (jax.device_put(x) if sharding is None else jax.device_put(x, sharding)), acts
 
-    writer = _Worker(save)
-    writer.start()
-    threading.Thread(target=reader, daemon=True).start()
-    bar = _progress(total, done_before, quiet)
-    computed = 0
-    effects_s = 0.0
-    try:
-        while True:
-            item = reader_q.get()
-            if item is None:
-                break
-            i, m, x, acts = item
-            results, engine_out = [], None
-            # each chunk's states keep their positions in the input (first_index): per-state draws
-            # (SmoothGrad's noise) are those of one call on the whole input, whatever --chunk is
-            calls = {a: (meth, common if acts is None else dict(common, actions=acts),
-                         dict(own, first_index=own["first_index"] + i * chunk) if "first_index" in own else own)
-                     for a, (meth, common, own) in base.items()}
-            groups = share_groups(calls)  # the same every chunk: it depends on the settings only
-            for group in groups:
-                # a group with any chunk missing is computed whole, so a resumed job writes
-                # what an uninterrupted one would (the same computation, not a smaller one)
-                if all(method_done(a, i) for a in group):
+        def save(item):
+            i, results, outputs, chunk_effects = item
+            if chunk_effects is not None and not objs.effects_path(out, i).exists():
+                objs.write_effects(out, i, chunk_effects)
+            for alias, maps, shares in results:
+                if maps is not None and not store.chunk_path(out, alias, i).exists():
+                    store.write_chunk(out, alias, i, maps)
+                if shares is not None and not objs.objects_path(out, alias, i).exists():
+                    objs.write_shares(out, alias, i, shares)
+            if not store.outputs_done(out, i):  # also rewrites a chunk an older jaxsal wrote without "index"
+                store.write_outputs(out, i, outputs)
+
+        seconds = {s.alias: 0.0 for s in specs}
+        shared: dict = {}  # alias -> the aliases computed together with it (one backward per chunk)
+        first_chunk_s: dict = {}
+        reader_q: queue.Queue = queue.Queue(maxsize=2)
+        reader_err: list = []
+
+        stop = threading.Event()
+
+        def offer(item):
+            while not stop.is_set():
+                try:
+                    reader_q.put(item, timeout=0.2)
+                    return True
+                except queue.Full:
                     continue
-                ts = time.perf_counter()
-                # the stored actions and outputs come from the first group that explains the job's
-                # target and actions: what its clean forward gave (the job runs no forward of its own)
-                want = engine_out is None and all(calls[a][1]["target"] == target and calls[a][1]["actions"] is acts
-                                                  for a in group)
-                try:
-                    with checks.values_checked():  # once per chunk, when it was read
-                        maps, got = explain_group(apply_fn, params, x, calls, group, outputs=True) if want \
-                            else (explain_group(apply_fn, params, x, calls, group), None)
-                    engine_out = engine_out if got is None else got
-                    for a in group:
-                        shares = None if objects is None else objs.chunk_shares(
-                            maps[a], objects.boxes[i * chunk:i * chunk + m], m)  # from the float32 maps
-                        results.append((a, np.asarray(maps[a][:m]).astype(dtype) if store_maps else None,
-                                        shares))
-                except SaliencyInputError as e:  # say which frames, keep it one line
-                    raise SaliencyInputError(f"{'+'.join(group)}, frames {i * chunk}:{i * chunk + m}: {e}") from None
-                took = time.perf_counter() - ts
-                for a in group:  # each method of a group took the group's time
-                    seconds[a] += took
-                    if not first_chunk_s.get(a):
-                        first_chunk_s[a] = (m, took)  # includes compilation
-                shared.update({a: list(group) for a in group if len(group) > 1})
-            chunk_effects = None
-            if effects and not effects_done(i):
-                ts = time.perf_counter()
-                try:
+            return False
+
+        def reader():
+            try:
+                for i in todo:
+                    if not offer(load(i)):
+                        return
+            except BaseException as e:
+                reader_err.append(e)
+            offer(None)
+
+        writer = _Worker(save)
+        writer.start()
+        threading.Thread(target=reader, daemon=True).start()
+        bar = _progress(total, done_before, quiet)
+        computed = 0
+        effects_s = 0.0
+        try:
+            while True:
+                item = reader_q.get()
+                if item is None:
+                    break
+                i, m, x, acts = item
+                results, engine_out = [], None
+                # each chunk's states keep their positions in the input (first_index): per-state draws
+                # (SmoothGrad's noise) are those of one call on the whole input, whatever --chunk is
+                calls = {a: (meth, common if acts is None else dict(common, actions=acts),
+                             dict(own, first_index=own["first_index"] + i * chunk) if "first_index" in own else own)
+                         for a, (meth, common, own) in base.items()}
+                groups = share_groups(calls)  # the same every chunk: it depends on the settings only
+                for group in groups:
+                    # a group with any chunk missing is computed whole, so a resumed job writes
+                    # what an uninterrupted one would (the same computation, not a smaller one)
+                    if all(method_done(a, i) for a in group):
+                        continue
+                    ts = time.perf_counter()
+                    # the stored actions and outputs come from the first group that explains the job's
+                    # target and actions: what its clean forward gave (the job runs no forward of its own)
+                    want = engine_out is None and all(calls[a][1]["target"] == target and calls[a][1]["actions"] is acts
+                                                      for a in group)
+                    try:
+                        with checks.values_checked():  # once per chunk, when it was read
+                            maps, got = explain_group(apply_fn, params, x, calls, group, outputs=True) if want \
+                                else (explain_group(apply_fn, params, x, calls, group), None)
+                        engine_out = engine_out if got is None else got
+                        for a in group:
+                            shares = None if objects is None else objs.chunk_shares(
+                                maps[a], objects.boxes[i * chunk:i * chunk + m], m)  # from the float32 maps
+                            results.append((a, np.asarray(maps[a][:m]).astype(dtype) if store_maps else None,
+                                            shares))
+                    except SaliencyInputError as e:  # say which frames, keep it one line
+                        raise SaliencyInputError(
+                            f"{'+'.join(group)}, frames {i * chunk}:{i * chunk + m}: {e}") from None
+                    took = time.perf_counter() - ts
+                    for a in group:  # each method of a group took the group's time
+                        seconds[a] += took
+                        if not first_chunk_s.get(a):
+                            first_chunk_s[a] = (m, took)  # includes compilation
+                    shared.update({a: list(group) for a in group if len(group) > 1})
+                chunk_effects = None
+                if effects and not effects_done(i):
+                    ts = time.perf_counter()
+                    try:
+                        with checks.values_checked():
+                            chunk_effects = objs.chunk_effects(
+                                apply_fn, params, x, objects.boxes[i * chunk:i * chunk + m], m, target,
+                                actions=acts, layout=layout, batch_size=batch_size)
+                    except SaliencyInputError as e:
+                        raise SaliencyInputError(f"object effects, frames {i * chunk}:{i * chunk + m}: {e}") from None
+                    effects_s += time.perf_counter() - ts
+                if engine_out is None:  # no group ran on the engine (or all were done): its forward alone
                     with checks.values_checked():
-                        chunk_effects = objs.chunk_effects(
-                            apply_fn, params, x, objects.boxes[i * chunk:i * chunk + m], m, target,
-                            actions=acts, layout=layout, batch_size=batch_size)
-                except SaliencyInputError as e:
-                    raise SaliencyInputError(f"object effects, frames {i * chunk}:{i * chunk + m}: {e}") from None
-                effects_s += time.perf_counter() - ts
-            if engine_out is None:  # no group ran on the engine (or all were done): its forward alone
-                with checks.values_checked():
-                    _, engine_out = run_engine([], apply_fn, params, x, target=target, actions=acts,
-                                               layout=layout, batch_size=batch_size, outputs=True)
-            outputs = stored_outputs(engine_out, target, acts is not None, m)
-            outputs.update(row_ids(source, i * chunk, i * chunk + m))  # which state of the input each row is
-            writer.put((i, results, outputs, chunk_effects))
-            computed += m
+                        _, engine_out = run_engine([], apply_fn, params, x, target=target, actions=acts,
+                                                   layout=layout, batch_size=batch_size, outputs=True)
+                outputs = stored_outputs(engine_out, target, acts is not None, m)
+                outputs.update(row_ids(source, i * chunk, i * chunk + m))  # which state of the input each row is
+                writer.put((i, results, outputs, chunk_effects))
+                computed += m
+                if bar is not None:
+                    bar.update(m)
+            if reader_err:
+                if isinstance(reader_err[0], SaliencyInputError):  # the input failed while being read: the chunks
+                    store.mark_input_failed(out, str(reader_err[0]))  # already written are never served as complete
+                raise reader_err[0]
+        finally:
+            stop.set()  # the reader stops; the writer still saves every chunk already computed
+            writer.q.put(None)
+            writer.join()
             if bar is not None:
-                bar.update(m)
-        if reader_err:
-            if isinstance(reader_err[0], SaliencyInputError):  # the input failed while being read: the chunks
-                store.mark_input_failed(out, str(reader_err[0]))  # already written are never served as complete
-            raise reader_err[0]
-    finally:
-        stop.set()  # the reader stops; the writer still saves every chunk already computed
-        writer.q.put(None)
-        writer.join()
-        if bar is not None:
-            bar.close()
-    if writer.error is not None:
-        raise writer.error
-    wall = time.perf_counter() - t0
-    complete = all(method_done(s.alias, i) for s in specs for i in range(n_chunks)) and all(
-        store.outputs_done(out, i) and effects_done(i) for i in range(n_chunks))
-    summary = {
-        "frames": n, "frames_this_process": total, "frames_computed": computed,
-        "frames_resumed": done_before, "wall_s": round(wall, 3),
-        "maps_per_s": {a: (round(computed / t, 2) if t > 0 and computed else None) for a, t in seconds.items()},
-        "maps_per_s_after_compile": {
-            a: (round((computed - first_chunk_s[a][0]) / (t - first_chunk_s[a][1]), 2)
-                if a in first_chunk_s and computed > first_chunk_s[a][0] and t > first_chunk_s[a][1] else None)
-            for a, t in seconds.items()},
-        "computed_together": sorted({tuple(g) for g in shared.values()}),
-        **({"effects_s": round(effects_s, 3)} if effects else {}),
-        "out": str(out.absolute()), "complete": complete, "process_id": process_id,
-        "num_processes": num_processes, "devices": jax.local_device_count(),
-    }
-    if todo or not (out / f"summary-p{process_id}.json").exists():  # nothing to do: write nothing (read-only ok)
-        store.atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
-    return summary
+                bar.close()
+        if writer.error is not None:
+            raise writer.error
+        wall = time.perf_counter() - t0
+        complete = all(method_done(s.alias, i) for s in specs for i in range(n_chunks)) and all(
+            store.outputs_done(out, i) and effects_done(i) for i in range(n_chunks))
+        summary = {
+            "frames": n, "frames_this_process": total, "frames_computed": computed,
+            "frames_resumed": done_before, "wall_s": round(wall, 3),
+            "maps_per_s": {a: (round(computed / t, 2) if t > 0 and computed else None) for a, t in seconds.items()},
+            "maps_per_s_after_compile": {
+                a: (round((computed - first_chunk_s[a][0]) / (t - first_chunk_s[a][1]), 2)
+                    if a in first_chunk_s and computed > first_chunk_s[a][0] and t > first_chunk_s[a][1] else None)
+                for a, t in seconds.items()},
+            "computed_together": sorted({tuple(g) for g in shared.values()}),
+            **({"effects_s": round(effects_s, 3)} if effects else {}),
+            "out": str(out.absolute()), "complete": complete, "process_id": process_id,
+            "num_processes": num_processes, "devices": jax.local_device_count(),
+        }
+        if todo or not (out / f"summary-p{process_id}.json").exists():  # nothing to do: write nothing (read-only ok)
+            store.atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
+        return summary
 
 
 def _explain_args(spec: MethodSpec, target, layout, key, batch_size, precision) -> tuple:

@@ -8,7 +8,9 @@ into the same directory is refused instead of mixing results.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import itertools
 import json
 import os
@@ -309,8 +311,15 @@ def check_short_chunk(path: Path, out, n: int, chunk: int, held: set, rows: int)
 
 
 def bytes_after(zf: zipfile.ZipFile, arrays: dict) -> str | None:
-    """What is wrong when a member holds bytes past the array its header declares (np.load ignores them),
-    or None."""
+    """What is wrong when a member holds bytes past the array its header declares (np.load ignores them).
+
+    Args:
+        zf (zipfile.ZipFile): the open .npz archive.
+        arrays (dict): the arrays read from it, by member name without ".npy".
+
+    Returns:
+        str | None: "N bytes after array 'k'" for the first such member, else None.
+    """
     for k, a in arrays.items():
         with zf.open(f"{k}.npy") as f:
             version = np.lib.format.read_magic(f)
@@ -388,6 +397,54 @@ def finished_frames(out, methods) -> np.ndarray:
     return ok
 
 
+def _make_out(out: Path) -> None:
+    """The output directory, created where missing; a path through a file is one clear error."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise SaliencyInputError(f"output {out} exists and is not a directory") from None
+    except NotADirectoryError:
+        raise SaliencyInputError(f"cannot create output {out}: part of its path is a file") from None
+
+
+class JobBusyError(SaliencyInputError):
+    """Another job is writing the same output directory now."""
+
+
+@contextlib.contextmanager
+def job_lock(out, shared: bool = False):
+    """Hold the output directory for one job while it writes, so that a second job on it is refused.
+
+    An advisory lock on the directory, released when the job ends or its process dies (a killed job
+    resumes as before). A second job there while the first runs would compute the same chunks again
+    and delete the first's temporary files. The processes of one multi-process job (each writing its
+    own chunks) hold it together (`shared`).
+
+    Args:
+        out (str | os.PathLike): the job's output directory (created if missing).
+        shared (bool): take the lock shared (a multi-process job) instead of exclusive.
+
+    Returns:
+        contextlib.AbstractContextManager: held while the `with` block runs.
+
+    Raises:
+        jaxsal.io.store.JobBusyError: another job holds the directory.
+    """
+    out = Path(out)
+    _make_out(out)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JobBusyError(f"another jaxsal job is writing {out} now: wait for it to end (or stop it) and rerun "
+                           "the same command to resume, or choose another --out") from None
+    try:
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def open_job(out, config: dict, meta: dict) -> dict:
     """Create the output directory and its manifest, or check an existing one was made by the
     same job (so a rerun resumes and never mixes results of two configurations).
@@ -412,12 +469,7 @@ def open_job(out, config: dict, meta: dict) -> dict:
     """
     out = Path(out)
     check_input_ok(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise SaliencyInputError(f"output {out} exists and is not a directory") from None
-    except NotADirectoryError:
-        raise SaliencyInputError(f"cannot create output {out}: part of its path is a file") from None
+    _make_out(out)
     path = out / MANIFEST
     if not path.exists():
         if any(p.name != "input" for p in out.iterdir()):  # input/: a saved --play rollout
