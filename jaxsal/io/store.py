@@ -439,6 +439,8 @@ def job_lock(out, shared: bool = False):
         os.close(fd)
         raise JobBusyError(f"another jaxsal job is writing {out} now: wait for it to end (or stop it) and rerun "
                            "the same command to resume, or choose another --out") from None
+    except OSError:  # a filesystem without locks (ENOLCK on some network mounts): the job runs unguarded
+        pass
     try:
         yield
     finally:

@@ -68,3 +68,17 @@ def test_a_second_job_while_the_first_runs_is_refused_and_the_first_ends_as_if_a
     assert got == ref
     assert not list(out.rglob(".chunk_*.tmp"))
     assert files_at_least(16)(out)
+
+
+def test_a_filesystem_without_locks_runs_the_job_unguarded(tmp_path, monkeypatch):
+    """flock failing with ENOLCK (a network mount without a lock manager) must not stop the job."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    out = tmp_path / "out"
+    assert main(_args(tmp_path) + ["--out", str(out)]) == 0
+    assert len(list((out / "standin_grad").glob("chunk_*.npy"))) == 8
