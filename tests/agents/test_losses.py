@@ -120,6 +120,22 @@ def test_ppo_loss_is_the_clipped_surrogate_plus_value_minus_entropy():
     assert float(loss) == pytest.approx(pg + 0.5 * vf - 0.05 * ent, rel=1e-4, abs=1e-5)
 
 
+def test_ppo_acting_gives_the_log_probability_of_the_sampled_action():
+    """The old log-probability the ratio divides by: log softmax(logits)[a] of the action sampled, with the value."""
+    from jaxsal_agents.train_ppo import make_act
+
+    model = build_model("minatar-breakout", "actor_critic", 3)
+    obs = np.random.default_rng(7).integers(0, 2, (64, 10, 10, 4)).astype(np.float32)
+    params = model.init(jax.random.PRNGKey(0), obs[:1])
+    actions, logp, value = (np.asarray(x) for x in make_act(model)(params, obs, jax.random.PRNGKey(1)))
+    out = model.apply(params, obs)
+    logits = np.asarray(out["logits"], np.float64)
+    want = np.take_along_axis(logits - np.log(np.exp(logits).sum(-1, keepdims=True)), actions[:, None], -1)[:, 0]
+    np.testing.assert_allclose(logp, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(value, np.asarray(out["value"]), rtol=1e-6)
+    assert len(set(actions.tolist())) == 3                 # sampled, not argmax
+
+
 def test_dqn_loss_is_the_huber_loss_of_the_taken_actions_q_to_the_double_dqn_target():
     """mean Huber(Q(s, a) - y, delta) over the sampled batch, y = r + gamma (1 - d) Q_target(s', argmax Q(s'));
     rewards large enough that both branches of the Huber loss are used."""

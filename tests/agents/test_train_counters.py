@@ -1,6 +1,7 @@
-"""The trainers' counters on a fake env (no emulator): which update's params the target network holds,
-the first update that learns (learning_starts), and the returns log a resume keeps. Each run's params
-are recorded after every update (the callback) and compared with what the definitions say."""
+"""The trainers' loops on a fake env (no emulator): the rollout an update learns from, which update's
+params the target network holds, the first update that learns (learning_starts), and the returns log a
+resume keeps. Each run's params are recorded after every update (the callback) and compared with what
+the definitions say."""
 import csv
 
 import jax
@@ -65,3 +66,53 @@ def test_dqn_resume_keeps_only_the_games_finished_before_the_checkpoint(tmp_path
     assert _resume_returns(path, 64) == [1.0, 2.0, 3.0]
     with open(path, newline="") as f:
         assert [int(r["step"]) for r in csv.DictReader(f)] == [0, 48, 60]
+
+
+class _Recorded:
+    """A fake env that keeps what it handed out: the observations (reset's first), actions, rewards, dones."""
+
+    def __init__(self, env):
+        self.env, self.num_actions, self.obs_shape = env, env.num_actions, env.obs_shape
+        self.obs, self.actions, self.rewards, self.dones = [], [], [], []
+
+    def reset(self):
+        self.obs.append(self.env.reset())
+        return self.obs[-1]
+
+    def step(self, actions):
+        obs, reward, done, finished = self.env.step(actions)
+        self.obs.append(obs)
+        self.actions.append(np.asarray(actions))
+        self.rewards.append(reward)
+        self.dones.append(done)
+        return obs, reward, done, finished
+
+
+def test_pqn_learns_from_the_states_it_acted_on(tmp_path, monkeypatch):
+    """The first update's rollout is (s_t, a_t, r_t, d_t) for t < T with s_t the observation the action a_t was
+    chosen on (s_0 from reset), r_t and d_t what that step returned, and s_T (the bootstrap) the last one."""
+    from jaxsal_agents import train as P
+
+    made, calls = [], []
+    real = P.make_update
+
+    def spy(model, tx, cfg):
+        update = real(model, tx, cfg)
+        return lambda *args: calls.append([np.asarray(a) for a in args[4:]]) or update(*args)
+
+    def recorded_env(*args, **kw):
+        made.append(_Recorded(env_fn(*args, **kw)))
+        return made[-1]
+
+    monkeypatch.setattr(P, "make_update", spy)
+    cfg = pqn_config(tmp_path, "roll")
+    cfg.steps = 4 * 4 * 1
+    env = env_fn()
+    P.train(cfg, log=lambda m: None, env_fn=recorded_env, model=MinAtarDQN(env.num_actions, env.obs_shape[-1]))
+    (rec,), (args,) = made, calls
+    obs, actions, rewards, dones, q_max, greedy, last_obs = args
+    np.testing.assert_array_equal(obs, np.stack(rec.obs[:4]))
+    np.testing.assert_array_equal(last_obs, rec.obs[4])
+    np.testing.assert_array_equal(actions, np.stack(rec.actions))
+    np.testing.assert_array_equal(rewards, np.stack(rec.rewards))
+    np.testing.assert_array_equal(dones, np.stack(rec.dones))
