@@ -115,6 +115,19 @@ def test_train_state_round_trip(tmp_path):
     np.testing.assert_array_equal(got["params"]["params"]["q"]["bias"], params["params"]["q"]["bias"])
 
 
+def test_restore_takes_the_newest_of_the_kept_checkpoints_past_update_9(tmp_path):
+    """Checkpoints of updates 8, 9 and 10 (two kept): the resume starts at update 10, not at an older one
+    (update 9 sorts before 10 only as a number)."""
+    _, params = _params()
+    for upd in (8, 9, 10):
+        save_train_state(tmp_path / "ckpt", {"params": params, "key": jax.random.PRNGKey(upd), "step": 100 * upd,
+                                             "update": upd}, keep=2)
+    assert len(list((tmp_path / "ckpt").iterdir())) == 2
+    got = restore_train_state(tmp_path / "ckpt", {"params": params, "key": jax.random.PRNGKey(0), "step": 0, "update": 0})
+    assert (got["update"], got["step"]) == (10, 1000)
+    np.testing.assert_array_equal(got["key"], jax.random.PRNGKey(10))
+
+
 def test_unknown_agent_name_lists_shipped():
     with pytest.raises(jaxsal_agents.AgentLoadError, match="unknown agent 'nope'"):
         jaxsal_agents.load("nope")
