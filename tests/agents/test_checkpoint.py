@@ -115,6 +115,19 @@ def test_train_state_round_trip(tmp_path):
     np.testing.assert_array_equal(got["params"]["params"]["q"]["bias"], params["params"]["q"]["bias"])
 
 
+def test_restore_takes_the_newest_of_the_kept_checkpoints_past_update_9(tmp_path):
+    """Checkpoints of updates 8, 9 and 10 (two kept): the resume starts at update 10, not at an older one
+    (update 9 sorts before 10 only as a number)."""
+    _, params = _params()
+    for upd in (8, 9, 10):
+        save_train_state(tmp_path / "ckpt", {"params": params, "key": jax.random.PRNGKey(upd), "step": 100 * upd,
+                                             "update": upd}, keep=2)
+    assert len(list((tmp_path / "ckpt").iterdir())) == 2
+    got = restore_train_state(tmp_path / "ckpt", {"params": params, "key": jax.random.PRNGKey(0), "step": 0, "update": 0})
+    assert (got["update"], got["step"]) == (10, 1000)
+    np.testing.assert_array_equal(got["key"], jax.random.PRNGKey(10))
+
+
 def test_unknown_agent_name_lists_shipped():
     with pytest.raises(jaxsal_agents.AgentLoadError, match="unknown agent 'nope'"):
         jaxsal_agents.load("nope")
@@ -190,3 +203,31 @@ def test_write_card_names_where_the_curve_went(tmp_path):
 
     card = export.write_card({"name": "c"}, out, tmp_path / "no-run", "c")   # no curve: no field
     assert "training_curve" not in card
+
+
+@pytest.mark.parametrize("game,arch,frames_per_step", [
+    ("minatar-breakout", "dqn", 1),
+    pytest.param("breakout", "dueling", 4, marks=pytest.mark.slow)])   # 5-8 s: a Nature CNN exported
+def test_export_run_counts_frames_and_names_the_algorithm_on_the_card(tmp_path, monkeypatch, game, arch,
+                                                                      frames_per_step):
+    """A run's card: a MinAtar env step is one frame, an Atari one four (frame skip 4); the algorithm names the
+    target network and, only for a dueling arch, the dueling head. The evaluation is stubbed (test_evaluate.py)."""
+    import dataclasses
+
+    from jaxsal_agents import export
+    from jaxsal_agents.envs import make_env
+    from jaxsal_agents.train import PQNConfig, initial_state, make_optimizer
+
+    monkeypatch.setattr(export, "evaluate_agent", lambda agent, **kw: {"mean_return": 1.0, "episodes": 2})
+    run = tmp_path / "run"
+    cfg = PQNConfig(game=game, arch=arch, target_every=3, run_dir=str(run))
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    env = make_env(game, 1, train=False)
+    state = initial_state(cfg, build_model(game, arch, env.num_actions), make_optimizer(cfg), env.obs_shape)
+    save_train_state(run / "ckpt", dict(state, step=1000, update=2))
+    card = export.export_run(run, "x", tmp_path / "out", episodes=2)
+    assert card["env_steps_trained"] == 1000 and card["frames_trained"] == 1000 * frames_per_step
+    assert "synced every 3 updates" in card["algorithm"]
+    assert ("dueling head" in card["algorithm"]) == (arch == "dueling")
+    assert json.loads((tmp_path / "out" / "x.json").read_text())["frames_trained"] == card["frames_trained"]

@@ -199,3 +199,15 @@ def test_an_agent_that_reads_the_ball_sees_its_move_and_one_that_ignores_it_does
     assert fol.valid.all() and fol.rate() == 1.0
     with pytest.raises(ValueError, match="no kept moves"):
         measure(reads, jnp.float32(1.0), dataclasses.replace(res, kept=np.zeros_like(k)))
+
+
+def test_boxes_that_only_touch_do_not_overlap():
+    """(x, y, w, h) boxes are half-open: sharing an edge is no overlap (a ball moved flush against a brick is
+    possible), one shared pixel is."""
+    from jaxsal_agents.interventions import _overlaps
+
+    ball = (10, 20, 2, 4)                        # columns 10..11, rows 20..23
+    for other, hit in [((12, 20, 8, 6), False), ((2, 20, 8, 6), False), ((10, 24, 8, 6), False),
+                       ((6, 14, 8, 6), False), ((11, 20, 8, 6), True), ((4, 23, 7, 6), True), ((0, 0, 3, 3), False)]:
+        assert _overlaps(ball, [other]) == hit, other
+    assert _overlaps(ball, [(12, 20, 8, 6), (11, 23, 1, 1)]) and not _overlaps(ball, [])

@@ -113,3 +113,13 @@ def test_exporting_into_a_folder_with_a_manifest_rewrites_it(tmp_path):
     weights.refresh_manifest(tmp_path)
     e, = weights.manifest(tmp_path).values()
     assert e["bytes"] == len(b"new weights") and e["sha256"] == weights.sha256_file(tmp_path / f"{SMALL}.msgpack")
+
+
+def test_fetch_replaces_a_cached_file_that_is_not_the_manifests(wheel_install, capsys):
+    """A stale or damaged file in the cache is not "already installed": fetch puts the manifest's file there."""
+    wheel_install.mkdir(parents=True, exist_ok=True)
+    (wheel_install / f"{SMALL}.msgpack").write_bytes(b"stale weights")
+    assert main(["agents", "fetch", SMALL, "--from", str(SHIPPED)]) == 0
+    assert "already installed" not in capsys.readouterr().out
+    assert (wheel_install / f"{SMALL}.msgpack").read_bytes() == (SHIPPED / f"{SMALL}.msgpack").read_bytes()
+    assert jaxsal_agents.load(SMALL).params is not None

@@ -120,3 +120,21 @@ def test_bad_input_names_the_fix():
         map_follows(np.ones((N, H, W)), np.ones((N, H, W)), b, bm, "ball", share="signed")
     with pytest.raises(SaliencyInputError, match="ObjectBoxes"):
         map_follows(np.ones((N, H, W)), np.ones((N, H, W)), np.zeros((N, F, 2, 4)), bm, "ball")
+
+
+def test_places_chance_levels_and_validity_on_hand_made_boxes():
+    """Pair 0: a 2x2 ball drawn 2x4 at its new place (e.g. clipped or stretched): the old place is 4 px, the new
+    8 px, chance levels in proportion; the indicator maps move all their mass. Pair 1: the new box lies inside
+    the old one, so the new place is empty: not scored (valid False), whatever the maps do."""
+    def boxes(rows):
+        return ObjectBoxes(np.array(rows, np.int16).reshape(2, 1, 1, 4), np.zeros((2, 1, 1), np.int8), ("ball",), H, W)
+    old = boxes([(4, 4, 6, 6), (4, 4, 6, 12)])
+    new = boxes([(10, 14, 12, 18), (4, 6, 6, 8)])
+    m0 = np.asarray(old.masks(frame="union"))[:, 0].astype(np.float32)
+    m1 = np.asarray(new.masks(frame="union"))[:, 0].astype(np.float32)
+    fol = map_follows(m0, m1, old, new, "ball")
+    np.testing.assert_allclose([fol.chance_old[0], fol.chance_new[0]], [4 / (H * W), 8 / (H * W)])
+    np.testing.assert_allclose([fol.moved_on_new[0], fol.moved_on_old[0], fol.orig_on_new[0], fol.orig_on_old[0]],
+                               [1.0, 0.0, 0.0, 1.0])
+    assert fol.shift[0] == pytest.approx(2.0) and fol.follows[0] and fol.valid[0]
+    assert fol.chance_new[1] == 0.0 and not fol.valid[1] and np.isnan(fol.shift[1]) and fol.rate() == 1.0

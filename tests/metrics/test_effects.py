@@ -456,3 +456,18 @@ def test_agreement_leaves_out_classes_that_nothing_was_removed_of():
     kept = dataclasses.replace(eff, overlap=jnp.zeros((4, 3)))
     kept_mean = effect_agreement(shares, kept, n_resamples=20)["within_state"]["mean"]
     assert kept_mean == pytest.approx(0.0)                            # ranks (1, 2, 3) vs (1.5, 3, 1.5)
+
+
+def test_overlap_is_over_the_frames_the_class_is_removed_from():
+    """frames="newest": a class's overlap is the share of its newest-frame pixels under another class's box;
+    an overlap in an older frame (not removed from) does not count. Hand-made masks on 12x12 frames."""
+    masks = np.zeros((1, 3, 2, 12, 12), bool)
+    masks[0, :, 0, 2:6, 2:6] = True              # class 0: 16 px in each of 3 frames
+    masks[0, 0, 1, 2:6, 4:8] = True              # class 1 covers 8 of them in the oldest frame...
+    masks[0, 2, 1, 8:10, 8:10] = True            # ...and lies elsewhere in the newest
+    obs = np.full((1, 12, 12, 3), 40, np.uint8)
+    apply_fn = lambda p, o: jnp.stack([o.mean((1, 2, 3)), -o.mean((1, 2, 3))], -1)    # noqa: E731
+    both = object_effects(apply_fn, None, obs, masks, fill="background")
+    newest = object_effects(apply_fn, None, obs, masks, fill="background", frames="newest")
+    np.testing.assert_allclose(np.asarray(both.overlap)[0], [8 / 48, 8 / 20], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(newest.overlap)[0], [0.0, 0.0], atol=1e-7)

@@ -161,3 +161,34 @@ def test_masks_that_do_not_fit_the_maps_are_refused_by_both(fn):
         f(per_frame, np.zeros((2, 4, 1, 10, 10), bool), frame=-1)
     with pytest.raises(SaliencyInputError, match="frames, masks"):
         f(per_frame, np.zeros((2, 3, 1, 10, 10), bool))
+
+
+def test_mean_leaves_out_the_states_without_the_class():
+    """A class's mean share is over the states where it has pixels: state 2 has no paddle and its map has mass
+    (so a paddle share of 0 there), which must not pull the paddle's mean down."""
+    ob = _boxes(n=3)
+    ob.labels[2, :, 1] = -1                      # no paddle in state 2
+    maps = np.zeros((3, H, W), np.float32)
+    maps[:, 10:14, 20:24] = 1.0                  # 16 px on the ball in every state
+    maps[0, 70:74, 40:56] = 1.0                  # state 0: 64 px on the paddle too
+    m = object_attribution(maps, ob).mean()
+    assert m["paddle"]["positive"] == pytest.approx((64 / 80 + 0.0) / 2) and m["paddle"]["states"] == 2
+    assert m["paddle"]["chance"] == pytest.approx(64 / (H * W))
+    assert m["ball"]["positive"] == pytest.approx((16 / 80 + 1.0 + 1.0) / 3) and m["ball"]["states"] == 3
+
+
+def test_pointing_on_maps_that_are_not_square():
+    """The maximum's row and column on a 6x10 frame (and its stacked frame for per-frame maps)."""
+    b = np.array([[[(4, 7, 6, 9), (0, 0, 3, 4)], [(0, 0, 1, 1), (0, 6, 2, 10)]]], np.int16)   # (1, F=2, K=2, 4)
+    ob = ObjectBoxes(b, np.array([[[0, 1], [0, 1]]], np.int8), ("ball", "paddle"), 6, 10)
+    maps = np.zeros((1, 6, 10), np.float32)
+    maps[0, 4, 7] = 1.0                          # on the ball, row 4 col 7
+    np.testing.assert_array_equal(np.asarray(object_pointing(maps, ob)[0]), [[True, False]])
+    maps = np.zeros((1, 6, 10), np.float32)
+    maps[0, 1, 8] = 1.0                          # row 1 col 8: the paddle's frame-1 box only
+    np.testing.assert_array_equal(np.asarray(object_pointing(maps, ob)[0]), [[False, True]])
+    pf = np.zeros((1, 6, 10, 2), np.float32)
+    pf[0, 1, 8, 0] = 1.0                         # the same spot in frame 0, where no paddle is
+    np.testing.assert_array_equal(np.asarray(object_pointing(pf, ob)[0]), [[False, False]])
+    pf[0, 5, 8, 0] = 2.0                         # row 5 col 8 in frame 0: the ball
+    np.testing.assert_array_equal(np.asarray(object_pointing(pf, ob)[0]), [[True, False]])
