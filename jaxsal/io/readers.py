@@ -239,12 +239,13 @@ class NpzSource:
         self._row = int(np.prod(shape[1:])) * dtype.itemsize
         # the member's size, from the archive (its bytes are checked against it by `verify`): a header claiming
         # more frames would fail a job only when it reaches them, after chunks were written
-        held = (self._zip.getinfo(self._member).file_size - self._offset) // max(self._row, 1)
+        payload = self._zip.getinfo(self._member).file_size - self._offset
+        held = payload // max(self._row, 1)
         if self._row and held < self._shape[0]:
             raise SaliencyInputError(f"{path}: member {self._member!r} is truncated: its header says {self._shape[0]} "
                                      f"frames but it holds {held}; the file is corrupt, save the frames again with "
                                      f"np.savez(path, {key}=frames)")
-        extra = self._zip.getinfo(self._member).file_size - self._offset - self._shape[0] * self._row
+        extra = payload - self._shape[0] * self._row
         if extra > 0:
             raise SaliencyInputError(_after_frames(f"{path}[{key!r}]", extra, self._shape,
                                                    f"np.savez(path, {key}=frames)"))

@@ -320,11 +320,11 @@ def bytes_after(zf: zipfile.ZipFile, arrays: dict) -> str | None:
     Returns:
         str | None: "N bytes after array 'k'" for the first such member, else None.
     """
+    from jaxsal.io.readers import _npy_header
+
     for k, a in arrays.items():
         with zf.open(f"{k}.npy") as f:
-            version = np.lib.format.read_magic(f)
-            (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)
-            extra = zf.getinfo(f"{k}.npy").file_size - f.tell() - a.nbytes
+            extra = zf.getinfo(f"{k}.npy").file_size - _npy_header(f, k)[2] - a.nbytes
         if extra > 0:
             return f"{extra} bytes after array {k!r}"
     return None
