@@ -36,7 +36,9 @@ def own():
     sys.modules.pop(MODULE, None)
 
 
-@pytest.mark.parametrize("name", ["abs_gradient", "smooth_abs_gradient", "patch_drop", "max_gradcam"])
+@pytest.mark.parametrize("name", [  # the fast loop: the stochastic one and the perturbation one (2-6 s each)
+    pytest.param("abs_gradient", marks=pytest.mark.slow), "smooth_abs_gradient", "patch_drop",
+    pytest.param("max_gradcam", marks=pytest.mark.slow)])
 def test_each_passes_the_generated_checks(own, name):
     assert name in K.cases()  # the registry gives its case: the example it declared
     assert K.stochastic(name) == (name == "smooth_abs_gradient")

@@ -78,7 +78,7 @@ def _nature(layer_norm=False):
     return m.apply, params, x
 
 
-@pytest.mark.parametrize("which", ["nature", "nature_ln", "odd"])
+@pytest.mark.parametrize("which", ["nature", pytest.param("nature_ln", marks=pytest.mark.slow), "odd"])  # ln: 6 s
 def test_fast_apply_equals_plain_forward_and_gradient(which):
     if which == "odd":
         m = _Odd()

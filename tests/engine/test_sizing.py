@@ -182,7 +182,8 @@ def _group_size(groups):
     return int(groups[1]) - int(groups[0]) if len(groups) > 1 else None
 
 
-@pytest.mark.parametrize("method", sorted(FAMILIES))
+@pytest.mark.parametrize("method", [  # slow (3-5 s): smoothgrad groups as IG, occlusion as RISE
+    pytest.param(m, marks=pytest.mark.slow) if m in ("smoothgrad", "occlusion") else m for m in sorted(FAMILIES)])
 def test_each_family_runs_the_chunks_and_groups_the_caller_asked_for(method, monkeypatch):
     """The engine's chunks (states) and the inner loop's groups are those the callers' own arithmetic
     gave for the same batch_size (so the maps' bits are those of before), and batched == unbatched."""

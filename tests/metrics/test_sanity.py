@@ -248,7 +248,7 @@ SLOW = pytest.mark.slow  # 3-7 s each; the fast loop keeps one draws path of eac
     ("lime", dict(n_samples=12, segmentation="felzenszwalb")),   # segments on the host: an eager vmap
     pytest.param("scorecam", dict(layer="conv1"), marks=SLOW),
     ("occlusion", dict(patch=4, stride=4)),                   # the incremental pass
-    ("noise_sensitivity", dict(radius=2, stride=4)),
+    pytest.param("noise_sensitivity", dict(radius=2, stride=4), marks=SLOW),  # the perturbation draws path: occlusion's
     ("_t_grad", {}),
 ])
 def test_several_draws_in_one_call_equal_draw_by_draw(ln_dqn, method, opts):

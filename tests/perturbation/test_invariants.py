@@ -26,8 +26,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("method", sorted(CASES))
+@pytest.mark.parametrize("method", [
+    m if m not in ("lime", "noise_sensitivity") else pytest.param(m, marks=pytest.mark.slow) for m in sorted(CASES)])
 def test_batched_equals_per_example_and_chunking(method):
+    """LIME and noise sensitivity (3-6 s each) are slow tests here: the fast loop checks both batched
+    == per-example and chunked == unchunked in tests/test_conformance.py's eager checks."""
     obs = tiny_obs(3)
     fn = jaxsal.registry.get_method(method)
     full = np.asarray(fn(tiny_apply, P, obs, **CASES[method]))
