@@ -37,6 +37,8 @@ import math
 
 import numpy as np
 
+from jaxsal.metrics import statistics
+
 MAX_EXACT = 50_000          # enumerate every relabelling up to this many, else sample
 N_RANDOM = 20_000           # random relabellings when enumeration is too large
 _REL_TOL = 1e-9             # |d_perm| >= |d_obs| (1 - tol): float ties count as ties
@@ -104,14 +106,9 @@ def fixed_sequence(p_values, alpha: float):
 
 
 def holm(p_values) -> np.ndarray:
-    """Holm step-down adjusted p-values (descriptive: a per-checkpoint view next to the rule)."""
-    p = np.asarray(p_values, float)
-    order = np.argsort(p, kind="stable")
-    m = p.size
-    adj = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
-    out = np.empty(m)
-    out[order] = adj
-    return out
+    """Holm step-down adjusted p-values (descriptive: a per-checkpoint view next to the rule); as
+    registered, a NaN counts in the family and stays NaN."""
+    return statistics.holm(p_values, nan="count")
 
 
 def detect(steps, bug, correct, alpha: float, n_random: int = N_RANDOM, seed: int = 0) -> dict:

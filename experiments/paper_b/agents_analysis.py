@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common.paths import RESULTS, write_results
+from jaxsal.metrics import statistics
 
 OUT = RESULTS / "paper_b_agents"
 DEVIATIONS = Path(__file__).with_name("agents_deviations.md")  # the README ends with them
@@ -122,13 +123,10 @@ def permutation_p(values: np.ndarray, n: int = N_PERMUTATIONS, seed: int = SEED)
 
 
 def holm(ps: list[float]) -> list[float]:
-    """Holm-adjusted p-values, in the order given."""
-    order = np.argsort(ps)
-    adj, running = np.empty(len(ps)), 0.0
-    for i, j in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - i) * ps[j]))
-        adj[j] = running
-    return adj.tolist()
+    """Holm-adjusted p-values, in the order given; as registered, a NaN counts in the family and
+    reads 1 (never significant)."""
+    adj = statistics.holm(ps, nan="count")
+    return np.where(np.isnan(adj), 1.0, adj).tolist()
 
 
 def tables(summaries: dict) -> dict:

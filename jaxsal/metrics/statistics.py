@@ -82,16 +82,20 @@ def paired_block_test(x, y, block_len: int) -> dict:
     return {"diff": float((x - y).mean()), "blocks": int(len(d)), "p": p}
 
 
-def holm(pvalues) -> np.ndarray:
-    """Holm-adjusted p-values (same order as given; NaN stays NaN and is not counted)."""
+def holm(pvalues, *, nan: str = "omit") -> np.ndarray:
+    """Holm-adjusted p-values, in the order given; a NaN p stays NaN. nan="omit" leaves NaNs out of
+    the family size m; nan="count" counts them in it (conservative: a test that gave no p still
+    costs the others its share of alpha)."""
+    if nan not in ("omit", "count"):
+        raise ValueError(f'nan must be "omit" or "count", got {nan!r}')
     p = np.asarray(pvalues, np.float64)
     out = np.full(p.shape, np.nan)
     ok = np.flatnonzero(~np.isnan(p))
-    m = len(ok)
-    if m == 0:
+    m = p.size if nan == "count" else len(ok)
+    if len(ok) == 0:
         return out
     order = ok[np.argsort(p[ok], kind="stable")]
-    adj = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    adj = np.maximum.accumulate((m - np.arange(len(ok))) * p[order])
     out[order] = np.minimum(adj, 1.0)
     return out
 

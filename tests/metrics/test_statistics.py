@@ -98,11 +98,12 @@ def test_paired_test_rejects_a_real_shift_and_keeps_its_level_under_autocorrelat
     assert np.mean(np.array(p_state) < 0.05) > 0.25
 
 
-def test_holm_matches_the_step_down_definition():
-    p = np.array([0.01, 0.04, 0.03, np.nan, 0.005, 0.5])
-    got = holm(p)
+@pytest.mark.parametrize("nan", ["omit", "count"])
+def test_holm_matches_the_step_down_definition(nan):
+    p = np.array([0.01, 0.04, 0.03, np.nan, 0.005, 0.5, np.nan])
+    got = holm(p, nan=nan)
     ok = [i for i in range(len(p)) if not np.isnan(p[i])]
-    m = len(ok)
+    m = len(ok) if nan == "omit" else len(p)          # "count": the two NaN tests are in the family
     order = sorted(ok, key=lambda i: p[i])
     want = np.full(len(p), np.nan)
     running = 0.0
@@ -110,7 +111,7 @@ def test_holm_matches_the_step_down_definition():
         running = max(running, (m - k) * p[i])
         want[i] = min(running, 1.0)
     np.testing.assert_allclose(got, want)
-    assert np.isnan(got[3])
+    assert np.isnan(got[3]) and np.isnan(got[6])
     # rejecting at 0.05 = Holm's procedure: reject while p_(k) <= alpha / (m - k)
     rejected = set()
     for k, i in enumerate(order):
@@ -119,7 +120,23 @@ def test_holm_matches_the_step_down_definition():
         else:
             break
     assert rejected == {i for i in ok if got[i] <= 0.05}
-    assert list(itertools.chain(holm([]))) == []
+    assert list(itertools.chain(holm([], nan=nan))) == [] and np.isnan(holm([np.nan], nan=nan)).all()
+
+
+def test_holm_refuses_an_unknown_nan_rule():
+    with pytest.raises(ValueError, match='nan must be "omit" or "count"'):
+        holm([0.1], nan="drop")
+
+
+def test_the_registered_analyses_keep_their_nan_rule():
+    """The frame-stack rule's view and the Paper B across-agents analysis count a NaN p in the family
+    (as they did when registered); the across-agents one reports it as 1."""
+    from experiments.frame_stack_bug import detection_rule
+    from experiments.paper_b import agents_analysis
+    p = [0.01, np.nan, 0.02]
+    np.testing.assert_allclose(detection_rule.holm(p), [0.03, np.nan, 0.04])
+    assert agents_analysis.holm(p) == pytest.approx([0.03, 1.0, 0.04])
+    np.testing.assert_allclose(holm(p), [0.02, np.nan, 0.02])          # the library's default omits it
 
 
 def test_automatic_block_length_grows_with_rho_and_tracks_the_ar1_target():
