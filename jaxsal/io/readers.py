@@ -285,6 +285,9 @@ class NpzSource:
             raise SaliencyInputError(f"{what} has dtype {a.dtype}, not integers: {fix}")
         if n and int(a.min()) < 0:
             raise SaliencyInputError(f"{what} holds a negative action ({int(a.min())}): {fix}")
+        if n and int(a.max()) > np.iinfo(np.int32).max:  # the cast would wrap it onto a real action (2**32+3 -> 3)
+            raise SaliencyInputError(f"{what} holds action {int(a.max())}, beyond any action index (at most 2**31-1): "
+                                     f"{fix}")
         return a.astype(np.int32)
 
     def _header(self):
