@@ -88,6 +88,8 @@ def cases(d, card, atari):
         "batch size 0": (base + ok + ["--batch-size", "0"], "--batch-size", "integer >= 1"),
         "chunk 0": (base + ok + ["--chunk", "0"], "--chunk", "integer >= 1"),
         "limit 0": (base + ok + ["--limit", "0"], "--limit", "integer >= 1"),
+        # before: exit 1, "internal error OverflowError: Python int too large to convert to C long" (PRNGKey)
+        "seed beyond 64 bits": (base + ok + ["--seed", str(2 ** 70)], "--seed", "from -2**63 to 2**63-1"),
         "NaN frames": (base + ["--input", str(d / "nan.npy"), "--chunk", "2"], "frame 3", "nan_to_num"),
         "inf frames": (base + ["--input", str(d / "inf.npy")], "NaN or inf", "nan_to_num"),
         "frames in [0, 1]": (["explain", "--agent", str(atari), "--methods", "gradient", "--quiet",
