@@ -106,6 +106,28 @@ def test_a_corrupted_result_is_one_clear_error_naming_the_fix(job, tmp_path, cap
         assert err.count("\n") == 1 and says.split(" is ")[0] in err, err
 
 
+RENDER_FLAGS = {  # name -> (flags of `jaxsal render`, what the error says); before: exit 1, an empty gallery/ left
+    "--grid-frames 0": (["--grid-frames", "0"], "--grid-frames must be an integer >= 1, got 0"),  # ValueError
+    "--grid-frames -1": (["--grid-frames", "-1"], "--grid-frames must be an integer >= 1, got -1"),  # ValueError
+    "--fps 0": (["--fps", "0", "--video", "gif"], "--fps must be an integer >= 1, got 0"),
+    "--scale 10000": (["--scale", "10000"], "use --scale 409 or less"),  # MemoryError: 27.9 GiB for one picture
+}
+
+
+@pytest.mark.parametrize("name", list(RENDER_FLAGS))
+def test_render_numbers_out_of_range_are_one_line_and_nothing_written(job, tmp_path, capsys, name):
+    flags, says = RENDER_FLAGS[name]
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    before = sorted(out.rglob("*"))
+    capsys.readouterr()
+    argv = ["render", str(out), "--quiet"] + flags
+    assert main(argv + ([] if "--video" in flags else ["--video", "none"])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "internal error" not in err, err
+    assert sorted(out.rglob("*")) == before
+
+
 def test_a_shares_only_job_is_never_resumed_as_another_job(tmp_path, capsys):
     """`--store shares` writes no maps: a rerun with another input (here: another frame order) once took the
     old job's shares as done and replaced its manifest (exit 0, the old input's shares under the new input's
