@@ -65,12 +65,23 @@ CASES = {  # name -> (mutate the copied output directory, what the error says)
                                        (o / "_outputs" / "chunk_0000001.npz").mkdir()), "chunk_0000001.npz is corrupt"),
     "outputs of other length": (lambda o: np.savez(o / "_outputs" / "chunk_0000001.npz", **{
         **dict(np.load(o / "_outputs" / "chunk_0000001.npz")), "action": np.zeros(5, np.int64)}), "not 2 rows"),
+    # before: load_outputs gave them as they were; render's captions raised IndexError (exit 1) or, for -1,
+    # captioned the frame with the last action's Q-value
+    "outputs action beyond the model's": (lambda o: _edit_outputs(o, action=np.array([10 ** 12, 1])),
+                                          "'action' holds 1000000000000, not one of the 3 actions"),
+    "outputs action negative": (lambda o: _edit_outputs(o, action=np.array([-1, 1], np.int32)),
+                                "'action' holds -1, not one of the 3 actions"),
     # before: np.load read the header's array and ignored the rest, without a word
     "map chunk with bytes appended": (lambda o: _append(o / "gradient" / "chunk_0000001.npy"),
                                       r"chunk_0000001.npy is corrupt \(8 bytes after its maps\)"),
     "outputs with bytes appended to a member": (lambda o: _append_member(o / "_outputs" / "chunk_0000001.npz"),
                                                 r"chunk_0000001.npz is corrupt \(8 bytes after array"),
 }
+
+
+def _edit_outputs(out, **arrays):
+    path = out / "_outputs" / "chunk_0000001.npz"
+    np.savez(path, **{**dict(np.load(path)), **arrays})
 
 
 def _append(path):
