@@ -41,6 +41,7 @@ CONFIG_TOML, CONFIG_JSON, RESULTS, CELLS = "sweep.toml", "sweep.json", "results.
 CELL_RECORD, JOB = "cell.json", "job"
 TOP_KEYS = ("agents", "inputs", "methods", "metrics", "target", "seed", "chunk", "batch_size", "sanity_frames",
             "sanity_draws", "precision")
+MAX_SANITY_DRAWS = 100
 METRICS = ("insertion", "deletion", "objects", "effects", "sanity")
 DEFAULTS = {"target": "q_chosen", "seed": 0, "chunk": 512, "batch_size": 256, "sanity_frames": 16,
             "sanity_draws": 1, "precision": "float32"}
@@ -415,6 +416,10 @@ def settings(raw: dict) -> dict:
         elif isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
             raise SweepConfigError(f"{key}: must be a {'non-negative' if key == 'seed' else 'positive'} integer, "
                                    f"got {v!r}")
+        elif key == "sanity_draws" and v > MAX_SANITY_DRAWS:  # every draw's weights are held at once: 2**63-1 ran
+            # each cell's job, then exhausted memory listing the draws (the process killed, the table unwritten)
+            raise SweepConfigError(f"sanity_draws: must be an integer from 1 to {MAX_SANITY_DRAWS} (each draw is a "
+                                   f"copy of the agent's weights, held at once), got {v!r}; 10 draws is usual")
         out[key] = v
     return out
 
