@@ -342,6 +342,16 @@ def plan_inputs(raw: dict, base: Path) -> list[tuple[str, dict]]:
     return out
 
 
+def _toml_time(v):
+    """The first TOML date, time or datetime in an option value (lists and tables searched), else None."""
+    import datetime
+
+    if isinstance(v, (datetime.date, datetime.time)):  # datetime.datetime is a date
+        return v
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+    return next((t for t in map(_toml_time, items) if t is not None), None)
+
+
 def plan_methods(raw: dict):
     """[MethodSpec, ...] from the [methods] table (a table's `method` names the method of an alias: a
     registered name or an expression, jaxsal.engine.expression); unknown methods, bad expressions and
@@ -360,6 +370,11 @@ def plan_methods(raw: dict):
         if not isinstance(opts, dict):
             raise SweepConfigError(f"{where}: give a table of options, e.g. {alias} = {{}} for the defaults")
         opts = dict(opts)
+        for key, v in opts.items():  # a TOML date or time is no option value (and no JSON for the cell's record)
+            bad = _toml_time(v)
+            if bad is not None:
+                raise SweepConfigError(f"{where}: {key} is the TOML {type(bad).__name__} {bad.isoformat()}; give a "
+                                       f"number, a string or a list of them (as text, quote it: \"{bad.isoformat()}\")")
         named = "method" in opts
         try:
             method = expression.canonical(opts.pop("method", alias))
