@@ -123,6 +123,15 @@ def check_positive_int(name: str, value, minimum: int = 1):
     return int(value)
 
 
+def check_seed(name: str, value) -> int:
+    """A PRNG seed jax.random.PRNGKey takes: an integer of 64 bits (a larger one was an OverflowError inside
+    the job, after its manifest was written)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not -2 ** 63 <= value < 2 ** 63:
+        raise SaliencyInputError(f"{name} must be an integer from -2**63 to 2**63-1 (a 64-bit PRNG seed), got "
+                                 f"{value!r}; give a seed in that range")
+    return int(value)
+
+
 def check_positive_float(name: str, value, allow_zero: bool = False, hint: str = "") -> float:
     """A finite real number > 0 (>= 0 with allow_zero), as a float; `hint` says what it measures."""
     ok = isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \

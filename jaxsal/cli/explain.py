@@ -72,6 +72,13 @@ def _check_numbers(args):
             check_positive(flag, value, {"--batch-size": " (model rows per device call, e.g. --batch-size 256)",
                                          "--chunk": " (frames per output chunk, e.g. --chunk 512)",
                                          "--limit": " (explain only the first N frames)"}.get(flag, ""))
+    from jaxsal.checks import check_seed
+    from jaxsal.errors import SaliencyInputError
+
+    try:
+        check_seed("--seed", args.seed)  # also --play's: the game is seeded before the job starts
+    except SaliencyInputError as e:
+        raise CLIError(str(e)) from None
 
 
 def _init_distributed(args):

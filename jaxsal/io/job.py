@@ -166,6 +166,7 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     for name, v in (("chunk", chunk), ("num_processes", num_processes)):
         checks.check_positive_int(name, v)
     sizing.check_batch_size(batch_size)
+    checks.check_seed("seed", seed)
     if not 0 <= process_id < num_processes:
         raise SaliencyInputError(f"process_id must be in [0, {num_processes}), got {process_id}")
     if target == "q_action":

@@ -117,7 +117,8 @@ def _check_stack_shape(shape, dtype, what: str):
     if len(shape) != 4:
         raise SaliencyInputError(
             f"{what}: expected frame stacks with shape (N, 84, 84, 4), got shape {tuple(shape)}")
-    if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+    if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)) or np.dtype(dtype).itemsize > 8:
+        # (float128, np.longdouble: no JAX array type, so a method would fail after the manifest was written)
         raise SaliencyInputError(f"{what}: expected uint8 frames, got dtype {dtype}")
     if not np.dtype(dtype).isnative:  # JAX takes native byte order only
         raise SaliencyInputError(f"{what}: frames in non-native byte order (dtype {np.dtype(dtype).str}): save them "
@@ -284,6 +285,9 @@ class NpzSource:
             raise SaliencyInputError(f"{what} has dtype {a.dtype}, not integers: {fix}")
         if n and int(a.min()) < 0:
             raise SaliencyInputError(f"{what} holds a negative action ({int(a.min())}): {fix}")
+        if n and int(a.max()) > np.iinfo(np.int32).max:  # the cast would wrap it onto a real action (2**32+3 -> 3)
+            raise SaliencyInputError(f"{what} holds action {int(a.max())}, beyond any action index (at most 2**31-1): "
+                                     f"{fix}")
         return a.astype(np.int32)
 
     def _header(self):

@@ -282,8 +282,20 @@ def load_outputs(out, allow_incomplete: bool = False) -> dict:
 def _read_outputs(path: Path, rows: int, layout) -> dict:
     """The arrays of one chunk's outputs file, each checked to hold one entry per frame of the chunk."""
     def check(arrays):
-        return next((f"{k!r} has shape {v.shape}, not {rows} rows" for k, v in arrays.items()
-                     if v.ndim == 0 or v.shape[0] != rows), None)
+        short = next((f"{k!r} has shape {v.shape}, not {rows} rows" for k, v in arrays.items()
+                      if v.ndim == 0 or v.shape[0] != rows), None)
+        a = arrays.get("action")
+        if short is not None or a is None:
+            return short
+        # an action is a column of the model's output vector: one outside it (edited, or another job's file) was
+        # an IndexError in render's captions, or, negative, captioned with another action's Q-value
+        if not np.issubdtype(a.dtype, np.integer):
+            return f"'action' has dtype {a.dtype}, not integers"
+        width = max((v.shape[-1] for k, v in arrays.items() if k in ("q", "logits") and v.ndim == 2), default=None)
+        if a.size and (int(a.min()) < 0 or (width is not None and int(a.max()) >= width)):
+            return (f"'action' holds {int(a.min()) if int(a.min()) < 0 else int(a.max())}, not one of the "
+                    f"{width} actions of its outputs" if width is not None else "'action' holds a negative action")
+        return None
 
     return _read_checked_npz(path, check, layout=layout + (rows,))
 

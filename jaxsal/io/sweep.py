@@ -41,6 +41,7 @@ CONFIG_TOML, CONFIG_JSON, RESULTS, CELLS = "sweep.toml", "sweep.json", "results.
 CELL_RECORD, JOB = "cell.json", "job"
 TOP_KEYS = ("agents", "inputs", "methods", "metrics", "target", "seed", "chunk", "batch_size", "sanity_frames",
             "sanity_draws", "precision")
+MAX_SANITY_DRAWS = 100
 METRICS = ("insertion", "deletion", "objects", "effects", "sanity")
 DEFAULTS = {"target": "q_chosen", "seed": 0, "chunk": 512, "batch_size": 256, "sanity_frames": 16,
             "sanity_draws": 1, "precision": "float32"}
@@ -341,6 +342,16 @@ def plan_inputs(raw: dict, base: Path) -> list[tuple[str, dict]]:
     return out
 
 
+def _toml_time(v):
+    """The first TOML date, time or datetime in an option value (lists and tables searched), else None."""
+    import datetime
+
+    if isinstance(v, (datetime.date, datetime.time)):  # datetime.datetime is a date
+        return v
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+    return next((t for t in map(_toml_time, items) if t is not None), None)
+
+
 def plan_methods(raw: dict):
     """[MethodSpec, ...] from the [methods] table (a table's `method` names the method of an alias: a
     registered name or an expression, jaxsal.engine.expression); unknown methods, bad expressions and
@@ -359,6 +370,11 @@ def plan_methods(raw: dict):
         if not isinstance(opts, dict):
             raise SweepConfigError(f"{where}: give a table of options, e.g. {alias} = {{}} for the defaults")
         opts = dict(opts)
+        for key, v in opts.items():  # a TOML date or time is no option value (and no JSON for the cell's record)
+            bad = _toml_time(v)
+            if bad is not None:
+                raise SweepConfigError(f"{where}: {key} is the TOML {type(bad).__name__} {bad.isoformat()}; give a "
+                                       f"number, a string or a list of them (as text, quote it: \"{bad.isoformat()}\")")
         named = "method" in opts
         try:
             method = expression.canonical(opts.pop("method", alias))
@@ -415,6 +431,10 @@ def settings(raw: dict) -> dict:
         elif isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
             raise SweepConfigError(f"{key}: must be a {'non-negative' if key == 'seed' else 'positive'} integer, "
                                    f"got {v!r}")
+        elif key == "sanity_draws" and v > MAX_SANITY_DRAWS:  # every draw's weights are held at once: 2**63-1 ran
+            # each cell's job, then exhausted memory listing the draws (the process killed, the table unwritten)
+            raise SweepConfigError(f"sanity_draws: must be an integer from 1 to {MAX_SANITY_DRAWS} (each draw is a "
+                                   f"copy of the agent's weights, held at once), got {v!r}; 10 draws is usual")
         out[key] = v
     return out
 

@@ -39,6 +39,7 @@ def write(d):
     np.save(d / "inf.npy", inf)
     np.save(d / "unit.npy", frames(3, size=84).astype(np.float32) / 255.0)
     np.save(d / "complex.npy", frames(3).astype(np.complex64))
+    np.save(d / "longdouble.npy", frames(3).astype(np.longdouble))   # float128: no JAX array type
     np.save(d / "empty.npy", np.zeros((0, 10, 10, 4), np.uint8))
     np.save(d / "cut.npy", frames(6))                         # a copy cut off in frame 5
     (d / "cut.npy").write_bytes((d / "cut.npy").read_bytes()[:-300])
@@ -87,11 +88,15 @@ def cases(d, card, atari):
         "batch size 0": (base + ok + ["--batch-size", "0"], "--batch-size", "integer >= 1"),
         "chunk 0": (base + ok + ["--chunk", "0"], "--chunk", "integer >= 1"),
         "limit 0": (base + ok + ["--limit", "0"], "--limit", "integer >= 1"),
+        # before: exit 1, "internal error OverflowError: Python int too large to convert to C long" (PRNGKey)
+        "seed beyond 64 bits": (base + ok + ["--seed", str(2 ** 70)], "--seed", "from -2**63 to 2**63-1"),
         "NaN frames": (base + ["--input", str(d / "nan.npy"), "--chunk", "2"], "frame 3", "nan_to_num"),
         "inf frames": (base + ["--input", str(d / "inf.npy")], "NaN or inf", "nan_to_num"),
         "frames in [0, 1]": (["explain", "--agent", str(atari), "--methods", "gradient", "--quiet",
                               "--input", str(d / "unit.npy")], "[0, 1]", "* 255"),
         "complex frames": (base + ["--input", str(d / "complex.npy")], "dtype complex64", "uint8"),
+        # before: exit 1, "internal error TypeError: Dtype float128 is not a valid JAX array type"
+        "float128 frames": (base + ["--input", str(d / "longdouble.npy")], "dtype float128", "uint8"),
         "no states": (base + ["--input", str(d / "empty.npy")], "holds no states", "at least one frame stack"),
         "truncated frames file": (base + ["--input", str(d / "cut.npy")], "file is truncated",
                                   "header says 6 frames"),

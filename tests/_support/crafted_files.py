@@ -215,6 +215,9 @@ def catalogue(d: Path) -> dict:
     p.write_bytes(zip_bytes({"obs.npy": obs, "actions.npy": deflate_zeros(2 * GIB, npy_header((2 ** 28,), "<i8"))
                              + (2 * GIB + 128,)}))
     cases["npz actions of 2^28 entries for 2 frames"] = Case("npz", p, "has shape (268435456,)")
+    p = d / "actions_wrap.npz"  # before: cast to int32, 2**32 + 1 became action 1 and was explained (exit 0)
+    np.savez(p, obs=np.zeros((2, 10, 10, 4), np.uint8), actions=np.array([0, 2 ** 32 + 1], np.int64))
+    cases["npz action 2^32 + 1, which int32 wraps onto action 1"] = Case("npz", p, "holds action 4294967297")
     (d / "agent.py").write_text(AGENT_PY)
     np.save(d / "obs.npy", np.zeros((2, 10, 10, 4), np.uint8))
     return cases

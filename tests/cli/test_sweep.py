@@ -193,6 +193,12 @@ def _bad_cases():
         ("card's game a number", cfg(agents='["odd.json"]'), ["agents[0]", "odd.json", "game is 5"]),
         ("played game a list", cfg(inputs='[{ play = 5, game = ["x"] }]'), ["inputs[0]", "game is ['x']",
                                                                            "game name"]),
+        # before: exit 1, "internal error TypeError: Object of type date is not JSON serializable", --out made
+        ("option a TOML date", cfg(methods='occlusion = { patch = [1979-05-27] }'),
+         ["[methods] occlusion", "patch is the TOML date 1979-05-27", "quote it"]),
+        # before: every cell's job ran, then the sanity metric listed 2**63-1 draws: memory exhausted (OOM-killed)
+        ("sanity draws beyond memory", cfg(metrics='["sanity"]', extra="sanity_draws = 9223372036854775807"),
+         ["sanity_draws", "from 1 to 100", "9223372036854775807"]),
     ]
 
 

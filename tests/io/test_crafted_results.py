@@ -65,12 +65,23 @@ CASES = {  # name -> (mutate the copied output directory, what the error says)
                                        (o / "_outputs" / "chunk_0000001.npz").mkdir()), "chunk_0000001.npz is corrupt"),
     "outputs of other length": (lambda o: np.savez(o / "_outputs" / "chunk_0000001.npz", **{
         **dict(np.load(o / "_outputs" / "chunk_0000001.npz")), "action": np.zeros(5, np.int64)}), "not 2 rows"),
+    # before: load_outputs gave them as they were; render's captions raised IndexError (exit 1) or, for -1,
+    # captioned the frame with the last action's Q-value
+    "outputs action beyond the model's": (lambda o: _edit_outputs(o, action=np.array([10 ** 12, 1])),
+                                          "'action' holds 1000000000000, not one of the 3 actions"),
+    "outputs action negative": (lambda o: _edit_outputs(o, action=np.array([-1, 1], np.int32)),
+                                "'action' holds -1, not one of the 3 actions"),
     # before: np.load read the header's array and ignored the rest, without a word
     "map chunk with bytes appended": (lambda o: _append(o / "gradient" / "chunk_0000001.npy"),
                                       r"chunk_0000001.npy is corrupt \(8 bytes after its maps\)"),
     "outputs with bytes appended to a member": (lambda o: _append_member(o / "_outputs" / "chunk_0000001.npz"),
                                                 r"chunk_0000001.npz is corrupt \(8 bytes after array"),
 }
+
+
+def _edit_outputs(out, **arrays):
+    path = out / "_outputs" / "chunk_0000001.npz"
+    np.savez(path, **{**dict(np.load(path)), **arrays})
 
 
 def _append(path):
@@ -104,6 +115,28 @@ def test_a_corrupted_result_is_one_clear_error_naming_the_fix(job, tmp_path, cap
         assert main(["render", str(out), "--video", "none", "--quiet"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says.split(" is ")[0] in err, err
+
+
+RENDER_FLAGS = {  # name -> (flags of `jaxsal render`, what the error says); before: exit 1, an empty gallery/ left
+    "--grid-frames 0": (["--grid-frames", "0"], "--grid-frames must be an integer >= 1, got 0"),  # ValueError
+    "--grid-frames -1": (["--grid-frames", "-1"], "--grid-frames must be an integer >= 1, got -1"),  # ValueError
+    "--fps 0": (["--fps", "0", "--video", "gif"], "--fps must be an integer >= 1, got 0"),
+    "--scale 10000": (["--scale", "10000"], "use --scale 409 or less"),  # MemoryError: 27.9 GiB for one picture
+}
+
+
+@pytest.mark.parametrize("name", list(RENDER_FLAGS))
+def test_render_numbers_out_of_range_are_one_line_and_nothing_written(job, tmp_path, capsys, name):
+    flags, says = RENDER_FLAGS[name]
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    before = sorted(out.rglob("*"))
+    capsys.readouterr()
+    argv = ["render", str(out), "--quiet"] + flags
+    assert main(argv + ([] if "--video" in flags else ["--video", "none"])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "internal error" not in err, err
+    assert sorted(out.rglob("*")) == before
 
 
 def test_a_shares_only_job_is_never_resumed_as_another_job(tmp_path, capsys):

@@ -25,6 +25,28 @@ def grey_planes(stack) -> np.ndarray:
     return a if a.max() <= 1 else a / 255.0
 
 
+MAX_SIDE = 4096  # pixels a side of one drawn frame: --scale 10000 asked numpy for tens of GiB
+
+
+def check_drawing(scale, frame_shape=None, grid_frames=None, fps=None):
+    """The numbers of `jaxsal render` (None: not given), before anything is drawn or written: whole numbers
+    >= 1, and a `scale` that draws a frame of `frame_shape` (H, W) at most MAX_SIDE pixels a side."""
+    from jaxsal.errors import SaliencyInputError
+
+    for flag, v, what in (("--scale", scale, "pixel upscaling of the pictures, e.g. --scale 3"),
+                          ("--grid-frames", grid_frames, "frames in grid.png, e.g. --grid-frames 6"),
+                          ("--fps", fps, "frames per second of the videos, e.g. --fps 15")):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+            raise SaliencyInputError(f"{flag} must be an integer >= 1, got {v!r} ({what})")
+    if frame_shape is not None:
+        h, w = int(frame_shape[0]), int(frame_shape[1])
+        side = eff_scale(scale, h) * max(h, w)
+        if side > MAX_SIDE:
+            most = max(1, MAX_SIDE // max(h, w))
+            raise SaliencyInputError(f"--scale {scale} draws each {h}x{w} frame {side} pixels a side, more than the "
+                                     f"{MAX_SIDE} a picture may take: use --scale {most} or less")
+
+
 def eff_scale(scale: int, h: int) -> int:
     """Upscaling so that small (e.g. 10x10 MinAtar) frames are still visible (>= ~160 px)."""
     return max(scale, -(-160 // h))

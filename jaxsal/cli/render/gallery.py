@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxsal.cli.render._draw import flat_map
+from jaxsal.cli.render._draw import check_drawing, flat_map
 from jaxsal.cli.render._job import job_boxes, job_input
 from jaxsal.cli.render.pictures import check_maps, effects_png, grid_png, stack_png, video
 from jaxsal.cli.render.scale import SCHEMES, Scale
@@ -78,6 +78,7 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
         from jaxsal.io.object_files import load_object_effects
 
         eff = load_object_effects(out, allow_incomplete=True)
+    check_drawing(scale, frames.shape[1:3], grid_frames, fps)
     summaries = _summaries(out)
     gallery = Path(gallery) if gallery is not None else out / "gallery"
     gallery.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxsal.cli.render._draw import eff_scale, flat_map, grey_rgb, label, last_frame, resize, save_png, up, wrap
+from jaxsal.cli.render._draw import (check_drawing, eff_scale, flat_map, grey_rgb, label, last_frame, resize,
+                                     save_png, up, wrap)
 from jaxsal.cli.render._job import job_input
 from jaxsal.cli.render.scale import Scale, legend
 from jaxsal.errors import SaliencyInputError
@@ -190,6 +191,7 @@ def grid_png(path, out, layout: GridLayout, frame: int = 0, scheme: str = "auto"
     if not got:
         raise SaliencyInputError(f"{out}: no cell is finished yet; nothing to draw")
     first = last_frame(next(iter(got.values()))[0])
+    check_drawing(scale, first.shape)
     s = eff_scale(scale, first.shape[0])
     h, w = first.shape[0] * s, first.shape[1] * s
     scales = {}
@@ -238,8 +240,8 @@ def render_sweep(out, gallery=None, methods=None, metrics=None, frame: int = 0, 
     layout = grid_layout(table, methods)  # checks the methods first
     panels, pos, xlabel = curve_panels(table, metrics)
     panels = [Panel(p.metric, [ln for ln in p.lines if ln.method in layout.methods]) for p in panels]
+    grid, _ = grid_png(gallery / "grid.png", out, layout, frame=frame, scheme=scheme, scale=scale)  # checks scale
     curves, _ = curves_png(gallery / "curves.png", panels, pos, xlabel)
-    grid, _ = grid_png(gallery / "grid.png", out, layout, frame=frame, scheme=scheme, scale=scale)
     page = gallery / "index.html"
     esc = html.escape
     ok = int((np.asarray(table["status"]) == "ok").sum())
