@@ -282,3 +282,20 @@ def test_only_a_jobs_own_chunk_names_count_as_finished(job, tmp_path):
     np.testing.assert_array_equal(maps[:4], np.asarray(jaxsal.load_maps(job, "gradient"))[:4])
     assert np.isnan(maps[4:]).all()
     np.testing.assert_array_equal(jaxsal.load_outputs(out, allow_incomplete=True)["frame"], np.arange(4))
+
+
+def test_render_names_a_map_chunk_holding_nan_and_its_fix(job, tmp_path, capsys):
+    """Before: "maps contain NaN or inf; cannot choose a colour scale", naming neither the file nor a fix."""
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    path = out / "gradient" / "chunk_0000001.npy"
+    maps = np.load(path)
+    maps[1, 0, 0] = np.nan
+    np.save(path, maps)
+    before = sorted(out.rglob("*"))
+    capsys.readouterr()
+    assert main(["render", str(out), "--video", "none", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    frame = len(np.load(out / "gradient" / "chunk_0000000.npy")) + 1
+    assert err.count("\n") == 1 and f"chunk_0000001.npy: its maps hold NaN or inf (frame {frame})" in err, err
+    assert "delete it and rerun" in err and sorted(out.rglob("*")) == before

@@ -15,6 +15,20 @@ from jaxsal.cli.render.scale import SCHEMES, Scale
 from jaxsal.errors import SaliencyInputError, brief
 
 
+def _check_finite(out: Path, maps: dict, start: int, chunk: int):
+    """A job's maps hold no NaN or inf (jaxsal explain writes none): one that does names its damaged
+    chunk file, which a rerun of the job recomputes once deleted."""
+    from jaxsal.io.store import chunk_path
+
+    for k, m in maps.items():
+        bad = np.flatnonzero(~np.isfinite(np.asarray(m, np.float64)).reshape(len(m), -1).all(1))
+        if bad.size:
+            i = start + int(bad[0])
+            raise SaliencyInputError(f"{chunk_path(out, k, i // chunk)}: its maps hold NaN or inf (frame {i}), which "
+                                     "jaxsal explain never writes: the file was damaged or edited; delete it and rerun "
+                                     "the same jaxsal explain command, which computes that chunk again")
+
+
 def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, stop: int | None = None,
                grid_frames: int = 6, videos=("mp4", "gif"), scheme: str = "auto", fps: int = 15,
                scale: int = 3, greydanus: tuple | None = None, max_video_frames: int = 1000,
@@ -68,6 +82,7 @@ def render_dir(out, methods=None, gallery=None, frames=None, start: int = 0, sto
         frames = as_layout(_Array(frames), "NHWC").read(start, min(stop, len(frames)))
     maps = {k: load_maps(out, k, allow_incomplete=True)[start:stop] for k in names}
     check_maps(maps, len(frames))
+    _check_finite(out, maps, start, int(cfg["chunk"]))
     ob = job_boxes(out, manifest, objects) if boxes else None   # None: a job without --objects
     ob = ob[start:start + len(frames)] if ob is not None else None
     if scheme not in SCHEMES:
