@@ -786,6 +786,10 @@ def open_source(path) -> "ArraySource | NpzSource | ConcatSource":
         if dop:
             return DopamineSource(p, [p / n for n in dop])
         shards = [n for n in names if n.endswith((".npy", ".npz"))]
+        folder = next((n for n in shards if (p / n).is_dir()), None)
+        if folder is not None:  # read as a nested shard folder, a link to its own folder looped until ELOOP
+            raise SaliencyInputError(f"input directory {path}: {folder} is a folder, not a shard file; a shard "
+                                     "folder holds .npy/.npz files only, so move or rename it")
         if not shards:
             raise SaliencyInputError(
                 f"input directory {path} holds no .npy/.npz shards and no Dopamine "

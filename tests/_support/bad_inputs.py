@@ -57,6 +57,9 @@ def write(d):
     (d / "unit_shard").mkdir()
     np.save(d / "unit_shard" / "a.npy", frames(4, size=84))
     np.save(d / "unit_shard" / "b.npy", frames(4, seed=1, size=84).astype(np.float32) / 255.0)
+    (d / "looped_shards").mkdir()
+    np.save(d / "looped_shards" / "a.npy", frames(4))
+    (d / "looped_shards" / "b.npy").symlink_to(".", target_is_directory=True)   # a link to its own folder
     (d / "zip_bomb.zip").write_bytes(crafted.zip_bytes({"data": crafted.deflate_zeros(1 << 30) + (1 << 30,)}))
     (d / "deep.zip").write_bytes(crafted.sbx_zip(crafted.as_dict_key(crafted.deep_tuple(10 ** 6))))
     crafted._dopamine(d, "gzip_bomb", "episode_end_indices_ckpt.7.gz", crafted.gzip_bomb(1 << 30))
@@ -126,6 +129,9 @@ def cases(d, card, atari):
         "a float [0, 1] shard after a uint8 one": (["explain", "--agent", str(atari), "--methods", "gradient",
                                                     "--quiet", "--input", str(d / "unit_shard"), "--chunk", "4"],
                                                    "frames 4:8", "* 255"),
+        # before: read as a nested shard folder, looping until ELOOP: the path repeated ~40 times in one message
+        "a folder named like a shard": (base + ["--input", str(d / "looped_shards")], "b.npy is a folder",
+                                        "move or rename it"),
         "zip bomb as the agent": (["explain", "--agent", str(d / "zip_bomb.zip")] + base[3:] + ok,
                                   "declares 1073741824 bytes", "corrupt or crafted"),
         "pickle nested 10^6 deep in an SBX zip": (["explain", "--agent", str(d / "deep.zip")] + base[3:] + ok,
