@@ -233,7 +233,7 @@ def check_actions(actions, n: int, num_actions: int | None):
         actions (int | numpy.ndarray | jax.Array): one action for every state, or one per state (N,).
         n (int): the number of states N.
         num_actions (int | None): the model's number of actions, or None where it is not known
-            (the range is then not checked).
+            (then only indices below 0 or beyond int32 are refused).
 
     Returns:
         numpy.ndarray | jax.Array: the actions (N,) as int32 (a jax array where they were traced).
@@ -261,4 +261,8 @@ def check_actions(actions, n: int, num_actions: int | None):
         raise SaliencyInputError(
             f"action index out of range: the model has {num_actions} actions (0..{num_actions - 1}), "
             f"got values in [{a.min()}, {a.max()}]")
+    if a.size and (int(a.min()) < 0 or int(a.max()) > np.iinfo(np.int32).max):  # the model's count unknown:
+        # a negative index would pick an action from the end, and the int32 cast wraps 2**32 + 1 onto action 1
+        raise SaliencyInputError(f"actions must be action indices from 0 to 2**31-1, got values in "
+                                 f"[{a.min()}, {a.max()}]")
     return a.astype(np.int32)

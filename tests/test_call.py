@@ -66,3 +66,13 @@ def test_each_check_is_written_once():
         where = [str(p) for p, t in texts.items() for _ in range(t.count(needle))]
         assert len(where) == 1, (needle, where)
     assert not [p for p, t in texts.items() if "eval_shape(agent.apply_fn" in t]  # the CLI probes via checks
+
+
+@pytest.mark.parametrize("actions", [np.array([0, -1]), np.array([0, 2 ** 32 + 1])])
+def test_actions_are_indices_even_where_the_model_has_no_action_count(actions):
+    """Before: with the count unknown (no Q-vector or logits in the output) -1 passed (an index from the
+    end) and 2**32 + 1 was cast to int32 action 1; both silently explained another action."""
+    from jaxsal.targets import check_actions
+    with pytest.raises(SaliencyInputError, match=r"action indices from 0 to 2\*\*31-1"):
+        check_actions(actions, 2, None)
+    np.testing.assert_array_equal(check_actions(np.array([0, 7]), 2, None), [0, 7])
