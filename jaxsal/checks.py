@@ -117,9 +117,16 @@ def to_nhwc(x, layout: str):
     return x if layout == "NHWC" else jnp.transpose(x, (0, 2, 3, 1))
 
 
+INT32_MAX = 2 ** 31 - 1
+
+
 def check_positive_int(name: str, value, minimum: int = 1):
+    """A count or size: an integer >= minimum that fits int32 (jax's counts, shapes and indices are int32;
+    a larger one failed deep inside a method, OverflowError or a MemoryError of terabytes)."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
         raise SaliencyInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value > INT32_MAX:
+        raise SaliencyInputError(f"{name} must be at most 2**31-1 = {INT32_MAX}, got {value!r}")
     return int(value)
 
 

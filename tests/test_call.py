@@ -76,3 +76,15 @@ def test_actions_are_indices_even_where_the_model_has_no_action_count(actions):
     with pytest.raises(SaliencyInputError, match=r"action indices from 0 to 2\*\*31-1"):
         check_actions(actions, 2, None)
     np.testing.assert_array_equal(check_actions(np.array([0, 7]), 2, None), [0, 7])
+
+
+@pytest.mark.parametrize("method,opts", [("rise", {"n_masks": 10 ** 12}), ("integrated_gradients", {"steps": 10 ** 12}),
+                                         ("smoothgrad", {"n_samples": 10 ** 12})])
+def test_a_count_beyond_int32_is_refused_naming_the_option(method, opts):
+    """Before: RISE raised OverflowError from inside the mask draw, Integrated Gradients a MemoryError
+    of terabytes, SmoothGrad ran without end."""
+    import jax
+    (name, value), = opts.items()
+    with pytest.raises(SaliencyInputError, match=rf"{name} must be at most 2\*\*31-1 = 2147483647, got {value}"):
+        jaxsal.explain(MODEL.apply, PARAMS, _obs(), method=method, key=jax.random.PRNGKey(0), **opts)
+    assert jaxsal.checks.check_positive_int("n", 2 ** 31 - 1) == 2 ** 31 - 1
