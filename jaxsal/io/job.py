@@ -268,6 +268,8 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
         todo = [i for i in mine if any(not method_done(s.alias, i) for s in specs)
                 or not store.outputs_done(out, i) or not effects_done(i)]
+        if store_maps:  # a damaged chunk is named now, not counted as done (load_maps would refuse it later)
+            store.check_map_chunks(out, [s.alias for s in specs], mine, n, chunk)
         total = sum(rows(i) for i in mine)
         done_before = total - sum(rows(i) for i in todo)
 

@@ -768,30 +768,7 @@ class MapArray:
         return _OPEN_CHUNKS.get_or_build((self._id, i), lambda: self._open(i))
 
     def _open(self, i: int) -> np.ndarray:
-        """Chunk i memory-mapped, checked to hold its rows of maps like the others: a truncated, emptied or
-        replaced file is a clear error naming the fix, not a numpy error or misaligned frames."""
-        path = chunk_path(self.out, self.method, i)
-        rows = min(self.chunk, self.meta_n - i * self.chunk)
-        want = getattr(self, "shape", None)  # None while the first chunk is opened
-        try:
-            a = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, EOFError, IsADirectoryError) as e:
-            a, why = None, str(e).splitlines()[0] if str(e) else type(e).__name__
-        else:
-            why = None
-            extra = os.path.getsize(path) - a.offset - a.nbytes
-            if extra > 0:  # np.load maps the header's array and ignores the rest
-                why = f"{extra} bytes after its maps"
-            elif a.ndim not in (3, 4) or a.shape[0] != rows or (want is not None and a.shape[1:] != want[1:]):
-                why = f"shape {a.shape}, not {rows} maps" + (f" of {want[1:]}" if want is not None else "")
-            elif not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
-                why = f"dtype {a.dtype}"
-        if why is not None and a is not None and a.ndim in (3, 4):
-            check_short_chunk(path, self.out, self.meta_n, self.chunk, {a.shape[0]}, rows)
-        if why is not None:
-            raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
-                                     "command, which computes that chunk again")
-        return a
+        return open_map_chunk(self.out, self.method, i, self.meta_n, self.chunk, getattr(self, "shape", None))
 
     def _rows(self, idx: np.ndarray) -> np.ndarray:
         out = np.empty((len(idx),) + self.shape[1:], self.dtype)
@@ -829,6 +806,46 @@ class MapArray:
 
     def __repr__(self):
         return f"MapArray(method={self.method!r}, shape={self.shape}, dtype={self.dtype}, dir='{self.out}')"
+
+
+def open_map_chunk(out, method: str, i: int, n: int, chunk: int, want=None) -> np.ndarray:
+    """Chunk i of a method's maps memory-mapped, checked to hold its rows of maps (of `want[1:]`, the
+    others' shape, where given): a truncated, emptied or replaced file is a clear error naming the fix,
+    not a numpy error or misaligned frames."""
+    path = chunk_path(out, method, i)
+    rows = min(chunk, n - i * chunk)
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError, IsADirectoryError) as e:
+        a, why = None, str(e).splitlines()[0] if str(e) else type(e).__name__
+    else:
+        why = None
+        extra = os.path.getsize(path) - a.offset - a.nbytes
+        if extra > 0:  # np.load maps the header's array and ignores the rest
+            why = f"{extra} bytes after its maps"
+        elif a.ndim not in (3, 4) or a.shape[0] != rows or (want is not None and a.shape[1:] != tuple(want[1:])):
+            why = f"shape {a.shape}, not {rows} maps" + (f" of {tuple(want[1:])}" if want is not None else "")
+        elif not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+            why = f"dtype {a.dtype}"
+    if why is not None and a is not None and a.ndim in (3, 4):
+        check_short_chunk(path, out, n, chunk, {a.shape[0]}, rows)
+    if why is not None:
+        raise SaliencyInputError(f"{path} is corrupt ({why}): delete it and rerun the same `jaxsal explain` "
+                                 "command, which computes that chunk again")
+    return a
+
+
+def check_map_chunks(out, methods, chunks, n: int, chunk: int) -> None:
+    """The map chunks among `chunks` that a resumed job finds on disk, each opened (its header only)
+    and checked as `load_maps` would: a damaged one is named before the job counts it as done."""
+    for method in methods:
+        want = None
+        for i in chunks:
+            if not chunk_path(out, method, i).exists():
+                continue
+            a = open_map_chunk(out, method, i, n, chunk, want)
+            want = a.shape if want is None else want
+            del a
 
 
 def load_maps(out, method: str, allow_incomplete: bool = False) -> MapArray:

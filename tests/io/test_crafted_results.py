@@ -2,6 +2,7 @@
 edited by hand): `load_maps`, `load_outputs` and `jaxsal render` refuse them in one clear error naming
 the file and the fix, never a numpy or zipfile traceback nor maps or outputs joined to the wrong frames."""
 import json
+import re
 import shutil
 
 import numpy as np
@@ -299,3 +300,26 @@ def test_render_names_a_map_chunk_holding_nan_and_its_fix(job, tmp_path, capsys)
     frame = len(np.load(out / "gradient" / "chunk_0000000.npy")) + 1
     assert err.count("\n") == 1 and f"chunk_0000001.npy: its maps hold NaN or inf (frame {frame})" in err, err
     assert "delete it and rerun" in err and sorted(out.rglob("*")) == before
+
+
+RESUMED = {name: CASES[name] for name in CASES if name.startswith("map chunk") or name.endswith("map chunk")} | {
+    # before: a resumed job counted it as done and ended "complete" (exit 0); load_maps refused it only later
+    "map chunk of complex maps": (lambda o: np.save(o / "gradient" / "chunk_0000001.npy", np.zeros((2, 10, 10), np.complex64)),
+                                  r"chunk_0000001.npy is corrupt \(dtype complex64\)"),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUMED))
+def test_a_resumed_job_names_a_damaged_map_chunk_instead_of_counting_it_done(job, tmp_path, capsys, name):
+    mutate, says = RESUMED[name]
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    mutate(out)
+    chunks = {p: p.read_bytes() for p in sorted((out / "gradient").glob("chunk_*")) if p.is_file()}
+    capsys.readouterr()
+    d = job.parent
+    assert main(["explain", "--agent", str(d / "agent" / "tiny0.json"), "--methods", "gradient", "--input",
+                 str(d / "in.npy"), "--out", str(out), "--quiet", "--chunk", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(says, err) and "internal error" not in err, err
+    assert {p: p.read_bytes() for p in chunks} == chunks
