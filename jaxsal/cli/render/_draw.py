@@ -31,13 +31,17 @@ MAX_SIDE = 4096  # pixels a side of one drawn frame: --scale 10000 asked numpy f
 def check_drawing(scale, frame_shape=None, grid_frames=None, fps=None):
     """The numbers of `jaxsal render` (None: not given), before anything is drawn or written: whole numbers
     >= 1, and a `scale` that draws a frame of `frame_shape` (H, W) at most MAX_SIDE pixels a side."""
+    from jaxsal.checks import check_positive_int
     from jaxsal.errors import SaliencyInputError
 
     for flag, v, what in (("--scale", scale, "pixel upscaling of the pictures, e.g. --scale 3"),
                           ("--grid-frames", grid_frames, "frames in grid.png, e.g. --grid-frames 6"),
                           ("--fps", fps, "frames per second of the videos, e.g. --fps 15")):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-            raise SaliencyInputError(f"{flag} must be an integer >= 1, got {v!r} ({what})")
+        try:
+            if v is not None:
+                check_positive_int(flag, v)
+        except SaliencyInputError as e:
+            raise SaliencyInputError(f"{e} ({what})") from None
     if frame_shape is not None:
         h, w = int(frame_shape[0]), int(frame_shape[1])
         side = eff_scale(scale, h) * max(h, w)
