@@ -153,41 +153,11 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
     from jaxsal.provenance import params_checksum as checksum_of
 
     import jaxsal
-    from jaxsal.engine import run as run_engine
-    from jaxsal.front import explain_group, share_groups
 
     t0 = time.perf_counter()
-    check_specs(specs)
-    get_target(target)  # an unknown target fails here, before anything is written
-    bound_malloc()
-    if dtype not in DTYPES:
-        raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
-    check_precision(precision)
-    for name, v in (("chunk", chunk), ("num_processes", num_processes)):
-        checks.check_positive_int(name, v)
-    sizing.check_batch_size(batch_size)
-    checks.check_seed("seed", seed)
-    if not 0 <= process_id < num_processes:
-        raise SaliencyInputError(f"process_id must be in [0, {num_processes}), got {process_id}")
-    if target == "q_action":
-        if not hasattr(source, "actions"):
-            raise SaliencyInputError("--target q_action needs the actions taken in each state: save them in the "
-                                     ".npz next to the frames (np.savez(path, obs=frames, actions=actions), "
-                                     "one integer per frame stack), use a Dopamine replay directory (its "
-                                     "$store$_action_ckpt files), or choose another target")
-        all_actions = source.actions(0, len(source))  # every part's, checked before anything is written
-        for s in specs:
-            if "actions" in s.options:
-                raise SaliencyInputError(f"{s.alias}: --target q_action takes the actions from the input; "
-                                         "drop its actions option")
+    all_actions = _check_arguments(source, specs, target, dtype, precision, chunk, batch_size, seed, process_id,
+                                   num_processes, store_maps, objects, layout)
     n = len(source)
-    if not store_maps and objects is None:
-        raise SaliencyInputError("storing no maps leaves nothing to store: --store shares needs --objects")
-    if objects is not None:
-        from jaxsal.io.layout import to_nhwc_shape
-        from jaxsal.io.object_files import check_aligned
-
-        check_aligned(objects, n, to_nhwc_shape(source.shape, layout or "NHWC"))
     config = {
         "methods": {s.alias: {"method": s.method, "options": _jsonable(s.options)} for s in specs},
         "target": target, "dtype": dtype, "chunk": chunk, "n": n, "seed": seed,
@@ -224,90 +194,264 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
             raise SaliencyInputError(f"the input's actions do not fit this model: {e}; model and input are for "
                                      "different games, or the actions are not one per frame stack") from None
     pixels = getattr(apply_fn, "jaxsal_pixels", None)
-    # uint8 frames need no look; rows of other dtypes (every float shard of a shard folder, not only the
-    # first chunk's) are checked in full when they are at most SCAN_BYTES, else the first chunk of each
-    # shard here and every chunk beyond the first as it is read
-    spans = [(a, b, dt) for a, b, dt in dtype_spans(source) if dt not in (np.uint8, np.bool_)]
-    scanned = n  # frames [0, scanned) are value-checked here; later chunks as they are read
-    if spans:
-        row = int(np.prod(source.shape[1:]))
-        whole = (sum((b - a) * row * dt.itemsize for a, b, dt in spans) <= SCAN_BYTES
-                 and not _resuming(out, config))
-        scanned = n if whole else min(n, chunk)
-        for a0, b0, _ in spans:
-            for a in range(a0, b0 if whole else min(b0, a0 + chunk), chunk):
-                b = min(b0, a + chunk)
-                _check_values(np.asarray(source.read(a, b)), pixels, a, b, prefix_nan=False)
+    scanned = _scan_values(source, pixels, chunk, whole_ok=not _resuming(out, config))
     with store.job_lock(out, shared=num_processes > 1):  # one job writes here at a time (its processes together)
         manifest = store.open_job(out, config, meta)
         for s in specs:  # each method's directory describes itself too
             store.write_method_meta(out, s.alias, manifest)
+        job = _Chunks(apply_fn, params, source, out, specs, target=target, chunk=chunk, dtype=dtype, layout=layout,
+                      batch_size=batch_size, precision=precision, seed=seed, objects=objects,
+                      store_maps=store_maps, scanned=scanned, pixels=pixels)
         if objects is not None:
             from jaxsal.io import object_files as objs
 
             objs.write_meta(out, objects, store_maps)
-
-        def method_done(alias, i):
-            """A method's chunk is done when everything it stores for the chunk exists."""
-            return ((not store_maps or store.chunk_path(out, alias, i).exists())
-                    and (objects is None or objs.objects_path(out, alias, i).exists()))
-
-        effects = objects is not None and objects.effects
-
-        def effects_done(i):
-            return not effects or objs.effects_path(out, i).exists()
-
         if num_processes == 1:  # nobody else writes here: drop temp files left by a killed run
-            for s in specs:
-                for tmp in (out / s.alias).glob(".chunk_*.tmp") if (out / s.alias).exists() else ():
-                    tmp.unlink(missing_ok=True)
-            if objects is not None:
-                objs.drop_temp_files(out, [s.alias for s in specs])
-        n_chunks = -(-n // chunk)
-        mine = [i for i in range(n_chunks) if i % num_processes == process_id]
-        rows = lambda i: min(chunk, n - i * chunk)  # noqa: E731
-        todo = [i for i in mine if any(not method_done(s.alias, i) for s in specs)
-                or not store.outputs_done(out, i) or not effects_done(i)]
+            job.drop_temp_files()
+        mine = [i for i in range(job.n_chunks) if i % num_processes == process_id]
         if store_maps:  # a damaged chunk is named now, not counted as done (load_maps would refuse it later)
             store.check_map_chunks(out, [s.alias for s in specs], mine, n, chunk)
-        total = sum(rows(i) for i in mine)
-        done_before = total - sum(rows(i) for i in todo)
+        todo = [i for i in mine if not job.chunk_done(i)]
+        total = sum(job.rows(i) for i in mine)
+        done_before = total - sum(job.rows(i) for i in todo)
+        bar = _progress(total, done_before, quiet)
+        try:
+            job.stream(todo, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        wall = time.perf_counter() - t0
+        summary = {
+            "frames": n, "frames_this_process": total, "frames_computed": job.computed,
+            "frames_resumed": done_before, "wall_s": round(wall, 3),
+            **job.rates(),
+            **({"effects_s": round(job.effects_s, 3)} if job.effects else {}),
+            "out": str(out.absolute()), "complete": all(job.chunk_done(i) for i in range(job.n_chunks)),
+            "process_id": process_id, "num_processes": num_processes, "devices": jax.local_device_count(),
+        }
+        if todo or not (out / f"summary-p{process_id}.json").exists():  # nothing to do: write nothing (read-only ok)
+            store.atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
+        return summary
 
+
+def _check_arguments(source, specs, target, dtype, precision, chunk, batch_size, seed, process_id, num_processes,
+                     store_maps, objects, layout):
+    """run_job's arguments, before anything is read beyond headers or written; returns every state's
+    action for target="q_action" (checked against the model later), else None."""
+    check_specs(specs)
+    get_target(target)  # an unknown target fails here, before anything is written
+    bound_malloc()
+    if dtype not in DTYPES:
+        raise SaliencyInputError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
+    check_precision(precision)
+    for name, v in (("chunk", chunk), ("num_processes", num_processes)):
+        checks.check_positive_int(name, v)
+    sizing.check_batch_size(batch_size)
+    checks.check_seed("seed", seed)
+    if not 0 <= process_id < num_processes:
+        raise SaliencyInputError(f"process_id must be in [0, {num_processes}), got {process_id}")
+    all_actions = None
+    if target == "q_action":
+        if not hasattr(source, "actions"):
+            raise SaliencyInputError("--target q_action needs the actions taken in each state: save them in the "
+                                     ".npz next to the frames (np.savez(path, obs=frames, actions=actions), "
+                                     "one integer per frame stack), use a Dopamine replay directory (its "
+                                     "$store$_action_ckpt files), or choose another target")
+        all_actions = source.actions(0, len(source))  # every part's, checked before anything is written
+        for s in specs:
+            if "actions" in s.options:
+                raise SaliencyInputError(f"{s.alias}: --target q_action takes the actions from the input; "
+                                         "drop its actions option")
+    if not store_maps and objects is None:
+        raise SaliencyInputError("storing no maps leaves nothing to store: --store shares needs --objects")
+    if objects is not None:
+        from jaxsal.io.layout import to_nhwc_shape
+        from jaxsal.io.object_files import check_aligned
+
+        check_aligned(objects, len(source), to_nhwc_shape(source.shape, layout or "NHWC"))
+    return all_actions
+
+
+def _scan_values(source, pixels, chunk: int, whole_ok: bool) -> int:
+    """The up-front value check of float frames (uint8 frames need no look); returns how many leading
+    frames it covered, the later ones being checked as they are read. Rows of other dtypes (every float
+    shard of a shard folder, not only the first chunk's) are checked in full when they are at most
+    SCAN_BYTES (and the job is not resuming), else the first chunk of each shard."""
+    n = len(source)
+    spans = [(a, b, dt) for a, b, dt in dtype_spans(source) if dt not in (np.uint8, np.bool_)]
+    if not spans:
+        return n
+    row = int(np.prod(source.shape[1:]))
+    whole = whole_ok and sum((b - a) * row * dt.itemsize for a, b, dt in spans) <= SCAN_BYTES
+    for a0, b0, _ in spans:
+        for a in range(a0, b0 if whole else min(b0, a0 + chunk), chunk):
+            b = min(b0, a + chunk)
+            _check_values(np.asarray(source.read(a, b)), pixels, a, b, prefix_nan=False)
+    return n if whole else min(n, chunk)
+
+
+class _Chunks:
+    """A job's chunks: which are done, how one is read, explained and saved, and the streaming loop
+    (a reader thread loads and places the next chunk, a writer thread saves the last one)."""
+
+    def __init__(self, apply_fn, params, source, out: Path, specs, *, target, chunk, dtype, layout, batch_size,
+                 precision, seed, objects, store_maps, scanned, pixels):
+        self.apply_fn, self.params, self.source, self.out, self.specs = apply_fn, params, source, out, specs
+        self.target, self.chunk, self.dtype, self.layout, self.batch_size = target, chunk, dtype, layout, batch_size
+        self.objects, self.store_maps, self.scanned, self.pixels = objects, store_maps, scanned, pixels
+        self.effects = objects is not None and objects.effects
+        self.n = len(source)
+        self.n_chunks = -(-self.n // chunk)
+        self.use_actions = target == "q_action"
         key = jax.random.PRNGKey(seed)
-        use_actions = target == "q_action"
-        base = {s.alias: _explain_args(s, target, layout, key, batch_size, precision) for s in specs}
-
+        self.base = {s.alias: _explain_args(s, target, layout, key, batch_size, precision) for s in specs}
         # every chunk is padded to the same rows (one compiled executable for all), a multiple of
         # the local devices, and lands on them already split along the batch axis
-        pad_to = sizing.device_multiple(min(chunk, n))
-        sharding = batch_sharding()
+        self.pad_to = sizing.device_multiple(min(chunk, self.n))
+        self.sharding = batch_sharding()
+        self.seconds = {s.alias: 0.0 for s in specs}
+        self.shared: dict = {}  # alias -> the aliases computed together with it (one backward per chunk)
+        self.first_chunk_s: dict = {}
+        self.computed, self.effects_s = 0, 0.0
 
-        def load(i):
-            x = np.asarray(source.read(i * chunk, i * chunk + rows(i)))
-            if i * chunk + rows(i) > scanned:  # beyond the up-front scan: checked before its outputs exist
-                _check_values(x, pixels, i * chunk, i * chunk + rows(i))
-            x = pad_rows(x, pad_to)
-            acts = pad_rows(np.asarray(source.actions(i * chunk, i * chunk + rows(i))), pad_to) if use_actions else None
-            return i, rows(i), (jax.device_put(x) if sharding is None else jax.device_put(x, sharding)), acts
+    # ---------------------------------------------------------------- what is on disk
+    def rows(self, i: int) -> int:
+        return min(self.chunk, self.n - i * self.chunk)
 
-        def save(item):
-            i, results, outputs, chunk_effects = item
-            if chunk_effects is not None and not objs.effects_path(out, i).exists():
-                objs.write_effects(out, i, chunk_effects)
-            for alias, maps, shares in results:
-                if maps is not None and not store.chunk_path(out, alias, i).exists():
-                    store.write_chunk(out, alias, i, maps)
-                if shares is not None and not objs.objects_path(out, alias, i).exists():
-                    objs.write_shares(out, alias, i, shares)
-            if not store.outputs_done(out, i):  # also rewrites a chunk an older jaxsal wrote without "index"
-                store.write_outputs(out, i, outputs)
+    def method_done(self, alias: str, i: int) -> bool:
+        """A method's chunk is done when everything it stores for the chunk exists."""
+        from jaxsal.io import object_files as objs
 
-        seconds = {s.alias: 0.0 for s in specs}
-        shared: dict = {}  # alias -> the aliases computed together with it (one backward per chunk)
-        first_chunk_s: dict = {}
+        return ((not self.store_maps or store.chunk_path(self.out, alias, i).exists())
+                and (self.objects is None or objs.objects_path(self.out, alias, i).exists()))
+
+    def effects_done(self, i: int) -> bool:
+        from jaxsal.io import object_files as objs
+
+        return not self.effects or objs.effects_path(self.out, i).exists()
+
+    def chunk_done(self, i: int) -> bool:
+        return (all(self.method_done(s.alias, i) for s in self.specs) and store.outputs_done(self.out, i)
+                and self.effects_done(i))
+
+    def drop_temp_files(self):
+        """Temporary files a killed run left (only when no other process writes here)."""
+        for s in self.specs:
+            for tmp in (self.out / s.alias).glob(".chunk_*.tmp") if (self.out / s.alias).exists() else ():
+                tmp.unlink(missing_ok=True)
+        if self.objects is not None:
+            from jaxsal.io import object_files as objs
+
+            objs.drop_temp_files(self.out, [s.alias for s in self.specs])
+
+    # ---------------------------------------------------------------- one chunk
+    def load(self, i: int):
+        """Chunk i read, value-checked beyond the up-front scan, padded and placed on the devices."""
+        a, m = i * self.chunk, self.rows(i)
+        x = np.asarray(self.source.read(a, a + m))
+        if a + m > self.scanned:  # beyond the up-front scan: checked before its outputs exist
+            _check_values(x, self.pixels, a, a + m)
+        x = pad_rows(x, self.pad_to)
+        acts = pad_rows(np.asarray(self.source.actions(a, a + m)), self.pad_to) if self.use_actions else None
+        return i, m, (jax.device_put(x) if self.sharding is None else jax.device_put(x, self.sharding)), acts
+
+    def explain(self, i: int, m: int, x, acts):
+        """(maps and shares per method, the stored outputs, the object effects or None) of chunk i."""
+        from jaxsal.engine import run as run_engine
+        from jaxsal.front import explain_group, share_groups
+
+        results, engine_out = [], None
+        # each chunk's states keep their positions in the input (first_index): per-state draws
+        # (SmoothGrad's noise) are those of one call on the whole input, whatever --chunk is
+        calls = {a: (meth, common if acts is None else dict(common, actions=acts),
+                     dict(own, first_index=own["first_index"] + i * self.chunk) if "first_index" in own else own)
+                 for a, (meth, common, own) in self.base.items()}
+        for group in share_groups(calls):  # the same every chunk: it depends on the settings only
+            # a group with any chunk missing is computed whole, so a resumed job writes
+            # what an uninterrupted one would (the same computation, not a smaller one)
+            if all(self.method_done(a, i) for a in group):
+                continue
+            ts = time.perf_counter()
+            # the stored actions and outputs come from the first group that explains the job's
+            # target and actions: what its clean forward gave (the job runs no forward of its own)
+            want = engine_out is None and all(calls[a][1]["target"] == self.target and calls[a][1]["actions"] is acts
+                                              for a in group)
+            try:
+                with checks.values_checked():  # once per chunk, when it was read
+                    maps, got = explain_group(self.apply_fn, self.params, x, calls, group, outputs=True) if want \
+                        else (explain_group(self.apply_fn, self.params, x, calls, group), None)
+                engine_out = engine_out if got is None else got
+                for a in group:
+                    results.append((a, np.asarray(maps[a][:m]).astype(self.dtype) if self.store_maps else None,
+                                    self._shares(maps[a], i, m)))
+            except SaliencyInputError as e:  # say which frames, keep it one line
+                raise SaliencyInputError(
+                    f"{'+'.join(group)}, frames {i * self.chunk}:{i * self.chunk + m}: {e}") from None
+            self._took(group, m, time.perf_counter() - ts)
+        chunk_effects = self._effects(i, m, x, acts)
+        if engine_out is None:  # no group ran on the engine (or all were done): its forward alone
+            with checks.values_checked():
+                _, engine_out = run_engine([], self.apply_fn, self.params, x, target=self.target, actions=acts,
+                                           layout=self.layout, batch_size=self.batch_size, outputs=True)
+        outputs = stored_outputs(engine_out, self.target, acts is not None, m)
+        a = i * self.chunk
+        outputs.update(row_ids(self.source, a, a + m))  # which state of the input each row is
+        return results, outputs, chunk_effects
+
+    def _shares(self, maps, i: int, m: int):
+        """Object shares of one method's float32 maps of chunk i (None without objects)."""
+        if self.objects is None:
+            return None
+        from jaxsal.io import object_files as objs
+
+        return objs.chunk_shares(maps, self.objects.boxes[i * self.chunk:i * self.chunk + m], m)
+
+    def _effects(self, i: int, m: int, x, acts):
+        """The causal effects of removing each object class in chunk i, once for all methods (or None)."""
+        if not self.effects or self.effects_done(i):
+            return None
+        from jaxsal.io import object_files as objs
+
+        ts = time.perf_counter()
+        try:
+            with checks.values_checked():
+                res = objs.chunk_effects(self.apply_fn, self.params, x,
+                                         self.objects.boxes[i * self.chunk:i * self.chunk + m], m, self.target,
+                                         actions=acts, layout=self.layout, batch_size=self.batch_size)
+        except SaliencyInputError as e:
+            raise SaliencyInputError(f"object effects, frames {i * self.chunk}:{i * self.chunk + m}: {e}") from None
+        self.effects_s += time.perf_counter() - ts
+        return res
+
+    def _took(self, group, m: int, took: float):
+        for a in group:  # each method of a group took the group's time
+            self.seconds[a] += took
+            if not self.first_chunk_s.get(a):
+                self.first_chunk_s[a] = (m, took)  # includes compilation
+        self.shared.update({a: list(group) for a in group if len(group) > 1})
+
+    def save(self, item):
+        """Everything chunk i stores that is not on disk yet (the writer thread)."""
+        from jaxsal.io import object_files as objs
+
+        i, results, outputs, chunk_effects = item
+        if chunk_effects is not None and not objs.effects_path(self.out, i).exists():
+            objs.write_effects(self.out, i, chunk_effects)
+        for alias, maps, shares in results:
+            if maps is not None and not store.chunk_path(self.out, alias, i).exists():
+                store.write_chunk(self.out, alias, i, maps)
+            if shares is not None and not objs.objects_path(self.out, alias, i).exists():
+                objs.write_shares(self.out, alias, i, shares)
+        if not store.outputs_done(self.out, i):  # also rewrites a chunk an older jaxsal wrote without "index"
+            store.write_outputs(self.out, i, outputs)
+
+    # ---------------------------------------------------------------- the stream
+    def stream(self, todo: list[int], bar):
+        """Explain the chunks `todo`: a reader thread loads the next while one computes, a writer thread
+        saves the last; an input that fails while being read marks the job so that its chunks are never
+        served as complete, and every chunk computed before an error is still saved."""
         reader_q: queue.Queue = queue.Queue(maxsize=2)
         reader_err: list = []
-
         stop = threading.Event()
 
         def offer(item):
@@ -322,112 +466,48 @@ def run_job(apply_fn, params, source, out, specs: list[MethodSpec], *, target: s
         def reader():
             try:
                 for i in todo:
-                    if not offer(load(i)):
+                    if not offer(self.load(i)):
                         return
             except BaseException as e:
                 reader_err.append(e)
             offer(None)
 
-        writer = _Worker(save)
+        writer = _Worker(self.save)
         writer.start()
         threading.Thread(target=reader, daemon=True).start()
-        bar = _progress(total, done_before, quiet)
-        computed = 0
-        effects_s = 0.0
         try:
             while True:
                 item = reader_q.get()
                 if item is None:
                     break
                 i, m, x, acts = item
-                results, engine_out = [], None
-                # each chunk's states keep their positions in the input (first_index): per-state draws
-                # (SmoothGrad's noise) are those of one call on the whole input, whatever --chunk is
-                calls = {a: (meth, common if acts is None else dict(common, actions=acts),
-                             dict(own, first_index=own["first_index"] + i * chunk) if "first_index" in own else own)
-                         for a, (meth, common, own) in base.items()}
-                groups = share_groups(calls)  # the same every chunk: it depends on the settings only
-                for group in groups:
-                    # a group with any chunk missing is computed whole, so a resumed job writes
-                    # what an uninterrupted one would (the same computation, not a smaller one)
-                    if all(method_done(a, i) for a in group):
-                        continue
-                    ts = time.perf_counter()
-                    # the stored actions and outputs come from the first group that explains the job's
-                    # target and actions: what its clean forward gave (the job runs no forward of its own)
-                    want = engine_out is None and all(calls[a][1]["target"] == target and calls[a][1]["actions"] is acts
-                                                      for a in group)
-                    try:
-                        with checks.values_checked():  # once per chunk, when it was read
-                            maps, got = explain_group(apply_fn, params, x, calls, group, outputs=True) if want \
-                                else (explain_group(apply_fn, params, x, calls, group), None)
-                        engine_out = engine_out if got is None else got
-                        for a in group:
-                            shares = None if objects is None else objs.chunk_shares(
-                                maps[a], objects.boxes[i * chunk:i * chunk + m], m)  # from the float32 maps
-                            results.append((a, np.asarray(maps[a][:m]).astype(dtype) if store_maps else None,
-                                            shares))
-                    except SaliencyInputError as e:  # say which frames, keep it one line
-                        raise SaliencyInputError(
-                            f"{'+'.join(group)}, frames {i * chunk}:{i * chunk + m}: {e}") from None
-                    took = time.perf_counter() - ts
-                    for a in group:  # each method of a group took the group's time
-                        seconds[a] += took
-                        if not first_chunk_s.get(a):
-                            first_chunk_s[a] = (m, took)  # includes compilation
-                    shared.update({a: list(group) for a in group if len(group) > 1})
-                chunk_effects = None
-                if effects and not effects_done(i):
-                    ts = time.perf_counter()
-                    try:
-                        with checks.values_checked():
-                            chunk_effects = objs.chunk_effects(
-                                apply_fn, params, x, objects.boxes[i * chunk:i * chunk + m], m, target,
-                                actions=acts, layout=layout, batch_size=batch_size)
-                    except SaliencyInputError as e:
-                        raise SaliencyInputError(f"object effects, frames {i * chunk}:{i * chunk + m}: {e}") from None
-                    effects_s += time.perf_counter() - ts
-                if engine_out is None:  # no group ran on the engine (or all were done): its forward alone
-                    with checks.values_checked():
-                        _, engine_out = run_engine([], apply_fn, params, x, target=target, actions=acts,
-                                                   layout=layout, batch_size=batch_size, outputs=True)
-                outputs = stored_outputs(engine_out, target, acts is not None, m)
-                outputs.update(row_ids(source, i * chunk, i * chunk + m))  # which state of the input each row is
+                results, outputs, chunk_effects = self.explain(i, m, x, acts)
                 writer.put((i, results, outputs, chunk_effects))
-                computed += m
+                self.computed += m
                 if bar is not None:
                     bar.update(m)
             if reader_err:
                 if isinstance(reader_err[0], SaliencyInputError):  # the input failed while being read: the chunks
-                    store.mark_input_failed(out, str(reader_err[0]))  # already written are never served as complete
+                    store.mark_input_failed(self.out, str(reader_err[0]))  # already written are never served as complete
                 raise reader_err[0]
         finally:
             stop.set()  # the reader stops; the writer still saves every chunk already computed
             writer.q.put(None)
             writer.join()
-            if bar is not None:
-                bar.close()
         if writer.error is not None:
             raise writer.error
-        wall = time.perf_counter() - t0
-        complete = all(method_done(s.alias, i) for s in specs for i in range(n_chunks)) and all(
-            store.outputs_done(out, i) and effects_done(i) for i in range(n_chunks))
-        summary = {
-            "frames": n, "frames_this_process": total, "frames_computed": computed,
-            "frames_resumed": done_before, "wall_s": round(wall, 3),
-            "maps_per_s": {a: (round(computed / t, 2) if t > 0 and computed else None) for a, t in seconds.items()},
+
+    def rates(self) -> dict:
+        """The summary's maps/s per method (each credited its group's time), after compilation too."""
+        computed, first = self.computed, self.first_chunk_s
+        return {
+            "maps_per_s": {a: (round(computed / t, 2) if t > 0 and computed else None) for a, t in self.seconds.items()},
             "maps_per_s_after_compile": {
-                a: (round((computed - first_chunk_s[a][0]) / (t - first_chunk_s[a][1]), 2)
-                    if a in first_chunk_s and computed > first_chunk_s[a][0] and t > first_chunk_s[a][1] else None)
-                for a, t in seconds.items()},
-            "computed_together": sorted({tuple(g) for g in shared.values()}),
-            **({"effects_s": round(effects_s, 3)} if effects else {}),
-            "out": str(out.absolute()), "complete": complete, "process_id": process_id,
-            "num_processes": num_processes, "devices": jax.local_device_count(),
+                a: (round((computed - first[a][0]) / (t - first[a][1]), 2)
+                    if a in first and computed > first[a][0] and t > first[a][1] else None)
+                for a, t in self.seconds.items()},
+            "computed_together": sorted({tuple(g) for g in self.shared.values()}),
         }
-        if todo or not (out / f"summary-p{process_id}.json").exists():  # nothing to do: write nothing (read-only ok)
-            store.atomic_write(out / f"summary-p{process_id}.json", json.dumps(summary, indent=2).encode())
-        return summary
 
 
 def _explain_args(spec: MethodSpec, target, layout, key, batch_size, precision) -> tuple:
