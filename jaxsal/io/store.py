@@ -809,9 +809,26 @@ class MapArray:
 
 
 def open_map_chunk(out, method: str, i: int, n: int, chunk: int, want=None) -> np.ndarray:
-    """Chunk i of a method's maps memory-mapped, checked to hold its rows of maps (of `want[1:]`, the
-    others' shape, where given): a truncated, emptied or replaced file is a clear error naming the fix,
-    not a numpy error or misaligned frames."""
+    """Chunk `i` of a method's maps, memory-mapped and checked to hold its rows of maps.
+
+    A truncated, emptied or replaced file is a clear error naming the fix, not a numpy error or
+    maps joined to the wrong frames.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        method (str): the method's alias in the job (its folder name).
+        i (int): the chunk's index.
+        n (int): the job's number of frames.
+        chunk (int): the job's frames per chunk.
+        want (tuple | None): the shape of the maps read so far (its trailing axes must match), or None.
+
+    Returns:
+        numpy.ndarray: the chunk's maps, memory-mapped (rows, H, W) or (rows, H, W, C).
+
+    Raises:
+        jaxsal.SaliencyInputError: the file is corrupt (unreadable, bytes after its maps, another shape
+            or dtype), naming it and the fix.
+    """
     path = chunk_path(out, method, i)
     rows = min(chunk, n - i * chunk)
     try:
@@ -836,8 +853,20 @@ def open_map_chunk(out, method: str, i: int, n: int, chunk: int, want=None) -> n
 
 
 def check_map_chunks(out, methods, chunks, n: int, chunk: int) -> None:
-    """The map chunks among `chunks` that a resumed job finds on disk, each opened (its header only)
-    and checked as `load_maps` would: a damaged one is named before the job counts it as done."""
+    """Checks the map chunks a resumed job finds on disk, as `load_maps` would.
+
+    Each is opened (its header only), so a damaged one is named before the job counts it as done.
+
+    Args:
+        out (str | os.PathLike): the output directory.
+        methods (list[str]): the methods' aliases (folder names).
+        chunks (Iterable[int]): the chunk indices to check where they exist.
+        n (int): the job's number of frames.
+        chunk (int): the job's frames per chunk.
+
+    Raises:
+        jaxsal.SaliencyInputError: a chunk is corrupt, naming it and the fix (see `open_map_chunk`).
+    """
     for method in methods:
         want = None
         for i in chunks:
