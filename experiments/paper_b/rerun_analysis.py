@@ -394,8 +394,9 @@ def write_readme(root: Path = OUT, games=R.GAMES) -> Path:
         missing = []
         games = [g for g in games if (root / g / "README.md").exists()]
         lines[-1] += ("This folder is the re-run on one more agent (the agent file named in each game's section): "
-                      "no result here is about other agents. The readings across agents come from the registered "
-                      "`python -m experiments.paper_b.agents_analysis` once every agent's re-run is done.")
+                      "no result here is about other agents. The readings across agents are the registered "
+                      "`python -m experiments.paper_b.agents_analysis`'s, in [`../README.md`](../README.md) once "
+                      "every agent's re-run is done.")
     lines.append("")
     if missing:
         lines += ["Not run yet: " + ", ".join(missing), ""]

@@ -46,22 +46,22 @@ def test_the_committed_pages_are_generated_from_the_committed_summaries():
 
 
 def test_the_check_rejects_a_page_that_no_longer_matches(tmp_path):
-    summaries = S.load()
+    summaries, agents = S.load(), S.load_agents()   # agents: the across-agents study's, where it has run
     assert summaries, "the committed re-run has games"
-    for page in list(S.sections(summaries)) + [S.SUMMARY_MD]:
+    for page in list(S.sections(summaries, agents)) + [S.SUMMARY_MD]:
         (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / page).exists():
             (tmp_path / page).write_text((ROOT / page).read_text())
-    assert S.update(tmp_path, summaries, check=True) == []
+    assert S.update(tmp_path, summaries, check=True, agents=agents) == []
     changed = copy.deepcopy(summaries)
     g = next(iter(changed))
     changed[g]["sanity"]["rise/q"]["verdict"] = "fails"
-    stale = S.update(tmp_path, changed, check=True)
+    stale = S.update(tmp_path, changed, check=True, agents=agents)
     assert "docs/methods/rise.md" in stale and "docs/methods/index.md" in stale
     assert "docs/methods/gradient.md" not in stale
-    assert S.update(tmp_path, changed) == stale               # writes them, and draws the figure
+    assert S.update(tmp_path, changed, agents=agents) == stale               # writes them, and draws the figure
     assert (tmp_path / S.SANITY_PNG).stat().st_size > 10_000
-    assert S.update(tmp_path, changed, check=True) == []
+    assert S.update(tmp_path, changed, check=True, agents=agents) == []
     assert "**fails**" in (tmp_path / "docs/methods/rise.md").read_text()
 
 
