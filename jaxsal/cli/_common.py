@@ -9,16 +9,22 @@ def say(msg: str, quiet: bool = False):
         print(msg, flush=True)
 
 
-def check_positive(flag: str, value, hint: str = ""):
-    """A numeric flag through the library's check (jaxsal.checks.check_positive_int), in the
-    command line's words: the flag, the value, what it is for."""
-    from jaxsal.checks import check_positive_int
+def check_flag(check, flag: str, value, hint: str = ""):
+    """A flag's value through one of the library's checks (jaxsal.checks), in the command line's words:
+    the flag, the value, what it is for; the checked value back."""
     from jaxsal.errors import CLIError, SaliencyInputError
 
     try:
-        return check_positive_int(flag, value)
+        return check(flag, value)
     except SaliencyInputError as e:
         raise CLIError(f"{e}{hint}") from None
+
+
+def check_positive(flag: str, value, hint: str = ""):
+    """A count flag through jaxsal.checks.check_positive_int (>= 1, fits int32)."""
+    from jaxsal.checks import check_positive_int
+
+    return check_flag(check_positive_int, flag, value, hint)
 
 
 def summary_lines(summary: dict) -> list[str]:

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 from jaxsal.cli._agent import AGENT_HELP, check_agent, check_buffer_actions, check_frames, check_layers, load_agent
-from jaxsal.cli._common import check_positive, say, summary_lines
+from jaxsal.cli._common import check_flag, check_positive, say, summary_lines
 from jaxsal.cli._input import Limited, play
 from jaxsal.engine.precision import PRECISIONS
 from jaxsal.errors import CLIError
@@ -73,12 +73,8 @@ def _check_numbers(args):
                                          "--chunk": " (frames per output chunk, e.g. --chunk 512)",
                                          "--limit": " (explain only the first N frames)"}.get(flag, ""))
     from jaxsal.checks import check_seed
-    from jaxsal.errors import SaliencyInputError
 
-    try:
-        check_seed("--seed", args.seed)  # also --play's: the game is seeded before the job starts
-    except SaliencyInputError as e:
-        raise CLIError(str(e)) from None
+    check_flag(check_seed, "--seed", args.seed)  # also --play's: the game is seeded before the job starts
 
 
 def _init_distributed(args):

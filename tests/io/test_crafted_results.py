@@ -24,6 +24,15 @@ def job(tmp_path_factory):
     return d / "out"
 
 
+def _copy(job, tmp_path, mutate=None):
+    """A copy of the finished job to damage (the module's job stays intact), `mutate` applied."""
+    out = tmp_path / "out"
+    shutil.copytree(job, out)
+    if mutate is not None:
+        mutate(out)
+    return out
+
+
 def _manifest(edit):
     def mutate(out):
         path = out / "manifest.json"
@@ -105,9 +114,7 @@ def _append_member(path):
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_corrupted_result_is_one_clear_error_naming_the_fix(job, tmp_path, capsys, name):
     mutate, says = CASES[name]
-    out = tmp_path / "out"
-    shutil.copytree(job, out)
-    mutate(out)
+    out = _copy(job, tmp_path, mutate)
     outputs = "outputs" in name
     with pytest.raises(SaliencyInputError, match=says) as e:
         np.asarray(jaxsal.load_outputs(out)) if outputs else np.asarray(jaxsal.load_maps(out, "gradient"))
@@ -129,8 +136,7 @@ RENDER_FLAGS = {  # name -> (flags of `jaxsal render`, what the error says); bef
 @pytest.mark.parametrize("name", list(RENDER_FLAGS))
 def test_render_numbers_out_of_range_are_one_line_and_nothing_written(job, tmp_path, capsys, name):
     flags, says = RENDER_FLAGS[name]
-    out = tmp_path / "out"
-    shutil.copytree(job, out)
+    out = _copy(job, tmp_path)
     before = sorted(out.rglob("*"))
     capsys.readouterr()
     argv = ["render", str(out), "--quiet"] + flags
@@ -194,8 +200,7 @@ def test_a_manifest_field_of_the_wrong_type_is_one_error_for_render_and_resume(o
     traceback (or, for a resume, the edited manifest kept)."""
     job, argv = objects_job
     edit, says = OBJECTS_EDITS[name]
-    out = tmp_path / "out"
-    shutil.copytree(job, out)
+    out = _copy(job, tmp_path)
     m = json.loads((out / "manifest.json").read_text())
     edit(m)
     (out / "manifest.json").write_text(json.dumps(m))
@@ -213,8 +218,7 @@ def test_a_manifest_field_of_the_wrong_type_is_one_error_for_render_and_resume(o
 
 def _n_edited_copy(job, tmp_path):
     """A copy of the job whose manifest n and meta.json n (so the two agree) say 10^15 frames."""
-    out = tmp_path / "out"
-    shutil.copytree(job, out)
+    out = _copy(job, tmp_path)
     for path in (out / "manifest.json", out / "gradient" / "meta.json"):
         m = json.loads(path.read_text())
         (m["config"] if "config" in m else m)["n"] = 10 ** 15
@@ -266,8 +270,7 @@ def test_only_a_jobs_own_chunk_names_count_as_finished(job, tmp_path):
     chunk 1, so the job reads as incomplete and chunk 1's frames as unfinished, not as NaN maps of a done job."""
     from jaxsal.io.store import chunk_path, chunks_on_disk, finished_frames, missing_chunks, outputs_path
 
-    out = tmp_path / "out"
-    shutil.copytree(job, out)
+    out = _copy(job, tmp_path)
     for folder, suffix in ((out / "gradient", "npy"), (out / "_outputs", "npz")):
         chunk1 = folder / f"chunk_0000001.{suffix}"
         shutil.copy(chunk1, folder / f"chunk_0000001.{suffix}.tmp")
@@ -287,8 +290,7 @@ def test_only_a_jobs_own_chunk_names_count_as_finished(job, tmp_path):
 
 def test_render_names_a_map_chunk_holding_nan_and_its_fix(job, tmp_path, capsys):
     """Before: "maps contain NaN or inf; cannot choose a colour scale", naming neither the file nor a fix."""
-    out = tmp_path / "out"
-    shutil.copytree(job, out)
+    out = _copy(job, tmp_path)
     path = out / "gradient" / "chunk_0000001.npy"
     maps = np.load(path)
     maps[1, 0, 0] = np.nan
@@ -312,9 +314,7 @@ RESUMED = {name: CASES[name] for name in CASES if name.startswith("map chunk") o
 @pytest.mark.parametrize("name", list(RESUMED))
 def test_a_resumed_job_names_a_damaged_map_chunk_instead_of_counting_it_done(job, tmp_path, capsys, name):
     mutate, says = RESUMED[name]
-    out = tmp_path / "out"
-    shutil.copytree(job, out)
-    mutate(out)
+    out = _copy(job, tmp_path, mutate)
     chunks = {p: p.read_bytes() for p in sorted((out / "gradient").glob("chunk_*")) if p.is_file()}
     capsys.readouterr()
     d = job.parent
