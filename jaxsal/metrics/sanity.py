@@ -25,6 +25,8 @@ result is the one `draw=d` gives (to float rounding).
 """
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 
@@ -142,8 +144,39 @@ def _draw_keys(key, draw: int):
     return jax.random.split(k_draw, 3)
 
 
-def _check_draws(draw, draws) -> tuple:
-    """The draws one call computes, checked: `draw` alone, or the sequence `draws`."""
+def free_memory_bytes() -> int | None:
+    """Bytes free for new arrays on the default device: an accelerator's allocator limit less what it
+    holds, on CPU the host's MemAvailable (Linux); None where neither is known."""
+    stats = None
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001 - a backend without memory statistics (XLA:CPU)
+        pass
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def draws_that_fit(params) -> int | None:
+    """How many draws one call may hold: each is a re-drawn copy of the weights, all held at once,
+    and together they may take half the free memory (free_memory_bytes); None where that is unknown."""
+    per_copy = sum(int(jnp.size(a)) * jnp.dtype(jnp.result_type(a)).itemsize for a in jax.tree.leaves(params))
+    free = free_memory_bytes()
+    if not per_copy or free is None:
+        return None
+    return max(1, free // 2 // per_copy)
+
+
+def _check_draws(draw, draws, limit: int | None = None) -> tuple:
+    """The draws one call computes, checked: `draw` alone, or the sequence `draws`, at most `limit`
+    of them (each holds a copy of the weights: draws_that_fit)."""
     draw = check_positive_int("draw", draw, 0)
     if draws is None:
         return (draw,)
@@ -151,6 +184,19 @@ def _check_draws(draw, draws) -> tuple:
         raise SaliencyInputError(f"pass either draw= (one draw) or draws= (several), not both (got draw={draw})")
     if isinstance(draws, (str, bytes)) or not hasattr(draws, "__iter__"):
         raise SaliencyInputError(f"draws must be a sequence of draw indices, e.g. range(10), got {draws!r}")
+    if limit is not None:
+        try:
+            n = len(draws)
+        except OverflowError:  # range(2**64): more than any machine holds
+            n = limit + 1
+        except TypeError:  # an iterator: read no more than the limit and one
+            draws = tuple(itertools.islice(draws, limit + 1))
+            n = len(draws)
+        if n > limit:
+            raise SaliencyInputError(
+                f"draws holds {n if n <= 2 ** 63 else 'more than 2**63'} draws, each a re-drawn copy of the "
+                f"weights held at once, but this machine's free memory holds about {limit}; pass at most {limit} "
+                f"per call (e.g. draws=range(0, {min(limit, 10)}), then the next indices in another call)")
     out = tuple(check_positive_int("draws", d, 0) for d in draws)
     if not out:
         raise SaliencyInputError("draws is empty; pass at least one draw index, e.g. draws=range(10)")
@@ -248,7 +294,8 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
             what `draw=` would. A perturbation method's draws of a cascade step then run as
             one program (compiled per call, seconds) sharing the layers the step leaves
             trained: for 10 draws 1.0-1.2x at the last step and 1.5-13x at the others
-            (occlusion, RISE, noise sensitivity); memory grows with the number of draws.
+            (occlusion, RISE, noise sensitivity); memory grows with the number of draws:
+            at most as many as half the free memory holds copies of the weights.
             Gradient methods run their draws one at a time. None: the one `draw`.
         original (jax.Array | None): the method's maps (N, H, W) of `obs` under `params` when
             the caller already has them (same options and key, e.g. one set shared by every
@@ -265,10 +312,11 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
     Raises:
         jaxsal.SaliencyInputError: `key` is missing; `layers` is empty, holds non-names, names a
             layer the params tree lacks or clashes with a result key; `draw` is not a
-            non-negative int, `draws` not a non-empty sequence of distinct ones, or both are
-            given; `per_frame=True` is asked for; `model` is neither a flax module nor an init
-            function (or is one without `apply_fn`); `init_fn` returns another tree than
-            `params`; `original` does not fit `obs`; or `obs` or the options are invalid.
+            non-negative int, `draws` not a non-empty sequence of distinct ones or more than
+            half the free memory holds, or both are given; `per_frame=True` is asked for;
+            `model` is neither a flax module nor an init function (or is one without
+            `apply_fn`); `init_fn` returns another tree than `params`; `original` does not fit
+            `obs`; or `obs` or the options are invalid.
     """
     if key is None:
         raise SaliencyInputError("sanity_check needs key=jax.random.PRNGKey(seed): it seeds the "
@@ -276,7 +324,7 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
     if isinstance(layers, str):
         layers = (layers,)
     layers = tuple(layers)
-    todo = _check_draws(draw, draws)
+    todo = _check_draws(draw, draws, None if draws is None else draws_that_fit(params))
     if not layers:
         raise SaliencyInputError("layers is empty; name at least one layer, e.g. ('q', 'fc1')")
     if not all(isinstance(n, str) for item in layers for n in _names(item)):

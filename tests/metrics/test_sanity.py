@@ -282,6 +282,52 @@ def test_bad_draws(dqn, kwargs, msg):
         sanity_check(model, params, obs[:1], method="_t_grad", key=jax.random.PRNGKey(0), **kwargs)
 
 
+class _ManyDraws:
+    """range(n)'s len (an OverflowError past 2**63, as range's) whose iteration fails after 1,000 draws, so
+    a check that lists the draws before bounding them fails here instead of running for hours."""
+
+    def __init__(self, n, sized=True):
+        self.n, self.sized = n, sized
+
+    def __len__(self):
+        if not self.sized:
+            raise TypeError("no len")
+        return len(range(self.n))
+
+    def __iter__(self):
+        for d in range(1000):
+            yield d
+        raise AssertionError("the draws were listed before their number was checked")
+
+
+@pytest.mark.parametrize("draws", [_ManyDraws(10 ** 12), _ManyDraws(2 ** 64), _ManyDraws(10 ** 12, sized=False)],
+                         ids=["10**12", "2**64", "an iterator"])
+def test_draws_beyond_memory_are_refused_before_any_is_drawn(dqn, monkeypatch, draws):
+    """Each draw holds a copy of the weights at once: before, range(10**12) listed the indices, then
+    exhausted memory (range(2**64) never ended). Now one error, at once, saying how many fit (here
+    a machine whose free memory holds 20 copies: 10 draws; an iterator is read no further than 11)."""
+    from jaxsal.metrics import sanity as S
+    model, params, obs = dqn
+    per_copy = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
+    monkeypatch.setattr(S, "free_memory_bytes", lambda: 20 * per_copy)
+    with pytest.raises(SaliencyInputError, match=r"draws holds .* pass at most \d+ per call"):
+        sanity_check(model, params, obs[:1], method="_t_grad", key=jax.random.PRNGKey(0), draws=draws)
+
+
+def test_the_draws_bound_is_half_the_free_memory_in_weight_copies(dqn, monkeypatch):
+    from jaxsal.metrics import sanity as S
+    model, params, obs = dqn
+    per_copy = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
+    monkeypatch.setattr(S, "free_memory_bytes", lambda: 6 * per_copy + 1)
+    assert S.draws_that_fit(params) == 3
+    kw = dict(method="_t_grad", key=jax.random.PRNGKey(0), layers=("q",), metrics=("spearman",))
+    with pytest.raises(SaliencyInputError, match="draws holds 4 draws.*pass at most 3 per call"):
+        sanity_check(model, params, obs[:1], draws=range(4), **kw)
+    assert sorted(sanity_check(model, params, obs[:1], draws=range(3), **kw)) == [0, 1, 2]
+    monkeypatch.setattr(S, "free_memory_bytes", lambda: None)  # unknown: no bound
+    assert S.draws_that_fit(params) is None
+
+
 def test_draws_are_vmapped_for_perturbation_methods_only(ln_dqn, monkeypatch):
     """A perturbation method's draws of a step share one vmapped program; a gradient method's go one
     at a time (its backward through re-drawn convolutions is slower vmapped)."""
