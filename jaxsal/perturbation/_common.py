@@ -121,7 +121,9 @@ class Static(NamedTuple):
     what `states` adds) under perturbation idx; score(out0, out1, a) -> (rows,); states(params,
     consts, x, extra) -> per-state arrays of a chunk (fill, a blurred copy, Score-CAM's activations);
     finish(consts, x, extra, scores (S, n_pert)) -> maps; box: (bh, bw, corner(idx) -> (r0, c0))
-    for the incremental forward pass, or None; k: indices per group; groups: their count."""
+    for the incremental forward pass, or None; k: indices per group; groups: their count;
+    superpixels: (jaxsal.perturbation._superpixel.FirstConv, fill kind) for the superpixel pass
+    (consts "z" and "fill", per-state "sp_pixel_slot" and "sp_slot_segment"), or None."""
     perturb: Callable
     score: Callable
     states: Callable
@@ -130,6 +132,7 @@ class Static(NamedTuple):
     k: int
     box: tuple | None = None
     groups: int = 1
+    superpixels: tuple | None = None
 
 
 def _no_states(params, consts, x, extra):
@@ -137,7 +140,7 @@ def _no_states(params, consts, x, extra):
 
 
 def prepared(call, *, perturb, score, finish, n_pert: int, consts=None, states=_no_states, box=None,
-             per_state=None, model=None) -> Prepared:
+             per_state=None, model=None, superpixels=None) -> Prepared:
     """The engine's `Prepared` of a perturbation method: n_pert indices in balanced groups of
     k <= batch_size rows (jaxsal.sizing.plan; chunks then hold batch_size // k states). With no
     batch_size, a method that runs whole forward passes (no incremental `box`) takes the
@@ -152,7 +155,7 @@ def prepared(call, *, perturb, score, finish, n_pert: int, consts=None, states=_
     k = sizes.group
     # host scalars: a jnp.int32 here compiled a program of its own on a first call
     groups = tuple(np.int32(j * k) for j in range(sizes.groups))
-    return Prepared(Static(perturb, score, states, finish, n_pert, k, box, sizes.groups),
+    return Prepared(Static(perturb, score, states, finish, n_pert, k, box, sizes.groups, superpixels),
                     {} if consts is None else consts, per_state or {}, groups, k, rows)
 
 
@@ -205,8 +208,16 @@ def _per_chunk(ctx, params, prep, rows):
     """What every group of a chunk reads, once per chunk: the clean output and the method's
     `states` (a blurred copy, Score-CAM's activations)."""
     st = prep.static
-    return {"out0": ctx.apply_fn(params, rows.x),
-            **st.states(params, prep.arrays, to_nhwc(rows.x, ctx.layout), rows.extra)}
+    x = to_nhwc(rows.x, ctx.layout)
+    out = {"out0": ctx.apply_fn(params, rows.x), **st.states(params, prep.arrays, x, rows.extra)}
+    if st.superpixels is not None:
+        from jaxsal.perturbation import _superpixel
+
+        conv, kind = st.superpixels
+        x_fill = jnp.broadcast_to(fill_of(kind, prep.arrays["fill"], x), x.shape)
+        out["sp_y_fill"], out["sp_terms"] = _superpixel.per_chunk(
+            apply_nhwc(ctx.apply_fn, ctx.layout), params, x, x_fill, rows.extra["sp_pixel_slot"], conv)
+    return out
 
 
 def _scores(ctx, params, prep, rows, offset, plain: bool = False):
@@ -221,7 +232,13 @@ def _scores(ctx, params, prep, rows, offset, plain: bool = False):
     s_, k_ = xp.shape[:2]
     flat = xp.reshape((s_ * k_,) + xp.shape[2:])
     leaked = None
-    if st.box is None or plain:
+    if st.superpixels is not None and not plain:
+        from jaxsal.perturbation import _superpixel
+
+        out1 = _superpixel.apply(apply_nhwc(ctx.apply_fn, ctx.layout), params, flat, consts["z"][idx],
+                                 rows.extra["sp_slot_segment"], rows.extra["sp_y_fill"], rows.extra["sp_terms"],
+                                 st.superpixels[0])
+    elif st.box is None or plain:
         # the barrier asks XLA to keep the perturbed inputs (RISE's masks, LIME's segments) apart
         # from the model's graph; jaxlib 0.10's XLA:CPU drops it before fusion (the input multiply
         # lands in the YNNPACK fusion). Building the inputs in a program of their own measured RISE

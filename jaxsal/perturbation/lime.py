@@ -16,6 +16,7 @@ from jaxsal.batching import is_traced
 from jaxsal.checks import to_nhwc
 from jaxsal.errors import SaliencyInputError
 from jaxsal.perturbation import _common as C
+from jaxsal.perturbation import _superpixel
 from jaxsal.checks import check_key, check_positive_int
 
 # Paper B's parameters per segmentation (scikit-image argument names) and sample counts.
@@ -253,6 +254,13 @@ def _prepare(call, apply_fn, params, *, key, segmentation, n_samples, kernel_wid
         d_max = int(segs.max()) + 1
         valid = (np.arange(d_max)[None, :] <= segs.reshape(n, -1).max(-1)[:, None]).astype(np.float32)
     kind, value = C.fill_value(fill, call.x, obs_max)
+    z = lime_samples(key, n_samples, d_max)
+    consts, per_state, superpixels = {"z": z, "fill": value}, {"seg": segs, "valid": valid}, None
+    geometry = None if is_traced(segs) else _superpixel.first_conv(apply_fn, params, call.x.shape, call.layout)
+    if geometry is not None:  # the exact superpixel pass (jaxsal.perturbation._superpixel)
+        conv, pixel_slot, slot_segment = _superpixel.slot_tables(segs, geometry)
+        per_state.update(sp_pixel_slot=pixel_slot, sp_slot_segment=slot_segment)
+        superpixels = (conv, kind)
 
     def perturb(consts, st, idx):
         m = consts["z"][idx][st["seg"]][:, :, None]
@@ -266,8 +274,8 @@ def _prepare(call, apply_fn, params, *, key, segmentation, n_samples, kernel_wid
         return (maps, (coef, segs)) if return_coefficients else maps
 
     return C.prepared(call, perturb=perturb, score=C.make_score("target", call.target), finish=finish,
-                      n_pert=n_samples, consts={"z": lime_samples(key, n_samples, d_max), "fill": value},
-                      per_state={"seg": segs, "valid": valid}, model=(apply_fn, params))
+                      n_pert=n_samples, consts=consts, per_state=per_state, model=(apply_fn, params),
+                      superpixels=superpixels)
 
 
 SPEC = C.perturbation_spec("lime", _prepare, C.options_of(lime), stochastic=True,
