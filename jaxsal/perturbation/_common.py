@@ -10,7 +10,8 @@ to it exactly), and `finish` turns the table into maps. Chunking, the greedy act
 compile cache and the eager/traced loops are the engine's; the incremental forward pass
 (jaxsal.perturbation._incremental) is exact by a trace-time proof where the model is local
 between its convs; elsewhere it checks for a leak in every group, and `finalize` recomputes a
-chunk's table from plain forward passes, in one `lax.cond`, when the model is not local.
+chunk's table from plain forward passes, in one `lax.cond`, when the model is not local. LIME's
+superpixel samples take the superpixel pass (jaxsal.perturbation._superpixel) where it is proven.
 """
 from __future__ import annotations
 
