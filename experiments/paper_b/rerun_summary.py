@@ -109,13 +109,28 @@ def one_agent_text(agents: dict | None, prefix: str = "") -> str:
             f"\"same in all\" there.")
 
 
-def cross_text(row: dict | None, agents: dict) -> str:
-    """One claim across the agents: each agent's verdict and the registered label; agent-dependent in bold."""
+def cross_text(row: dict | None, agents: dict, finding: str | None = None) -> str:
+    """One claim across the agents: each agent's verdict and the registered label; agent-dependent in bold.
+    `finding`: the claim as Paper B makes it in the game whose line this is. Paper B's claim of a kind can
+    differ between games (another best method, the other side of the random map): then the agents' verdicts
+    are about the study game's own claim, and the text names it, so that no verdict reads as one on this claim."""
     if row is None:
         return ""
     label = f"**{row['cross']}**" if row["cross"] == "agent-dependent" else row["cross"]
-    return (f"{LABEL.get(agents['game'], agents['game'])}'s {len(row['verdicts'])} agents: "
+    g = LABEL.get(agents["game"], agents["game"])
+    whose = ("" if finding is None or same_claim(finding, row["finding"])
+             else f", on {g}'s own claim \"{row['finding']}\"")
+    return (f"{g}'s {len(row['verdicts'])} agents{whose}: "
             + ", ".join(f"{a} {v}" for a, v in row["verdicts"].items()) + f" ({label})")
+
+
+def same_claim(a: str, b: str) -> bool:
+    """Two games' findings of one verdict id make the same claim: the same method, direction and setting;
+    Paper B's own value in parentheses at the end may differ ("best on random / advantage: rise (-0.01)" and
+    "... rise (0.85)" are one claim)."""
+    def claim(s: str) -> str:
+        return re.sub(r"\s*\(-?\d[\d.]*\)$", "", s.strip())
+    return claim(a) == claim(b)
 
 
 def n_text(s: dict) -> str:
@@ -263,7 +278,8 @@ def disagreement_lines(summaries: dict, agents: dict | None = None) -> list[str]
         for r in rows:
             how = {"fix": " (noise column read as the chosen-action fix)", "all": " (all 20 methods)"}.get(r["mapping"], "")
             row = across.get((r["id"], r["mapping"]))
-            lines.append(f"  - {r['finding']}{how}: {r['detail']}" + (f"; {cross_text(row, agents)}" if row else ""))
+            lines.append(f"  - {r['finding']}{how}: {r['detail']}"
+                         + (f"; {cross_text(row, agents, r['finding'])}" if row else ""))
     return lines
 
 

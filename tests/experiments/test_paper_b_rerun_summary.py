@@ -216,6 +216,24 @@ def test_the_pages_label_each_verdict_across_agents_once_the_study_has_run():
     assert "In Breakout, where 3 agents were explained: Guided Backprop: agent-dependent." in S.readme_section(s, ag)
 
 
+def test_a_game_whose_claim_differs_from_the_study_games_names_the_claim_the_agents_judged():
+    """Paper B's claim under one verdict id can differ between games (the other side of the random map,
+    another best method): Breakout's agents' verdicts beside another game's line then name Breakout's own
+    claim, so that "agree" never reads as agreement with the opposite claim; Paper B's value alone does not
+    make another claim."""
+    below = dict(_sign("disagree"), finding="rise below the random map (black / q_value)")
+    s = {"mspacman": _summary("mspacman", verdicts=[below]),
+         "breakout": _summary("breakout", verdicts=[_sign("disagree")])}
+    lines = S.disagreement_lines(s, _agents())
+    mspacman = next(x for x in lines if x.startswith("  - rise below"))
+    breakout = next(x for x in lines if x.startswith("  - rise above"))
+    assert ("Breakout's 3 agents, on Breakout's own claim \"rise above the random map (black / q_value)\": "
+            "shipped disagree, seed1 agree, seed2 inconclusive (**agent-dependent**)") in mspacman
+    assert "own claim" not in breakout and "Breakout's 3 agents: shipped disagree" in breakout
+    assert S.same_claim("best on random / advantage: rise (-0.01)", "best on random / advantage: rise (0.85)")
+    assert not S.same_claim("best on black / q_value: occlusion (3.08)", "best on black / q_value: lime_felzenszwalb (7.48)")
+
+
 def test_the_across_agents_study_counts_only_once_every_agent_met_the_design(tmp_path):
     f = tmp_path / "summary.json"
     assert S.load_agents(f) is None
