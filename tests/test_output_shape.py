@@ -19,6 +19,7 @@ ROOT = Path(jaxsal.__file__).parent
 ALLOWED = {
     "checks.py": "the one probe",
     "backprop/prefix.py": "traces the model with abstract params at batch 1 and 2 to split its affine prefix",
+    "perturbation/_superpixel.py": "traces the model with abstract params under flax's interceptor to find its first conv",
 }
 COPIED = copy.copy(jax.jit(MODEL.apply))  # as a loader that copies a jitted apply (SBX) hands it over
 
