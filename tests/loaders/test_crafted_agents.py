@@ -73,3 +73,100 @@ def test_an_agent_file_that_is_a_pipe_or_a_link_to_nothing_says_so(tmp_path, dqn
     for name, says in {"pipe": "is not a regular file", "loop": "is a symbolic link to nothing"}.items():
         with pytest.raises(LoaderError, match=f"{name}.cleanrl_model {says}.*give the checkpoint file itself"):
             load_file(tmp_path / f"{name}.cleanrl_model")
+
+
+# --------------------------------------------------------------------------- torch state_dicts (optional torch)
+def _torch_bytes(obj) -> bytes:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _zip(path, members: dict):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+def _quantized(torch, w):
+    import warnings
+
+    with warnings.catch_warnings():  # torch deprecates its quantized dtypes (they still load, weights-only)
+        warnings.simplefilter("ignore")
+        return torch.quantize_per_tensor(w, 0.01, 0, torch.qint8)
+
+
+def test_crafted_torch_state_dicts(tmp_path):
+    """Integer or bool weights (before: cast to float and loaded, exit 0: an integer export explained as if
+    trained so), a quantized weight (before: "internal error RuntimeError: Creation of quantized tensor requires
+    quantized dtype"), names that are not strings (before: "internal error TypeError: sequence item 0: expected str
+    instance"), a head of 0 actions or a conv1 of 0 input channels (before: "internal error ZeroDivisionError"):
+    one LoaderError naming the file."""
+    torch = pytest.importorskip("torch")
+    sd = F.torch_modules(4)["cleanrl_dqn"].state_dict()
+    cases = {
+        "int64 head": ({**sd, "network.9.weight": (sd["network.9.weight"] * 100).to(torch.int64)},
+                       r"\['q'\]\['kernel'\] has dtype int\d+, not floating point"),
+        "bool head": ({**sd, "network.9.weight": sd["network.9.weight"] > 0}, "has dtype bool, not floating point"),
+        "quantized head": ({**sd, "network.9.weight": _quantized(torch, sd["network.9.weight"])},
+                           "tensor 'network.9.weight' is quantized, not a dense real tensor"),
+        "int names": ({0: torch.zeros(3), 1: torch.zeros(2)}, r"expected a state_dict \(name -> tensor\)"),
+        "zero actions": ({**sd, "network.9.weight": torch.zeros(0, 512), "network.9.bias": torch.zeros(0)},
+                         "a network of 0 actions on 4 input channels; the file is corrupt"),
+        "zero channels": ({**sd, "network.0.weight": torch.zeros(32, 0, 8, 8)}, "of 4 actions on 0 input channels"),
+    }
+    for name, (state, says) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.pth"
+        path.write_bytes(_torch_bytes(state))
+        with pytest.raises(LoaderError, match=says) as e:
+            load_file(path)
+        assert str(path) in str(e.value) and "\n" not in str(e.value), name
+    path = tmp_path / "unused_int.pth"  # an integer tensor the network does not use still loads
+    path.write_bytes(_torch_bytes({**sd, "steps": torch.tensor(7)}))
+    assert load_file(path).num_actions == 4
+
+
+def test_a_damaged_torch_file_is_said_to_be_damaged(tmp_path):
+    """A cut-off .pth, a storage of the wrong size, an SB3 .zip without its policy.pth or with a cut-off one: before,
+    each said "not a torch state_dict of tensors and plain containers (RuntimeError) ... load the checkpoint where it
+    was made and save only its state_dict", a fix for a file holding other objects, not for a damaged one. A file
+    naming a function torch blocks (os.system) still gets that refusal, naming the function, and nothing runs."""
+    import pickle
+    import zipfile
+
+    torch = pytest.importorskip("torch")
+    good = _torch_bytes(F.torch_modules(4)["cleanrl_dqn"].state_dict())
+    (tmp_path / "cut.pth").write_bytes(good[:len(good) // 2])
+    small = tmp_path / "small.pth"
+    small.write_bytes(_torch_bytes({"w": torch.arange(8.0)}))
+    with zipfile.ZipFile(small) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    storage = next(n for n in members if "/data/" in n)
+    _zip(tmp_path / "short_storage.pth", {**members, storage: bytes(8)})
+    sb3 = '{"policy_class": {"__module__": "stable_baselines3.dqn.policies"}}'
+    _zip(tmp_path / "no_policy.zip", {"data": sb3})
+    _zip(tmp_path / "cut_policy.zip", {"data": sb3, "policy.pth": good[:5000]})
+
+    class System:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+
+    pkl = next(n for n in members if n.endswith("data.pkl"))
+    _zip(tmp_path / "system.pth", {**members, pkl: pickle.dumps({"w": System()}, protocol=2)})
+    damaged = "torch cannot read it as a checkpoint .*the file is corrupt or crafted.*get it again"
+    for name, says in {"cut.pth": damaged, "short_storage.pth": damaged, "cut_policy.zip": damaged,
+                       "no_policy.zip": "a Stable-Baselines3 .zip without its policy.pth.*save the model again",
+                       "system.pth": r"not a torch state_dict .*\(unsupported GLOBAL posix.system whose module posix "
+                                     r"is blocked\).*weights_only=True"}.items():
+        with pytest.raises(LoaderError, match=says) as e:
+            load_file(tmp_path / name)
+        msg = str(e.value)
+        assert str(tmp_path / name) in msg and "\n" not in msg and "False" not in msg and "trust" not in msg, name
+    assert not (tmp_path / "ran").exists()
