@@ -170,3 +170,21 @@ def test_a_damaged_torch_file_is_said_to_be_damaged(tmp_path):
         msg = str(e.value)
         assert str(tmp_path / name) in msg and "\n" not in msg and "False" not in msg and "trust" not in msg, name
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_cleanrl_ppo_save_whose_env_id_is_no_string(tmp_path):
+    """The card records the run's env_id; bytes or an array there (a crafted `vars(args)`) went into the card as they
+    were, and `jaxsal explain` failed writing its manifest: "internal error TypeError: Object of type bytes is not
+    JSON serializable". Only a string is taken."""
+    import json
+
+    x = F.atari_nchw(1)
+    net, actor, critic = F.Network(), F.Actor(action_dim=4), F.Critic()
+    pn = net.init(jax.random.PRNGKey(0), x)
+    h = net.apply(pn, x)
+    pa, pc = actor.init(jax.random.PRNGKey(1), h), critic.init(jax.random.PRNGKey(2), h)
+    for name, env_id in {"bytes": b"\xff\xfe", "array": np.arange(3), "str": "Breakout-v5"}.items():
+        path = tmp_path / f"{name}.cleanrl_model"
+        path.write_bytes(flax.serialization.to_bytes([{"env_id": env_id}, [pn, pa, pc]]))
+        card = load_file(path).card
+        assert json.loads(json.dumps(card))["env_id"] == (env_id if name == "str" else None), name
