@@ -5,6 +5,7 @@ command line, nothing written), never a traceback, a MemoryError or an agent tha
 Each case says what it did before."""
 from __future__ import annotations
 
+import json
 import os
 
 import flax.serialization
@@ -188,3 +189,113 @@ def test_a_cleanrl_ppo_save_whose_env_id_is_no_string(tmp_path):
         path.write_bytes(flax.serialization.to_bytes([{"env_id": env_id}, [pn, pa, pc]]))
         card = load_file(path).card
         assert json.loads(json.dumps(card))["env_id"] == (env_id if name == "str" else None), name
+
+
+# --------------------------------------------------------------------------- --agent FILE.py:FUNCTION
+SPEC_AGENTS = '''
+import types
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(x.reshape((x.shape[0], -1)).astype(jnp.float32) / 255.0)
+
+
+NET = Net()
+PARAMS = NET.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 10, 4)))
+
+
+def _agent(**declared):
+    return types.SimpleNamespace(apply_fn=NET.apply, params=PARAMS, **declared)
+
+
+def actions_word(): return _agent(num_actions="four")
+def actions_fraction(): return _agent(num_actions=2.7)
+def actions_zero(): return _agent(num_actions=0)
+def actions_negative(): return _agent(num_actions=-1)
+def actions_nan(): return _agent(num_actions=float("nan"))
+def actions_bool(): return _agent(num_actions=True)
+def actions_card_huge(): return _agent(card={"num_actions": 10 ** 30})
+def actions_other(): return _agent(num_actions=7)
+def card_text(): return _agent(card="abc")
+def card_set(): return _agent(card={"tags": {1, 2}})
+def card_mixed_keys(): return _agent(card={1: "x", "a": 2})
+def card_shape_number(): return _agent(card={"obs_shape": 5})
+def card_shape_letters(): return _agent(card={"obs_shape": "abc"})
+def card_shape_negative(): return _agent(card={"obs_shape": [10, -10, 4]})
+def card_game_number(): return _agent(card={"game": 5})
+def pixels_float(): return _agent(pixels="float")
+def card_numpy(): return _agent(num_actions=np.int64(3), card={"num_actions": np.int64(3), "obs_shape": np.array([10, 10, 4])})
+def nan_params(): return NET.apply, jax.tree.map(lambda a: a.at[0].set(jnp.nan), PARAMS)
+def exits(): raise SystemExit(3)
+'''
+
+
+@pytest.fixture(scope="module")
+def spec_agents(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spec_agents")
+    (d / "agents.py").write_text(SPEC_AGENTS)
+    (d / "script.py").write_text("import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--lr')\n"
+                                 "args = parser.parse_args(['--steps', '5'])\n\ndef load():\n    pass\n")
+    np.save(d / "frames.npy", (np.random.default_rng(0).random((2, 10, 10, 4)) < 0.2).astype(np.uint8) * 200)
+    return d
+
+
+def test_what_a_function_agent_declares_is_checked(spec_agents):
+    """num_actions, card and pixels as FUNCTION() declares them. Before: "four", NaN or inf an internal ValueError or
+    OverflowError; 2.7 taken as 2, 0 as undeclared, -1, True and 10**30 as they were; a card "abc" or a list an
+    internal ValueError/TypeError; a set or keys of mixed types in the card an internal TypeError writing the
+    manifest; an obs_shape of 5 an internal TypeError (of "abc", a shape of letters); a game of 5 loaded; pixels
+    "float" ignored, so the frames went unchecked. Params holding NaN: explained as NaN maps with exit 0. A function,
+    or the module it is in, calling sys.exit: the SystemExit ended jaxsal (argparse's usage in place of an error)."""
+    from jaxsal.agent_spec import AgentSpecError, load_function_spec
+
+    cases = {"actions_word": "num_actions must be an integer >= 1, got 'four'",
+             "actions_fraction": "num_actions must be an integer >= 1, got 2.7",
+             "actions_zero": "num_actions must be an integer >= 1, got 0",
+             "actions_negative": "got -1", "actions_nan": "got nan", "actions_bool": "got True",
+             "actions_card_huge": r"num_actions must be at most 2\*\*31-1",
+             "card_text": "card must be a dict", "card_set": r"card cannot be stored as JSON \(a set\)",
+             "card_mixed_keys": "card cannot be stored as JSON",
+             "card_shape_number": "card obs_shape must be the shape of one observation.*got 5",
+             "card_shape_letters": 'got "abc"', "card_shape_negative": r"got \[10, -10, 4\]",
+             "card_game_number": "card game must be a game name", "pixels_float": "pixels must be \"uint8\"",
+             "nan_params": r"params\['params'\]\['Dense_0'\]\['\w+'\] holds NaN or infinite values",
+             "exits": r"exits\(\) called sys.exit\(3\); make it return the agent"}
+    for fname, says in cases.items():
+        spec = f"{spec_agents / 'agents.py'}:{fname}"
+        with pytest.raises(AgentSpecError, match=says) as e:
+            load_function_spec(spec)
+        assert str(e.value).startswith(f"--agent {spec}: ") and "\n" not in str(e.value), fname
+    with pytest.raises(AgentSpecError, match=r"importing .*script.py called sys.exit\(2\) .*if __name__ == "):
+        load_function_spec(f"{spec_agents / 'script.py'}:load")
+
+
+def test_function_agents_through_the_command_line(spec_agents, tmp_path, capsys):
+    """A card of numpy numbers (np.int64 from env.action_space.n, an array obs_shape) is stored as JSON numbers
+    (before: "internal error TypeError: Object of type int64 is not JSON serializable" writing the manifest); a
+    declared num_actions the model does not have is an error (before: explained, exit 0, the declared count used to
+    check the buffer's actions)."""
+    import jaxsal
+    from jaxsal.cli import main
+
+    def explain(fname, out):
+        return main(["explain", "--agent", f"{spec_agents / 'agents.py'}:{fname}", "--input",
+                     str(spec_agents / "frames.npy"), "--methods", "gradient", "--quiet", "--out", str(out)])
+
+    assert explain("card_numpy", tmp_path / "numpy") == 0
+    card = json.loads((tmp_path / "numpy" / "manifest.json").read_text())["agent_card"]
+    assert card == {"num_actions": 3, "obs_shape": [10, 10, 4]}
+    assert np.isfinite(np.asarray(jaxsal.load_maps(tmp_path / "numpy", "gradient"))).all()
+    capsys.readouterr()
+    assert explain("actions_other", tmp_path / "other") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("jaxsal: error: agent 'actions_other' declares 7 actions but its model outputs 3: correct its "
+                   "num_actions (or its card's)")
+    assert not (tmp_path / "other").exists()
