@@ -67,6 +67,24 @@ def test_crafted_cleanrl_and_flax_parameter_trees(tmp_path, dqn):
     assert load_file(path).num_actions == 4
 
 
+@pytest.mark.parametrize("kw,says", [
+    (dict(obs_shape=(4, -84, 84)), "obs_shape must be the shape of one observation"),          # a JAX TypeError
+    (dict(obs_shape=(4, 10 ** 30, 84)), r"got \(4, 10{30}, 84\)"),                               # an MLIR TypeError
+    (dict(obs_shape=(4, float("nan"), 84)), "obs_shape must be"),                                # a JAX TypeError
+    (dict(obs_shape="84,84,4"), "got 84,84,4"),                                                  # a JAX TypeError
+    (dict(obs_shape=()), "obs_shape must be"),                                                   # a ValueError
+    (dict(obs_shape=(4, 10 ** 6, 10 ** 6)), "at most 2\\*\\*31-1 values"),                         # 16 TB of zeros
+    (dict(layout="CHW"), "layout must be one of"),                                               # declared, unchecked
+    (dict(pixels="float"), "pixels must be \"uint8\"")])                                        # declared, ignored
+def test_flax_msgpack_arguments(dqn, kw, says):
+    """What flax_msgpack builds its template from and declares: before, each failed inside JAX (or tried to
+    allocate 16 TB of zeros) with a traceback, or was taken as given."""
+    q, _, path = dqn
+    with pytest.raises(LoaderError, match=says):
+        flax_msgpack(path, q, **{"obs_shape": (4, 84, 84), "layout": "NCHW", **kw})
+    assert flax_msgpack(path, q, (4, 84, 84), layout="NCHW", pixels="uint8").num_actions == 4
+
+
 def test_an_agent_file_that_is_a_pipe_or_a_link_to_nothing_says_so(tmp_path, dqn):
     """A FIFO and a symbolic link looping on itself both said "does not exist" (the FIFO does)."""
     os.mkfifo(tmp_path / "pipe.cleanrl_model")
