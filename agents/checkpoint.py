@@ -71,13 +71,20 @@ def load_params(path, template):
     path = Path(path)
     if not path.exists():
         raise AgentLoadError(f"parameter file {path} does not exist")
+    if path.is_dir():
+        raise AgentLoadError(f"parameter file {path} is a directory; give the .msgpack file")
     try:
         raw = serialization.msgpack_restore(path.read_bytes())
     except Exception as e:
-        raise AgentLoadError(f"parameter file {path} is corrupt or not a msgpack export ({e})") from None
+        raise AgentLoadError(f"parameter file {path} is corrupt or not a msgpack export "
+                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
     want = serialization.to_state_dict(template)
-    got_paths = {jax.tree_util.keystr(k): np.shape(v) for k, v in
-                 jax.tree_util.tree_flatten_with_path(raw)[0]}
+    try:
+        got_paths = {jax.tree_util.keystr(k): np.shape(v) for k, v in
+                     jax.tree_util.tree_flatten_with_path(raw)[0]}
+    except (TypeError, ValueError) as e:  # jax sorts dict keys: names of mixed types (str, bytes) do not sort
+        raise AgentLoadError(f"parameter file {path} is corrupt or not a msgpack export (its names are not all "
+                             f"strings: {type(e).__name__}); export it again (jaxsal_agents.checkpoint.export_params)") from None
     want_paths = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
                   jax.tree_util.tree_flatten_with_path(want)[0]}
     if got_paths != want_paths:

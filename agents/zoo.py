@@ -129,6 +129,8 @@ def load(name: str, params_path: str | None = None) -> Agent:
     """
     shipped = not str(name).endswith(".json")
     card_path = SHIPPED_DIR / f"{name}.json" if shipped else Path(name)
+    if not shipped and not card_path.exists():  # a path, not a name: "unknown agent" would list the shipped ones
+        raise AgentLoadError(f"agent card {card_path} does not exist; give the path of the agent's .json card")
     if not card_path.exists() or (shipped and name not in available()):
         raise AgentLoadError(f"unknown agent {name!r}; shipped agents: {', '.join(available()) or 'none'}")
     if params_path is None:  # before any work: a shipped agent's weights may still need fetching
@@ -137,6 +139,9 @@ def load(name: str, params_path: str | None = None) -> Agent:
         card = json.loads(card_path.read_text())
     except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError: bytes that are no JSON text
         raise AgentLoadError(f"agent card {card_path} is not valid JSON ({str(e).splitlines()[0][:200]})") from None
+    except RecursionError:  # [[[[...: no card nests past a few levels
+        raise AgentLoadError(f"agent card {card_path} nests deeper than JSON can be parsed: it is no agent card, "
+                             "give the agent's .json card") from None
     except OSError as e:  # a directory or an unreadable file: not an error of the job, which resuming cannot fix
         raise AgentLoadError(f"cannot read agent card {card_path} ({e.strerror or e}); give the path of the "
                              "agent's .json card") from None

@@ -90,6 +90,10 @@ def load_function_spec(spec: str, layout: str | None = None) -> LoadedAgent:
         module = _import(head)
     except SaliencyInputError:
         raise
+    except SystemExit as e:  # a training script run on import: argparse refusing jaxsal's own arguments, say
+        raise AgentSpecError(f"--agent {spec}: importing {head} called sys.exit({e.code!r}) (a script that parses its "
+                             "command line or runs when imported?): put its top-level code under "
+                             "`if __name__ == \"__main__\":`, or load the agent from another file") from None
     except Exception as e:  # the user's module failed while importing
         raise AgentSpecError(f"--agent {spec}: importing {head} failed: {brief(e)}") from None
     fn = getattr(module, fname, None)
@@ -101,9 +105,35 @@ def load_function_spec(spec: str, layout: str | None = None) -> LoadedAgent:
         obj = fn()
     except SaliencyInputError:
         raise
+    except SystemExit as e:
+        raise AgentSpecError(f"--agent {spec}: {fname}() called sys.exit({e.code!r}); make it return the agent "
+                             "(apply_fn, params) instead") from None
     except Exception as e:
         raise AgentSpecError(f"--agent {spec}: {fname}() failed: {brief(e)}") from None
-    return as_agent(obj, default_name=fname, layout=layout, where=f"--agent {spec}")
+    agent = as_agent(obj, default_name=fname, layout=layout, where=f"--agent {spec}")
+    check_finite_params(agent.params, f"--agent {spec}")
+    return agent
+
+
+def check_finite_params(params, where: str):
+    """Every floating-point leaf of `params` finite (the loaders check their files' alike): NaN weights would
+    give NaN maps without a word. A tree jax cannot flatten is left to the model check, which names it."""
+    import jax
+    import jax.numpy as jnp
+
+    try:
+        leaves = jax.tree_util.tree_leaves_with_path(params)
+    except Exception:  # noqa: BLE001
+        return
+    for k, v in leaves:
+        dtype = getattr(v, "dtype", None)
+        try:
+            bad = dtype is not None and jnp.issubdtype(dtype, jnp.floating) and not bool(jnp.isfinite(v).all())
+        except TypeError:  # a dtype JAX has no array type for (float128): the model check names it
+            continue
+        if bad:
+            raise AgentSpecError(f"{where}: params{jax.tree_util.keystr(k)} holds NaN or infinite values (the "
+                                 "training diverged, or the checkpoint is corrupt): load an earlier checkpoint")
 
 
 def as_agent(obj, default_name: str = "agent", layout: str | None = None,
@@ -127,9 +157,52 @@ def as_agent(obj, default_name: str = "agent", layout: str | None = None,
     if lay not in LAYOUTS:
         raise AgentSpecError(f"{where}: layout must be one of {LAYOUTS}, got {lay!r}")
     pixels = fields.get("pixels", getattr(apply_fn, "jaxsal_pixels", None))
-    card = dict(fields.get("card") or {})
+    if pixels not in (None, "uint8"):  # anything else was ignored: frames went unchecked
+        raise AgentSpecError(f"{where}: pixels must be \"uint8\" (frames on the 0..255 scale) or None, got {pixels!r}")
+    card = _card(fields.get("card"), where)
     name = str(fields.get("name") or card.get("name") or default_name)
-    num_actions = fields.get("num_actions") or card.get("num_actions")
+    num_actions = fields.get("num_actions")
+    num_actions = card.get("num_actions") if num_actions is None else num_actions
+    if num_actions is not None:
+        from jaxsal.checks import check_positive_int
+
+        try:  # 2.7 was taken as 2, 0 as none, -1 as -1, "four" an internal ValueError
+            num_actions = check_positive_int("num_actions", num_actions)
+        except SaliencyInputError as e:
+            raise AgentSpecError(f"{where}: {e}; give the agent's number of actions (e.g. env.action_space.n) or "
+                                 "leave it out") from None
     return LoadedAgent(name=name, apply_fn=DeclaredFn(apply_fn, lay, pixels), params=fields["params"],
-                       layout=lay, num_actions=None if num_actions is None else int(num_actions),
-                       pixels=pixels, card=card)
+                       layout=lay, num_actions=num_actions, pixels=pixels, card=card)
+
+
+def _card(card, where: str) -> dict:
+    """An agent's card as the job's manifest stores it (JSON): numpy numbers and arrays as numbers and lists (a
+    card of np.int64(4), a set or keys of mixed types failed the manifest's write, an internal TypeError), an
+    obs_shape of sizes and a game name checked (a bad one failed later as an internal TypeError, or named
+    a shape of letters)."""
+    import json
+
+    if card is None:
+        return {}
+    if not isinstance(card, dict):
+        raise AgentSpecError(f"{where}: card must be a dict (name, game, obs_shape, ...), got {type(card).__name__}")
+
+    def plain(o):
+        if hasattr(o, "tolist") and hasattr(o, "dtype"):  # numpy or JAX
+            return o.tolist()
+        raise TypeError(f"a {type(o).__name__}")
+
+    try:
+        card = json.loads(json.dumps(card, default=plain, sort_keys=True))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise AgentSpecError(f"{where}: card cannot be stored as JSON ({e}): give it string keys and string, number, "
+                             "list or dict values") from None
+    shape = card.get("obs_shape")
+    if shape is not None and not (isinstance(shape, list) and 1 <= len(shape) <= 8
+                                  and all(type(d) is int and d >= 1 for d in shape)):
+        raise AgentSpecError(f"{where}: card obs_shape must be the shape of one observation, e.g. [84, 84, 4], got "
+                             f"{json.dumps(shape)[:80]}")
+    if not isinstance(card.get("game", ""), str):
+        raise AgentSpecError(f"{where}: card game must be a game name, e.g. \"breakout\", got "
+                             f"{json.dumps(card['game'])[:80]}")
+    return card

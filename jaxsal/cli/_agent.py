@@ -90,8 +90,8 @@ def check_agent(agent, shape, layout_given: str | None, target: str | None = Non
     from jaxsal import checks
 
     try:
-        return checks.check_model(agent.apply_fn, agent.params, shape, layout=agent.layout,
-                                  target=target or "q_chosen")
+        out = checks.check_model(agent.apply_fn, agent.params, shape, layout=agent.layout,
+                                 target=target or "q_chosen")
     except checks.ModelFails as e:
         error = e.error.partition(":")[0]
         if e.layout is not None:
@@ -103,6 +103,11 @@ def check_agent(agent, shape, layout_given: str | None, target: str | None = Non
                        "check that --agent and --input (and --layout) belong together") from None
     except checks.TargetFails as e:
         raise CLIError(f"--target {target}: {e}; choose another --target (see jaxsal explain --help)") from None
+    n = checks.num_actions(out)  # a declared count the model does not have would pass a buffer of another game
+    if agent.num_actions is not None and n is not None and n != agent.num_actions:
+        raise CLIError(f"agent {agent.name!r} declares {agent.num_actions} actions but its model outputs {n}: "
+                       "correct its num_actions (or its card's)")
+    return out
 
 
 def check_layers(agent, specs, source):

@@ -143,6 +143,10 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
         if missing:
             raise SaliencyInputError(f"objects file {p} has no {', '.join(missing)} (it holds "
                                      f"{', '.join(z.files) or 'nothing'}); expected {FORMAT_HELP}")
+        short = _declared_past_member(z.zip, [k for k in ("boxes", "labels", "classes", "size", "game") if k in z.files])
+        if short:  # before reading: numpy allocates what a header declares (29 TiB for a crafted one)
+            raise SaliencyInputError(f"objects file {p} is corrupt ({short}); copy it again or record the boxes again: "
+                                     f"{RECORD_HINT}")
         try:
             boxes, labels, classes = z["boxes"], z["labels"], z["classes"]
             size = z["size"] if "size" in z.files else np.asarray([84, 84])
@@ -164,7 +168,7 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
         raise SaliencyInputError(f"objects file {p}: size must be the frame's (height, width), 2 integers from 1 to "
                                  f"4096, got {size.dtype} {size.tolist() if size.size <= 4 else size.shape}")
     if file_game is not None:  # one name: str() of an array of names would be a name matching no agent
-        if file_game.shape != () or file_game.dtype.kind not in "US":
+        if file_game.shape != () or file_game.dtype.kind != "U":  # bytes: str() gives "b'pong'"
             raise SaliencyInputError(f"objects file {p}: game must be one name (np.asarray('pong')), got "
                                      f"{file_game.dtype} {file_game.shape}")
         file_game = str(file_game)
@@ -172,9 +176,11 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
     if boxes.ndim != 4 or boxes.shape[-1] != 4 or labels.shape != boxes.shape[:3]:
         raise SaliencyInputError(f"objects file {p}: boxes must be (N, F, K, 4) and labels (N, F, K), got "
                                  f"{boxes.shape} and {labels.shape}")
-    if classes.ndim != 1 or classes.dtype.kind not in "US" or not 1 <= len(classes) <= 127:
+    if classes.ndim != 1 or classes.dtype.kind != "U" or not 1 <= len(classes) <= 127:  # bytes were named "b'ball'"
         raise SaliencyInputError(f"objects file {p}: classes must be a 1-D str array of 1 to 127 names (labels are "
-                                 f"stored as int8), got {classes.dtype} {classes.shape}")
+                                 f"stored as int8), got {classes.dtype} {classes.shape}"
+                                 + ("; decode bytes names: np.asarray([n.decode() for n in names])"
+                                    if classes.dtype.kind == "S" else ""))
     twice = next((str(c) for i, c in enumerate(classes) if c in classes[:i]), None)
     if twice is not None:  # shares are reported by class name: one name for two classes would merge them
         raise SaliencyInputError(f"objects file {p} names class {twice!r} twice; give each class one distinct name")
@@ -195,6 +201,30 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
                                  "give the boxes recorded with this buffer")
     ob = ObjectBoxes(boxes.astype(np.int16), labels.astype(np.int8), tuple(str(c) for c in classes), *size)
     return ObjectsInput(ob, str(p.absolute()), file_game or game, _fingerprint(p))
+
+
+def _declared_past_member(zf: zipfile.ZipFile, keys) -> str | None:
+    """What is wrong when the .npy header of member `k` cannot be read, or declares a negative shape or more bytes
+    than the member holds (a cut-off or crafted file), for the first such of `keys`; else None. Object arrays
+    pass: reading them is refused with its own fix."""
+    import math
+
+    for k in keys:
+        info = zf.getinfo(f"{k}.npy")
+        try:
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)
+                held = info.file_size - f.tell()
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            return f"the header of array {k!r} cannot be read: {brief(e)}"
+        if any(d < 0 for d in shape):
+            return f"the header of array {k!r} declares the negative shape {tuple(shape)}"
+        if not dtype.hasobject and math.prod(shape) * dtype.itemsize > held:
+            return (f"the header of array {k!r} declares {tuple(shape)} {dtype}, {math.prod(shape) * dtype.itemsize} "
+                    f"bytes, but the file holds {held}")
+    return None
 
 
 def _norm(game: str) -> str:

@@ -124,10 +124,11 @@ def cleanrl_ppo(path, name: str | None = None) -> LoadedAgent:
     params = {"network": net, "actor": actor, "critic": critic}
     _check_apply(apply_fn, params, path)
     args = tree["0"] if isinstance(tree["0"], dict) else {}
+    env_id = args.get("env_id") if isinstance(args.get("env_id"), str) else None  # the card is stored as JSON
     return LoadedAgent(name=name or Path(path).stem, apply_fn=DeclaredFn(apply_fn, "NCHW", "uint8"),
                        params=params, layout="NCHW", num_actions=n, pixels="uint8",
                        card={"source": "cleanrl ppo_atari_envpool_xla_jax", "file": str(path), "num_actions": n,
-                             "env_id": args.get("env_id")})
+                             "env_id": env_id})
 
 
 def cleanrl_model(path, name: str | None = None) -> LoadedAgent:

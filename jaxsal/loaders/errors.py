@@ -5,7 +5,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from jaxsal.errors import SaliencyInputError
+from jaxsal.errors import SaliencyInputError, brief
 
 
 class LoaderError(SaliencyInputError):
@@ -18,8 +18,10 @@ def read_bytes(path) -> bytes:
     p = Path(path)
     if p.is_dir():
         raise LoaderError(f"agent file {path} is a directory, give the checkpoint file inside it")
-    if not p.is_file():
-        raise LoaderError(f"agent file {path} does not exist")
+    if not p.is_file():  # reading a FIFO or a device would block or never end
+        why = ("is a symbolic link to nothing (a loop of links or a missing target)" if p.is_symlink() and not p.exists()
+               else "is not a regular file (a pipe, socket or device)" if p.exists() else "does not exist")
+        raise LoaderError(f"agent file {path} {why}; give the checkpoint file itself")
     try:
         data = p.read_bytes()
     except OSError as e:
@@ -61,8 +63,12 @@ def check_params(path, params, expected, network: str):
     def flat(tree):
         return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
-    want, got = flat(expected), flat(params)
     fix = f"is it a checkpoint of {network}? get it again from where it was made"
+    try:
+        want, got = flat(expected), flat(params)
+    except (TypeError, ValueError) as e:  # jax sorts dict keys: names of mixed types (str, bytes) do not sort
+        raise LoaderError(f"{path}: its parameter tree cannot be read ({brief(e)}): its names are not all "
+                          f"strings; {fix}") from None
     for keys, which in ((set(want) - set(got), "no parameter {}, which {} has"),
                         (set(got) - set(want), "a parameter {}, which {} does not have")):
         if keys:
@@ -80,6 +86,10 @@ def check_params(path, params, expected, network: str):
                               f"{tuple(w.shape)}; {fix}")
         if jnp.issubdtype(w.dtype, jnp.floating) and not jnp.issubdtype(dtype, jnp.floating):
             raise LoaderError(f"{path}: parameter {k} has dtype {dtype}, not floating point; {fix}")
-        if jnp.issubdtype(dtype, jnp.floating) and not np.isfinite(np.asarray(v)).all():
-            raise LoaderError(f"{path}: parameter {k} holds NaN or infinite values (the training diverged or the "
-                              "file is corrupt): use an earlier checkpoint of the run")
+        if np.dtype(dtype).itemsize > 8:  # float128: no JAX array type
+            raise LoaderError(f"{path}: parameter {k} has dtype {dtype}, which JAX cannot compute in; {fix}")
+        with np.errstate(over="ignore"):  # JAX computes in float32: 1e300 in a float64 file is inf there
+            finite = not jnp.issubdtype(dtype, jnp.floating) or np.isfinite(np.asarray(v, np.float32)).all()
+        if not finite:
+            raise LoaderError(f"{path}: parameter {k} holds NaN or infinite values, or values beyond float32's range "
+                              "(the training diverged or the file is corrupt): use an earlier checkpoint of the run")

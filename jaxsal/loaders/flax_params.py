@@ -3,14 +3,16 @@ the module you trained plus its msgpack file give an agent. No pickle: the file'
 match `module.init`'s, leaf by leaf, or loading fails with the first mismatch."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import flax.serialization
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxsal.agent_spec import DeclaredFn, LoadedAgent
-from jaxsal.checks import output_shape
+from jaxsal.agent_spec import LAYOUTS, DeclaredFn, LoadedAgent
+from jaxsal.checks import INT32_MAX, output_shape
 from jaxsal.loaders.errors import LoaderError, check_params, read_bytes
 
 
@@ -21,6 +23,21 @@ def plain_outputs(out):
     if hasattr(out, "logits") and not isinstance(out, (dict, jax.Array)):
         return {"logits": out.logits}
     return out
+
+
+def _check_arguments(obs_shape, layout, pixels):
+    """What the template is built from and the agent declares: a JAX shape error or an allocation of terabytes
+    (module.init runs on zeros of obs_shape) before, and a layout or pixel scale nothing checks frames against."""
+    shape = tuple(obs_shape) if isinstance(obs_shape, (tuple, list)) else ()
+    sizes_ok = all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1 for d in shape)
+    if not shape or not sizes_ok or math.prod(int(d) for d in shape) > INT32_MAX:
+        raise LoaderError(f"flax_msgpack: obs_shape must be the shape of one observation in `layout`, integers >= 1 "
+                          f"and at most 2**31-1 values in all, e.g. (84, 84, 4); got {str(obs_shape)[:80]}")
+    if layout not in LAYOUTS:
+        raise LoaderError(f"flax_msgpack: layout must be one of {LAYOUTS}, got {str(layout)[:40]!r}")
+    if pixels not in (None, "uint8"):
+        raise LoaderError(f"flax_msgpack: pixels must be \"uint8\" (frames on the 0..255 scale) or None, got "
+                          f"{str(pixels)[:40]!r}")
 
 
 def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | None = None,
@@ -48,10 +65,12 @@ def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | No
             the output has no (N, A) logits or Q-values), `pixels` and a `card`.
 
     Raises:
-        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) the file is missing or
-            unreadable, is not flax msgpack, or its tree, a leaf's shape or kind (floating point) differs
-            from `module.init`'s, or a leaf holds NaN or infinite values.
+        jaxsal.loaders.LoaderError: (a `jaxsal.SaliencyInputError`) `obs_shape`, `layout` or `pixels`
+            is none of the values above; the file is missing or unreadable, is not flax msgpack, or its
+            tree, a leaf's shape or kind (floating point) differs from `module.init`'s, or a leaf holds NaN
+            or infinite values.
     """
+    _check_arguments(obs_shape, layout, pixels)
     template = module.init(jax.random.PRNGKey(seed), jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
     data = read_bytes(path)
     try:

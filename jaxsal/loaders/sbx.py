@@ -290,7 +290,8 @@ def _read_policy(data: bytes, path):
         module = ActorCritic(mk(ast, _int(ast["action_dim"], "action_dim", path)), mk(vst, 1))
         pa, pv = _params(pst.get("actor_state"), path), _params(pst.get("vf_state"), path)
         params = {"params": {"actor": pa["params"], "critic": pv["params"]}}
-    expected = jax.eval_shape(module.init, jax.random.PRNGKey(0), jnp.zeros((1,) + shape, dtype))
+    # abstract: a saved observation space of 4 x 65536 x 65536 would otherwise be 64 GiB of zeros, before any check
+    expected = jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1,) + shape, dtype))
     same = jax.tree.structure(expected) == jax.tree.structure(params) and all(
         e.shape == p.shape for e, p in zip(jax.tree.leaves(expected), jax.tree.leaves(params)))
     if not same:

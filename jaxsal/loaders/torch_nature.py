@@ -9,6 +9,7 @@ action_net, value_net); an SB3 `.zip` is opened for its `policy.pth`.
 from __future__ import annotations
 
 import io
+import pickle
 import re
 import zipfile
 from pathlib import Path
@@ -52,8 +53,15 @@ def check_torch_version(version: str):
 def _refusal(path, e: Exception) -> str:
     """One line for a checkpoint torch's weights-only unpickler refused: what it met (the global it
     names, when it does) and the fix, never torch's advice to retry with weights_only=False or to
-    allowlist the global (either runs whatever code the file holds)."""
-    what = re.search(r"Unsupported (?:global|operand)\W{0,3}(?:GLOBAL )?[\w.]{1,120}", str(e))
+    allowlist the global (either runs whatever code the file holds). A file torch cannot read at all
+    (cut off, damaged: its zip reader or a storage's size fails) is said to be that."""
+    what = re.search(r"Unsupported (?:global|operand)\W{0,3}(?:GLOBAL )?[\w.]{1,120}"
+                     r"|unsupported GLOBAL [\w.]{1,120} whose module [\w.]{1,120} is blocked", str(e))
+    if what is None and not isinstance(e, pickle.UnpicklingError):
+        why = str(e).splitlines()[0] if str(e) else ""
+        why = why if len(why) <= 120 else why[:120].rsplit(" ", 1)[0] + " ..."
+        return (f"{path}: torch cannot read it as a checkpoint ({type(e).__name__}: {why}): the file is corrupt or "
+                "crafted (cut off, or changed after it was saved), get it again from where it was made")
     met = f" ({what.group(0).rstrip('.')})" if what else f" ({type(e).__name__})"
     return (f"{path}: not a torch state_dict of tensors and plain containers{met}; jaxsal reads torch files only "
             "with weights_only=True and never unpickles other objects: load the checkpoint where it was made and "
@@ -66,8 +74,13 @@ def load_state_dict(path) -> dict:
     if zipfile.is_zipfile(io.BytesIO(data)):
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as z:
-                if "policy.pth" in z.namelist():  # Stable-Baselines3 model archive
+                names = z.namelist()
+                if "policy.pth" in names:  # Stable-Baselines3 model archive
                     data = read_zip_member(z, "policy.pth", path, PTH_MAX)
+                elif "data" in names:  # SB3's JSON settings, but no weights (torch's own zips hold DIR/data.pkl)
+                    raise LoaderError(f"{path}: a Stable-Baselines3 .zip without its policy.pth (it holds "
+                                      f"{', '.join(names[:6])}): the file is incomplete, save the model again with "
+                                      "model.save(path)")
         except zipfile.BadZipFile as e:
             raise LoaderError(f"cannot read {path}: not a valid .zip ({e})") from None
     try:
@@ -80,13 +93,15 @@ def load_state_dict(path) -> dict:
         sd = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses anything but tensors and plain containers
         raise LoaderError(_refusal(path, e)) from None
-    if not isinstance(sd, dict) or not all(hasattr(v, "detach") for v in sd.values()):
+    if not isinstance(sd, dict) or not all(type(k) is str and hasattr(v, "detach") for k, v in sd.items()):
         raise LoaderError(f"{path}: expected a state_dict (name -> tensor); save model.state_dict()")
     for k, v in sd.items():  # .numpy() fails on these, and .float() drops a complex tensor's imaginary part
-        if v.layout != torch.strided or v.is_meta or v.is_complex():
-            raise LoaderError(f"{path}: tensor {k!r} is {'complex' if v.is_complex() else 'meta' if v.is_meta else v.layout}"
-                              f", not a dense real tensor; save model.state_dict() of the trained model")
-    return {k: v.detach().float().cpu().numpy() for k, v in sd.items()}
+        if v.layout != torch.strided or v.is_meta or v.is_complex() or v.is_quantized:
+            kind = "complex" if v.is_complex() else "meta" if v.is_meta else "quantized" if v.is_quantized else v.layout
+            raise LoaderError(f"{path}: tensor {k!r} is {kind}, not a dense real tensor; save model.state_dict() of "
+                              "the trained (float) model")
+    # floating point as float32; integer and bool tensors as they are, so a weight of them is refused (check_params)
+    return {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().numpy() for k, v in sd.items()}
 
 
 def detect(sd: dict) -> str:
@@ -134,10 +149,13 @@ def convert(sd: dict, fmt: str | None = None, where: str = "state_dict") -> tupl
             module = TorchNatureCNN(n, "actor_critic")
     except KeyError as e:
         raise LoaderError(f"{where}: state_dict of format {fmt!r} lacks {e.args[0]}") from None
+    c = int(p["conv1"]["kernel"].shape[2])
+    if n < 1 or c < 1:  # the network's initialisers would divide by zero
+        raise LoaderError(f"{where}: state_dict {fmt!r} gives a network of {n} actions on {c} input channels; the "
+                          "file is corrupt, get it again from where it was made")
     if p["conv1"]["kernel"].shape[:2] != (8, 8) or p["fc1"]["kernel"].shape[0] != 3136:
         raise LoaderError(f"{where}: state_dict {fmt!r} is not a Nature CNN on 84x84 frames (conv1 "
                           f"{p['conv1']['kernel'].shape}, fc1 {p['fc1']['kernel'].shape})")
-    c = int(p["conv1"]["kernel"].shape[2])
     want = jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1, c, 84, 84), jnp.float32))
     check_params(where, {"params": p}, want, f"the {fmt} Nature CNN")
     return module, {"params": p}, fmt

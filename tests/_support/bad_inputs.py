@@ -30,6 +30,8 @@ def write(d):
     card = make_agent_files(d / "agent")
     atari = make_agent_files(d / "atari", num_actions=4, game="breakout")
     (d / "nchw_agent.py").write_text(NCHW_AGENT)
+    (d / "train.py").write_text("import sys\nsys.exit('train.py: run it with --env and --steps')\n\n\ndef load():\n"
+                                "    pass\n")   # a training script that exits when imported
     np.save(d / "ok.npy", frames(6))
     nan = frames(6).astype(np.float32)
     nan[3, 0, 0, 0] = np.nan                  # second chunk of 2: the first is fine
@@ -138,6 +140,9 @@ def cases(d, card, atari):
                                                   "nested deeper than 1000", "do not unpickle it"),
         "gzip bomb in a Dopamine folder": (base + ["--input", str(d / "gzip_bomb")], "bytes uncompressed",
                                            "corrupt or crafted"),
+        # before: the SystemExit ended jaxsal with the script's message (argparse's usage), exit 1 or 2
+        "a training script that exits when imported": (["explain", "--agent", f"{d / 'train.py'}:load"] + base[3:] + ok,
+                                                       "called sys.exit('train.py: run it", "if __name__ =="),
         "shipped agent without its weights": (["explain", "--agent", NOT_INSTALLED] + base[3:] + ok, "not installed",
                                               f"jaxsal agents fetch {NOT_INSTALLED} --from DIR_OR_URL"),
     }

@@ -131,6 +131,35 @@ def sbx_zip(policy_pickle: bytes | None = None, data: bytes | None = None) -> by
     return zip_bytes({"data": deflated(data)})
 
 
+def text(s: str) -> bytes:
+    b = s.encode()
+    return b"\x8c" + bytes([len(b)]) + b                                   # SHORT_BINUNICODE
+
+
+def integer(i: int) -> bytes:
+    return b"J" + struct.pack("<i", i)                                     # BININT
+
+
+def mapping(items: dict) -> bytes:
+    return b"}(" + b"".join(k + v for k, v in items.items()) + b"u"        # EMPTY_DICT, MARK, ..., SETITEMS
+
+
+def instance(module: str, name: str, state: bytes) -> bytes:
+    """module.name() built with `state`: GLOBAL, EMPTY_TUPLE, NEWOBJ, state, BUILD."""
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n)\x81" + state + b"b"
+
+
+def sbx_cnn_policy(shape) -> bytes:
+    """An SBX DQN CnnPolicy whose observation space is `shape` and whose params are empty (each class as SBX names
+    it, the sizes of a real policy): what the loader reads before it compares the params with its network's."""
+    space = instance("gymnasium.spaces.box", "Box", mapping({text("_shape"): b"(" + b"".join(map(integer, shape)) + b"t"}))
+    qf = instance("sbx.dqn.policies", "CnnQNetwork", mapping({text("n_actions"): integer(4), text("n_units"): integer(512),
+                                                              text("activation_fn"): b"cjax.nn\nrelu\n"}))
+    state = instance("flax.training.train_state", "TrainState", mapping({text("params"): mapping({})}))
+    return P4 + instance("sbx.dqn.policies", "DQNPolicy", mapping(
+        {text("observation_space"): space, text("qf"): qf, text("qf_state"): state})) + STOP
+
+
 def npy_header(shape, descr: str) -> bytes:
     h = repr({"descr": descr, "fortran_order": False, "shape": tuple(shape)}).encode()
     h += b" " * (63 - (len(h) + 10) % 64) + b"\n"
@@ -167,6 +196,8 @@ def catalogue(d: Path) -> dict:
         "tuple of 2^20 leaves named in a message": (as_called(doubled_dup(20)), "policy class a tuple"),
         "STACK_GLOBAL of a tuple and an int": (stack_global(doubled_dup(10), ZERO), "must be strings"),
     }
+    # before: 64 GiB of zeros for the network's shapes (a MemoryError, or the memory taken, before any check)
+    sbx["observation space of 4 x 65536 x 65536 float32"] = (sbx_cnn_policy((4, 65536, 65536)), "params do not match")
     cases = {}
     for i, (name, (pkl, says)) in enumerate(sbx.items()):
         p = d / f"sbx{i}.zip"

@@ -35,6 +35,24 @@ def test_corrupt_file_is_clear_error(tmp_path):
         load_params(tmp_path / "missing.msgpack", params)
 
 
+def test_a_crafted_parameter_file_is_clear_error(tmp_path):
+    """A bytes name beside the string ones (before: "internal error ValueError: Comparator raised exception while
+    sorting pytree dictionary keys") and a directory (before: "corrupt or not a msgpack export ([Errno 21] ...)")."""
+    import msgpack
+    from flax import serialization
+
+    _, params = _params()
+    tree = jax.tree.map(np.asarray, serialization.to_state_dict(params))
+    tree["params"][b"extra"] = {"kernel": np.zeros(3, np.float32)}
+    bad = tmp_path / "names.msgpack"
+    bad.write_bytes(msgpack.packb(tree, default=serialization._msgpack_ext_pack, strict_types=True))
+    with pytest.raises(jaxsal_agents.AgentLoadError, match="names.msgpack is corrupt .*names are not all strings"):
+        load_params(bad, params)
+    (tmp_path / "folder.msgpack").mkdir()
+    with pytest.raises(jaxsal_agents.AgentLoadError, match="folder.msgpack is a directory; give the .msgpack file"):
+        load_params(tmp_path / "folder.msgpack", params)
+
+
 def test_mismatched_checkpoint_is_clear_error(tmp_path):
     _, params6 = _params(6)
     _, params4 = _params(4)
@@ -69,10 +87,14 @@ def test_a_crafted_card_is_one_clear_error_before_anything_is_built(tmp_path, ch
 
 @pytest.mark.parametrize("make,says", [
     (lambda card: card.write_bytes(b'\xff\xfe{"game": 1}'), "is not valid JSON"),   # UTF-16 or binary bytes
-    (lambda card: (card.unlink(), card.mkdir()), "cannot read agent card")])
+    (lambda card: (card.unlink(), card.mkdir()), "cannot read agent card"),
+    (lambda card: card.write_text("[" * 100_000), "nests deeper than JSON can be parsed"),
+    (lambda card: card.unlink(), "does not exist; give the path of the agent's .json card")])
 def test_a_card_that_is_no_text_file_is_one_clear_error(tmp_path, capsys, make, says):
     """A card that is not UTF-8 (an internal UnicodeDecodeError before) or is a directory (an OSError whose line
-    advised resuming the job): an AgentLoadError naming the card, and one line from `jaxsal explain`, exit 2."""
+    advised resuming the job), nested 10^5 deep (an internal RecursionError before) or missing (before: "unknown
+    agent", listing the shipped agents): an AgentLoadError naming the card, and one line from `jaxsal explain`,
+    exit 2."""
     from jaxsal.cli import main
     from tests._support.cli_support import frames, make_agent_files
 
