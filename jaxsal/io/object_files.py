@@ -143,7 +143,9 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
         if missing:
             raise SaliencyInputError(f"objects file {p} has no {', '.join(missing)} (it holds "
                                      f"{', '.join(z.files) or 'nothing'}); expected {FORMAT_HELP}")
-        short = _declared_past_member(z.zip, [k for k in ("boxes", "labels", "classes", "size", "game") if k in z.files])
+        from jaxsal.io.store import bytes_after, declared_past_member
+
+        short = declared_past_member(z.zip, [k for k in ("boxes", "labels", "classes", "size", "game") if k in z.files])
         if short:  # before reading: numpy allocates what a header declares (29 TiB for a crafted one)
             raise SaliencyInputError(f"objects file {p} is corrupt ({short}); copy it again or record the boxes again: "
                                      f"{RECORD_HINT}")
@@ -157,8 +159,6 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
         except (zipfile.BadZipFile, zlib.error, EOFError) as e:  # a member's bytes damaged (CRC, deflate)
             raise SaliencyInputError(f"objects file {p} is corrupt ({str(e).splitlines()[0]}); copy it again or "
                                      f"record the boxes again: {RECORD_HINT}") from None
-        from jaxsal.io.store import bytes_after
-
         arrays = {"boxes": boxes, "labels": labels, "classes": classes, "size": size}
         extra = bytes_after(z.zip, {k: a for k, a in arrays.items() if k in z.files})
         if extra:  # np.load reads the header's array and drops the rest: boxes of frames appended, silently
@@ -201,30 +201,6 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
                                  "give the boxes recorded with this buffer")
     ob = ObjectBoxes(boxes.astype(np.int16), labels.astype(np.int8), tuple(str(c) for c in classes), *size)
     return ObjectsInput(ob, str(p.absolute()), file_game or game, _fingerprint(p))
-
-
-def _declared_past_member(zf: zipfile.ZipFile, keys) -> str | None:
-    """What is wrong when the .npy header of member `k` cannot be read, or declares a negative shape or more bytes
-    than the member holds (a cut-off or crafted file), for the first such of `keys`; else None. Object arrays
-    pass: reading them is refused with its own fix."""
-    import math
-
-    for k in keys:
-        info = zf.getinfo(f"{k}.npy")
-        try:
-            with zf.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, _, dtype = read(f)
-                held = info.file_size - f.tell()
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-            return f"the header of array {k!r} cannot be read: {brief(e)}"
-        if any(d < 0 for d in shape):
-            return f"the header of array {k!r} declares the negative shape {tuple(shape)}"
-        if not dtype.hasobject and math.prod(shape) * dtype.itemsize > held:
-            return (f"the header of array {k!r} declares {tuple(shape)} {dtype}, {math.prod(shape) * dtype.itemsize} "
-                    f"bytes, but the file holds {held}")
-    return None
 
 
 def _norm(game: str) -> str:

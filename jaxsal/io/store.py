@@ -342,14 +342,50 @@ def bytes_after(zf: zipfile.ZipFile, arrays: dict) -> str | None:
     return None
 
 
+def declared_past_member(zf: zipfile.ZipFile, keys) -> str | None:
+    """What is wrong when a member's .npy header is unreadable or declares more than the member holds.
+
+    A negative shape or more bytes than the member holds mark a cut-off or crafted file. Checked before
+    reading: numpy allocates what a header declares (terabytes for a crafted one). Object arrays pass:
+    reading them is refused with its own fix.
+
+    Args:
+        zf (zipfile.ZipFile): the open .npz archive.
+        keys (Iterable[str]): the members to check, by name without ".npy".
+
+    Returns:
+        str | None: what is wrong with the first such member, else None.
+    """
+    import math
+
+    for k in keys:
+        info = zf.getinfo(f"{k}.npy")
+        try:
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)
+                held = info.file_size - f.tell()
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            return f"the header of array {k!r} cannot be read: {brief(e)}"
+        if any(d < 0 for d in shape):
+            return f"the header of array {k!r} declares the negative shape {tuple(shape)}"
+        if not dtype.hasobject and math.prod(shape) * dtype.itemsize > held:
+            return (f"the header of array {k!r} declares {tuple(shape)} {dtype}, {math.prod(shape) * dtype.itemsize} "
+                    f"bytes, but the file holds {held}")
+    return None
+
+
 def _read_checked_npz(path: Path, check, keys=None, layout=None) -> dict:
     """The arrays of one result chunk (.npz; only `keys` where given) and `check(arrays)`, which says what is
     wrong or None: a truncated, emptied or replaced file is a clear error naming the fix, never a zipfile or
     numpy traceback nor results joined to the wrong frames. `layout` (out, n, chunk, rows) names an edited n."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in (z.files if keys is None else keys) if k in z.files}
-            why = bytes_after(z.zip, arrays) or check(arrays)
+            present = [k for k in (z.files if keys is None else keys) if k in z.files]
+            why = declared_past_member(z.zip, present)
+            arrays = {} if why else {k: z[k] for k in present}
+            why = why or bytes_after(z.zip, arrays) or check(arrays)
     except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, IsADirectoryError) as e:
         why, arrays = brief(e), {}
     if why is not None and layout is not None and arrays:

@@ -86,12 +86,34 @@ CASES = {  # name -> (mutate the copied output directory, what the error says)
                                       r"chunk_0000001.npy is corrupt \(8 bytes after its maps\)"),
     "outputs with bytes appended to a member": (lambda o: _append_member(o / "_outputs" / "chunk_0000001.npz"),
                                                 r"chunk_0000001.npz is corrupt \(8 bytes after array"),
+    # before: a MemoryError (numpy allocated the 10^12 rows the header declares: 364 TiB)
+    "outputs member declaring 10**12 rows": (lambda o: _declare_rows(o / "_outputs" / "chunk_0000001.npz", 10 ** 12),
+                                             r"chunk_0000001.npz is corrupt \(the header of array .* declares"),
 }
 
 
 def _edit_outputs(out, **arrays):
     path = out / "_outputs" / "chunk_0000001.npz"
     np.savez(path, **{**dict(np.load(path)), **arrays})
+
+
+def _declare_rows(path, rows):
+    """The archive rewritten with its first member's header declaring `rows` rows (its bytes unchanged)."""
+    import io
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        members = {name: z.read(name) for name in z.namelist()}
+    first = next(iter(members))
+    f = io.BytesIO(members[first])
+    np.lib.format.read_magic(f)
+    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"shape": (rows,) + tuple(shape[1:]), "fortran_order": fortran,
+                                                "descr": np.lib.format.dtype_to_descr(dtype)})
+    members[first] = head.getvalue() + f.read()
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
 
 
 def _append(path):
