@@ -177,7 +177,8 @@ def as_agent(obj, default_name: str = "agent", layout: str | None = None,
 
 def _card(card, where: str) -> dict:
     """An agent's card as the job's manifest stores it (JSON): numpy numbers and arrays as numbers and lists (a
-    card of np.int64(4), a set or keys of mixed types failed the manifest's write, an internal TypeError), an
+    card of np.int64(4), a set or keys of mixed types failed the manifest's write, an internal TypeError; NaN
+    or inf was written as a bare NaN, which JSON readers other than Python's refuse), an
     obs_shape of sizes and a game name checked (a bad one failed later as an internal TypeError, or named
     a shape of letters)."""
     import json
@@ -193,7 +194,7 @@ def _card(card, where: str) -> dict:
         raise TypeError(f"a {type(o).__name__}")
 
     try:
-        card = json.loads(json.dumps(card, default=plain, sort_keys=True))
+        card = json.loads(json.dumps(card, default=plain, sort_keys=True, allow_nan=False))  # NaN: not JSON
     except (TypeError, ValueError, RecursionError) as e:
         raise AgentSpecError(f"{where}: card cannot be stored as JSON ({e}): give it string keys and string, number, "
                              "list or dict values") from None

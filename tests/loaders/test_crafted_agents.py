@@ -244,6 +244,7 @@ def actions_other(): return _agent(num_actions=7)
 def card_text(): return _agent(card="abc")
 def card_set(): return _agent(card={"tags": {1, 2}})
 def card_mixed_keys(): return _agent(card={1: "x", "a": 2})
+def card_nan(): return _agent(card={"epsilon": float("nan")})
 def card_shape_number(): return _agent(card={"obs_shape": 5})
 def card_shape_letters(): return _agent(card={"obs_shape": "abc"})
 def card_shape_negative(): return _agent(card={"obs_shape": [10, -10, 4]})
@@ -281,6 +282,7 @@ def test_what_a_function_agent_declares_is_checked(spec_agents):
              "actions_card_huge": r"num_actions must be at most 2\*\*31-1",
              "card_text": "card must be a dict", "card_set": r"card cannot be stored as JSON \(a set\)",
              "card_mixed_keys": "card cannot be stored as JSON",
+             "card_nan": r"card cannot be stored as JSON \(Out of range float values",
              "card_shape_number": "card obs_shape must be the shape of one observation.*got 5",
              "card_shape_letters": 'got "abc"', "card_shape_negative": r"got \[10, -10, 4\]",
              "card_game_number": "card game must be a game name", "pixels_float": "pixels must be \"uint8\"",
