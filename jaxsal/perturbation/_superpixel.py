@@ -45,25 +45,18 @@ def first_conv(apply_fn, params, x_shape, layout: str):
     """(kernel (kh, kw), strides, output (oh, ow)) of the model's first flax conv when the exact
     path applies to it: VALID, no dilation or groups, its input the image's size and pixelwise
     in the frames (x_shape: one call's frames, NHWC or NCHW as `layout`); else None."""
-    record = []
-
-    def recorder(next_fun, args, kwargs, ctx):
-        out = next_fun(*args, **kwargs)
-        if _is_conv_call(args, ctx) and not record:
-            record.append((args[0], out, ctx.module, bool(kwargs) or len(args) != 1))
-        return out
-
+    record = {}
     spec = jax.ShapeDtypeStruct((1,) + tuple(x_shape[1:]), jnp.float32)
     shape_of = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))  # noqa: E731
     try:
-        with jax.disable_jit(), nn.intercept_methods(recorder):
-            # a new function each time: eval_shape caches its traces, and a cached one records nothing
-            jax.eval_shape(lambda p, x: apply_fn(p, x), jax.tree.map(shape_of, params), spec)
+        # a new function each time: eval_shape caches its traces, and a cached one records nothing
+        jax.eval_shape(lambda p, x: record.update(_first_conv_call(apply_fn, p, x)), jax.tree.map(shape_of, params),
+                       spec)
     except Exception:  # noqa: BLE001 - a model that will not trace this way keeps the plain path
         return None
-    if not record:
+    if "u" not in record:
         return None
-    u, y, module, extra_args = record[0]
+    u, y, module, extra_args = record["u"], record["y"], record["module"], record["extra_args"]
     hw = tuple(x_shape[1:3]) if layout == "NHWC" else tuple(x_shape[2:4])
     if extra_args or not _eligible(module, u) or tuple(u.shape[1:3]) != hw or y.ndim != 4:
         return None
@@ -111,20 +104,26 @@ def slot_tables(segments: np.ndarray, geometry, dummy: int = 0):
             pixel_slot.astype(np.int32), slot_segment.reshape(n, p, slots).astype(np.int32))
 
 
-def _first_conv_io(apply_fn, params, x):
-    """(input, output, kernel) of the model's first flax conv on x (the rest of the model is dead
-    code under jit)."""
+def _first_conv_call(apply_fn, params, x) -> dict:
+    """The model's first flax conv call on x: its input u, output y, module and whether it took other
+    arguments than u; {} where the model has none (the rest of the model is dead code under jit)."""
     rec = {}
 
     def recorder(next_fun, args, kwargs, ctx):
         out = next_fun(*args, **kwargs)
         if _is_conv_call(args, ctx) and "u" not in rec:
-            rec.update(u=args[0], y=out, kernel=ctx.module.variables["params"]["kernel"])
+            rec.update(u=args[0], y=out, module=ctx.module, extra_args=bool(kwargs) or len(args) != 1)
         return out
 
     with jax.disable_jit(), nn.intercept_methods(recorder):
         apply_fn(params, x)
-    return rec["u"], rec["y"], rec["kernel"]
+    return rec
+
+
+def _first_conv_io(apply_fn, params, x):
+    """(input, output, kernel) of the model's first flax conv on x."""
+    rec = _first_conv_call(apply_fn, params, x)
+    return rec["u"], rec["y"], rec["module"].variables["params"]["kernel"]
 
 
 def per_chunk(apply_fn, params, x, x_fill, pixel_slot, conv: FirstConv):
