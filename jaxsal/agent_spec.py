@@ -136,6 +136,15 @@ def check_finite_params(params, where: str):
                                  "training diverged, or the checkpoint is corrupt): load an earlier checkpoint")
 
 
+def check_declared(layout, pixels, where: str, error=AgentSpecError):
+    """An agent's declared layout (one of LAYOUTS) and pixel scale ("uint8" or None): any other pixels value
+    was ignored, so the frames went unchecked."""
+    if layout not in LAYOUTS:
+        raise error(f"{where}: layout must be one of {LAYOUTS}, got {str(layout)[:40]!r}")
+    if pixels not in (None, "uint8"):
+        raise error(f"{where}: pixels must be \"uint8\" (frames on the 0..255 scale) or None, got {str(pixels)[:40]!r}")
+
+
 def as_agent(obj, default_name: str = "agent", layout: str | None = None,
              where: str = "agent") -> LoadedAgent:
     """A LoadedAgent from an object with apply_fn/params (+ layout, name, num_actions, pixels,
@@ -154,11 +163,8 @@ def as_agent(obj, default_name: str = "agent", layout: str | None = None,
     if not callable(apply_fn):
         raise AgentSpecError(f"{where}: apply_fn is not callable ({type(apply_fn).__name__})")
     lay = layout or fields.get("layout") or getattr(apply_fn, "jaxsal_layout", None) or "NHWC"
-    if lay not in LAYOUTS:
-        raise AgentSpecError(f"{where}: layout must be one of {LAYOUTS}, got {lay!r}")
     pixels = fields.get("pixels", getattr(apply_fn, "jaxsal_pixels", None))
-    if pixels not in (None, "uint8"):  # anything else was ignored: frames went unchecked
-        raise AgentSpecError(f"{where}: pixels must be \"uint8\" (frames on the 0..255 scale) or None, got {pixels!r}")
+    check_declared(lay, pixels, where)
     card = _card(fields.get("card"), where)
     name = str(fields.get("name") or card.get("name") or default_name)
     num_actions = fields.get("num_actions")

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsal.agent_spec import LAYOUTS, DeclaredFn, LoadedAgent
+from jaxsal.agent_spec import DeclaredFn, LoadedAgent, check_declared
 from jaxsal.checks import INT32_MAX, output_shape
 from jaxsal.loaders.errors import LoaderError, check_params, read_bytes
 
@@ -33,11 +33,7 @@ def _check_arguments(obs_shape, layout, pixels):
     if not shape or not sizes_ok or math.prod(int(d) for d in shape) > INT32_MAX:
         raise LoaderError(f"flax_msgpack: obs_shape must be the shape of one observation in `layout`, integers >= 1 "
                           f"and at most 2**31-1 values in all, e.g. (84, 84, 4); got {str(obs_shape)[:80]}")
-    if layout not in LAYOUTS:
-        raise LoaderError(f"flax_msgpack: layout must be one of {LAYOUTS}, got {str(layout)[:40]!r}")
-    if pixels not in (None, "uint8"):
-        raise LoaderError(f"flax_msgpack: pixels must be \"uint8\" (frames on the 0..255 scale) or None, got "
-                          f"{str(pixels)[:40]!r}")
+    check_declared(layout, pixels, "flax_msgpack", LoaderError)
 
 
 def flax_msgpack(path, module, obs_shape, layout: str = "NHWC", pixels: str | None = None,
