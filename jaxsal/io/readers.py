@@ -415,12 +415,17 @@ def _gz_open(path: Path):
         raise SaliencyInputError(f"cannot open {path}: {e}") from None
 
 
+def read_npy_header(f):
+    """(shape, fortran_order, dtype) as the .npy header at `f` declares them (any dtype, object included), `f`
+    left at the array's first byte; numpy's error for a header it cannot read passes through."""
+    version = np.lib.format.read_magic(f)
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return reader(f)
+
+
 def _npy_header(f, path, kind: str = "a valid .npy array"):
     try:
-        version = np.lib.format.read_magic(f)
-        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                  else np.lib.format.read_array_header_2_0)
-        shape, fortran, dtype = reader(f)
+        shape, fortran, dtype = read_npy_header(f)
     except (zipfile.BadZipFile, zlib.error) as e:
         if isinstance(f, zipfile.ZipExtFile):  # corrupt archive bytes: NpzSource names the member
             raise
