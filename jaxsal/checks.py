@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxsal import caching, sizing
 from jaxsal.errors import SaliencyInputError, brief
-from jaxsal.targets import check_actions, get_target, greedy, logits_of, q_of, require_actions
+from jaxsal.targets import INT32_MAX, check_actions, get_target, greedy, logits_of, q_of, require_actions
 
 LAYOUTS = ("NHWC", "NCHW")
 
@@ -115,9 +115,6 @@ def spatial_shape(obs_shape, layout: str):
 def to_nhwc(x, layout: str):
     """Move an input-shaped attribution to NHWC (N, H, W, C)."""
     return x if layout == "NHWC" else jnp.transpose(x, (0, 2, 3, 1))
-
-
-INT32_MAX = 2 ** 31 - 1
 
 
 def check_positive_int(name: str, value, minimum: int = 1):
