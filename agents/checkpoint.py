@@ -68,6 +68,8 @@ def export_params(path, params, dtype=np.float16) -> str:
 
 def load_params(path, template):
     """Read a msgpack parameter file and check it against template's tree (shapes), as float32."""
+    from jaxsal.checks import first_nonfinite_leaf, named_leaves
+
     path = Path(path)
     if not path.exists():
         raise AgentLoadError(f"parameter file {path} does not exist")
@@ -78,15 +80,11 @@ def load_params(path, template):
     except Exception as e:
         raise AgentLoadError(f"parameter file {path} is corrupt or not a msgpack export "
                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
-    want = serialization.to_state_dict(template)
-    try:
-        got_paths = {jax.tree_util.keystr(k): np.shape(v) for k, v in
-                     jax.tree_util.tree_flatten_with_path(raw)[0]}
-    except (TypeError, ValueError) as e:  # jax sorts dict keys: names of mixed types (str, bytes) do not sort
-        raise AgentLoadError(f"parameter file {path} is corrupt or not a msgpack export (its names are not all "
-                             f"strings: {type(e).__name__}); export it again (jaxsal_agents.checkpoint.export_params)") from None
-    want_paths = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
-                  jax.tree_util.tree_flatten_with_path(want)[0]}
+    got = {k: np.asarray(v) for k, v in named_leaves(raw, lambda e: AgentLoadError(
+        f"parameter file {path} is corrupt or not a msgpack export (its names are not all strings: "
+        f"{type(e).__name__}); export it again (jaxsal_agents.checkpoint.export_params)")).items()}
+    got_paths = {k: v.shape for k, v in got.items()}
+    want_paths = {k: tuple(v.shape) for k, v in named_leaves(serialization.to_state_dict(template)).items()}
     if got_paths != want_paths:
         missing = sorted(set(want_paths) - set(got_paths))[:3]
         extra = sorted(set(got_paths) - set(want_paths))[:3]
@@ -95,14 +93,14 @@ def load_params(path, template):
             f"parameter file {path} does not match the model: missing {missing}, unexpected {extra}, "
             f"wrong shape {[(k, got_paths[k], want_paths[k]) for k in wrong]}. "
             "Was it exported from a different architecture or game (action count)?")
-    for k, v in jax.tree_util.tree_flatten_with_path(raw)[0]:  # the cast below would drop an imaginary part
-        v = np.asarray(v)
+    for k, v in got.items():  # the cast below would drop an imaginary part
         if not (jnp.issubdtype(v.dtype, jnp.floating) or jnp.issubdtype(v.dtype, jnp.integer)):
-            raise AgentLoadError(f"parameter file {path}: {jax.tree_util.keystr(k)} has dtype {v.dtype}, not real "
-                                 "numbers; the file is corrupt, export it again (jaxsal_agents.checkpoint.export_params)")
-        if not np.isfinite(v.astype(np.float32)).all():
-            raise AgentLoadError(f"parameter file {path}: {jax.tree_util.keystr(k)} holds NaN or infinite values (the "
-                                 "training diverged or the file is corrupt): export an earlier checkpoint of the run")
+            raise AgentLoadError(f"parameter file {path}: {k} has dtype {v.dtype}, not real numbers; the file is "
+                                 "corrupt, export it again (jaxsal_agents.checkpoint.export_params)")
+    k = first_nonfinite_leaf(got.items())
+    if k is not None:
+        raise AgentLoadError(f"parameter file {path}: {k} holds NaN or infinite values (the training diverged or "
+                             "the file is corrupt): export an earlier checkpoint of the run")
     raw = jax.tree.map(lambda x: np.asarray(x, np.float32), raw)
     return serialization.from_state_dict(template, raw)
 

@@ -118,22 +118,16 @@ def load_function_spec(spec: str, layout: str | None = None) -> LoadedAgent:
 def check_finite_params(params, where: str):
     """Every floating-point leaf of `params` finite (the loaders check their files' alike): NaN weights would
     give NaN maps without a word. A tree jax cannot flatten is left to the model check, which names it."""
-    import jax
-    import jax.numpy as jnp
+    from jaxsal.checks import first_nonfinite_leaf, named_leaves
 
     try:
-        leaves = jax.tree_util.tree_leaves_with_path(params)
+        leaves = named_leaves(params)
     except Exception:  # noqa: BLE001
         return
-    for k, v in leaves:
-        dtype = getattr(v, "dtype", None)
-        try:
-            bad = dtype is not None and jnp.issubdtype(dtype, jnp.floating) and not bool(jnp.isfinite(v).all())
-        except TypeError:  # a dtype JAX has no array type for (float128): the model check names it
-            continue
-        if bad:
-            raise AgentSpecError(f"{where}: params{jax.tree_util.keystr(k)} holds NaN or infinite values (the "
-                                 "training diverged, or the checkpoint is corrupt): load an earlier checkpoint")
+    k = first_nonfinite_leaf(leaves.items())
+    if k is not None:
+        raise AgentSpecError(f"{where}: params{k} holds NaN or infinite values (the training diverged, or the "
+                             "checkpoint is corrupt): load an earlier checkpoint")
 
 
 def check_declared(layout, pixels, where: str, error=AgentSpecError):

@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxsal import caching, sizing
 from jaxsal.errors import SaliencyInputError, brief
-from jaxsal.targets import check_actions, get_target, greedy, logits_of, q_of, require_actions
+from jaxsal.targets import INT32_MAX, check_actions, get_target, greedy, logits_of, q_of, require_actions
 
 LAYOUTS = ("NHWC", "NCHW")
 
@@ -115,9 +115,6 @@ def spatial_shape(obs_shape, layout: str):
 def to_nhwc(x, layout: str):
     """Move an input-shaped attribution to NHWC (N, H, W, C)."""
     return x if layout == "NHWC" else jnp.transpose(x, (0, 2, 3, 1))
-
-
-INT32_MAX = 2 ** 31 - 1
 
 
 def check_positive_int(name: str, value, minimum: int = 1):
@@ -282,6 +279,44 @@ def params_signature(params) -> tuple:
     over every leaf, so a call computes it once (Call.params_sig) and hands it to each cache key."""
     return (jax.tree.structure(params),
             tuple((np.shape(l), str(getattr(l, "dtype", type(l)))) for l in jax.tree.leaves(params)))
+
+
+def named_leaves(tree, refuse=None) -> dict:
+    """The leaves of a parameter tree by name (jax's path, e.g. "['params']['Dense_0']['kernel']"), in tree order.
+
+    jax sorts a dict's names to flatten it, so a tree whose names do not sort (of mixed types, e.g. str and bytes,
+    as a crafted checkpoint holds) cannot be read: `refuse(e)` makes the error raised then from jax's TypeError or
+    ValueError `e` (None: `e` itself).
+    """
+    try:
+        return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+    except (TypeError, ValueError) as e:
+        if refuse is None:
+            raise
+        raise refuse(e) from None
+
+
+def first_nonfinite_leaf(leaves) -> str | None:
+    """The name of the first floating-point leaf of `leaves` ((name, leaf) pairs, e.g. named_leaves(params).items())
+    that holds NaN or inf, or a value beyond float32's range (JAX computes in float32: 1e300 in a float64 file is
+    inf there); None when there is none. Leaves without a dtype, of other dtypes, or that numpy cannot read (a
+    torch tensor's dtype) are passed over: the callers' checks of the model name them. A jax array is checked on
+    its device (only the answer is copied), any other leaf with numpy."""
+    for name, v in leaves:
+        dtype = getattr(v, "dtype", None)
+        try:
+            if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+                continue
+            if isinstance(v, jax.Array):
+                finite = bool(jnp.isfinite(v.astype(jnp.float32)).all())
+            else:
+                with np.errstate(over="ignore"):
+                    finite = bool(np.isfinite(np.asarray(v, np.float32)).all())
+        except (TypeError, ValueError):
+            continue
+        if not finite:
+            return name
+    return None
 
 
 def _check_obs_lazy(obs, layout):

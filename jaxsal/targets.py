@@ -18,6 +18,7 @@ TARGET_NAMES = ("q_chosen", "q_action", "advantage", "value", "policy_logit", "l
                 "softmax_chosen")
 LOGIT_KEYS = ("logits", "policy_logits", "pi", "policy")  # dict outputs: keys read as policy logits
 Q_KEYS = ("q", "q_values")                                  # and as Q-values
+INT32_MAX = 2 ** 31 - 1  # jax's action indices, counts and shapes are int32 (jaxsal.checks' counts use it too)
 
 
 def _pick(out, keys, what):
@@ -261,7 +262,7 @@ def check_actions(actions, n: int, num_actions: int | None):
         raise SaliencyInputError(
             f"action index out of range: the model has {num_actions} actions (0..{num_actions - 1}), "
             f"got values in [{a.min()}, {a.max()}]")
-    if a.size and (int(a.min()) < 0 or int(a.max()) > np.iinfo(np.int32).max):  # the model's count unknown:
+    if a.size and (int(a.min()) < 0 or int(a.max()) > INT32_MAX):  # the model's count unknown:
         # a negative index would pick an action from the end, and the int32 cast wraps 2**32 + 1 onto action 1
         raise SaliencyInputError(f"actions must be action indices from 0 to 2**31-1, got values in "
                                  f"[{a.min()}, {a.max()}]")

@@ -25,6 +25,7 @@ import numpy as np
 from jaxsal.caching import LRU
 from jaxsal.errors import SaliencyInputError
 from jaxsal.io.pickled import PickleFormatError, PickleLimitError, read_int_set
+from jaxsal.targets import INT32_MAX
 
 STACK = 4
 ACTIONS_KEY = "actions"  # the per-state actions in an .npz buffer, for --target q_action
@@ -285,7 +286,7 @@ class NpzSource:
             raise SaliencyInputError(f"{what} has dtype {a.dtype}, not integers: {fix}")
         if n and int(a.min()) < 0:
             raise SaliencyInputError(f"{what} holds a negative action ({int(a.min())}): {fix}")
-        if n and int(a.max()) > np.iinfo(np.int32).max:  # the cast would wrap it onto a real action (2**32+3 -> 3)
+        if n and int(a.max()) > INT32_MAX:  # the cast would wrap it onto a real action (2**32+3 -> 3)
             raise SaliencyInputError(f"{what} holds action {int(a.max())}, beyond any action index (at most 2**31-1): "
                                      f"{fix}")
         return a.astype(np.int32)
@@ -415,12 +416,17 @@ def _gz_open(path: Path):
         raise SaliencyInputError(f"cannot open {path}: {e}") from None
 
 
+def read_npy_header(f):
+    """(shape, fortran_order, dtype) as the .npy header at `f` declares them (any dtype, object included), `f`
+    left at the array's first byte; numpy's error for a header it cannot read passes through."""
+    version = np.lib.format.read_magic(f)
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return reader(f)
+
+
 def _npy_header(f, path, kind: str = "a valid .npy array"):
     try:
-        version = np.lib.format.read_magic(f)
-        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                  else np.lib.format.read_array_header_2_0)
-        shape, fortran, dtype = reader(f)
+        shape, fortran, dtype = read_npy_header(f)
     except (zipfile.BadZipFile, zlib.error) as e:
         if isinstance(f, zipfile.ZipExtFile):  # corrupt archive bytes: NpzSource names the member
             raise
@@ -709,7 +715,7 @@ class DopamineCheckpoint:
             a = a[self._phys][self._keep]  # the served states' (unwritten slots hold np.empty's bytes)
             # whole numbers that fit int32: a fraction or 2**40 must not become another action in the cast
             if not np.issubdtype(a.dtype, np.integer) and not (np.isfinite(a).all() and (a == np.round(a)).all()) \
-                    or a.size and (a.min() < 0 or a.max() > np.iinfo(np.int32).max):
+                    or a.size and (a.min() < 0 or a.max() > INT32_MAX):
                 raise SaliencyInputError(f"{self.action_path}: actions must be whole numbers from 0 to 2**31-1, got "
                                          f"dtype {a.dtype}, {a.min()}..{a.max()}; {CRAFTED}")
             self._actions = a.astype(np.int32)

@@ -358,13 +358,13 @@ def declared_past_member(zf: zipfile.ZipFile, keys) -> str | None:
     """
     import math
 
+    from jaxsal.io.readers import read_npy_header
+
     for k in keys:
         info = zf.getinfo(f"{k}.npy")
         try:
             with zf.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, _, dtype = read(f)
+                shape, _, dtype = read_npy_header(f)
                 held = info.file_size - f.tell()
         except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
             return f"the header of array {k!r} cannot be read: {brief(e)}"

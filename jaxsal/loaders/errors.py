@@ -56,19 +56,15 @@ def check_params(path, params, expected, network: str):
     """`params` as read from `path` against `expected` (the network's init, or its jax.eval_shape):
     the same names and shapes, floating point where the network's are, finite; else a LoaderError
     naming the first difference, so a file of another network never loads as a silently different one."""
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
-    def flat(tree):
-        return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+    from jaxsal.checks import first_nonfinite_leaf, named_leaves
 
     fix = f"is it a checkpoint of {network}? get it again from where it was made"
-    try:
-        want, got = flat(expected), flat(params)
-    except (TypeError, ValueError) as e:  # jax sorts dict keys: names of mixed types (str, bytes) do not sort
-        raise LoaderError(f"{path}: its parameter tree cannot be read ({brief(e)}): its names are not all "
-                          f"strings; {fix}") from None
+    want = named_leaves(expected)
+    got = named_leaves(params, lambda e: LoaderError(f"{path}: its parameter tree cannot be read ({brief(e)}): its "
+                                                     f"names are not all strings; {fix}"))
     for keys, which in ((set(want) - set(got), "no parameter {}, which {} has"),
                         (set(got) - set(want), "a parameter {}, which {} does not have")):
         if keys:
@@ -88,8 +84,7 @@ def check_params(path, params, expected, network: str):
             raise LoaderError(f"{path}: parameter {k} has dtype {dtype}, not floating point; {fix}")
         if np.dtype(dtype).itemsize > 8:  # float128: no JAX array type
             raise LoaderError(f"{path}: parameter {k} has dtype {dtype}, which JAX cannot compute in; {fix}")
-        with np.errstate(over="ignore"):  # JAX computes in float32: 1e300 in a float64 file is inf there
-            finite = not jnp.issubdtype(dtype, jnp.floating) or np.isfinite(np.asarray(v, np.float32)).all()
-        if not finite:
-            raise LoaderError(f"{path}: parameter {k} holds NaN or infinite values, or values beyond float32's range "
-                              "(the training diverged or the file is corrupt): use an earlier checkpoint of the run")
+    k = first_nonfinite_leaf(got.items())
+    if k is not None:
+        raise LoaderError(f"{path}: parameter {k} holds NaN or infinite values, or values beyond float32's range "
+                          "(the training diverged or the file is corrupt): use an earlier checkpoint of the run")
