@@ -13,7 +13,7 @@ import importlib
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxsal.errors import SaliencyInputError, brief
+from jaxsal.errors import SaliencyInputError, brief, name_fault, one_line
 
 LAYOUTS = ("NHWC", "NCHW")
 
@@ -167,6 +167,10 @@ def as_agent(obj, default_name: str = "agent", layout: str | None = None,
     check_declared(lay, pixels, where)
     card = _card(fields.get("card"), where)
     name = str(fields.get("name") or card.get("name") or default_name)
+    fault = name_fault(name)
+    if fault:  # every message, summary and manifest names the agent on one line
+        raise AgentSpecError(f"{one_line(where)}: agent name {name[:40]!r} {fault}; give the agent a name of printed "
+                             "characters on one line (the function's name, its card's \"name\", or its file's)")
     num_actions = fields.get("num_actions")
     num_actions = card.get("num_actions") if num_actions is None else num_actions
     if num_actions is not None:
