@@ -340,3 +340,26 @@ def test_function_agents_through_the_command_line(spec_agents, tmp_path, capsys)
     assert err == ("jaxsal: error: agent 'actions_other' declares 7 actions but its model outputs 3: correct its "
                    "num_actions (or its card's)")
     assert not (tmp_path / "other").exists()
+
+
+def test_a_declared_action_count_is_checked_by_the_library_too(spec_agents, tmp_path):
+    """An agent declaring 7 actions on a model of 3 (load_function_spec, as `--agent` loads it) was refused by the
+    command line alone: jaxsal.explain and jaxsal.io.run_job explained it without a word, and the job's manifest
+    recorded the 7. The one check now runs in the library's model check: refused by both, run_job before anything is
+    written; an agent declaring the 3 it outputs is explained."""
+    import jaxsal
+    from jaxsal.agent_spec import load_function_spec
+    from jaxsal.io import MethodSpec, open_source, run_job
+
+    frames = np.load(spec_agents / "frames.npy")
+    agent = load_function_spec(f"{spec_agents / 'agents.py'}:actions_other")
+    says = r"^the agent declares 7 actions but its model outputs 3: correct its num_actions \(or its card's\)$"
+    with pytest.raises(jaxsal.SaliencyInputError, match=says):
+        jaxsal.explain(agent.apply_fn, agent.params, frames, method="gradient")
+    with pytest.raises(jaxsal.SaliencyInputError, match=says):
+        run_job(agent.apply_fn, agent.params, open_source(spec_agents / "frames.npy"), tmp_path / "job",
+                [MethodSpec("gradient", "gradient", {})], quiet=True, agent={"name": agent.name, "card": agent.card})
+    assert not (tmp_path / "job").exists()
+    good = load_function_spec(f"{spec_agents / 'agents.py'}:card_numpy")
+    assert good.num_actions == 3 and jaxsal.explain(good.apply_fn, good.params, frames, method="gradient").shape == (
+        2, 10, 10)
