@@ -13,7 +13,7 @@ import importlib
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxsal.errors import SaliencyInputError, brief
+from jaxsal.errors import SaliencyInputError, brief, name_fault, one_line
 
 LAYOUTS = ("NHWC", "NCHW")
 
@@ -23,14 +23,17 @@ class AgentSpecError(SaliencyInputError):
 
 
 class DeclaredFn:
-    """`apply_fn` plus what jaxsal checks its inputs against: `jaxsal_layout` ("NHWC"/"NCHW")
-    and `jaxsal_pixels` ("uint8": frames on the 0..255 scale, or None). Equal wrappers of the
-    same function compare equal, so compiled-function caches keep hitting."""
+    """`apply_fn` plus what jaxsal checks its inputs and outputs against: `jaxsal_layout` ("NHWC"/"NCHW"),
+    `jaxsal_pixels` ("uint8": frames on the 0..255 scale, or None) and `jaxsal_num_actions` (the action
+    count the model must output, or None; jaxsal.checks.check_model). Equal wrappers of the same function
+    compare equal, so compiled-function caches keep hitting."""
 
-    def __init__(self, fn: Callable, layout: str | None = None, pixels: str | None = None):
+    def __init__(self, fn: Callable, layout: str | None = None, pixels: str | None = None,
+                 num_actions: int | None = None):
         self.fn = getattr(fn, "fn", fn) if isinstance(fn, DeclaredFn) else fn
         self.jaxsal_layout = layout
         self.jaxsal_pixels = pixels
+        self.jaxsal_num_actions = num_actions
         self.__name__ = getattr(self.fn, "__name__", "apply_fn")
         self.__doc__ = getattr(self.fn, "__doc__", None)
 
@@ -38,7 +41,7 @@ class DeclaredFn:
         return self.fn(params, obs, *args, **kwargs)
 
     def _key(self):
-        return (self.fn, self.jaxsal_layout, self.jaxsal_pixels)
+        return (self.fn, self.jaxsal_layout, self.jaxsal_pixels, self.jaxsal_num_actions)
 
     def __eq__(self, other):
         return isinstance(other, DeclaredFn) and self._key() == other._key()
@@ -47,7 +50,8 @@ class DeclaredFn:
         return hash(self._key())
 
     def __repr__(self):
-        return f"DeclaredFn({self.__name__}, layout={self.jaxsal_layout!r}, pixels={self.jaxsal_pixels!r})"
+        return (f"DeclaredFn({self.__name__}, layout={self.jaxsal_layout!r}, pixels={self.jaxsal_pixels!r}, "
+                f"num_actions={self.jaxsal_num_actions!r})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +165,10 @@ def as_agent(obj, default_name: str = "agent", layout: str | None = None,
     check_declared(lay, pixels, where)
     card = _card(fields.get("card"), where)
     name = str(fields.get("name") or card.get("name") or default_name)
+    fault = name_fault(name)
+    if fault:  # every message, summary and manifest names the agent on one line
+        raise AgentSpecError(f"{one_line(where)}: agent name {name[:40]!r} {fault}; give the agent a name of printed "
+                             "characters on one line (the function's name, its card's \"name\", or its file's)")
     num_actions = fields.get("num_actions")
     num_actions = card.get("num_actions") if num_actions is None else num_actions
     if num_actions is not None:
@@ -171,7 +179,7 @@ def as_agent(obj, default_name: str = "agent", layout: str | None = None,
         except SaliencyInputError as e:
             raise AgentSpecError(f"{where}: {e}; give the agent's number of actions (e.g. env.action_space.n) or "
                                  "leave it out") from None
-    return LoadedAgent(name=name, apply_fn=DeclaredFn(apply_fn, lay, pixels), params=fields["params"],
+    return LoadedAgent(name=name, apply_fn=DeclaredFn(apply_fn, lay, pixels, num_actions), params=fields["params"],
                        layout=lay, num_actions=num_actions, pixels=pixels, card=card)
 
 

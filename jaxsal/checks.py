@@ -347,6 +347,25 @@ class TargetFails(SaliencyInputError):
     """The target cannot be computed from this model's output (e.g. value on a Q-network)."""
 
 
+class ActionsDisagree(SaliencyInputError):
+    """The model outputs another action count than its agent declares (`apply_fn.jaxsal_num_actions`: a card's or
+    FUNCTION()'s num_actions); `who` names the agent."""
+
+    def __init__(self, declared: int, outputs: int, who: str = "the agent"):
+        super().__init__(f"{who} declares {declared} actions but its model outputs {outputs}: correct its num_actions "
+                         "(or its card's)")
+        self.declared, self.outputs = declared, outputs
+
+
+def _check_declared_actions(apply_fn, out):
+    """`out` (a model's output shapes), once it has the action count its apply_fn declares, if any: a declared count
+    the model does not have would pass the actions, or a buffer of another game, checked against it."""
+    declared, n = getattr(apply_fn, "jaxsal_num_actions", None), num_actions(out)
+    if declared is not None and n is not None and n != declared:
+        raise ActionsDisagree(declared, n)
+    return out
+
+
 def _other_reading(shape, layout):
     """One state's shape (1, ...) read in the other layout: NHWC (1, H, W, C) -> (1, C, H, W)."""
     if len(shape) != 4:
@@ -406,11 +425,13 @@ def check_model(apply_fn, params, shape, *, layout: str, target="q_chosen", sig:
     the target checked to give one scalar per state. Memoised on the function, target and shapes
     (tracing twice per call cost ~1.3 ms, most of a one-state gradient call); failures are never
     cached. A model that fails is ModelFails (naming the layout when the other one runs), a
-    target it cannot give TargetFails. `sig`: params' params_signature where the caller has it."""
+    target it cannot give TargetFails, an action count other than its apply_fn declares
+    ActionsDisagree. `sig`: params' params_signature where the caller has it."""
     tgt = get_target(target)
     sig = params_signature(params) if sig is None else sig
     key = _shapes_key(apply_fn, target, layout, shape, sig)
-    check = lambda: _checked_target(tgt, output_shape(apply_fn, params, shape, layout=layout, sig=sig))  # noqa: E731
+    check = lambda: _checked_target(tgt, _check_declared_actions(  # noqa: E731
+        apply_fn, output_shape(apply_fn, params, shape, layout=layout, sig=sig)))
     return check() if key is None else _SHAPES.get_or_build(key, check)  # a failure raises: not cached
 
 

@@ -20,6 +20,21 @@ def brief(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
+def name_fault(name: str) -> str | None:
+    """What keeps `name` from naming a thing on one line (a message, a summary, a table column): empty, only
+    whitespace, or holding a line break or another character that is not printed; None when nothing does."""
+    if not name.strip():
+        return "is empty" if not name else "is only whitespace"
+    bad = next((c for c in name if not c.isprintable()), None)
+    return None if bad is None else f"holds {bad!r} (a line break or another character that is not printed)"
+
+
+def one_line(text: str) -> str:
+    """`text` with each character that is not printed written as its escape (a newline as \\n): a path or spec
+    quoted in a one-line message."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def error_line(e: BaseException, job: bool = True) -> str:
     """The one line a command prints (or a sweep cell records) for an error; `job`: the command is a
     resumable job (explain, sweep, demo), whose finished chunks a rerun resumes (else, e.g. render,

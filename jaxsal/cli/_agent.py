@@ -85,8 +85,9 @@ def check_buffer_actions(agent, source, num_actions):
 def check_agent(agent, shape, layout_given: str | None, target: str | None = None):
     """The library's model check (jaxsal.checks.check_model: one abstract forward pass, no
     compilation) on a frame stack of `shape` (model layout), before anything is written, in the
-    CLI's words: a model that takes the other layout or fails on these frames, or a target its
-    output cannot give (e.g. value on a Q-network). Returns the output shapes."""
+    CLI's words: a model that takes the other layout or fails on these frames, a target its
+    output cannot give (e.g. value on a Q-network), or an action count other than the agent
+    declares. Returns the output shapes."""
     from jaxsal import checks
 
     try:
@@ -103,10 +104,8 @@ def check_agent(agent, shape, layout_given: str | None, target: str | None = Non
                        "check that --agent and --input (and --layout) belong together") from None
     except checks.TargetFails as e:
         raise CLIError(f"--target {target}: {e}; choose another --target (see jaxsal explain --help)") from None
-    n = checks.num_actions(out)  # a declared count the model does not have would pass a buffer of another game
-    if agent.num_actions is not None and n is not None and n != agent.num_actions:
-        raise CLIError(f"agent {agent.name!r} declares {agent.num_actions} actions but its model outputs {n}: "
-                       "correct its num_actions (or its card's)")
+    except checks.ActionsDisagree as e:  # the library's check, naming the agent
+        raise CLIError(str(checks.ActionsDisagree(e.declared, e.outputs, f"agent {agent.name!r}"))) from None
     return out
 
 

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jaxsal.errors import SaliencyInputError, brief
+from jaxsal.errors import SaliencyInputError, brief, name_fault
 
 if TYPE_CHECKING:
     from jaxsal.game_objects import ObjectBoxes
@@ -181,6 +181,10 @@ def read_objects(path, game: str | None = None) -> ObjectsInput:
                                  f"stored as int8), got {classes.dtype} {classes.shape}"
                                  + ("; decode bytes names: np.asarray([n.decode() for n in names])"
                                     if classes.dtype.kind == "S" else ""))
+    fault = next(((str(c), f) for c in classes if (f := name_fault(str(c)))), None)
+    if fault is not None:  # shares are reported by class name, on one line: a name must be one, and printed
+        raise SaliencyInputError(f"objects file {p}: class name {fault[0][:40]!r} {fault[1]}; give each class a name "
+                                 "of printed characters on one line, e.g. \"ball\"")
     twice = next((str(c) for i, c in enumerate(classes) if c in classes[:i]), None)
     if twice is not None:  # shares are reported by class name: one name for two classes would merge them
         raise SaliencyInputError(f"objects file {p} names class {twice!r} twice; give each class one distinct name")

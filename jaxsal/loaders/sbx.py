@@ -28,7 +28,6 @@ from typing import Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxsal.agent_spec import DeclaredFn, LoadedAgent
 from jaxsal.io.pickled import (Call, Global, PickleFormatError, PickleLimitError, describe, parse, to_dtype,
@@ -227,10 +226,10 @@ def _obs_space(policy_state, path):
         raise _fail(path, "observation space has no shape")
     for d in shape:
         _int(d, "an observation dimension", path, 1 << 16)
-    try:
+    try:  # gymnasium saves every Box's dtype: one jaxsal cannot read is refused, never taken as float32
         dtype = to_dtype(st.get("dtype"))
-    except PickleFormatError:
-        dtype = np.dtype(np.float32)
+    except PickleFormatError as e:
+        raise _fail(path, f"observation space dtype: {e}") from None
     return tuple(shape), dtype
 
 

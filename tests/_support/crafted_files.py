@@ -149,10 +149,18 @@ def instance(module: str, name: str, state: bytes) -> bytes:
     return b"c" + module.encode() + b"\n" + name.encode() + b"\n)\x81" + state + b"b"
 
 
+def float32_dtype() -> bytes:
+    """np.dtype("float32") as numpy pickles it: numpy.dtype("f4", False, True), then its state (3, "<", ...)."""
+    return (b"cnumpy\ndtype\n" + text("f4") + b"\x89\x88\x87R"
+            + b"(K\x03" + text("<") + b"NNN" + integer(-1) + integer(-1) + b"K\x00tb")
+
+
 def sbx_cnn_policy(shape) -> bytes:
-    """An SBX DQN CnnPolicy whose observation space is `shape` and whose params are empty (each class as SBX names
-    it, the sizes of a real policy): what the loader reads before it compares the params with its network's."""
-    space = instance("gymnasium.spaces.box", "Box", mapping({text("_shape"): b"(" + b"".join(map(integer, shape)) + b"t"}))
+    """An SBX DQN CnnPolicy whose observation space is `shape` (float32) and whose params are empty (each class as
+    SBX names it, the sizes of a real policy): what the loader reads before it compares the params with its
+    network's."""
+    space = instance("gymnasium.spaces.box", "Box", mapping({text("_shape"): b"(" + b"".join(map(integer, shape)) + b"t",
+                                                             text("dtype"): float32_dtype()}))
     qf = instance("sbx.dqn.policies", "CnnQNetwork", mapping({text("n_actions"): integer(4), text("n_units"): integer(512),
                                                               text("activation_fn"): b"cjax.nn\nrelu\n"}))
     state = instance("flax.training.train_state", "TrainState", mapping({text("params"): mapping({})}))

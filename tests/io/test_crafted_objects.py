@@ -61,3 +61,20 @@ def test_names_stored_as_bytes(tmp_path):
     np.savez(tmp_path / "game.npz", **dict(GOOD, game=np.asarray(b"minatar-breakout")))
     with pytest.raises(jaxsal.SaliencyInputError, match=r"game must be one name \(np.asarray\('pong'\)\)"):
         objs.read_objects(tmp_path / "game.npz", game="minatar-breakout")
+
+
+def test_a_class_name_that_names_nothing_on_one_line(tmp_path):
+    """A class named "" or "  " was accepted, and its shares reported under no visible name in the summary lines (in a
+    sweep's columns as class "x"); one named "ball\\nred" split the summary line in two. Each is refused naming the
+    file, the class and the fix; other names still load as they are."""
+    for name, (classes, says) in {"empty": (["ball", ""], "class name '' is empty"),
+                                  "blank": (["ball", "  "], "class name '  ' is only whitespace"),
+                                  "newline": (["ball", "ball\nred"], r"class name 'ball\\nred' holds '\\n'")}.items():
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, **dict(GOOD, classes=np.asarray(classes)))
+        with pytest.raises(jaxsal.SaliencyInputError, match=f"objects file .*{name}.npz: {says}.*give each class a "
+                                                            "name") as e:
+            objs.read_objects(path)
+        assert "\n" not in str(e.value), name
+    np.savez(tmp_path / "spaced.npz", **dict(GOOD, classes=np.asarray(["red ball", "ball"])))
+    assert objs.read_objects(tmp_path / "spaced.npz").classes == ("red ball", "ball")

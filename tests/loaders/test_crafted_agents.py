@@ -94,6 +94,20 @@ def test_an_agent_file_that_is_a_pipe_or_a_link_to_nothing_says_so(tmp_path, dqn
             load_file(tmp_path / f"{name}.cleanrl_model")
 
 
+def test_an_agent_file_whose_name_holds_a_newline(tmp_path, dqn, capsys):
+    """The agent is named after its file: "two\\nlines.cleanrl_model" explained as agent "two", "lines" on the next
+    line of the job's messages. Refused in one line naming the file, before any job."""
+    from jaxsal.cli import main
+
+    path = tmp_path / "two\nlines.cleanrl_model"
+    path.write_bytes(dqn[2].read_bytes())
+    assert main(["agents", "--layers", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"jaxsal: error: --agent {tmp_path}/two\\nlines.cleanrl_model: agent name 'two\\nlines' holds "
+                   "'\\n' (a line break or another character that is not printed); give the agent a name of printed "
+                   "characters on one line (the function's name, its card's \"name\", or its file's)")
+
+
 # --------------------------------------------------------------------------- torch state_dicts (optional torch)
 def _torch_bytes(obj) -> bytes:
     import io
@@ -253,6 +267,9 @@ def pixels_float(): return _agent(pixels="float")
 def card_numpy(): return _agent(num_actions=np.int64(3), card={"num_actions": np.int64(3), "obs_shape": np.array([10, 10, 4])})
 def nan_params(): return NET.apply, jax.tree.map(lambda a: a.at[0].set(jnp.nan), PARAMS)
 def exits(): raise SystemExit(3)
+def name_newline(): return _agent(name="two\\nlines")
+def name_blank(): return _agent(name="   ")
+def card_name_escape(): return _agent(card={"name": "a\\x1b[31mred"})
 '''
 
 
@@ -268,7 +285,9 @@ def spec_agents(tmp_path_factory):
 
 def test_what_a_function_agent_declares_is_checked(spec_agents):
     """num_actions, card and pixels as FUNCTION() declares them. Before: "four", NaN or inf an internal ValueError or
-    OverflowError; 2.7 taken as 2, 0 as undeclared, -1, True and 10**30 as they were; a card "abc" or a list an
+    OverflowError; 2.7 taken as 2, 0 as undeclared, -1, True and 10**30 as they were; a name (the function's or its
+    card's) holding a newline or an escape character split or coloured every line naming the agent, and one of only
+    spaces named nothing; a card "abc" or a list an
     internal ValueError/TypeError; a set or keys of mixed types in the card an internal TypeError writing the
     manifest; an obs_shape of 5 an internal TypeError (of "abc", a shape of letters); a game of 5 loaded; pixels
     "float" ignored, so the frames went unchecked. Params holding NaN: explained as NaN maps with exit 0. A function,
@@ -287,7 +306,9 @@ def test_what_a_function_agent_declares_is_checked(spec_agents):
              "card_shape_letters": 'got "abc"', "card_shape_negative": r"got \[10, -10, 4\]",
              "card_game_number": "card game must be a game name", "pixels_float": "pixels must be \"uint8\"",
              "nan_params": r"params\['params'\]\['Dense_0'\]\['\w+'\] holds NaN or infinite values",
-             "exits": r"exits\(\) called sys.exit\(3\); make it return the agent"}
+             "exits": r"exits\(\) called sys.exit\(3\); make it return the agent",
+             "name_newline": r"agent name 'two\\nlines' holds '\\n' .*give the agent a name of printed characters",
+             "name_blank": "agent name '   ' is only whitespace", "card_name_escape": r"agent name 'a\\x1b\[31mred' holds"}
     for fname, says in cases.items():
         spec = f"{spec_agents / 'agents.py'}:{fname}"
         with pytest.raises(AgentSpecError, match=says) as e:
@@ -319,3 +340,26 @@ def test_function_agents_through_the_command_line(spec_agents, tmp_path, capsys)
     assert err == ("jaxsal: error: agent 'actions_other' declares 7 actions but its model outputs 3: correct its "
                    "num_actions (or its card's)")
     assert not (tmp_path / "other").exists()
+
+
+def test_a_declared_action_count_is_checked_by_the_library_too(spec_agents, tmp_path):
+    """An agent declaring 7 actions on a model of 3 (load_function_spec, as `--agent` loads it) was refused by the
+    command line alone: jaxsal.explain and jaxsal.io.run_job explained it without a word, and the job's manifest
+    recorded the 7. The one check now runs in the library's model check: refused by both, run_job before anything is
+    written; an agent declaring the 3 it outputs is explained."""
+    import jaxsal
+    from jaxsal.agent_spec import load_function_spec
+    from jaxsal.io import MethodSpec, open_source, run_job
+
+    frames = np.load(spec_agents / "frames.npy")
+    agent = load_function_spec(f"{spec_agents / 'agents.py'}:actions_other")
+    says = r"^the agent declares 7 actions but its model outputs 3: correct its num_actions \(or its card's\)$"
+    with pytest.raises(jaxsal.SaliencyInputError, match=says):
+        jaxsal.explain(agent.apply_fn, agent.params, frames, method="gradient")
+    with pytest.raises(jaxsal.SaliencyInputError, match=says):
+        run_job(agent.apply_fn, agent.params, open_source(spec_agents / "frames.npy"), tmp_path / "job",
+                [MethodSpec("gradient", "gradient", {})], quiet=True, agent={"name": agent.name, "card": agent.card})
+    assert not (tmp_path / "job").exists()
+    good = load_function_spec(f"{spec_agents / 'agents.py'}:card_numpy")
+    assert good.num_actions == 3 and jaxsal.explain(good.apply_fn, good.params, frames, method="gradient").shape == (
+        2, 10, 10)

@@ -201,14 +201,17 @@ def _sbx_zip(path, policy, policy_module: str):
     return path
 
 
-def _sbx_dqn_zip(path, params, monkeypatch, n_units: int = 8, cnn: bool = False, n_actions: int = 2):
+def _sbx_dqn_zip(path, params, monkeypatch, n_units: int = 8, cnn: bool = False, n_actions: int = 2,
+                 dtype=None):
     """An SBX DQN .zip with these params: MlpPolicy on 4-vectors, or (cnn) CnnPolicy on (4, 84, 84) uint8 frames,
-    pickled as sbx pickles it, without sbx installed."""
+    pickled as sbx pickles it, without sbx installed. `dtype`: the observation space's saved dtype instead (a
+    string: pickled as that object; "none": no dtype saved)."""
     cls, relu = _fake_sbx(monkeypatch)
-    shape, dtype = ((4, 84, 84), np.uint8) if cnn else ((4,), np.float32)
+    shape, default = ((4, 84, 84), np.uint8) if cnn else ((4,), np.float32)
+    dtype = np.dtype(default) if dtype is None else dtype if isinstance(dtype, str) else np.dtype(dtype)
+    space = cls["Box"](_shape=shape, **({} if dtype == "none" else {"dtype": dtype}))
     qf = cls["CnnQNetwork" if cnn else "QNetwork"](n_actions=n_actions, n_units=n_units, activation_fn=relu)
-    policy = cls["DQNPolicy"](observation_space=cls["Box"](_shape=shape, dtype=np.dtype(dtype)), qf=qf,
-                              qf_state=cls["TrainState"](params=params))
+    policy = cls["DQNPolicy"](observation_space=space, qf=qf, qf_state=cls["TrainState"](params=params))
     return _sbx_zip(path, policy, "sbx.dqn.policies")
 
 def test_crafted_sbx_params_are_one_clear_error(tmp_path, monkeypatch):
@@ -230,6 +233,23 @@ def test_crafted_sbx_params_are_one_clear_error(tmp_path, monkeypatch):
             load_file(bad)
         assert str(bad) in str(e.value) and "\n" not in str(e.value), name
 
+
+def test_an_sbx_observation_dtype_is_kept_or_refused_never_replaced(tmp_path, monkeypatch):
+    """The saved observation space's dtype: one jaxsal reads (uint8, float32, float64, ...) is the card's obs_dtype;
+    one it cannot (complex64, float128, a string where numpy's dtype goes, none at all) is one error naming the file
+    and the route. Before, every unreadable dtype was silently taken as float32."""
+    from jaxsal.loaders.sbx import QNetwork
+
+    params = jax.tree.map(np.array, QNetwork(2, 8).init(jax.random.PRNGKey(0), jnp.zeros((1, 4))))
+    for dtype in (np.uint8, np.float64):
+        agent = load_file(_sbx_dqn_zip(tmp_path / f"{np.dtype(dtype)}.zip", params, monkeypatch, dtype=dtype))
+        assert agent.card["obs_dtype"] == str(np.dtype(dtype))
+    for name, dtype in [("complex64", np.complex64), ("float128", np.longdouble), ("text", "float32"),
+                        ("none", "none")]:
+        bad = _sbx_dqn_zip(tmp_path / f"{name}.zip", params, monkeypatch, dtype=dtype)
+        with pytest.raises(LoaderError, match=r"observation space .*dtype.*--agent file\.py:load") as e:
+            load_file(bad)
+        assert str(bad) in str(e.value) and "\n" not in str(e.value), name
 
 
 def _dense(p, x):
