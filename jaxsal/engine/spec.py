@@ -67,6 +67,12 @@ class Spec(NamedTuple):
                                                                  blurred copy) added to rows.extra
     share_key(options) -> (key, detail) or None                  calls with equal keys and details share
                                                                  (a detail None agrees with any)
+    frames_only(call, options) -> options                        host, once for several calls on the same
+                                                                 frames under other weights (the sanity
+                                                                 check's draws): the options with the work
+                                                                 that depends on the frames alone done
+                                                                 (LIME's superpixels), so that no call
+                                                                 repeats it or needs a host callback
 
     options: the method's own options and their defaults; example: tiny options for its generated
     conformance case; stochastic: needs key=; kind: what `chunk` gives, "gradient" (an input
@@ -95,6 +101,7 @@ class Spec(NamedTuple):
     chooses: bool = False
     doc: str = ""
     per_chunk: Callable | None = None
+    frames_only: Callable | None = None
 
 
 class Sums(NamedTuple):

@@ -39,7 +39,7 @@ from jaxsal.caching import cached_jit
 from jaxsal.metrics.similarity import METRICS, check_maps, similarity
 from jaxsal.engine import expression
 from jaxsal.registry import accepted_options
-from jaxsal.checks import check_obs, check_positive_int, target_actions
+from jaxsal.checks import check_call, check_obs, check_positive_int, target_actions
 
 DEFAULT_LAYERS = ("q", "fc1", "conv3", "conv2", "conv1")
 BASELINES = ("random_uniform", "random_gaussian")
@@ -370,6 +370,10 @@ def sanity_check(model, params, obs, method="gradient", layers=DEFAULT_LAYERS, k
         opts["actions"] = actions
     if "key" in accepted_options(fn):
         opts["key"] = key
+    spec = registry.SPECS.get(method) if isinstance(method, str) else None
+    if getattr(spec, "frames_only", None) is not None:  # e.g. LIME's superpixels: segmented once, not per draw
+        opts = spec.frames_only(check_call(apply_fn, params, x, target=target, actions=actions, layout=layout,
+                                           batch_size=batch_size), opts)
 
     def raw_maps(p, frames=x):
         return explain(apply_fn, p, frames, method=method, **opts)

@@ -297,11 +297,11 @@ def _finalize(ctx, params, prep, rows, acc):
 
 
 def perturbation_spec(name: str, prepare: Callable, options: dict, *, stochastic: bool = False,
-                      example: dict | None = None) -> Spec:
+                      example: dict | None = None, frames_only: Callable | None = None) -> Spec:
     """A perturbation method as an engine spec; `prepare(call, apply_fn, params, **options)`
-    checks the options and returns `prepared(...)`."""
+    checks the options and returns `prepared(...)`; `frames_only`: see jaxsal.engine.spec.Spec."""
     return Spec(name, prepare, _chunk, _finalize, options=options, example=example or {}, stochastic=stochastic,
-                kind="perturbation", per_chunk=_per_chunk)
+                kind="perturbation", per_chunk=_per_chunk, frames_only=frames_only)
 
 
 def register(spec: Spec, fn: Callable):

@@ -200,7 +200,8 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             "white" or "mean" (each state's mean per stacked frame).
         ridge_alpha (float): the ridge penalty, >= 0.
         segments (jax.Array | numpy.ndarray | None): your own (N, H, W) integer superpixel
-            labels, instead of segmenting.
+            labels, instead of segmenting; as a host array they serve traced calls too (jit, vmap)
+            without `max_segments` or a host callback.
         segment_on (str): what is segmented: "stack" (default; the stacked frames as
             channels), "last" (the newest frame) or "mean" (the frames' average).
         segmentation_options (dict | None): scikit-image arguments overriding the
@@ -209,14 +210,15 @@ def lime(apply_fn, params, obs, *, target="q_chosen", actions=None, layout=None,
             fractions scale; None: 255 for integer frames, for float frames 1.0 when every
             value is <= 1, else 255.
         return_coefficients (bool): also return the coefficients and segments.
-        max_segments (int | None): static bound on the superpixels per state under a trace
-            (default there: 2 x SLIC's n_segments; required for quickshift and felzenszwalb).
+        max_segments (int | None): static bound on the superpixels per state where traced frames
+            are segmented (default there: 2 x SLIC's n_segments; required for quickshift and
+            felzenszwalb).
             A state with more segments raises at run time; the bound does not change the maps.
         fast_superpixels (bool): compute the model's first conv as a sum over the few
             superpixels each of its windows sees (exact, to float rounding; 1.3-1.6x faster on
             Atari frames) where it is a flax `nn.Conv` fed pixel by pixel from the frames, in
-            calls whose frames and weights are not traced; False: every sample's full forward
-            pass.
+            calls whose superpixels are known on the host (eager calls, or `segments` given as
+            a host array); False: every sample's full forward pass.
 
     Returns:
         jax.Array | tuple: the maps, shape (N, H, W) float32; with `return_coefficients=True`
@@ -235,10 +237,7 @@ def _prepare(call, apply_fn, params, *, key, segmentation, n_samples, kernel_wid
              segment_on, segmentation_options, obs_max, return_coefficients, max_segments, fast_superpixels):
     n, (h, w, _) = call.x.shape[0], call.hwc
     check_key(key, "lime")
-    if segmentation not in SEGMENTATIONS and segments is None:
-        raise SaliencyInputError(
-            f"unknown segmentation {segmentation!r}; choose one of {sorted(SEGMENTATIONS)} "
-            "or pass segments=(N, H, W) integer labels")
+    _check_segmentation(segmentation, segments)
     if n_samples is None:
         n_samples = DEFAULT_SAMPLES.get(segmentation, 1000)
     n_samples = check_positive_int("n_samples", n_samples)
@@ -246,15 +245,13 @@ def _prepare(call, apply_fn, params, *, key, segmentation, n_samples, kernel_wid
     ridge_alpha = C.check_positive_float("ridge_alpha", ridge_alpha, allow_zero=True)
     opts = dict(segmentation_options or {})
     top = C.resolve_obs_max(call.x, obs_max)
-    if is_traced(call.x, top, segments):
+    if is_traced(segments) or segments is None and is_traced(call.x, top):
         x = to_nhwc(jnp.asarray(call.x, jnp.float32), call.layout)
         segs, d_max = _traced_segments(x, top, segments, segmentation, segment_on, opts, max_segments, (n, h, w))
         valid = (jnp.arange(d_max)[None, :] <= segs.reshape(n, -1).max(-1)[:, None]).astype(jnp.float32)
     else:
         if segments is None:
-            x = np.asarray(call.x, np.float32)
-            segs = segment(x if call.layout == "NHWC" else x.transpose(0, 2, 3, 1), segmentation, segment_on,
-                           top, **opts)
+            segs = _host_segments(call, segmentation, segment_on, opts, top)
         else:
             segs = _check_segments(segments, n, (h, w))
         d_max = int(segs.max()) + 1
@@ -264,9 +261,9 @@ def _prepare(call, apply_fn, params, *, key, segmentation, n_samples, kernel_wid
     consts, per_state, superpixels = {"z": z, "fill": value}, {"seg": segs, "valid": valid}, None
     if not isinstance(fast_superpixels, bool):
         raise SaliencyInputError(f"fast_superpixels must be True or False, got {fast_superpixels!r}")
-    # eager calls only: under a trace of the weights (the sanity check's draws, vmapped) the pass
-    # measured 1.14x slower in all than the plain path (Paper B's cascade, 10 draws)
-    geometry = None if is_traced(segs, params) or not fast_superpixels else _superpixel.first_conv(
+    # any call whose superpixels are known on the host (the slot tables are), weights and frames traced
+    # or not: the sanity check's draws, vmapped over the weights, ran Paper B's cascade 1.04-1.20x faster
+    geometry = None if is_traced(segs) or not fast_superpixels else _superpixel.first_conv(
         apply_fn, params, call.x.shape, call.layout)
     if geometry is not None:  # the exact superpixel pass (jaxsal.perturbation._superpixel)
         conv, pixel_slot, slot_segment = _superpixel.slot_tables(segs, geometry)
@@ -289,6 +286,33 @@ def _prepare(call, apply_fn, params, *, key, segmentation, n_samples, kernel_wid
                       superpixels=superpixels)
 
 
-SPEC = C.perturbation_spec("lime", _prepare, C.options_of(lime), stochastic=True,
+def _check_segmentation(segmentation, segments):
+    if segmentation not in SEGMENTATIONS and segments is None:
+        raise SaliencyInputError(
+            f"unknown segmentation {segmentation!r}; choose one of {sorted(SEGMENTATIONS)} "
+            "or pass segments=(N, H, W) integer labels")
+
+
+def _host_segments(call, segmentation, segment_on, opts, top):
+    """(N, H, W) labels of a call's frames (on the host: its frames are not traced)."""
+    x = np.asarray(call.x, np.float32)
+    return segment(x if call.layout == "NHWC" else x.transpose(0, 2, 3, 1), segmentation, segment_on, top, **opts)
+
+
+def _frames_only(call, options: dict) -> dict:
+    """The options with `segments` set to the frames' superpixels, segmented once: the sanity check's
+    draws (the same frames under other weights) then segment nothing, run without a host callback
+    under their trace, and take the superpixel pass. As given where segments are, or the frames traced."""
+    opt = lambda k: options.get(k, OPTIONS[k])  # noqa: E731
+    if opt("segments") is not None or is_traced(call.x):
+        return options
+    _check_segmentation(opt("segmentation"), None)
+    top = C.resolve_obs_max(call.x, opt("obs_max"))
+    return dict(options, segments=_host_segments(call, opt("segmentation"), opt("segment_on"),
+                                                 dict(opt("segmentation_options") or {}), top))
+
+
+OPTIONS = C.options_of(lime)
+SPEC = C.perturbation_spec("lime", _prepare, OPTIONS, stochastic=True, frames_only=_frames_only,
                            example={"n_samples": 24, "segmentation_options": {"n_segments": 6}})
 lime = C.register(SPEC, lime)

@@ -129,15 +129,39 @@ def test_traced_lime_keeps_the_plain_path_and_agrees():
     np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-4, atol=1e-5)
 
 
-def test_traced_weights_keep_the_plain_path(monkeypatch):
-    """Under a trace of the weights (the sanity check's draws run vmapped over them) the pass is not
-    taken: it measured slower there than the plain path. The maps are the eager ones."""
+def test_host_segments_serve_traced_frames_and_weights_without_a_callback(monkeypatch):
+    """Segments given as a host array: a call with traced frames and weights needs no max_segments,
+    no host callback, takes the pass, and gives the eager maps."""
     model, params, obs = model_params()
+    run = lambda p, o: lime(model.apply, p, o, key=KEY, segments=segments(), n_samples=24)  # noqa: E731
     calls, real = [], _superpixel.apply
     monkeypatch.setattr(_superpixel, "apply", lambda *a: calls.append(1) or real(*a))
-    kw = dict(method="lime", layers=("q", "conv2", "conv1"), key=KEY, metrics=("spearman",), draws=(0, 1),
-              return_maps=True, n_samples=24, segments=segments(), batch_size=48)
-    together = sanity_check(model, params, obs, **kw)
-    assert len(calls) == 1  # the original maps' eager call only
-    eager = np.asarray(lime(model.apply, params, obs, key=KEY, n_samples=24, segments=segments(), batch_size=48))
-    np.testing.assert_allclose(np.asarray(together[0]["maps"]["original"]), eager, rtol=1e-4, atol=1e-5)
+    assert "callback" not in str(jax.make_jaxpr(run)(params, obs))
+    assert calls
+    jitted = jax.jit(run)(params, obs)
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(run(params, obs)), rtol=1e-4, atol=1e-5)
+
+
+def test_sanity_draws_segment_once_and_take_the_pass(monkeypatch):
+    """The sanity check segments the frames once for all its calls (not per draw, not through a host
+    callback), and its draws, vmapped over the weights, take the pass: their maps are those of one
+    draw at a time and of the plain path."""
+    import importlib
+    lime_module = importlib.import_module("jaxsal.perturbation.lime")
+    model, params, obs = model_params()
+    segmented, real_segment = [], lime_module.segment
+    monkeypatch.setattr(lime_module, "segment", lambda *a, **k: segmented.append(1) or real_segment(*a, **k))
+    calls, real = [], _superpixel.apply
+    monkeypatch.setattr(_superpixel, "apply", lambda *a: calls.append(1) or real(*a))
+    kw = dict(method="lime", layers=("q", "conv2", "conv1"), key=KEY, metrics=("spearman",), return_maps=True,
+              n_samples=24, segmentation_options={"n_segments": 6}, batch_size=48)
+    together = sanity_check(model, params, obs, draws=(0, 1), **kw)
+    assert len(segmented) == 1 and calls
+    plain = sanity_check(model, params, obs, draws=(0, 1), fast_superpixels=False, **kw)
+    for d in (0, 1):
+        alone = sanity_check(model, params, obs, draw=d, **kw)
+        for label in ("original", "q", "conv2", "conv1"):
+            m = np.asarray(together[d]["maps"][label])
+            np.testing.assert_allclose(m, np.asarray(alone["maps"][label]), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(m, np.asarray(plain[d]["maps"][label]), rtol=1e-4, atol=1e-5)
+        assert np.abs(np.asarray(together[d]["maps"]["conv1"]) - np.asarray(together[d]["maps"]["original"])).max() > 1e-3
