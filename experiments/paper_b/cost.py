@@ -44,7 +44,7 @@ z = np.load("docs/images/data/method_frames.npz")
 obs = np.concatenate([z["breakout_obs"], z["breakout_obs"][:1, :, ::-1]])
 agent = jaxsal_agents.load("breakout")
 key = jax.random.PRNGKey(0)
-print(json.dumps({"ready": jaxsal.__file__}), flush=True)
+print(json.dumps({"ready": jaxsal.__file__, "agents": jaxsal_agents.__file__}), flush=True)
 
 from jaxsal.metrics import sanity as S
 LAYERS = S.group_norms(agent.params, ("q", "fc1", "conv3", "conv2", "conv1"))
