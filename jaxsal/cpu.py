@@ -59,6 +59,15 @@ STARTED_WARNING = (
     "set XLA_FLAGS=" + YNN_FLAG + " before starting Python; JAXSAL_FAST_CPU=0 silences this.")
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity where the OS keeps one (taskset, Slurm's
+    --cpus-per-task, a container's cpuset), which is what XLA:CPU sizes its thread pool by."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on this OS (macOS)
+        return os.cpu_count() or 1
+
+
 def auto() -> bool:
     """What `import jaxsal` does: the fast kernels on unless turned off (JAXSAL_FAST_CPU=0) or
     unsupported; if JAX's CPU backend already runs, warn once (never on GPU/TPU backends)."""

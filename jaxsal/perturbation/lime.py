@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsal import cpu
 from jaxsal.batching import is_traced
 from jaxsal.checks import to_nhwc
 from jaxsal.errors import SaliencyInputError
@@ -98,6 +99,7 @@ def _traced_segments(x, obs_max, segments, segmentation, segment_on, opts, max_s
                 "max_segments= (e.g. 2000), or call it eagerly")
         max_segments = 2 * int(opts.get("n_segments", SEGMENTATIONS["slic"]["n_segments"]))
     max_segments = check_positive_int("max_segments", max_segments)
+    _check_callback_can_run()
     n, h, w = shape
 
     def host(x, top, given):
@@ -284,6 +286,17 @@ def _prepare(call, apply_fn, params, *, key, segmentation, n_samples, kernel_wid
     return C.prepared(call, perturb=perturb, score=C.make_score("target", call.target), finish=finish,
                       n_pert=n_samples, consts=consts, per_state=per_state, model=(apply_fn, params),
                       superpixels=superpixels)
+
+
+def _check_callback_can_run():
+    """Refuse the host callback where JAX's CPU client runs it on a one-thread pool: with one usable core
+    it hung in 3 of 4 calls (jaxlib 0.10.2, converting its own arguments), where a clear error costs nothing."""
+    if cpu.usable_cores() == 1 and jax.default_backend() == "cpu":
+        raise SaliencyInputError(
+            "LIME under jit/vmap segments traced frames in a host callback, which can hang JAX where the process "
+            "may use only one CPU core (taskset, Slurm's --cpus-per-task=1, a container's cpuset): segment the "
+            "frames first and pass them as a NumPy array, segments=jaxsal.perturbation.segment(frames), or call "
+            "LIME outside jit/vmap")
 
 
 def _check_segmentation(segmentation, segments):

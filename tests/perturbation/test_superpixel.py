@@ -121,7 +121,9 @@ def test_slot_tables_rebuild_every_window_and_round_the_slots():
         assert sorted(used) == sorted(set(w)) and len(used) == len(set(w))
 
 
-def test_traced_lime_keeps_the_plain_path_and_agrees():
+def test_traced_lime_keeps_the_plain_path_and_agrees(monkeypatch):
+    from jaxsal import cpu
+    monkeypatch.setattr(cpu, "usable_cores", lambda: 2)  # the host callback runs (one core refuses it)
     model, params, obs = model_params()
     eager = lime(model.apply, params, obs, key=KEY, segments=segments(), n_samples=24)
     jitted = jax.jit(lambda o, s: lime(model.apply, params, o, key=KEY, segments=s, n_samples=24,
