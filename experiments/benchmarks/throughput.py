@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -124,6 +125,37 @@ def docs_table(results: dict, source: str) -> str:
     return "\n".join(L)
 
 
+FIGURE = re.compile(r"<!-- (?P<what>maps/s|states) (?P<case>[^>]+?) -->(?P<value>[0-9.,]*)<!-- end -->")
+"""A figure a method page quotes from the results file, e.g. `<!-- maps/s gradient -->3,059<!-- end -->` (best
+maps/s at batch 256) or `<!-- states lime (slic, 2000 samples) -->16<!-- end -->` (the states timed)."""
+
+
+def figure(results: dict, what: str, case: str) -> str:
+    """The docs' text of one figure of `case` at batch 256: maps/s as 3,059 / 92 / 16.1, or the states timed."""
+    rows = results["cases"].get(case)
+    r = next((r for r in rows or () if r["batch"] == DOCS_BATCH and "error" not in r), None)
+    if r is None:
+        raise SystemExit(f"a method page quotes {what} of {case!r}, which the results file has no batch-"
+                         f"{DOCS_BATCH} row of; rename the page's figure or run that case")
+    if what == "states":
+        return str(r.get("measured_states", r["batch"]))
+    v = r["maps_per_s"]
+    return f"{v:,.0f}" if v >= 1000 else f"{v:.0f}" if v >= 20 else f"{v:.1f}"
+
+
+def quoted_figures(results: dict, pages) -> list[Path]:
+    """Rewrite every FIGURE on the Markdown `pages` from `results`; the pages changed."""
+    changed = []
+    for page in pages:
+        text = page.read_text()
+        new = FIGURE.sub(lambda m: m.group(0).replace(f"-->{m['value']}<!--",
+                                                      f"-->{figure(results, m['what'], m['case'])}<!--"), text)
+        if new != text:
+            page.write_text(new)
+            changed.append(page)
+    return changed
+
+
 def _load(v) -> str:
     return ", ".join(f"{x:.1f}" for x in v) if v else "not recorded"
 
@@ -177,7 +209,8 @@ def main(argv=None):
                          "experiments.benchmarks.against_peers with the remaining arguments")
     ap.add_argument("--render", type=Path, default=None, help="a results file: rewrite its tables, time nothing")
     ap.add_argument("--docs", type=Path, default=None,
-                    help="with --render: also regenerate this docs page's table (docs/benchmarks.md)")
+                    help="with --render: also regenerate this docs page's table (docs/benchmarks.md) and the "
+                         "figures the method pages beside it quote (docs/methods/*.md)")
     args, rest = ap.parse_known_args(argv)
     if args.render:
         from experiments.common.docs import replace_block
@@ -186,6 +219,8 @@ def main(argv=None):
         if args.docs:
             source = os.path.relpath(args.render.resolve(), ROOT)
             args.docs.write_text(replace_block(args.docs, DOCS_BEGIN, DOCS_END, docs_table(results, source)))
+            # the figures quoted in its prose and in each method's Cost section
+            quoted_figures(results, [args.docs, *sorted((args.docs.parent / "methods").glob("*.md"))])
         return results
     if args.against:
         from experiments.benchmarks import against_peers
