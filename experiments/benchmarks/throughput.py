@@ -148,8 +148,8 @@ def quoted_figures(results: dict, pages) -> list[Path]:
     changed = []
     for page in pages:
         text = page.read_text()
-        new = FIGURE.sub(lambda m: m.group(0).replace(f"-->{m['value']}<!--",
-                                                      f"-->{figure(results, m['what'], m['case'])}<!--"), text)
+        new = FIGURE.sub(lambda m: f"<!-- {m['what']} {m['case']} -->{figure(results, m['what'], m['case'])}<!-- end -->",
+                         text)
         if new != text:
             page.write_text(new)
             changed.append(page)
